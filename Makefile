@@ -1,0 +1,53 @@
+# qkvqa: `make test` and `make demo` are the only set-up a fresh clone needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export WANDB_MODE ?= disabled
+export WANDB_SILENT ?= true
+export TOKENIZERS_PARALLELISM ?= false
+PYTEST_FLAGS ?=
+EXP ?= evqa_qff
+SWEEP ?= alpha_sweep
+RUNS ?= checkpoints
+
+.PHONY: help install test test-fast test-gpu lint train sweep compare demo bench clean clean-runs
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): setup.cfg setup.py pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=70" wheel
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv with the pinned set and qkvqa in editable mode (idempotent)
+
+test: install ## the suite CI runs: everything but gpu and online tests (ddp and slow included)
+	$(PY) -m pytest -m "not gpu and not online" $(PYTEST_FLAGS)
+
+test-fast: install ## the quick loop: no slow, ddp or gpu tests
+	$(PY) -m pytest -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
+
+test-gpu: install ## the GPU checks (needs a CUDA device)
+	$(PY) -m pytest -m gpu $(PYTEST_FLAGS)
+
+train: install ## train: make train EXP=evqa_qff
+	$(VENV)/bin/qkvqa train experiment=$(EXP)
+
+sweep: install ## offline sweep: make sweep SWEEP=alpha_sweep
+	$(VENV)/bin/qkvqa sweep experiments/sweeps/$(SWEEP).yaml
+
+compare: install ## compare run records: make compare RUNS=checkpoints
+	$(VENV)/bin/qkvqa compare $(RUNS)
+
+clean: ## remove caches
+	rm -rf .pytest_cache .hypothesis build dist src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-runs: ## remove every run directory under checkpoints/
+	find checkpoints -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

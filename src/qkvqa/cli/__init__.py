@@ -1,0 +1,1 @@
+"""The `qkvqa` command line: one module per command, discovered by `qkvqa.cli.main`."""

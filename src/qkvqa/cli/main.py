@@ -1,0 +1,75 @@
+"""Entry point of the `qkvqa` command: discovers the command modules and dispatches to them.
+
+Every module in `qkvqa.cli` other than `main` and names starting with `_` is a command module. It
+defines `register(subparsers)`, which adds one argparse sub-parser and sets `func=handler` on it
+with `set_defaults`. Command modules import heavy libraries (torch, transformers, faiss) inside
+their handlers, so that `qkvqa --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from typing import Optional, Sequence
+
+import qkvqa
+import qkvqa.cli as cli_pkg
+
+EPILOG = """\
+Config-driven commands take `experiment=NAME [preset=a,b] [key=value ...] [~key]` after their
+name: experiments/base/*.yaml, then the presets, then experiments/NAME.yaml, then the overrides.
+`qkvqa config show experiment=NAME` prints the resolved config. Docs: README.md.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per discovered command module."""
+    parser = argparse.ArgumentParser(
+        prog="qkvqa",
+        description="QKVQA: question-focused filtering for knowledge-based VQA "
+                    "(retrieve, filter with the QFF, select chunks with CDA, generate, score).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"qkvqa {qkvqa.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for info in sorted(pkgutil.iter_modules(cli_pkg.__path__), key=lambda m: m.name):
+        if info.name == "main" or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"qkvqa.cli.{info.name}")
+        register = getattr(module, "register", None)
+        if register is None:
+            raise RuntimeError(f"qkvqa.cli.{info.name} has no register(subparsers) function")
+        register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse argv and run the chosen command; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2 if args.command is None else 0
+    try:
+        rc = func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        print(f"qkvqa {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0 if rc is None else int(rc)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's to fix: printed as one clear line instead of a traceback."""
+    from qkvqa.errors import QkvqaError
+
+    return (QkvqaError,)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

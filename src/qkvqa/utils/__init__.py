@@ -1,0 +1,1 @@
+"""Small shared helpers: rank-aware logging, progress bars, atomic file writes."""
