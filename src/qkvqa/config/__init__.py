@@ -1,0 +1,1 @@
+"""Configs: the dataclass schema, the base -> presets -> experiment -> overrides composition."""

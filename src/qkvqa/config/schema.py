@@ -1,0 +1,206 @@
+"""The config schema: every key an experiment may set, with its type and default.
+
+OmegaConf builds a structured config from `Config`, so an unknown key or a wrong type is an error.
+Sections of later stages keep the paper's defaults (method.md); comments say what each key does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from qkvqa.components.registry import ComponentSpec
+from qkvqa.data.config import DataConfig
+
+
+@dataclass
+class PathsConfig:
+    """Where runs and shared artefacts go."""
+
+    checkpoints_root: str = "checkpoints"        # one directory per run below it
+    cache_dir: str = ".cache/qkvqa"              # reusable artefacts (embeddings, indexes, ViT cache)
+    world_dir: Optional[str] = None              # a synthetic world written by `qkvqa synth`
+
+
+@dataclass
+class ComponentsConfig:
+    """The model components; each is built by `qkvqa.components.build_component`."""
+
+    qformer: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="blip2_qff", pretrained="Salesforce/blip2-itm-vit-g"))
+    image_encoder: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="evaclip_hf", pretrained="BAAI/EVA-CLIP-8B", dtype="fp16"))
+    text_encoder: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="evaclip_hf", pretrained="BAAI/EVA-CLIP-8B", dtype="fp16"))
+    reranker: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="bge_reranker", pretrained="BAAI/bge-reranker-v2-m3", dtype="fp16"))
+    generator: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="qwen2_5_vl", pretrained="Qwen/Qwen2.5-VL-7B-Instruct", dtype="bf16"))
+    judge: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem"))
+    splitter: ComponentSpec = field(default_factory=lambda: ComponentSpec(kind="spacy_sentencizer", tiny=True))
+
+
+@dataclass
+class RetrievalConfig:
+    """Stage 1: image -> article retrieval with faiss (method.md section 1)."""
+
+    mode: str = "image_to_summary"               # image_to_summary | image_to_image
+    summary_source: str = "lead_section"         # lead_section | summaries (from `qkvqa summarize`)
+    summaries: Optional[str] = None              # JSONL of per-article summaries
+    top_k: int = 20
+    index_factory: str = "Flat"                  # faiss factory string: Flat, IVF4096,Flat, HNSW32, IVF4096,PQ64
+    index_dir: Optional[str] = None
+    nprobe: int = 32
+    embed_dtype: str = "float16"                 # shard dtype: float16 | float32
+    embed_batch_size: int = 64
+    shard_size: int = 50000
+    results: Optional[str] = None                # retrieval results JSON (OMGM layout) to read instead of retrieving
+    two_hop_policy: str = "exclude"              # recall for 2_hop gold URLs: first | any | exclude
+
+
+@dataclass
+class QFFConfig:
+    """The Question-Focused Filter: model switches, scoring and contrastive training (method.md 2-3)."""
+
+    focus: str = "per_layer"                     # per_layer | input | none
+    alpha: float = 0.9                           # fused score S = alpha * sim_ret + (1 - alpha) * QFF
+    score_direction: str = "question_to_section" # late-interaction direction: question_to_section | section_to_question
+    num_negatives: int = 15
+    temperature: float = 0.07
+    learnable_temperature: bool = False
+    in_batch_negatives: bool = False
+    max_text_tokens: int = 512
+    question_max_tokens: int = 64
+    blip_text_preprocess: bool = False           # LAVIS blip_caption text cleaning (anchor checkpoints)
+    lr: float = 1.0e-5
+    weight_decay: float = 0.05
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1.0e-7
+    pct_start: float = 0.3
+    div_factor: float = 100.0
+    gradient_checkpointing: bool = False
+    freeze_vit: bool = True
+    vit_cache: Optional[str] = None              # directory written by `qkvqa cache-vit`
+    negatives: Optional[str] = None              # hard-negative pools (OMGM step1_HardNeg layout)
+    checkpoint: Optional[str] = None             # trained QFF weights (safetensors) for rerank/evaluate
+    max_train_samples: Optional[int] = None
+    section_batch_size: int = 64                 # sections encoded per forward at inference
+
+
+@dataclass
+class CDAConfig:
+    """Chunk-based dynamic cross-article selection (method.md section 4)."""
+
+    mode: str = "full"                           # full | top1_section | first_chunk | top1_article_chunks
+    U: Optional[int] = 2                         # at most U articles; null lifts the limit
+    theta: Optional[float] = 0.01                # keep article i when S_1 - S_i <= theta; null lifts it
+    chunk_tokens: int = 60                       # L, in generator tokens (60 E-VQA, 90 InfoSeek)
+    K1: int = 4
+    K2: int = 2
+    reranker_batch_size: int = 64
+    reranker_max_length: int = 512
+    reranker_normalize: bool = True              # sigmoid of the reranker logit
+
+
+@dataclass
+class GenerationConfig:
+    """Answer generation (method.md section 5)."""
+
+    prompt: str = "auto"                         # auto (dataset x generator type) | template
+    template: Optional[str] = None               # custom template with {question} and {context}
+    max_new_tokens: int = 128
+    batch_size: int = 4
+    backend: str = "hf"                          # hf | vllm (separate environment)
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation of a pipeline run."""
+
+    split: str = "test"
+    strict: bool = True                          # every question scored exactly once, else an error
+    judge: str = "bem"                           # bem | em_only (E-VQA)
+    stages: List[str] = field(default_factory=lambda: ["retrieve", "qff", "cda", "generate", "score"])
+    reranked_results: Optional[str] = None       # read QFF-reranked results instead of running the QFF
+
+
+@dataclass
+class TrainerConfig:
+    """Arguments of lightning.Trainer that experiments may set."""
+
+    accelerator: str = "auto"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_epochs: int = 1
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: Optional[float] = None
+    log_every_n_steps: int = 10
+    val_check_interval: Optional[float] = None
+    check_val_every_n_epoch: int = 1
+    limit_train_batches: Optional[float] = None
+    limit_val_batches: Optional[float] = None
+    num_sanity_val_steps: int = 0
+    deterministic: bool = False
+    enable_progress_bar: bool = True
+    detect_anomaly: bool = False
+    fast_dev_run: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    """What ModelCheckpoint keeps in the run directory."""
+
+    monitor: Optional[str] = None                # e.g. val/article_r1; null keeps only last.ckpt + periodic
+    mode: str = "max"
+    save_top_k: int = 1
+    every_n_train_steps: Optional[int] = None
+    save_on_exception: bool = True
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases logging; the local run record is always written as well."""
+
+    enabled: bool = True
+    project: str = "qkvqa"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    mode: Optional[str] = None                   # online | offline | disabled; null follows WANDB_MODE
+
+
+@dataclass
+class LoggerConfig:
+    """Loggers: W&B plus the local run record."""
+
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class Config:
+    """A whole experiment."""
+
+    experiment: str = "base"                     # set by `experiment=NAME`
+    presets: List[str] = field(default_factory=list)   # set by `preset=a,b`
+    run_id: Optional[str] = None                 # else WANDB_RUN_ID of a sweep agent, else a new id
+    resume: str = "never"                        # never | auto (continue checkpoints/<run_id>/last.ckpt)
+    seed: int = 0
+    notes: str = ""
+    tags: List[str] = field(default_factory=list)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    components: ComponentsConfig = field(default_factory=ComponentsConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    qff: QFFConfig = field(default_factory=QFFConfig)
+    cda: CDAConfig = field(default_factory=CDAConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+# Keys that may change when a run resumes; any other change is refused (torchtune's policy).
+MUTABLE_ON_RESUME = (
+    "resume", "notes", "tags", "trainer.max_steps", "trainer.max_epochs", "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar", "trainer.val_check_interval", "trainer.limit_val_batches",
+    "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.accelerator",
+    "checkpoint.every_n_train_steps", "logger", "paths", "data.num_workers", "presets",
+)

@@ -1,0 +1,1 @@
+"""Loggers: the local run-record logger and the W&B logger factory."""

@@ -1,0 +1,1 @@
+"""Runs: identity and directory, the on-disk run record, resume, seeding, the Lightning job wrapper."""

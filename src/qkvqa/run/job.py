@@ -1,0 +1,75 @@
+"""Run a job inside its run record: status, config and summary on disk, W&B and Lightning wired in."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from omegaconf import DictConfig
+
+from qkvqa.config.load import to_plain
+from qkvqa.run.record import RunRecord
+from qkvqa.run.resume import prepare_resume
+from qkvqa.run.rundir import RunContext, resolve_run
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Job:
+    """A running job: its config, identity, record and the checkpoint it resumes from."""
+
+    cfg: DictConfig
+    run: RunContext
+    record: RunRecord
+    ckpt_path: Optional[str] = None
+    resume_changes: dict = field(default_factory=dict)
+
+    @property
+    def plain_config(self) -> dict:
+        """The resolved config as plain containers (for checkpoints and W&B)."""
+        return to_plain(self.cfg)
+
+
+def _clear_stale_wandb_env(run: RunContext) -> None:
+    """A leftover WANDB_RUN_ID/WANDB_SWEEP_ID must not hijack a run a sweep did not launch."""
+    if not run.launched_by_sweep:
+        for key in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME"):
+            os.environ.pop(key, None)
+
+
+@contextmanager
+def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]:
+    """Open the run record (rank zero writes it), yield the job, then mark it finished or failed."""
+    run = resolve_run(cfg)
+    _clear_stale_wandb_env(run)
+    record = RunRecord(run.run_dir)
+    ckpt, changes = prepare_resume(cfg, run) if run.is_rank_zero else (_child_ckpt(run), {})
+    job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes)
+    if run.is_rank_zero:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        record.write_config(cfg)
+        record.start(run.run_id, world_size, command,
+                     {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None)
+        log.info("run %s -> %s", run.run_id, run.run_dir)
+    try:
+        yield job
+    except KeyboardInterrupt:
+        if run.is_rank_zero:
+            record.finish("interrupted", "KeyboardInterrupt")
+        raise
+    except BaseException as e:
+        if run.is_rank_zero:
+            record.finish("failed", f"{type(e).__name__}: {e}")
+        raise
+    else:
+        if run.is_rank_zero:
+            record.finish("finished")
+
+
+def _child_ckpt(run: RunContext) -> Optional[str]:
+    """DDP children re-run the command: they resume from the same last.ckpt rank zero chose."""
+    status = RunRecord(run.run_dir).status()
+    return status.get("resumed_from") if status.get("state") == "running" else None

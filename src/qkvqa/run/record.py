@@ -1,0 +1,142 @@
+"""The on-disk run record: config.yaml, status.json, metrics.csv (append-only) and summary.json."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from omegaconf import DictConfig
+
+from qkvqa.config.load import to_yaml
+from qkvqa.utils.io import atomic_write_json, atomic_write_text, read_json
+
+METRICS_COLUMNS = ["time", "step", "name", "value"]
+STATES = ("running", "finished", "failed", "interrupted")
+
+
+def git_commit() -> Optional[str]:
+    """The commit of the qkvqa checkout (with '+dirty' when modified), or None outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class RunRecord:
+    """Reads and writes the files of one run directory; only rank zero should write."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.yaml"
+
+    @property
+    def status_path(self) -> Path:
+        return self.run_dir / "status.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.csv"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.run_dir / "summary.json"
+
+    def write_config(self, cfg: DictConfig) -> None:
+        """Save the resolved config as config.yaml."""
+        atomic_write_text(self.config_path, to_yaml(cfg))
+
+    def status(self) -> dict:
+        """The current status.json contents (empty when absent)."""
+        return read_json(self.status_path) if self.status_path.exists() else {}
+
+    def start(self, run_id: str, world_size: int, command: str, extra: Optional[Mapping[str, Any]] = None) -> None:
+        """Mark the run as running; a restart appends to `attempts` instead of starting over."""
+        status = self.status()
+        attempts = status.get("attempts", [])
+        attempts.append({"started_at": _now(), "host": socket.gethostname(), "world_size": world_size,
+                         "git_commit": git_commit(), "pid": os.getpid(), "argv": sys.argv})
+        status.update({"run_id": run_id, "state": "running", "command": command,
+                       "created_at": status.get("created_at", _now()), "updated_at": _now(),
+                       "finished_at": None, "host": socket.gethostname(), "world_size": world_size,
+                       "git_commit": git_commit(), "attempts": attempts, "error": None})
+        status.update(extra or {})
+        atomic_write_json(self.status_path, status)
+
+    def finish(self, state: str = "finished", error: Optional[str] = None) -> None:
+        """Mark the run finished, failed or interrupted."""
+        if state not in STATES:
+            raise ValueError(f"unknown run state {state!r}")
+        status = self.status()
+        status.update({"state": state, "updated_at": _now(), "finished_at": _now(), "error": error})
+        atomic_write_json(self.status_path, status)
+
+    def append_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Append one row per metric to metrics.csv (long format; the file is never truncated)."""
+        new = not self.metrics_path.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(METRICS_COLUMNS)
+            t = f"{time.time():.3f}"
+            for name, value in metrics.items():
+                writer.writerow([t, int(step), name, repr(float(value))])
+
+    def read_metrics(self) -> list[dict]:
+        """Every metrics.csv row as a dict with typed step and value."""
+        if not self.metrics_path.exists():
+            return []
+        with open(self.metrics_path, newline="", encoding="utf-8") as f:
+            return [{"time": float(r["time"]), "step": int(r["step"]), "name": r["name"], "value": float(r["value"])}
+                    for r in csv.DictReader(f)]
+
+    def summary(self) -> dict:
+        """The current summary.json contents (empty when absent)."""
+        return read_json(self.summary_path) if self.summary_path.exists() else {}
+
+    def update_summary(self, values: Mapping[str, Any]) -> dict:
+        """Merge values into summary.json (atomically) and return the new summary."""
+        summary = self.summary()
+        summary.update({k: _jsonable(v) for k, v in values.items()})
+        atomic_write_json(self.summary_path, summary)
+        return summary
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def last_values(rows: Iterable[dict]) -> dict[str, float]:
+    """The last logged value of every metric name."""
+    out: dict[str, float] = {}
+    for row in rows:
+        out[row["name"]] = row["value"]
+    return out

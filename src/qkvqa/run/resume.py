@@ -1,0 +1,74 @@
+"""Resume policy: find the checkpoint to continue from and refuse changes to immutable keys."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from qkvqa.config.load import from_saved, to_plain
+from qkvqa.config.schema import MUTABLE_ON_RESUME
+from qkvqa.errors import ConfigError
+from qkvqa.run.rundir import RunContext
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+RESUME_MODES = ("never", "auto")
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def _is_mutable(key: str) -> bool:
+    return any(key == m or key.startswith(m + ".") for m in MUTABLE_ON_RESUME)
+
+
+def config_changes(saved: DictConfig, current: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """Every key whose value differs between two configs: {key: (saved, current)}."""
+    a, b = _flatten(to_plain(saved)), _flatten(to_plain(current))
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def check_resume_config(saved_path: Path, current: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """Refuse immutable changes against the saved config; return the allowed (mutable) ones."""
+    saved = from_saved(saved_path)
+    changes = config_changes(saved, current)
+    refused = {k: v for k, v in changes.items() if not _is_mutable(k) and k not in ("run_id", "experiment")}
+    if refused:
+        lines = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(refused.items())[:8])
+        raise ConfigError(
+            f"cannot resume {saved_path.parent.name}: these keys differ from its saved config.yaml and may not "
+            f"change on resume: {lines}. Start a new run (another run_id) to change them; keys that may change: "
+            f"{', '.join(MUTABLE_ON_RESUME)}")
+    return {k: v for k, v in changes.items() if k not in ("run_id", "experiment")}
+
+
+def prepare_resume(cfg: DictConfig, run: RunContext) -> tuple[Optional[str], dict]:
+    """Decide what to resume from: (checkpoint path or None, allowed config changes).
+
+    resume=never on a directory that already holds a run is refused, so no run is overwritten.
+    resume=auto continues `last.ckpt` when present, and trains from scratch on the first launch.
+    """
+    if cfg.resume not in RESUME_MODES:
+        raise ConfigError(f"resume must be one of {RESUME_MODES}, got {cfg.resume!r}")
+    if not run.resumed:
+        return None, {}
+    if cfg.resume == "never":
+        raise ConfigError(
+            f"run directory {run.run_dir} already holds run {run.run_id!r}. Pass resume=auto to continue it, "
+            "or choose another run_id (or none for a new one).")
+    changes = check_resume_config(run.run_dir / "config.yaml", cfg)
+    last = run.run_dir / "last.ckpt"
+    if changes:
+        log.info("resuming %s with changed keys: %s", run.run_id, changes)
+    if last.exists():
+        log.info("resuming %s from %s", run.run_id, last)
+        return str(last), changes
+    log.info("resume=auto: %s has no last.ckpt yet, starting from scratch in the same directory", run.run_id)
+    return None, changes

@@ -1,0 +1,76 @@
+"""Run identity: one run id and one `checkpoints/<run_id>/` directory per run, on every rank."""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from qkvqa.errors import ConfigError
+from qkvqa.utils.logging import global_rank
+
+ENV_RUN_ID = "QKVQA_RUN_ID"
+ENV_RUN_DIR = "QKVQA_RUN_DIR"
+
+
+@dataclass
+class RunContext:
+    """Who this run is and where its record lives."""
+
+    run_id: str
+    run_dir: Path
+    resumed: bool            # the directory already held a record of this run
+    launched_by_sweep: bool  # the id came from a W&B sweep agent
+
+    @property
+    def is_rank_zero(self) -> bool:
+        """Whether this process writes the run record."""
+        return global_rank() == 0
+
+
+def new_run_id(experiment: str) -> str:
+    """A fresh, sortable, human-readable id: `<YYYYmmdd-HHMMSS>-<experiment>-<4 hex>`."""
+    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in experiment.replace("/", "-"))[:40]
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
+
+
+def validate_run_id(run_id: str) -> str:
+    """Refuse ids that cannot be a directory name."""
+    if not run_id or "/" in run_id or run_id in (".", "..") or run_id.strip() != run_id:
+        raise ConfigError(f"run_id {run_id!r} is not usable as a directory name")
+    return run_id
+
+
+def resolve_run(cfg: DictConfig) -> RunContext:
+    """Decide the run id and directory, the same on every DDP rank, and export them for child ranks.
+
+    Order: a DDP child reads QKVQA_RUN_ID/QKVQA_RUN_DIR exported by rank 0; else `run_id` from the
+    config; else WANDB_RUN_ID when a W&B sweep agent launched us (WANDB_SWEEP_ID set); else a new id.
+    """
+    root = Path(cfg.paths.checkpoints_root)
+    inherited = os.environ.get(ENV_RUN_ID)
+    sweep = bool(os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"))
+    if inherited and os.environ.get(ENV_RUN_DIR) and (global_rank() != 0 or cfg.run_id in (None, inherited)):
+        run_id, run_dir = inherited, Path(os.environ[ENV_RUN_DIR])
+    else:
+        if cfg.run_id:
+            run_id = cfg.run_id
+        elif sweep:
+            run_id = os.environ["WANDB_RUN_ID"]
+        else:
+            run_id = new_run_id(cfg.experiment)
+        run_dir = root / validate_run_id(run_id)
+    run_dir = run_dir.resolve()
+    resumed = (run_dir / "config.yaml").exists()
+    os.environ[ENV_RUN_ID] = run_id
+    os.environ[ENV_RUN_DIR] = str(run_dir)
+    return RunContext(run_id=run_id, run_dir=run_dir, resumed=resumed, launched_by_sweep=sweep)
+
+
+def clear_run_env() -> None:
+    """Forget an inherited run identity (used between runs in one process, e.g. tests)."""
+    for key in (ENV_RUN_ID, ENV_RUN_DIR):
+        os.environ.pop(key, None)

@@ -1,0 +1,82 @@
+"""Build the Lightning Trainer of a job and run `fit` inside its run record."""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional
+
+import lightning.pytorch as pl
+from omegaconf import DictConfig
+
+from qkvqa.callbacks.run_state import RunStateCallback
+from qkvqa.loggers.local import RunRecordLogger
+from qkvqa.loggers.wandb import make_wandb_logger, wandb_run_id
+from qkvqa.run.job import Job, run_job
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+_TRAINER_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_epochs", "max_steps",
+                 "accumulate_grad_batches", "gradient_clip_val", "log_every_n_steps", "val_check_interval",
+                 "check_val_every_n_epoch", "limit_train_batches", "limit_val_batches", "num_sanity_val_steps",
+                 "deterministic", "enable_progress_bar", "detect_anomaly", "fast_dev_run")
+
+
+def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """The `trainer:` section as keyword arguments (None values left to Lightning's defaults)."""
+    kwargs = {k: cfg.trainer[k] for k in _TRAINER_KEYS if cfg.trainer[k] is not None}
+    if kwargs.get("strategy") == "ddp" and kwargs.get("accelerator") == "cpu":
+        from lightning.pytorch.strategies import DDPStrategy
+
+        kwargs["strategy"] = DDPStrategy(process_group_backend="gloo")
+    return kwargs
+
+
+def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> pl.Trainer:
+    """A Trainer whose checkpoints, local log and W&B files all live in the run directory."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cfg = job.cfg
+    ck = cfg.checkpoint
+    checkpoint = ModelCheckpoint(
+        dirpath=str(job.run.run_dir), filename="epoch{epoch:03d}-step{step:07d}", monitor=ck.monitor, mode=ck.mode,
+        save_top_k=ck.save_top_k if ck.monitor else (1 if ck.save_top_k else 0), save_last=True,
+        every_n_train_steps=ck.every_n_train_steps, save_on_exception=ck.save_on_exception,
+        auto_insert_metric_name=False, enable_version_counter=False)
+    wandb_logger = make_wandb_logger(cfg, job.run, job.plain_config)
+    loggers = [RunRecordLogger(job.record, job.run.run_id)] + ([wandb_logger] if wandb_logger else [])
+    state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
+    return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers,
+                      callbacks=[checkpoint, state, *callbacks], **trainer_kwargs(cfg))
+
+
+def world_size_of(cfg: DictConfig) -> int:
+    """The world size a trainer config asks for (devices x nodes; -1/auto counted as visible GPUs)."""
+    devices = cfg.trainer.devices
+    if isinstance(devices, (list, tuple)):
+        n = len(devices)
+    elif str(devices) in ("-1", "auto"):
+        import torch
+
+        n = max(torch.cuda.device_count(), 1) if cfg.trainer.accelerator in ("gpu", "cuda", "auto") else 1
+    else:
+        n = int(devices)
+    return n * int(cfg.trainer.num_nodes)
+
+
+def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDataModule, command: str = "train",
+        callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> dict:
+    """Train `module` on `datamodule` as one run; resumes with `resume=auto`; returns the summary."""
+    with run_job(cfg, command, world_size_of(cfg)) as job:
+        pl.seed_everything(cfg.seed, workers=True, verbose=False)
+        trainer = build_trainer(job, callbacks, batch_size)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
+        summary: dict = {}
+        if job.run.is_rank_zero and trainer.is_global_zero:
+            ckpt_cb = trainer.checkpoint_callback
+            summary = job.record.update_summary({
+                "global_step": trainer.global_step, "epoch": trainer.current_epoch,
+                "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
+                "best_model_score": getattr(ckpt_cb, "best_model_score", None),
+                "last_model_path": str(job.run.run_dir / "last.ckpt"),
+                **{k: float(v) for k, v in trainer.callback_metrics.items()}})
+        return summary

@@ -1,0 +1,38 @@
+"""Shared fixtures: offline environment, an isolated run root, and the experiments directory."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("QKVQA_PROGRESS", "0")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_run_env(monkeypatch, tmp_path):
+    """Each test starts without an inherited run identity or W&B sweep variables."""
+    for key in ("QKVQA_RUN_ID", "QKVQA_RUN_DIR", "WANDB_RUN_ID", "WANDB_SWEEP_ID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
+    yield
+
+
+@pytest.fixture
+def run_root(tmp_path) -> Path:
+    """A fresh checkpoints root for one test."""
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def experiments_root() -> Path:
+    """The repository's experiments/ directory."""
+    return REPO / "experiments"

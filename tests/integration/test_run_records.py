@@ -1,0 +1,99 @@
+"""Run records with a real Trainer: one directory per run, reuse on resume, checkpoint hygiene."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from qkvqa.config.load import compose
+from qkvqa.errors import ConfigError
+from qkvqa.run.record import RunRecord
+from qkvqa.run.rundir import clear_run_env
+from qkvqa.run.trainer import fit
+from tests.helpers.toy import ToyDataModule, ToyRegressor
+
+BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
+        "logger.wandb.enabled=false", "trainer.max_epochs=50"]
+
+
+def _cfg(run_root, *extra):
+    return compose(None, [], [f"paths.checkpoints_root={run_root}", *BASE, *extra])
+
+
+def _fit(cfg):
+    clear_run_env()
+    return fit(cfg, ToyRegressor(total_steps=100), ToyDataModule(), batch_size=8)
+
+
+def test_run_dir_holds_the_record(run_root):
+    summary = _fit(_cfg(run_root, "run_id=rec", "trainer.max_steps=3"))
+    run_dir = run_root / "rec"
+    assert sorted(p.name for p in run_root.iterdir()) == ["rec"]
+    for name in ("config.yaml", "status.json", "metrics.csv", "summary.json", "last.ckpt"):
+        assert (run_dir / name).exists(), name
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "finished" and status["world_size"] == 1 and status["run_id"] == "rec"
+    assert status["host"] and status["created_at"] and status["finished_at"] and len(status["attempts"]) == 1
+    assert summary["global_step"] == 3 and "train/loss" in summary
+    rows = RunRecord(run_dir).read_metrics()
+    assert [r["step"] for r in rows if r["name"] == "train/loss"] == [0, 1, 2]
+
+
+def test_new_run_ids_are_unique_directories(run_root):
+    _fit(_cfg(run_root, "trainer.max_steps=1"))
+    _fit(_cfg(run_root, "trainer.max_steps=1"))
+    assert len(list(run_root.iterdir())) == 2
+
+
+def test_checkpoint_loads_with_weights_only_and_holds_the_run_state(run_root):
+    _fit(_cfg(run_root, "run_id=ck", "trainer.max_steps=2", "qff.lr=1e-05"))
+    ckpt = torch.load(run_root / "ck" / "last.ckpt", weights_only=True)
+    state = ckpt["qkvqa"]
+    assert state["run_id"] == "ck" and state["world_size"] == 1 and state["global_batch_size"] == 8
+    assert isinstance(state["config"], dict) and state["config"]["qff"]["lr"] == pytest.approx(1e-5)
+    assert ckpt["global_step"] == 2
+
+
+def test_resume_reuses_the_directory_and_appends_metrics(run_root):
+    _fit(_cfg(run_root, "run_id=res", "trainer.max_steps=3"))
+    before = (run_root / "res" / "metrics.csv").read_text()
+    summary = _fit(_cfg(run_root, "run_id=res", "resume=auto", "trainer.max_steps=6"))
+    after = (run_root / "res" / "metrics.csv").read_text()
+    assert after.startswith(before) and len(after) > len(before)
+    assert summary["global_step"] == 6 and sorted(p.name for p in run_root.iterdir()) == ["res"]
+    steps = [r["step"] for r in RunRecord(run_root / "res").read_metrics() if r["name"] == "train/loss"]
+    assert steps == [0, 1, 2, 3, 4, 5]
+    status = json.loads((run_root / "res" / "status.json").read_text())
+    assert len(status["attempts"]) == 2 and status["resumed_from"].endswith("last.ckpt")
+    assert status["resume_changes"] == {"resume": ["never", "auto"], "trainer.max_steps": [3, 6]}
+
+
+def test_first_launch_with_resume_auto_trains_from_scratch(run_root):
+    summary = _fit(_cfg(run_root, "run_id=fresh", "resume=auto", "trainer.max_steps=2"))
+    assert summary["global_step"] == 2
+
+
+def test_existing_run_is_never_overwritten(run_root):
+    _fit(_cfg(run_root, "run_id=keep", "trainer.max_steps=1"))
+    with pytest.raises(ConfigError, match="resume=auto"):
+        _fit(_cfg(run_root, "run_id=keep", "trainer.max_steps=1"))
+
+
+def test_immutable_change_on_resume_is_refused(run_root):
+    _fit(_cfg(run_root, "run_id=imm", "trainer.max_steps=1"))
+    with pytest.raises(ConfigError) as e:
+        _fit(_cfg(run_root, "run_id=imm", "resume=auto", "seed=5"))
+    assert "seed" in str(e.value)
+
+
+def test_failed_run_is_marked_failed(run_root):
+    class Broken(ToyRegressor):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    clear_run_env()
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(_cfg(run_root, "run_id=bad", "trainer.max_steps=1"), Broken(), ToyDataModule())
+    status = json.loads((run_root / "bad" / "status.json").read_text())
+    assert status["state"] == "failed" and "boom" in status["error"]

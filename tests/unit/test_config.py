@@ -1,0 +1,135 @@
+"""Config composition: merge order, overrides, ~key, unknown keys, types, floats and None."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from qkvqa.config.cli import split_overrides
+from qkvqa.config.load import compose, from_saved, list_experiments, to_plain, to_yaml
+from qkvqa.errors import ConfigError
+
+
+@pytest.fixture
+def exp_root(tmp_path: Path) -> Path:
+    """A small experiments tree: base, two presets and an experiment in a sub-folder."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "base" / "a.yaml").write_text("qff:\n  alpha: 0.5\nseed: 1\n")
+    (tmp_path / "base" / "b.yaml").write_text("qff:\n  alpha: 0.6\n")          # later base files win
+    (tmp_path / "presets" / "fast.yaml").write_text("trainer:\n  max_steps: 3\nseed: 2\n")
+    (tmp_path / "presets" / "slow.yaml").write_text("trainer:\n  max_steps: 30\n")
+    (tmp_path / "ablations" / "no_focus.yaml").write_text("qff:\n  focus: none\nseed: 3\n")
+    (tmp_path / "needs_preset.yaml").write_text("presets: [fast]\ncda:\n  K1: 8\n")
+    return tmp_path
+
+
+def test_merge_order_base_presets_experiment_overrides(exp_root):
+    cfg = compose(None, [], [], root=exp_root)
+    assert cfg.qff.alpha == 0.6 and cfg.seed == 1
+    cfg = compose("ablations/no_focus", ["fast"], [], root=exp_root)
+    assert cfg.trainer.max_steps == 3 and cfg.qff.focus == "none" and cfg.seed == 3   # experiment beats preset
+    assert cfg.experiment == "ablations/no_focus" and list(cfg.presets) == ["fast"]
+    cfg = compose("ablations/no_focus", ["fast", "slow"], ["seed=9"], root=exp_root)
+    assert cfg.trainer.max_steps == 30 and cfg.seed == 9                                # later preset, then CLI
+
+
+def test_experiment_can_name_its_presets(exp_root):
+    cfg = compose("needs_preset", [], [], root=exp_root)
+    assert cfg.trainer.max_steps == 3 and cfg.cda.K1 == 8 and list(cfg.presets) == ["fast"]
+
+
+def test_unknown_key_names_key_and_nearest(exp_root):
+    with pytest.raises(ConfigError) as e:
+        compose(None, [], ["qff.alhpa=0.3"], root=exp_root)
+    assert "qff.alhpa" in str(e.value) and "qff.alpha" in str(e.value)
+    with pytest.raises(ConfigError, match="trainer.max_steps"):
+        compose(None, [], ["trainer.max_step=3"], root=exp_root)
+
+
+def test_unknown_key_in_yaml_names_the_file(exp_root):
+    (exp_root / "typo.yaml").write_text("cda:\n  K_1: 3\n")
+    with pytest.raises(ConfigError) as e:
+        compose("typo", [], [], root=exp_root)
+    assert "typo.yaml" in str(e.value) and "cda.K_1" in str(e.value) and "cda.K1" in str(e.value)
+
+
+def test_wrong_type_names_key_and_expected_type(exp_root):
+    with pytest.raises(ConfigError) as e:
+        compose(None, [], ["trainer.max_steps=many"], root=exp_root)
+    assert "trainer.max_steps" in str(e.value) and "integer" in str(e.value)
+    with pytest.raises(ConfigError, match="expected float"):
+        compose(None, [], ["qff.alpha=high"], root=exp_root)
+
+
+def test_floats_and_none_parse_as_users_expect(exp_root):
+    cfg = compose(None, [], ["qff.lr=1e-05", "qff.alpha=1e-1", "cda.U=null", "cda.theta=None",
+                             "qff.checkpoint=None"], root=exp_root)
+    assert cfg.qff.lr == pytest.approx(1e-5) and isinstance(cfg.qff.lr, float)
+    assert cfg.qff.alpha == pytest.approx(0.1)
+    assert cfg.cda.U is None and cfg.cda.theta is None and cfg.qff.checkpoint is None
+
+
+def test_none_into_non_optional_is_an_error(exp_root):
+    with pytest.raises(ConfigError, match="trainer.max_steps"):
+        compose(None, [], ["trainer.max_steps=None"], root=exp_root)
+
+
+def test_tilde_restores_default_and_deletes_free_keys(exp_root):
+    cfg = compose(None, [], ["qff.alpha=0.2", "~qff.alpha"], root=exp_root)
+    assert cfg.qff.alpha == 0.9                                       # the schema default
+    cfg = compose(None, [], ["components.qformer.options.depth=3", "~components.qformer.options.depth"],
+                  root=exp_root)
+    assert "depth" not in cfg.components.qformer.options
+    with pytest.raises(ConfigError, match="unknown config key"):
+        compose(None, [], ["~qff.nope"], root=exp_root)
+
+
+def test_bad_arguments_and_missing_experiment(exp_root):
+    with pytest.raises(ConfigError, match="key=value"):
+        compose(None, [], ["alpha"], root=exp_root)
+    with pytest.raises(ConfigError, match="ablations/no_focus"):
+        compose("ablations/no_focs", [], [], root=exp_root)
+    with pytest.raises(ConfigError, match="no preset"):
+        compose(None, ["turbo"], [], root=exp_root)
+
+
+def test_split_overrides():
+    exp, presets, rest = split_overrides(["experiment=x", "preset=a,b", "presets=c", "qff.alpha=1"])
+    assert exp == "x" and presets == ["a", "b", "c"] and rest == ["qff.alpha=1"]
+
+
+def test_saved_yaml_reloads_to_identical_config(exp_root, tmp_path):
+    cfg = compose("ablations/no_focus", ["fast"], ["qff.lr=3e-06", "cda.U=null"], root=exp_root)
+    path = tmp_path / "config.yaml"
+    path.write_text(to_yaml(cfg))
+    assert to_plain(from_saved(path)) == to_plain(cfg)
+
+
+def test_list_experiments(exp_root):
+    assert list_experiments(exp_root) == ["ablations/no_focus", "needs_preset"]
+
+
+def test_repository_experiments_all_compose(experiments_root):
+    names = list_experiments(experiments_root)
+    for name in names:
+        cfg = compose(name, [], [], root=experiments_root)
+        assert cfg.experiment == name
+    for preset in sorted(p.stem for p in (experiments_root / "presets").glob("*.yaml")):
+        assert preset in compose(None, [preset], [], root=experiments_root).presets
+
+
+def test_plain_config_has_no_omegaconf_objects(exp_root):
+    plain = to_plain(compose(None, [], [], root=exp_root))
+
+    def walk(x):
+        assert not OmegaConf.is_config(x)
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(plain)
