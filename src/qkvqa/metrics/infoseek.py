@@ -1,0 +1,251 @@
+"""The official InfoSeek scorer (edchengg/infoseek_eval, metrics.md section 1), quirks included, plus coverage.
+
+Where the official code raises (a reference id missing from the question-type file, a non-str
+prediction, an empty `answer_eval`, a malformed numerical range) qkvqa raises too: a DataError, which
+is a ValueError, naming the problem and the data_id when known. Nothing is folded silently into a score.
+"""
+from __future__ import annotations
+
+import re
+import string
+from typing import Any, Sequence, Union
+
+from qkvqa.errors import DataError
+from qkvqa.metrics.coverage import check_coverage, coverage_report
+from qkvqa.metrics.inputs import Rows, field, load_rows
+
+PUNCTUATION = frozenset(string.punctuation)
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+# A number as the official parser finds it; `\d` is Unicode-aware (Arabic-Indic and full-width digits count).
+NUMBER = re.compile(r"[-+]?[.]?\d+(?:,\d\d\d)*[.]?\d*(?:[eE][-+]?\d+)?")
+
+IOU_THRESHOLD = 0.5 - 1e-12      # IoU exactly 0.5 passes
+LENGTH_EPSILON = 1e-12           # added to every interval length in the IoU
+SCALAR_TOLERANCE = 0.1           # only used when the answer is a bare number (never from `evaluate`)
+ZERO_SPLIT = 1e-12               # a split score of 0 enters the harmonic mean as this
+
+TIME, NUMERICAL, STRING = "time", "numerical", "string"
+UNSEEN_QUESTION, UNSEEN_ENTITY = "unseen_question", "unseen_entity"
+
+Number = Union[float, list]
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower(), delete ASCII punctuation, articles to spaces, collapse whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in PUNCTUATION)
+    text = ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, ground_truth: str) -> bool:
+    """Equality after `normalize_answer` (the String and Time rule, for one alias)."""
+    return normalize_answer(prediction) == normalize_answer(ground_truth)
+
+
+def _isolate_range_hyphens(text: str) -> str:
+    """Turn every '-' that follows a character with `str.isdigit()` into ' - ' (`9-10` -> `9 - 10`)."""
+    return "".join(" - " if ch == "-" and i > 0 and text[i - 1].isdigit() else ch for i, ch in enumerate(text))
+
+
+def parse_numerical_answer(text: str) -> Number:
+    """The official `process_numerical_answer`: a single float, a range `[lo, hi]`, or `[0, 0]` when no number.
+
+    The first two numbers found form a range when ascending (or equal); a descending pair keeps only
+    its first number. Commas are removed and leading/trailing dots stripped before `float()`, so `.5`
+    is 5.0 and `-.5` is -0.5. (The official code also has a branch for tokens with two or more dots;
+    the regex never produces one, so it is not reproduced.)
+    """
+    numbers = [float(token.replace(",", "").strip("."))
+               for token in NUMBER.findall(_isolate_range_hyphens(text))]
+    if len(numbers) >= 2:
+        first, second = numbers[0], numbers[1]
+        return [first, second] if first <= second else first
+    if len(numbers) == 1:
+        return numbers[0]
+    return [0.0, 0.0]
+
+
+def numerical_range_match(prediction: Number, answer: Union[Sequence[float], float],
+                          tolerance: float = SCALAR_TOLERANCE) -> bool:
+    """The official `metric_numerical_range`: relaxed accuracy of a parsed prediction against `[lo, hi]`.
+
+    A single number must lie in `[lo, hi]` (inclusive). A range passes when both ends lie in it, or
+    when its IoU with the answer is at least 0.5 (minus 1e-12); the IoU branch uses min/max, so only
+    a range prediction can match a reversed answer range. A bare-number answer `a` becomes
+    `[a(1-tol), a(1+tol)]`, which is inverted, and so never matches, when `a < 0`.
+    """
+    if isinstance(answer, (list, tuple)):
+        low, high = answer
+    else:
+        low, high = answer * (1 - tolerance), answer * (1 + tolerance)
+    if not isinstance(prediction, (list, tuple)):
+        return low <= prediction <= high
+    start, end = prediction
+    if low <= start <= high and low <= end <= high:
+        return True
+    min_p, max_p = min(start, end), max(start, end)
+    min_a, max_a = min(low, high), max(low, high)
+    overlap = max(0.0, min(max_p, max_a) - max(min_p, min_a))
+    length_p = max_p - min_p + LENGTH_EPSILON
+    length_a = max_a - min_a + LENGTH_EPSILON
+    return overlap / (length_p + length_a - overlap) >= IOU_THRESHOLD
+
+
+def question_kind(question_type: Any) -> str:
+    """Route a question type: lower-cased exactly `time` or `numerical`, anything else is `string`."""
+    if not isinstance(question_type, str):
+        raise DataError(f"question_type must be a str, got {question_type!r}")
+    lowered = question_type.lower()
+    return lowered if lowered in (TIME, NUMERICAL) else STRING
+
+
+def reference_range(answer_eval: Any) -> list[str]:
+    """The stored range as the official `prepare_qid2example` keeps it: `str` of the first two elements of
+    `answer_eval[0]["range"]` (or `answer_eval["range"]` for a bare dict); `wikidata` is ignored."""
+    if isinstance(answer_eval, dict):
+        entry = answer_eval
+    elif isinstance(answer_eval, list) and answer_eval:
+        entry = answer_eval[0]
+    else:
+        raise DataError(f"numerical answer_eval must be a dict or a non-empty list of dicts, got {answer_eval!r}")
+    if not isinstance(entry, dict) or not isinstance(entry.get("range"), (list, tuple)):
+        raise DataError(f"numerical answer_eval needs a dict with a 'range' list, got {entry!r}")
+    return [str(bound) for bound in entry["range"]][:2]
+
+
+def _range_bounds(stored_range: list[str]) -> tuple[float, float]:
+    """The float bounds of a stored range; a one-element or non-numeric range raises (as at official scoring)."""
+    if len(stored_range) != 2:
+        raise DataError(f"numerical range needs two bounds, got {stored_range!r}")
+    try:
+        return float(stored_range[0]), float(stored_range[1])
+    except ValueError:
+        raise DataError(f"numerical range bounds must be numbers, got {stored_range!r}") from None
+
+
+def _score_prepared(prediction: Any, answer: Any, kind: str) -> int:
+    """Score one prediction against a prepared answer (alias list, or stored range for numerical)."""
+    if not isinstance(prediction, str):
+        raise DataError(f"prediction must be a str, got {type(prediction).__name__} {prediction!r}")
+    if kind == NUMERICAL:
+        return int(numerical_range_match(parse_numerical_answer(prediction), _range_bounds(answer)))
+    if not isinstance(answer, list) or not answer:
+        raise DataError(f"answer_eval must be a non-empty list of strings for {kind} questions, got {answer!r}")
+    if not all(isinstance(alias, str) for alias in answer):
+        raise DataError(f"answer_eval must hold strings for {kind} questions, got {answer!r}")
+    return int(any(exact_match(prediction, alias) for alias in answer))
+
+
+def score_item(prediction: str, answer_eval: Any, question_type: str) -> int:
+    """1 if `prediction` is correct for one InfoSeek question, else 0 (String/Time: exact match over
+    `answer_eval` aliases; Numerical: relaxed range accuracy on the first stored range)."""
+    kind = question_kind(question_type)
+    answer = reference_range(answer_eval) if kind == NUMERICAL else answer_eval
+    return _score_prepared(prediction, answer, kind)
+
+
+def split_of(data_split: Any) -> str:
+    """`unseen_question` iff the split name ends with it; every other split counts as `unseen_entity`."""
+    if not isinstance(data_split, str):
+        raise DataError(f"data_split must be a str, got {data_split!r}")
+    return UNSEEN_QUESTION if data_split.endswith(UNSEEN_QUESTION) else UNSEEN_ENTITY
+
+
+def _percent(hits: Sequence[int]) -> Union[int, float]:
+    """round(100 * mean, 2) with Python's round; an empty bucket is integer 0 (the official safe_division)."""
+    fraction = sum(hits) / len(hits) if hits else 0
+    return round(fraction * 100, 2)
+
+
+def harmonic_mean(first: float, second: float) -> float:
+    """2 / (1/a + 1/b), with a zero replaced by 1e-12 (so one empty or all-wrong split makes it ~0).
+
+    The reciprocal form is qkvqa's reading of the 1e-12 guard; `2ab/(a+b)` differs from it in the
+    last bit for about 5 in 100,000 pairs of 2-decimal scores, which can move the rounded value by 0.01.
+    """
+    first = first if first != 0 else ZERO_SPLIT
+    second = second if second != 0 else ZERO_SPLIT
+    return 2 / (1 / first + 1 / second)
+
+
+def _load_question_types(qtypes: Rows) -> dict[str, str]:
+    return {field(row, "data_id", where): field(row, "question_type", where)
+            for where, row in load_rows(qtypes, "question types")}
+
+
+def _load_references(references: Rows, qtype_of: dict[str, str]) -> tuple[dict[str, tuple], int]:
+    """data_id -> (prepared answer, split, kind), the last line of a repeated id winning; also the
+    number of repeated reference lines. Every reference id must have a question type."""
+    prepared: dict[str, tuple] = {}
+    repeated = 0
+    without_type = []
+    for where, row in load_rows(references, "references"):
+        qid = field(row, "data_id", where)
+        if qid not in qtype_of:
+            without_type.append(qid)
+            continue
+        kind = question_kind(qtype_of[qid])
+        answer_eval = field(row, "answer_eval", where)
+        try:
+            answer = reference_range(answer_eval) if kind == NUMERICAL else answer_eval
+            split = split_of(field(row, "data_split", where))
+        except DataError as e:
+            raise DataError(f"{where}: data_id {qid}: {e}") from None
+        repeated += qid in prepared
+        prepared[qid] = (answer, split, kind)
+    if without_type:
+        raise DataError(f"{len(without_type)} reference data_id(s) have no entry in the question-type file "
+                        f"(first: {', '.join(without_type[:5])}); the official scorer raises KeyError here")
+    return prepared, repeated
+
+
+def evaluate(predictions: Rows, references: Rows, qtypes: Rows, strict: bool = False) -> dict:
+    """Score InfoSeek predictions exactly as the official `evaluate(prediction, reference, qtype)` does.
+
+    Arguments are JSONL paths or lists of dicts. Only predictions are iterated: unknown ids are
+    dropped, reference questions without a prediction are not counted, duplicates are each counted.
+    Returns the official keys (`final_score`, `unseen_question_score`, `unseen_entity_score` with
+    `score`, `score_time`, `score_num`, `score_string`) plus `coverage` (missing, unknown and
+    duplicated ids, scored counts). `strict=True` raises DataError when coverage is not one-to-one.
+    """
+    return evaluate_with_details(predictions, references, qtypes, strict)[0]
+
+
+def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
+                          strict: bool = False) -> tuple[dict, list[dict]]:
+    """`evaluate`, plus one `{data_id, split, kind, correct}` row per scored prediction in prediction order."""
+    prepared, repeated_references = _load_references(references, _load_question_types(qtypes))
+    prediction_rows = load_rows(predictions, "predictions")
+    prediction_ids = [field(row, "data_id", where) for where, row in prediction_rows]
+    coverage = coverage_report(prediction_ids, prepared)
+    coverage["n_repeated_reference_lines"] = repeated_references
+    check_coverage(coverage, "InfoSeek", strict)
+
+    details = []
+    hits: dict[str, dict[str, list[int]]] = {split: {TIME: [], NUMERICAL: [], STRING: []}
+                                             for split in (UNSEEN_QUESTION, UNSEEN_ENTITY)}
+    for (where, row), qid in zip(prediction_rows, prediction_ids):
+        if qid not in prepared:
+            continue
+        answer, split, kind = prepared[qid]
+        try:
+            correct = _score_prepared(field(row, "prediction", where), answer, kind)
+        except DataError as e:
+            raise DataError(f"{where}: data_id {qid}: {e}") from None
+        hits[split][kind].append(correct)
+        details.append({"data_id": qid, "split": split, "kind": kind, "correct": correct})
+
+    result: dict[str, Any] = {}
+    for split in (UNSEEN_QUESTION, UNSEEN_ENTITY):
+        by_kind = hits[split]
+        result[f"{split}_score"] = {
+            "score": _percent(by_kind[TIME] + by_kind[NUMERICAL] + by_kind[STRING]),
+            "score_time": _percent(by_kind[TIME]),
+            "score_num": _percent(by_kind[NUMERICAL]),
+            "score_string": _percent(by_kind[STRING]),
+        }
+    final = round(harmonic_mean(result["unseen_question_score"]["score"], result["unseen_entity_score"]["score"]), 2)
+    coverage["n_scored"] = {split: {kind: len(items) for kind, items in hits[split].items()} for split in hits}
+    return {"final_score": final, **result, "coverage": coverage}, details
