@@ -1,8 +1,12 @@
 """Config dataclasses of the data layer (the `data:` section of an experiment)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, List, Mapping, Optional
+
+from qkvqa.errors import ConfigError
 
 
 @dataclass
@@ -12,6 +16,7 @@ class ImagesConfig:
     inaturalist_root: Optional[str] = None
     inaturalist_layout: str = "id2name"          # id2name | flat
     inaturalist_id2name: Optional[str] = None    # train_id2name.json / val_id2name.json
+    inaturalist_id2name_extra: List[str] = field(default_factory=list)  # more id2name maps, merged after the first
     landmarks_root: Optional[str] = None
     landmarks_layout: str = "abc_sharded"        # abc_sharded (a/b/c/{id}.jpg) | flat
     infoseek_root: Optional[str] = None
@@ -19,6 +24,9 @@ class ImagesConfig:
     kb_image_csvs: List[str] = field(default_factory=list)   # OMGM title -> image CSVs (globs allowed)
     kb_image_root: Optional[str] = None                      # root the CSVs' img_path is relative to
     max_images_per_title: int = 10
+    # Local pixel store for KB `image_urls` (fallback when a title has no CSV image): the file of
+    # https://host/a/b.jpg is {kb_image_url_store}/host/a/b.jpg (a `wget --force-directories` mirror).
+    kb_image_url_store: Optional[str] = None
 
 
 @dataclass
@@ -31,11 +39,52 @@ class DataConfig:
     kb_store: Optional[str] = None               # directory written by `qkvqa kb build`
     train_questions: Optional[str] = None       # E-VQA CSV or EchoSight-style InfoSeek CSV
     val_questions: Optional[str] = None
-    test_questions: Optional[str] = None
+    test_questions: Optional[str] = None         # InfoSeek: also the official infoseek_val.jsonl
     infoseek_references: Optional[str] = None    # infoseek_val.jsonl
     infoseek_qtypes: Optional[str] = None        # infoseek_val_qtype.jsonl
     include_two_hop: bool = False                # keep 2_hop rows (only for "all" metrics)
     max_questions: Optional[int] = None          # cap per split (debugging)
+    drop_missing_images: bool = True             # drop questions whose image is missing/corrupt from batches (counted)
     batch_size: int = 8
     num_workers: int = 0
     images: ImagesConfig = field(default_factory=ImagesConfig)
+
+
+def _from_mapping(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys with the nearest valid names."""
+    import difflib
+
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(key, list(names), n=3)
+            raise ConfigError(f"unknown key '{prefix}{key}'" + (f"; did you mean {', '.join(close)}?" if close else
+                                                                 f"; valid keys: {', '.join(names)}"))
+        if key == "images" and isinstance(value, Mapping):
+            value = _from_mapping(ImagesConfig, value, f"{prefix}images.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def data_config_from_dict(values: Any) -> DataConfig:
+    """A DataConfig from a DataConfig, a plain dict or an OmegaConf DictConfig (the `data:` section)."""
+    if isinstance(values, DataConfig):
+        return values
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"data config must be a mapping, found {type(values).__name__}")
+    if type(values).__name__ == "DictConfig":
+        from omegaconf import OmegaConf
+
+        values = OmegaConf.to_container(values, resolve=True)
+    return _from_mapping(DataConfig, values, "data.")
+
+
+def resolve_data_path(config: DataConfig, path: Optional[str]) -> Optional[Path]:
+    """`path` as given when absolute (or None), else relative to `config.root` when that is set."""
+    if path is None:
+        return None
+    resolved = Path(path).expanduser()
+    if not resolved.is_absolute() and config.root is not None:
+        resolved = Path(config.root).expanduser() / resolved
+    return resolved

@@ -1,0 +1,60 @@
+"""`qkvqa kb`: build a KB store from a KB JSON dict / JSONL, and show one of its articles."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    """Add `kb build` and `kb show`."""
+    parser = subparsers.add_parser(
+        "kb", help="build and inspect the SQLite KB store",
+        description="Build a random-access KB store (SQLite) from an E-VQA / InfoSeek KB, streamed, and "
+                    "inspect it. The store keeps KB order: row id = entry index of the KB file.")
+    commands = parser.add_subparsers(dest="kb_command", metavar="<kb command>", required=True)
+
+    build = commands.add_parser(
+        "build", help="stream a KB JSON dict or JSONL into a store directory",
+        description="Stream a KB (JSON dict {url: entry} such as encyclopedic_kb_wiki.json, or JSONL with one "
+                    "{url: entry} object per line) into DIR/kb.sqlite, and write DIR/manifest.json (source, "
+                    "article count, URL checksum) and DIR/report.json (articles without images, excluded "
+                    "sections, malformed entries, duplicate keys).")
+    build.add_argument("--source", required=True, help="KB file: .json (dict) or .jsonl")
+    build.add_argument("--out", required=True, help="store directory (created; an old store is replaced at the end)")
+    build.add_argument("--format", default="auto", choices=["auto", "json_dict", "jsonl"],
+                       help="KB layout (default: from the suffix, .json or .jsonl)")
+    build.set_defaults(func=_build)
+
+    show = commands.add_parser(
+        "show", help="print one article of a store as JSON",
+        description="Print one article (by URL or by row id) of a KB store as JSON.")
+    show.add_argument("--store", required=True, help="store directory written by `qkvqa kb build`")
+    show.add_argument("key", help="article URL, or a row id (KB entry index)")
+    show.add_argument("--sections", action="store_true",
+                      help="print the candidate section strings (original indexes) instead of the raw fields")
+    show.set_defaults(func=_show)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from qkvqa.data.kb import build_kb_store
+
+    manifest = build_kb_store(args.source, args.out, kb_format=args.format)
+    print(json.dumps({"store": args.out, "articles": manifest["articles"], "issues": manifest["issues"]}))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from qkvqa.data.kb import KBStore, article_to_dict
+
+    store = KBStore.open(args.store)
+    try:
+        article = store.get(int(args.key)) if args.key.isdigit() else store.get_by_url(args.key)
+    except (KeyError, IndexError) as e:
+        print(f"qkvqa kb show: {e.args[0]}")
+        return 1
+    if args.sections:
+        for section in article.candidate_sections():
+            print(f"--- section {section.index}\n{section.text}")
+    else:
+        print(json.dumps(article_to_dict(article), ensure_ascii=False, indent=2))
+    return 0

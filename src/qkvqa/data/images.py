@@ -1,0 +1,267 @@
+"""Image resolvers (iNaturalist, GLDv2, InfoSeek, KB article images) and a loader that counts every skipped image."""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+from urllib.parse import unquote, urlsplit
+
+from PIL import Image
+
+from qkvqa.data.config import ImagesConfig
+from qkvqa.errors import ConfigError, DataError
+from qkvqa.utils.io import atomic_write_json
+from qkvqa.utils.logging import get_logger, global_rank
+from qkvqa.utils.progress import progress
+
+log = get_logger(__name__)
+
+LAYOUTS = {"inaturalist": ("id2name", "flat"), "landmarks": ("abc_sharded", "flat"), "infoseek": ("flat",)}
+SKIPPED_IMAGES_FILE = "skipped_images.json"
+# Individual skips logged as warnings before only the counts are reported.
+MAX_LOGGED_SKIPS = 5
+
+
+def _under(root: Optional[str | os.PathLike], path: Optional[str | os.PathLike]) -> Optional[Path]:
+    """`path` made absolute against `root` (the DataConfig root) unless it already is."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    return path if path.is_absolute() or root is None else Path(root).expanduser() / path
+
+
+class QueryImageResolver:
+    """Maps (dataset_name, image_id) to candidate files, per the configured layout (data-formats.md section 4)."""
+
+    def __init__(self, config: ImagesConfig, root: Optional[str | os.PathLike] = None):
+        self.config = config
+        self.roots = {"inaturalist": _under(root, config.inaturalist_root),
+                      "landmarks": _under(root, config.landmarks_root),
+                      "infoseek": _under(root, config.infoseek_root)}
+        self.layouts = {"inaturalist": config.inaturalist_layout, "landmarks": config.landmarks_layout,
+                        "infoseek": "flat"}
+        for dataset, layout in self.layouts.items():
+            if layout not in LAYOUTS[dataset]:
+                raise ConfigError(f"data.images.{dataset}_layout: {layout!r} is not one of "
+                                  f"{', '.join(LAYOUTS[dataset])}")
+        self.id2name_files = [p for p in [_under(root, config.inaturalist_id2name)] if p is not None]
+        self.id2name_files += [_under(root, p) for p in config.inaturalist_id2name_extra]
+        self._id2name: Optional[dict[str, str]] = None
+
+    def _root(self, dataset_name: str) -> Path:
+        if dataset_name not in self.roots:
+            raise DataError(f"unknown dataset_name {dataset_name!r}; expected one of {', '.join(self.roots)}")
+        root = self.roots[dataset_name]
+        if root is None:
+            raise ConfigError(f"data.images.{dataset_name}_root is not set, but a question uses a {dataset_name} "
+                              f"image")
+        return root
+
+    def id2name(self) -> dict[str, str]:
+        """The merged iNaturalist id -> relative path maps (loaded on first use)."""
+        if self._id2name is None:
+            if not self.id2name_files:
+                raise ConfigError("data.images.inaturalist_id2name is not set, but inaturalist_layout is id2name")
+            merged: dict[str, str] = {}
+            for path in self.id2name_files:
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        merged.update(json.load(f))
+                except FileNotFoundError as e:
+                    raise DataError(f"{path}: id2name map not found") from e
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {e.lineno}: malformed JSON ({e.msg})") from e
+            self._id2name = merged
+        return self._id2name
+
+    def candidates(self, dataset_name: str, image_id: str) -> list[Path]:
+        """The files tried for an image, in order; empty when an id2name map does not know the id."""
+        root = self._root(dataset_name)
+        layout = self.layouts[dataset_name]
+        if layout == "id2name":
+            name = self.id2name().get(image_id)
+            return [] if name is None else [root / name]
+        stem = root / image_id[0] / image_id[1] / image_id[2] / image_id if layout == "abc_sharded" else root / image_id
+        return [stem.with_name(stem.name + ext) for ext in self.config.extensions]
+
+    def resolve(self, dataset_name: str, image_id: str) -> Optional[Path]:
+        """The first existing candidate file, or None."""
+        return next((path for path in self.candidates(dataset_name, image_id) if path.is_file()), None)
+
+
+@dataclass(frozen=True)
+class SkippedImage:
+    """An image that could not be used: why, and which file was tried."""
+
+    image_id: str
+    dataset_name: str
+    reason: str              # missing | corrupt
+    path: Optional[str]
+    detail: str = ""
+
+
+class ImageLoader:
+    """Loads query images as PIL RGB, or returns None and records the skip (missing or corrupt), never raising.
+
+    Skips are kept per (dataset, image id), so recording the same skip twice (from a DataLoader
+    worker's batch and in the main process) counts it once.
+    """
+
+    def __init__(self, resolver: QueryImageResolver):
+        self.resolver = resolver
+        self.skipped: dict[tuple[str, str], SkippedImage] = {}
+
+    def load(self, dataset_name: str, image_id: str) -> Optional[Image.Image]:
+        """The query image of `image_id` as RGB, or None (recorded as missing / corrupt)."""
+        candidates = self.resolver.candidates(dataset_name, image_id)
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            tried = ", ".join(str(p) for p in candidates) or "not in the id2name map"
+            self.record(SkippedImage(image_id, dataset_name, "missing", str(candidates[0]) if candidates else None,
+                                     f"tried {tried}"))
+            return None
+        return self.load_file(path, image_id, dataset_name)
+
+    def load_file(self, path: Path, image_id: str, dataset_name: str) -> Optional[Image.Image]:
+        """Open `path` as RGB, or None (recorded as corrupt or missing)."""
+        try:
+            with Image.open(path) as image:
+                return image.convert("RGB")
+        except FileNotFoundError:
+            self.record(SkippedImage(image_id, dataset_name, "missing", str(path)))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            self.record(SkippedImage(image_id, dataset_name, "corrupt", str(path), f"{type(e).__name__}: {e}"))
+        return None
+
+    def record(self, skip: SkippedImage) -> None:
+        """Remember a skip (idempotent per dataset and id); the first few are logged one by one."""
+        key = (skip.dataset_name, skip.image_id)
+        if key in self.skipped:
+            return
+        self.skipped[key] = skip
+        if len(self.skipped) <= MAX_LOGGED_SKIPS:
+            log.warning("skipping %s image %s (%s): %s %s", skip.dataset_name, skip.image_id, skip.reason,
+                        skip.path, skip.detail)
+
+    def counts(self) -> dict[str, int]:
+        """Number of distinct skipped image ids per reason."""
+        counts = {"missing": 0, "corrupt": 0}
+        for skip in self.skipped.values():
+            counts[skip.reason] = counts.get(skip.reason, 0) + 1
+        return counts
+
+    def write_skipped(self, run_dir: str | os.PathLike) -> Path:
+        """Write the skipped ids to `run_dir/skipped_images.json` (`skipped_images.rank{r}.json` off rank 0)."""
+        rank = global_rank()
+        name = SKIPPED_IMAGES_FILE if rank == 0 else f"skipped_images.rank{rank}.json"
+        path = Path(run_dir) / name
+        counts = self.counts()
+        skipped = sorted(self.skipped.values(), key=lambda s: (s.dataset_name, s.image_id))
+        atomic_write_json(path, {"counts": counts, "skipped": [asdict(s) for s in skipped]})
+        log.info("skipped images: %d missing, %d corrupt (ids in %s)", counts["missing"], counts["corrupt"], path)
+        return path
+
+
+@dataclass(frozen=True)
+class ArticleImage:
+    """One image of a KB article from the OMGM title -> image CSVs."""
+
+    path: Path
+    caption: str
+    image_url: str
+
+
+def _expand_globs(patterns: Iterable[str], root: Optional[str | os.PathLike]) -> list[Path]:
+    paths: list[Path] = []
+    for pattern in patterns:
+        pattern_path = _under(root, pattern)
+        matches = sorted(glob.glob(str(pattern_path)))
+        if not matches:
+            raise DataError(f"{pattern_path}: no title -> image CSV matches")
+        paths.extend(Path(m) for m in matches)
+    return paths
+
+
+def url_store_path(store: Path, url: str) -> Path:
+    """Where the local pixel store keeps the file of `url`: {store}/{host}/{url path}."""
+    parts = urlsplit(url)
+    return store / parts.netloc / unquote(parts.path).lstrip("/")
+
+
+class ArticleImageIndex:
+    """KB article images by title (OMGM `get_title2wikiimg`): at most N existing files per title, in CSV order.
+
+    The main image of an article is its first listed image; without one, the KB's `image_urls[0]`
+    from the local pixel store; articles that still have none are counted.
+    """
+
+    def __init__(self, by_title: dict[str, list[ArticleImage]], url_store: Optional[Path] = None):
+        self.by_title = by_title
+        self.url_store = url_store
+        self.fallback_titles: set[str] = set()
+        self.titles_without_image: set[str] = set()
+
+    @classmethod
+    def from_config(cls, config: ImagesConfig, root: Optional[str | os.PathLike] = None) -> "ArticleImageIndex":
+        """Read the configured CSVs; `kb_image_root` (or the CSV's folder) is what `img_path` is relative to."""
+        csv_paths = _expand_globs(config.kb_image_csvs, root)
+        image_root = _under(root, config.kb_image_root)
+        return cls.from_csvs(csv_paths, image_root, config.max_images_per_title,
+                             _under(root, config.kb_image_url_store))
+
+    @classmethod
+    def from_csvs(cls, csv_paths: Iterable[Path], image_root: Optional[Path], max_per_title: int = 10,
+                  url_store: Optional[Path] = None) -> "ArticleImageIndex":
+        """Keep, per title, the first `max_per_title` rows whose file exists (row[0] title, row[2] img_path)."""
+        by_title: dict[str, list[ArticleImage]] = {}
+        missing_files = 0
+        for csv_path in csv_paths:
+            base = image_root if image_root is not None else csv_path.parent
+            with open(csv_path, newline="", encoding="utf-8") as f:
+                reader = csv.reader(f)
+                for row in progress(reader, desc=f"article images {csv_path.name}", unit="row"):
+                    if reader.line_num == 1 and len(row) > 2 and row[2] == "img_path":
+                        continue
+                    if len(row) < 4:
+                        raise DataError(f"{csv_path}: line {reader.line_num}: {len(row)} fields; expected title, "
+                                        f"image_URL, img_path, caption")
+                    title, image_url, img_path, caption = row[0], row[1], row[2], row[3]
+                    images = by_title.setdefault(title, [])
+                    if len(images) >= max_per_title:
+                        continue
+                    path = base / img_path
+                    if path.is_file():
+                        images.append(ArticleImage(path, caption, image_url))
+                    else:
+                        missing_files += 1
+        by_title = {title: images for title, images in by_title.items() if images}
+        log.info("article images: %d titles with images; %d listed files missing on disk", len(by_title),
+                 missing_files)
+        return cls(by_title, url_store)
+
+    def images(self, title: str) -> list[ArticleImage]:
+        """The kept images of `title`, in CSV order (may be empty)."""
+        return self.by_title.get(title, [])
+
+    def main_image(self, title: str, image_urls: Iterable[str] = ()) -> Optional[Path]:
+        """The article's main image file, or None (counted in `titles_without_image`)."""
+        images = self.by_title.get(title)
+        if images:
+            return images[0].path
+        first_url = next(iter(image_urls), None)
+        if self.url_store is not None and first_url is not None:
+            path = url_store_path(self.url_store, first_url)
+            if path.is_file():
+                self.fallback_titles.add(title)
+                return path
+        self.titles_without_image.add(title)
+        return None
+
+    def coverage(self) -> dict[str, int]:
+        """Counts for the run record: titles with CSV images, fallbacks used, titles without any image."""
+        return {"titles_with_csv_images": len(self.by_title), "fallback_to_url_store": len(self.fallback_titles),
+                "titles_without_image": len(self.titles_without_image)}

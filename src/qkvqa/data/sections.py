@@ -1,0 +1,64 @@
+"""Section strings of KB articles (data-formats.md section 9): header format, candidate filter, LAVIS text preprocessing."""
+from __future__ import annotations
+
+import re
+from typing import Iterator, NamedTuple, Optional, Sequence
+
+from qkvqa.errors import DataError
+
+# Sections whose title contains one of these (case-insensitive) are never candidates (EchoSight, OMGM).
+EXCLUDED_SECTION_KEYWORDS = ("external links", "references")
+
+# LAVIS `BlipCaptionProcessor` eval settings used by the anchors' checkpoints.
+BLIP_CAPTION_MAX_WORDS = 512
+_BLIP_PUNCTUATION = re.compile(r'[.!"()*#:;~]')
+_BLIP_SPACE_RUNS = re.compile(r"\s{2,}")
+
+
+class CandidateSection(NamedTuple):
+    """One candidate section: its ORIGINAL index in the article's section lists, its title and its section string."""
+
+    index: int
+    section_title: str
+    text: str
+
+
+def is_excluded_section(section_title: str) -> bool:
+    """True for "References" / "External links"-like section titles, which are never candidates."""
+    lowered = section_title.lower()
+    return any(keyword in lowered for keyword in EXCLUDED_SECTION_KEYWORDS)
+
+
+def section_string(title: str, section_title: str, text: str) -> str:
+    """The EchoSight section string: `# Wiki Article: {title}\\n## Section Title: {section_title}\\n{text}`."""
+    return f"# Wiki Article: {title}\n## Section Title: {section_title}\n{text}"
+
+
+def candidate_sections(title: str, section_titles: Sequence[str], section_texts: Sequence[str],
+                       evidence_section_id: Optional[int] = None) -> Iterator[CandidateSection]:
+    """Yield the candidate sections of one article in order, keeping each section's original index.
+
+    Excluded titles ("external links", "references") are skipped, except the evidence section, which
+    is always yielded so that it can serve as the positive. `evidence_section_id` indexes the
+    unfiltered lists; an index outside them raises DataError.
+    """
+    count = min(len(section_titles), len(section_texts))
+    if evidence_section_id is not None and not 0 <= evidence_section_id < count:
+        raise DataError(f"article {title!r}: evidence_section_id {evidence_section_id} is outside its "
+                        f"{count} sections")
+    for index in range(count):
+        section_title = section_titles[index]
+        if index != evidence_section_id and is_excluded_section(section_title):
+            continue
+        yield CandidateSection(index, section_title, section_string(title, section_title, section_texts[index]))
+
+
+def blip_caption(text: str, max_words: int = BLIP_CAPTION_MAX_WORDS) -> str:
+    """LAVIS `blip_caption` eval preprocessing: lowercase, `.!"()*#:;~` to spaces, squeeze, keep `max_words` words."""
+    text = _BLIP_PUNCTUATION.sub(" ", text.lower())
+    text = _BLIP_SPACE_RUNS.sub(" ", text)
+    text = text.rstrip("\n").strip(" ")
+    words = text.split(" ")
+    if len(words) > max_words:
+        text = " ".join(words[:max_words])
+    return text

@@ -1,0 +1,820 @@
+"""Synthetic KB-VQA world: a deterministic mini E-VQA / InfoSeek release, written in exactly the real file formats.
+
+Layout of a world directory (all paths in `world.json` are relative to it):
+
+    world.json                               manifest: seed, counts, paths, every question and image
+    data_evqa.yaml, data_infoseek.yaml       DataConfig sections pointing at the files below
+    kb/encyclopedic_kb_wiki.json             KB as one JSON dict {url: entry}
+    kb/encyclopedic_kb_wiki.jsonl            the same KB, one {url: entry} per line
+    kb/store/                                the KB store (`qkvqa kb build`) of the JSON dict
+    evqa/{train,val,test}.csv                E-VQA question CSVs (all four question types)
+    evqa/{train,val}_id2name.json            iNaturalist id -> relative path maps
+    evqa/images/inaturalist/{train,val}/...  iNaturalist images (id2name layout)
+    evqa/images/landmarks/a/b/c/{id}.jpg     GLDv2 images (sharded layout)
+    infoseek/infoseek_val.jsonl              official reference file (answer_eval, data_split)
+    infoseek/infoseek_val_qtype.jsonl        String / Numerical / Time
+    infoseek/infoseek_{train,test}_filtered.csv  EchoSight-style CSVs (E-VQA columns + data_id)
+    infoseek/images/{id}.jpg|.JPEG           InfoSeek images
+    kb_images/wiki_image_url_part_{k}_processed.csv        OMGM title -> image CSVs
+    kb_images/full/wiki_image_split/wiki_entity_image_{k}/  their images
+    kb_images/url_store/{host}/{path}        local pixels of some KB image_urls (the fallback)
+
+Each fact sits in one sentence of one section, among distractor sentences; questions share words
+with that sentence. Many query images show 2-3 entities of different categories, so only the
+question tells which one is meant. A few query images are deliberately missing or corrupt; they are
+listed under `deliberate_skips` in world.json.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from qkvqa.data.synth_render import PALETTE, PATTERNS, Signature, encode, render
+from qkvqa.errors import DataError
+from qkvqa.utils.io import atomic_write_json, atomic_write_text
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_ENTITIES = 240
+DEFAULT_SEED = 0
+WIKI = "https://en.wikipedia.org/wiki/"
+COMMONS = "https://upload.wikimedia.org/wikipedia/commons/"
+KB_IMAGE_PARTS = 3
+MULTI_ENTITY_SHARE = 0.4           # share of E-VQA questions whose image shows 2-3 entities
+TWO_HOP_SHARE = 0.35               # share of entities with a 2_hop question
+INFOSEEK_SHARE = 0.67              # share of entities with InfoSeek questions
+KNOWN_MISSING_INFOSEEK_IMAGE = "oven_05001795"   # missing in the real release too (mKG-RAG)
+
+EVQA_COLUMNS = ("question", "answer", "dataset_image_ids", "dataset_category_id", "dataset_name",
+                "question_type", "wikipedia_url", "wikipedia_title", "evidence", "evidence_section_id",
+                "evidence_section_title", "encyclopedic_vqa_split", "question_original",
+                "wikipedia_url_used_in_train")
+
+REGIONS = ["the Andes", "Borneo", "the Balkans", "Patagonia", "the Sahel", "Madagascar", "the Caucasus",
+           "Tasmania", "the Yucatán Peninsula", "Sumatra", "the Atlas Mountains", "Scandinavia",
+           "the Great Rift Valley", "New Caledonia", "the Pampas"]
+SEAS = ["the Red Sea", "the Coral Sea", "the Baltic Sea", "the Gulf of Guinea", "the Sea of Japan",
+        "the Caribbean Sea", "the Tasman Sea", "the Arabian Sea"]
+COUNTRIES = ["Chile", "Peru", "Kenya", "Norway", "Vietnam", "Morocco", "Brazil", "Finland", "Ghana", "Portugal",
+             "Nepal", "Mexico", "Romania", "Laos", "Oman", "Ecuador", "Iceland", "Japan"]
+STATUSES = ["Least Concern", "Near Threatened", "Vulnerable", "Endangered", "Critically Endangered"]
+PEOPLE = ["Amelia Hart", "Jonas Berg", "Lucía Ortega", "Kenji Mori", "Ada Okafor", "Pierre Lenoir", "Maja Novak",
+          "Samuel Reyes", "Ingrid Dahl", "Tomás Silva"]
+CITIES = ["Velmora", "Ostrava", "Caldera", "Tessin", "Brava", "Korvik", "Lunden", "Arlés", "Mirabel", "Quillan"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+HERITAGE = ["a national monument", "a World Heritage Site", "a protected cultural property", "a Grade I building"]
+SYLLABLES = ["var", "nel", "tor", "mi", "sa", "kel", "dor", "lin", "bra", "fen", "qua", "ril", "ost", "mar", "ven",
+             "tal", "gro", "sen", "pa", "lum"]
+UNICODE_STEMS = ["Ærø", "Ñandú", "Ōtaki", "Zürich", "Škofja", "Łódź", "Çatal", "Ísafjörð", "Sønder", "Kraków"]
+
+
+@dataclass(frozen=True)
+class FactSpec:
+    """One fact of a category: its section, the sentence that states it and the questions that ask it."""
+
+    key: str
+    section: str                   # section title ("" = the lead section, titled with the article title)
+    kind: str                      # year | number | choice | list
+    sentence: str                  # "{name}" and "{value}" are filled in
+    templated: str                 # contains "this <category noun>" exactly once (2_hop rewrites it)
+    automatic: str
+    pool: tuple = ()               # choice / list values, or (low, high, unit) for numbers
+
+
+def _facts(noun_sections: dict[str, tuple]) -> tuple[FactSpec, ...]:
+    return tuple(FactSpec(key, *spec) for key, spec in noun_sections.items())
+
+
+CATEGORIES: dict[str, dict[str, Any]] = {
+    "bird": dict(noun="bird", dataset="inaturalist", suffixes=["warbler", "finch", "heron", "kestrel", "thrush"],
+                 fillers=["Etymology", "Behaviour"], facts=_facts({
+        "described": ("", "year", "The {name} was first described by {person} in {value}.",
+                      "In which year was this bird first described?", "When was this bird first described?"),
+        "wingspan": ("Description", "number", "The wingspan of the {name} measures {value}.",
+                     "What is the wingspan of this bird?", "How wide is the wingspan of this bird?", (18, 140, "cm")),
+        "native": ("Distribution and habitat", "choice", "The species is native to {value}.",
+                   "Which region is this bird native to?", "Where is this bird native to?", tuple(REGIONS)),
+        "breeding_countries": ("Range", "list", "Breeding populations have been recorded in {value}.",
+                               "In which countries have breeding populations of this bird been recorded?",
+                               "Where have breeding populations of this bird been recorded?", tuple(COUNTRIES)),
+        "diet": ("Diet", "choice", "Its diet consists mainly of {value}.",
+                 "What does the diet of this bird consist of mainly?", "What is the main diet of this bird?",
+                 ("seeds", "insects", "small fish", "berries", "nectar", "snails", "earthworms")),
+        "clutch": ("Breeding", "number", "A typical clutch contains {value}.",
+                   "How many eggs does a typical clutch of this bird contain?",
+                   "What is the typical clutch size of this bird?", (2, 9, "eggs")),
+        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
+                   "What is the conservation status of this bird?",
+                   "Which conservation status does this bird have?", tuple(STATUSES)),
+    })),
+    "plant": dict(noun="plant", dataset="inaturalist", suffixes=["orchid", "fern", "sedge", "lily", "thistle"],
+                  fillers=["Etymology", "Taxonomy"], facts=_facts({
+        "described": ("", "year", "The {name} was first described by {person} in {value}.",
+                      "In which year was this plant first described?", "When was this plant first described?"),
+        "height": ("Description", "number", "The plant grows to a height of {value}.",
+                   "What height does this plant grow to?", "What height can this plant reach?",
+                   (1, 40, "metres")),
+        "native": ("Distribution", "choice", "The species is native to {value}.",
+                   "Which region is this plant native to?", "Where is this plant native to?", tuple(REGIONS)),
+        "cultivated": ("Cultivation", "list", "It is cultivated in {value}.",
+                       "In which countries is this plant cultivated?", "Where is this plant cultivated?",
+                       tuple(COUNTRIES)),
+        "flowering": ("Flowering", "choice", "It flowers in {value}.", "In which month does this plant flower?",
+                      "When does this plant flower?", tuple(MONTHS)),
+        "uses": ("Uses", "choice", "It is traditionally used for {value}.",
+                 "What is this plant traditionally used for?", "For what is this plant traditionally used?",
+                 ("dye", "medicine", "rope", "tea", "ornamental hedges", "basketry")),
+        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
+                   "What is the conservation status of this plant?",
+                   "Which conservation status does this plant have?", tuple(STATUSES)),
+    })),
+    "fish": dict(noun="fish", dataset="inaturalist", suffixes=["goby", "wrasse", "perch", "darter", "snapper"],
+                 fillers=["Etymology", "Behaviour"], facts=_facts({
+        "described": ("", "year", "The {name} was first described by {person} in {value}.",
+                      "In which year was this fish first described?", "When was this fish first described?"),
+        "length": ("Description", "number", "Adults reach a maximum length of {value}.",
+                   "What maximum length do adults of this fish reach?", "How long can adults of this fish grow?",
+                   (5, 180, "cm")),
+        "depth": ("Habitat", "number", "It lives at depths of up to {value}.", "To what depths does this fish live?",
+                  "Up to what depths does this fish live?", (2, 900, "metres")),
+        "native": ("Distribution", "choice", "The fish is native to {value}.", "Which sea is this fish native to?",
+                   "Where is this fish native to?", tuple(SEAS)),
+        "fished": ("Fisheries", "list", "It is commercially fished off {value}.",
+                   "Off which countries is this fish commercially fished?",
+                   "Where is this fish commercially fished?", tuple(COUNTRIES)),
+        "diet": ("Diet", "choice", "Its diet consists mainly of {value}.",
+                 "What does the diet of this fish consist of mainly?", "What is the main diet of this fish?",
+                 ("plankton", "crustaceans", "algae", "small squid", "worms")),
+        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
+                   "What is the conservation status of this fish?",
+                   "Which conservation status does this fish have?", tuple(STATUSES)),
+    })),
+    "shell": dict(noun="mollusc", dataset="inaturalist", suffixes=["cowrie", "whelk", "cone", "scallop", "nerite"],
+                  fillers=["Etymology", "Taxonomy"], facts=_facts({
+        "described": ("", "year", "The {name} was first described by {person} in {value}.",
+                      "In which year was this mollusc first described?", "When was this mollusc first described?"),
+        "shell_length": ("Description", "number", "The shell length ranges up to {value}.",
+                         "What is the shell length of this mollusc?",
+                         "How large is the shell length of this mollusc?", (4, 300, "mm")),
+        "depth": ("Habitat", "number", "It lives at depths of up to {value}.",
+                  "To what depths does this mollusc live?", "Up to what depths does this mollusc live?",
+                  (1, 600, "metres")),
+        "native": ("Distribution", "choice", "The mollusc is native to {value}.",
+                   "Which sea is this mollusc native to?", "Where is this mollusc native to?", tuple(SEAS)),
+        "collected": ("Shell collecting", "list", "Its shells are collected on the coasts of {value}.",
+                      "On the coasts of which countries are the shells of this mollusc collected?",
+                      "Where are the shells of this mollusc collected?", tuple(COUNTRIES)),
+        "predators": ("Predators", "choice", "It is preyed upon mainly by {value}.",
+                      "What is this mollusc preyed upon mainly by?", "Which animals prey upon this mollusc?",
+                      ("octopuses", "sea stars", "crabs", "shorebirds", "otters")),
+        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
+                   "What is the conservation status of this mollusc?",
+                   "Which conservation status does this mollusc have?", tuple(STATUSES)),
+    })),
+    "insect": dict(noun="insect", dataset="inaturalist", suffixes=["beetle", "moth", "hawker", "cicada", "skipper"],
+                   fillers=["Etymology", "Behaviour"], facts=_facts({
+        "described": ("", "year", "The {name} was first described by {person} in {value}.",
+                      "In which year was this insect first described?", "When was this insect first described?"),
+        "wingspan": ("Description", "number", "The wingspan of adults is {value}.",
+                     "What is the wingspan of this insect?", "How wide is the wingspan of this insect?",
+                     (8, 160, "mm")),
+        "native": ("Distribution", "choice", "The species is native to {value}.",
+                   "Which region is this insect native to?", "Where is this insect native to?", tuple(REGIONS)),
+        "introduced": ("Introductions", "list", "It has been introduced to {value}.",
+                       "To which countries has this insect been introduced?",
+                       "Where has this insect been introduced?", tuple(COUNTRIES)),
+        "host": ("Host plants", "choice", "The larvae feed on {value}.", "What do the larvae of this insect feed on?",
+                 "Which plant do the larvae of this insect feed on?",
+                 ("oak", "willow", "nettle", "clover", "birch", "heather")),
+        "lifespan": ("Life cycle", "number", "Adults live for about {value}.",
+                     "How many days do adults of this insect live for?", "How long do adults of this insect live?",
+                     (3, 60, "days")),
+        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
+                   "What is the conservation status of this insect?",
+                   "Which conservation status does this insect have?", tuple(STATUSES)),
+    })),
+    "landmark": dict(noun="landmark", dataset="landmarks", suffixes=["Tower", "Bridge", "Abbey", "Lighthouse", "Gate"],
+                     fillers=["Name", "Legends"], facts=_facts({
+        "completed": ("", "year", "The {name} was completed in {value}.",
+                      "In which year was this landmark completed?", "When was this landmark completed?"),
+        "height": ("Architecture", "number", "The structure rises to a height of {value}.",
+                   "What height does this landmark rise to?", "What is the height of this landmark?",
+                   (12, 320, "metres")),
+        "architect": ("Design", "choice", "It was designed by the architect {value}.",
+                      "Which architect designed this landmark?", "Who was the architect that designed this landmark?",
+                      tuple(PEOPLE)),
+        "city": ("Location", "choice", "It stands in the city of {value}.", "In which city does this landmark stand?",
+                 "Which city is this landmark in?", tuple(CITIES)),
+        "materials": ("Construction", "list", "It was built from {value}.", "What materials was this landmark built from?",
+                      "Which materials was this landmark built from?",
+                      ("granite", "limestone", "brick", "marble", "oak timber", "sandstone", "iron", "slate")),
+        "visitors": ("Tourism", "number", "It receives about {value} each year.",
+                     "How many visitors does this landmark receive each year?",
+                     "How many visitors come to this landmark each year?", (10, 900, "thousand visitors")),
+        "heritage": ("Heritage status", "choice", "It is designated as {value}.",
+                     "What is this landmark designated as?", "As what heritage status is this landmark designated?",
+                     tuple(HERITAGE)),
+    })),
+}
+
+DISTRACTORS = [
+    "Observers often remark on its {adj} appearance.",
+    "Several local names are in use for the {noun}.",
+    "A survey in {year} counted roughly {num} individuals at a single site.",
+    "Specimens are held in the collections of several museums.",
+    "Its appearance varies slightly between seasons.",
+    "The {noun} features on a postage stamp issued in {year}.",
+    "Photographs of the {noun} are popular with visitors to the area.",
+    "It is mentioned in a {year} travel account by {person}.",
+    "Researchers have catalogued {num} distinct variants in archives.",
+    "Little is known about the {noun} outside the summer months.",
+    "Its closest relative is thought to be the {other}.",
+    "A small exhibition about the {noun} opened in {year}.",
+    "Early accounts confused it with the {other}.",
+    "Field notes from {year} describe it as {adj}.",
+]
+ADJECTIVES = ["striking", "modest", "unusual", "elegant", "plain", "distinctive", "variable"]
+
+
+@dataclass
+class _Entity:
+    index: int
+    entity_id: str
+    category: str
+    title: str
+    url: str
+    category_id: int
+    signature: Signature
+    facts: dict[str, Any] = field(default_factory=dict)         # key -> value (list for list facts)
+    answers: dict[str, str] = field(default_factory=dict)       # key -> E-VQA answer string
+    sentences: dict[str, str] = field(default_factory=dict)     # key -> evidence sentence
+    fact_section: dict[str, int] = field(default_factory=dict)  # key -> section index
+    section_titles: list[str] = field(default_factory=list)
+    image_mode: str = "csv"                                     # csv | url_store | none
+    image_urls: list[str] = field(default_factory=list)
+    related: Optional[int] = None                               # entity of the 2_hop question
+
+
+def _spec(entity: _Entity, key: str) -> FactSpec:
+    return next(f for f in CATEGORIES[entity.category]["facts"] if f.key == key)
+
+
+def _noun(entity: _Entity) -> str:
+    return CATEGORIES[entity.category]["noun"]
+
+
+# ---------------------------------------------------------------------------------------------- entities
+
+
+def _make_entities(count: int, rng: random.Random) -> list[_Entity]:
+    categories = list(CATEGORIES)
+    combos = [(a, b, p) for a in PALETTE for b in PALETTE if a != b for p in PATTERNS]
+    combo_order = {c: rng.sample(combos, len(combos)) for c in categories}
+    used_titles: set[str] = set()
+    entities = []
+    for index in range(count):
+        category = categories[index % len(categories)]
+        spec = CATEGORIES[category]
+        while True:
+            if index % 37 == 5:
+                stem = UNICODE_STEMS[(index // 37) % len(UNICODE_STEMS)] + rng.choice(SYLLABLES)
+            else:
+                stem = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
+            title = f"{stem} {rng.choice(spec['suffixes'])}"
+            if title not in used_titles:
+                break
+        used_titles.add(title)
+        colour, second, pattern = combo_order[category][index // len(categories)]
+        entity = _Entity(index=index, entity_id=f"e{index:04d}", category=category, title=title,
+                         url=WIKI + title.replace(" ", "_"), category_id=1000 + index,
+                         signature=Signature(category, colour, second, pattern))
+        entity.image_mode = "none" if index % 20 == 7 else "url_store" if index % 20 == 13 else "csv"
+        for fact in spec["facts"]:
+            entity.facts[fact.key], entity.answers[fact.key] = _fact_value(fact, rng)
+        entities.append(entity)
+    for entity in entities:
+        if rng.random() < TWO_HOP_SHARE:
+            others = [e for e in entities if e.category != entity.category]
+            entity.related = rng.choice(others).index
+    return entities
+
+
+def _fact_value(fact: FactSpec, rng: random.Random) -> tuple[Any, str]:
+    """(value, answer string as it appears in the sentence; list items joined by && for multi_answer)."""
+    if fact.kind == "year":
+        year = rng.randint(1758, 1990)
+        return year, str(year)
+    if fact.kind == "number":
+        low, high, unit = fact.pool
+        number = rng.randint(low, high)
+        return number, f"{number} {unit}"
+    if fact.kind == "choice":
+        value = rng.choice(fact.pool)
+        return value, value
+    items = rng.sample(list(fact.pool), 3)
+    return items, "&&".join(items)
+
+
+def _render_value(entity: _Entity, key: str) -> str:
+    value = entity.facts[key]
+    if isinstance(value, list):
+        return f"{value[0]}, {value[1]} and {value[2]}"
+    return entity.answers[key]
+
+
+# ---------------------------------------------------------------------------------------------- articles
+
+
+def _distractors(entity: _Entity, entities: list[_Entity], rng: random.Random, count: int) -> list[str]:
+    chosen = rng.sample(DISTRACTORS, count)
+    return [s.format(adj=rng.choice(ADJECTIVES), noun=_noun(entity), year=rng.randint(1850, 2015),
+                     num=rng.randint(12, 480), person=rng.choice(PEOPLE),
+                     other=rng.choice(entities).title) for s in chosen]
+
+
+def _paragraph(fact_sentence: Optional[str], distractors: list[str], rng: random.Random) -> str:
+    sentences = list(distractors)
+    if fact_sentence is not None:
+        sentences.insert(rng.randint(0, len(sentences)), fact_sentence)
+    return " ".join(sentences)
+
+
+def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random) -> dict:
+    """The KB entry of an entity; records in `entity` which section holds each fact."""
+    spec = CATEGORIES[entity.category]
+    sig = entity.signature
+    look = (f"The {entity.title} is easy to recognise by its {sig.colour} and {sig.second_colour} "
+            f"{sig.pattern}.")
+    sections: list[tuple[str, str]] = []
+    facts_by_section: dict[str, list[FactSpec]] = {}
+    for fact in spec["facts"]:
+        facts_by_section.setdefault(fact.section, []).append(fact)
+    content_titles = [s for s in facts_by_section if s] + list(spec["fillers"])
+    rng.shuffle(content_titles)
+    if entity.index % 11 == 3:
+        content_titles.insert(rng.randint(0, len(content_titles)), "Gallery")   # an empty section
+    for section_title in [""] + content_titles:
+        sentences = []
+        for fact in facts_by_section.get(section_title, []):
+            sentence = fact.sentence.format(name=entity.title, person=rng.choice(PEOPLE),
+                                            value=_render_value(entity, fact.key))
+            entity.sentences[fact.key] = sentence
+            entity.fact_section[fact.key] = len(sections)
+            sentences.append(sentence)
+        if section_title == "Gallery":
+            sections.append(("Gallery", ""))
+            continue
+        text = _paragraph(sentences[0] if sentences else None, _distractors(entity, entities, rng, rng.randint(2, 4)),
+                          rng)
+        if section_title == "":
+            text = f"The {entity.title} is a {_noun(entity)}. {look} {text}"
+            if entity.related is not None:
+                text += f" It is frequently associated with the {entities[entity.related].title}."
+        elif section_title == "Description":
+            text = f"{text} {look}"
+        sections.append((section_title or entity.title, text))
+    person, year = rng.choice(PEOPLE), rng.randint(1900, 2015)
+    sections.append(("References", f"{person} ({year}). Notes on the {entity.title}. Journal of Field Studies "
+                                   f"{rng.randint(1, 90)}: {rng.randint(1, 400)}."))
+    sections.append(("External links", f"{entity.title} at the Example Biodiversity Database. Media related to "
+                                       f"{entity.title} at Example Commons."))
+    entity.section_titles = [title for title, _ in sections]
+    image_count = 0 if entity.image_mode == "none" else rng.randint(1, 3)
+    entity.image_urls = [_commons_url(f"{entity.title.replace(' ', '_')}_{k}.jpg") for k in range(image_count)]
+    return {
+        "url": entity.url,
+        "title": entity.title,
+        "section_titles": entity.section_titles,
+        "section_texts": [text for _, text in sections],
+        "image_urls": entity.image_urls,
+        "image_reference_descriptions": [f"A {sig.colour} {_noun(entity)} ({k + 1})" for k in range(image_count)],
+        "image_section_indices": [rng.randrange(len(content_titles) + 1) for _ in range(image_count)],
+    }
+
+
+def _commons_url(file_name: str) -> str:
+    digest = hashlib.md5(file_name.encode("utf-8")).hexdigest()
+    return f"{COMMONS}{digest[0]}/{digest[:2]}/{file_name}"
+
+
+# ---------------------------------------------------------------------------------------------- images
+
+
+class _ImageWriter:
+    """Renders and writes every image once, and records what each shows."""
+
+    def __init__(self, out: Path, seed: int):
+        self.out = out
+        self.seed = seed
+        self.count = 0
+        self.records: dict[str, dict] = {}
+
+    def write(self, key: str, rel_path: str, entities: list[_Entity], kind: str, status: str = "ok",
+              image_format: str = "JPEG") -> None:
+        """Render `entities` (one, or several side by side) to `rel_path`; `status` missing/corrupt for skips."""
+        if key in self.records:
+            return
+        self.records[key] = {"path": rel_path, "entities": [e.entity_id for e in entities], "kind": kind,
+                             "status": status}
+        if status == "missing":
+            return
+        self.count += 1
+        rng = np.random.default_rng([self.seed, self.count])
+        data = encode(render([e.signature for e in entities], rng, query_view=kind != "article"), image_format)
+        if status == "corrupt":
+            data = data[: len(data) // 3]
+        path = self.out / rel_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _inat_id(counter: int) -> str:
+    return str(2_000_000 + counter * 7)
+
+
+def _landmark_id(seed: int, counter: int) -> str:
+    return hashlib.md5(f"gld-{seed}-{counter}".encode()).hexdigest()[:16]
+
+
+class _QueryImages:
+    """Query image ids per dataset and pool (train / eval), with the multi-entity groups."""
+
+    def __init__(self, writer: _ImageWriter, entities: list[_Entity], rng: random.Random, seed: int):
+        self.writer = writer
+        self.entities = entities
+        self.seed = seed
+        self.counter = 0
+        self.id2name: dict[str, dict[str, str]] = {"train": {}, "eval": {}}
+        self.single: dict[tuple[str, int], str] = {}          # (pool, entity) -> image id
+        self.group_of: dict[tuple[str, int], list[int]] = {}  # (pool, entity) -> entities in its multi image
+        self.multi: dict[tuple[str, str, tuple], str] = {}    # (pool, dataset, group) -> image id
+        for pool in ("train", "eval"):
+            order = rng.sample(range(len(entities)), len(entities))
+            while order:
+                group = [order.pop(0)]
+                size = rng.choice((2, 3))
+                for candidate in list(order):
+                    if len(group) == size:
+                        break
+                    if entities[candidate].category not in {entities[g].category for g in group}:
+                        group.append(candidate)
+                        order.remove(candidate)
+                if len(group) > 1:
+                    for member in group:
+                        self.group_of[(pool, member)] = group
+
+    def new_id(self, dataset: str) -> str:
+        self.counter += 1
+        return _inat_id(self.counter) if dataset == "inaturalist" else _landmark_id(self.seed, self.counter)
+
+    def path_of(self, dataset: str, pool: str, image_id: str, category: str) -> str:
+        """Where an image id lives in the world (and, for iNaturalist, its id2name entry)."""
+        if dataset == "landmarks":
+            return f"evqa/images/landmarks/{image_id[0]}/{image_id[1]}/{image_id[2]}/{image_id}.jpg"
+        folder = "train" if pool == "train" else "val"
+        category_dir = f"{list(CATEGORIES).index(category):05d}_{category}"
+        name = f"{folder}/{category_dir}/{hashlib.md5(image_id.encode()).hexdigest()}.jpg"
+        self.id2name[pool][image_id] = name
+        return f"evqa/images/inaturalist/{name}"
+
+    def single_view(self, pool: str, entity: _Entity, status: str = "ok") -> str:
+        key = (pool, entity.index)
+        if key not in self.single or status != "ok":
+            dataset = CATEGORIES[entity.category]["dataset"]
+            image_id = self.new_id(dataset)
+            self.writer.write(f"{dataset}/{image_id}", self.path_of(dataset, pool, image_id, entity.category),
+                              [entity], "single", status)
+            if status != "ok":
+                return image_id
+            self.single[key] = image_id
+        return self.single[key]
+
+    def multi_view(self, pool: str, entity: _Entity) -> Optional[str]:
+        group = self.group_of.get((pool, entity.index))
+        if group is None:
+            return None
+        dataset = CATEGORIES[entity.category]["dataset"]
+        key = (pool, dataset, tuple(group))
+        if key not in self.multi:
+            image_id = self.new_id(dataset)
+            self.writer.write(f"{dataset}/{image_id}", self.path_of(dataset, pool, image_id, entity.category),
+                              [self.entities[g] for g in group], "multi")
+            self.multi[key] = image_id
+        return self.multi[key]
+
+
+# ---------------------------------------------------------------------------------------------- questions
+
+
+def _evqa_questions(entities: list[_Entity], images: _QueryImages, rng: random.Random) -> dict[str, list[dict]]:
+    """E-VQA rows per split, each with its world record (gold entity, evidence, entities in the image)."""
+    rows: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
+    for entity in entities:
+        for fact in CATEGORIES[entity.category]["facts"]:
+            if fact.kind == "list":
+                qtype, text = "multi_answer", fact.templated
+            else:
+                qtype = rng.choice(("templated", "automatic"))
+                text = fact.templated if qtype == "templated" else fact.automatic
+            split = rng.choices(("train", "val", "test"), weights=(70, 15, 15))[0]
+            rows[split].append(_evqa_row(entity, fact.key, text, qtype, split, images,
+                                         rng, entities))
+        if entity.related is not None:
+            other = entities[entity.related]
+            fact = rng.choice([f for f in CATEGORIES[other.category]["facts"] if f.kind != "list"])
+            text = fact.templated.replace(f"this {_noun(other)}", f"the {_noun(other)} that this "
+                                                                f"{_noun(entity)} is frequently associated with")
+            split = rng.choices(("train", "val", "test"), weights=(50, 25, 25))[0]
+            row = _evqa_row(entity, fact.key, text, "2_hop", split, images, rng,
+                            entities, hop=other)
+            rows[split].append(row)
+    for split_rows in rows.values():
+        rng.shuffle(split_rows)
+    return rows
+
+
+def _evqa_row(entity: _Entity, key: str, question: str, qtype: str, split: str, images: _QueryImages,
+              rng: random.Random, entities: list[_Entity], hop: Optional[_Entity] = None) -> dict:
+    pool = "train" if split == "train" else "eval"
+    dataset = CATEGORIES[entity.category]["dataset"]
+    single = images.single_view(pool, entity)
+    multi = images.multi_view(pool, entity) if rng.random() < MULTI_ENTITY_SHARE else None
+    image_ids = [multi, single] if multi is not None else [single]
+    answer_entity = hop or entity
+    if hop is None:
+        section = entity.fact_section[key]
+        evidence = entity.sentences[key]
+        urls, titles = entity.url, entity.title
+    else:
+        section = 0
+        evidence = f"It is frequently associated with the {hop.title}. {hop.sentences[key]}"
+        urls, titles = f"{entity.url}|{hop.url}", f"{entity.title}|{hop.title}"
+    row = {
+        "question": question, "answer": answer_entity.answers[key], "dataset_image_ids": "|".join(image_ids),
+        "dataset_category_id": str(entity.category_id), "dataset_name": dataset, "question_type": qtype,
+        "wikipedia_url": urls, "wikipedia_title": titles, "evidence": evidence,
+        "evidence_section_id": str(section), "evidence_section_title": entity.section_titles[section],
+        "encyclopedic_vqa_split": split, "question_original": question, "wikipedia_url_used_in_train": "",
+    }
+    image_key = f"{dataset}/{image_ids[0]}"
+    record = {"entity": entity.entity_id, "fact": key, "question_type": qtype, "gold_urls": urls.split("|"),
+              "evidence_section_id": section, "evidence_section_title": entity.section_titles[section],
+              "answer_entity": answer_entity.entity_id, "answer_section_id": answer_entity.fact_section[key],
+              "image_id": image_ids[0], "dataset_name": dataset,
+              "image_entities": images.writer.records[image_key]["entities"]}
+    return {"row": row, "record": record}
+
+
+def _mark_deliberate_skips(evqa: dict[str, list[dict]], images: _QueryImages) -> list[dict]:
+    """Give one iNaturalist test question a missing image and one landmarks test question a corrupt one."""
+    skips = []
+    for dataset, status in (("inaturalist", "missing"), ("landmarks", "corrupt")):
+        item = next(q for q in evqa["test"] if q["row"]["dataset_name"] == dataset
+                    and q["row"]["question_type"] != "2_hop")
+        entity = next(e for e in images.entities if e.entity_id == item["record"]["entity"])
+        image_id = images.single_view("eval", entity, status=status)
+        item["row"]["dataset_image_ids"] = image_id
+        item["record"].update(image_id=image_id, image_entities=[entity.entity_id])
+        skips.append({"dataset_name": dataset, "image_id": image_id, "reason": status, "file": "evqa/test.csv"})
+    return skips
+
+
+def _infoseek_questions(entities: list[_Entity], writer: _ImageWriter, rng: random.Random) -> dict[str, list[dict]]:
+    """InfoSeek val (reference + test CSV) and train questions; half the entities are unseen in train."""
+    out: dict[str, list[dict]] = {"val": [], "train": []}
+    counter = 0
+    for entity in entities:
+        if rng.random() >= INFOSEEK_SHARE:
+            continue
+        unseen_entity = rng.random() < 0.5
+        facts = [f for f in CATEGORIES[entity.category]["facts"] if f.kind != "list"]
+        chosen = rng.sample(facts, 2)
+        for split, fact in (("val", chosen[0]), ("train", chosen[1])):
+            if split == "train" and unseen_entity:
+                continue
+            counter += 1
+            image_id = f"oven_{counter * 11:08d}"
+            if split == "val" and not out["val"]:
+                image_id, status = KNOWN_MISSING_INFOSEEK_IMAGE, "missing"
+            else:
+                status = "ok"
+            extension = ".JPEG" if counter % 6 == 0 else ".jpg"
+            writer.write(f"infoseek/{image_id}", f"infoseek/images/{image_id}{extension}", [entity], "single",
+                         status)
+            data_id = f"infoseek_{split}_{counter:08d}"
+            out[split].append(_infoseek_item(entity, fact, data_id, image_id, split, unseen_entity))
+    return out
+
+
+def _infoseek_item(entity: _Entity, fact: FactSpec, data_id: str, image_id: str, split: str,
+                   unseen_entity: bool) -> dict:
+    value = entity.facts[fact.key]
+    question = fact.templated
+    if fact.kind == "number":
+        qtype, answer = "Numerical", [str(value)]
+        answer_eval: Any = [{"wikidata": float(value), "range": [round(value * 0.9, 2), round(value * 1.1, 2)]}]
+        if entity.index % 2:
+            answer_eval = answer_eval[0]          # the bare-dict shape also occurs in the release
+    elif fact.kind == "year":
+        qtype, answer, answer_eval = "Time", [str(value)], [str(value)]
+    else:
+        qtype, answer = "String", [value]
+        answer_eval = list(dict.fromkeys([value, value.lower(), value.removeprefix("the ")]))
+    section = entity.fact_section[fact.key]
+    csv_answer = "|".join(answer_eval) if qtype == "String" else answer[0]
+    row = {"data_id": data_id, "question": question, "answer": csv_answer, "dataset_image_ids": image_id,
+           "dataset_category_id": str(entity.category_id), "dataset_name": "infoseek", "question_type": "infoseek",
+           "wikipedia_url": entity.url, "wikipedia_title": entity.title, "evidence": entity.sentences[fact.key],
+           "evidence_section_id": str(section), "evidence_section_title": entity.section_titles[section],
+           "encyclopedic_vqa_split": split, "question_original": question, "wikipedia_url_used_in_train": ""}
+    reference = {"data_id": data_id, "image_id": image_id, "question": question, "answer": answer,
+                 "answer_eval": answer_eval,
+                 "data_split": "val_unseen_entity" if unseen_entity else "val_unseen_question"}
+    record = {"entity": entity.entity_id, "fact": fact.key, "infoseek_type": qtype, "gold_urls": [entity.url],
+              "evidence_section_id": section, "evidence_section_title": entity.section_titles[section],
+              "image_id": image_id, "image_entities": [entity.entity_id], "data_split": reference["data_split"]}
+    return {"row": row, "reference": reference, "qtype": qtype, "record": record}
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def _csv_text(columns: tuple, rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _write(out: Path, rel_path: str, text: str) -> None:
+    path = out / rel_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _write_kb_images(out: Path, entities: list[_Entity], writer: _ImageWriter) -> dict[str, int]:
+    """OMGM title -> image CSVs, their images, and the url_store pixels of the fallback entities."""
+    parts: dict[int, list[list[str]]] = {k: [] for k in range(1, KB_IMAGE_PARTS + 1)}
+    counts = {"csv_rows": 0, "url_store_images": 0}
+    for entity in entities:
+        part = entity.index % KB_IMAGE_PARTS + 1
+        for k, url in enumerate(entity.image_urls):
+            file_name = url.rsplit("/", 1)[1]
+            image_format = "PNG" if entity.index % 10 == 4 and k == 1 else "JPEG"
+            if image_format == "PNG":
+                file_name = file_name[:-4] + ".png"
+            img_path = f"wiki_image_split/wiki_entity_image_{part}/{file_name}"
+            parts[part].append([entity.title, url, img_path, f"Photograph of the {entity.title}"])
+            counts["csv_rows"] += 1
+            if entity.image_mode == "csv":
+                writer.write(f"article/{url}", f"kb_images/full/{img_path}", [entity], "article",
+                             image_format=image_format)
+            elif k == 0:
+                rel = "kb_images/url_store/" + url.split("://", 1)[1]
+                writer.write(f"article/{url}", rel, [entity], "article")
+                counts["url_store_images"] += 1
+    for part, rows in parts.items():
+        buffer = io.StringIO()
+        csv_writer = csv.writer(buffer, lineterminator="\n")
+        csv_writer.writerow(["title", "image_URL", "img_path", "caption"])
+        csv_writer.writerows(rows)
+        _write(out, f"kb_images/wiki_image_url_part_{part}_processed.csv", buffer.getvalue())
+    return counts
+
+
+def _data_configs(out: Path) -> dict[str, dict]:
+    """DataConfig sections of the world (keys are exactly DataConfig / ImagesConfig fields)."""
+    kb_images = {"kb_image_csvs": ["kb_images/wiki_image_url_part_*_processed.csv"],
+                 "kb_image_root": "kb_images/full", "kb_image_url_store": "kb_images/url_store"}
+    common = {"root": str(out.resolve()), "kb_source": "kb/encyclopedic_kb_wiki.json", "kb_store": "kb/store"}
+    evqa = {"dataset": "evqa", **common, "train_questions": "evqa/train.csv", "val_questions": "evqa/val.csv",
+            "test_questions": "evqa/test.csv",
+            "images": {"inaturalist_root": "evqa/images/inaturalist", "inaturalist_layout": "id2name",
+                       "inaturalist_id2name": "evqa/train_id2name.json",
+                       "inaturalist_id2name_extra": ["evqa/val_id2name.json"],
+                       "landmarks_root": "evqa/images/landmarks", "landmarks_layout": "abc_sharded", **kb_images}}
+    infoseek = {"dataset": "infoseek", **common, "train_questions": "infoseek/infoseek_train_filtered.csv",
+                "test_questions": "infoseek/infoseek_test_filtered.csv",
+                "infoseek_references": "infoseek/infoseek_val.jsonl",
+                "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
+                "images": {"infoseek_root": "infoseek/images", **kb_images}}
+    return {"evqa": evqa, "infoseek": infoseek}
+
+
+def _prepare_out_dir(out: Path) -> None:
+    """Create `out`; an old world there is removed, any other non-empty directory is refused."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / "world.json").is_file():
+            raise DataError(f"{out}: not empty and not a synthetic world (no world.json); choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: int = DEFAULT_SEED,
+                   build_store: bool = True) -> dict:
+    """Write a synthetic world to `out_dir` (see the module docstring) and return its manifest (world.json).
+
+    The same `entities` and `seed` give byte-identical KB, CSV, JSONL and image files.
+    """
+    import yaml
+
+    if entities < len(CATEGORIES) * 2:
+        raise DataError(f"a synthetic world needs at least {len(CATEGORIES) * 2} entities, got {entities}")
+    started = time.time()
+    out = Path(out_dir)
+    _prepare_out_dir(out)
+    rng = random.Random(seed)
+    world = _make_entities(entities, rng)
+    kb = {entity.url: _build_article(entity, world, rng) for entity in world}
+    writer = _ImageWriter(out, seed)
+    images = _QueryImages(writer, world, rng, seed)
+    evqa = _evqa_questions(world, images, rng)
+    skips = _mark_deliberate_skips(evqa, images)
+    infoseek = _infoseek_questions(world, writer, rng)
+    skips.append({"dataset_name": "infoseek", "image_id": KNOWN_MISSING_INFOSEEK_IMAGE, "reason": "missing",
+                  "file": "infoseek/infoseek_test_filtered.csv"})
+    kb_image_counts = _write_kb_images(out, world, writer)
+    train_urls = {u for item in evqa["train"] for u in item["row"]["wikipedia_url"].split("|")}
+
+    _write(out, "kb/encyclopedic_kb_wiki.json", json.dumps(kb, ensure_ascii=False))
+    _write(out, "kb/encyclopedic_kb_wiki.jsonl",
+           "".join(json.dumps({url: entry}, ensure_ascii=False) + "\n" for url, entry in kb.items()))
+    questions: dict[str, list[dict]] = {}
+    for split, items in evqa.items():
+        single_hop = two_hop = 0
+        for item in items:
+            row = item["row"]
+            row["wikipedia_url_used_in_train"] = str(all(u in train_urls for u in row["wikipedia_url"].split("|")))
+            if row["question_type"] == "2_hop":
+                item["record"]["data_id"], two_hop = f"E-VQA_2hop_{two_hop}", two_hop + 1
+            else:
+                item["record"]["data_id"], single_hop = f"E-VQA_{single_hop}", single_hop + 1
+        _write(out, f"evqa/{split}.csv", _csv_text(EVQA_COLUMNS, [item["row"] for item in items]))
+        questions[f"evqa/{split}.csv"] = [item["record"] for item in items]
+    for pool, split in (("train", "train"), ("eval", "val")):
+        _write(out, f"evqa/{split}_id2name.json", json.dumps(images.id2name[pool], indent=1, sort_keys=True))
+    infoseek_columns = ("data_id",) + EVQA_COLUMNS
+    _write(out, "infoseek/infoseek_test_filtered.csv", _csv_text(infoseek_columns, [i["row"] for i in infoseek["val"]]))
+    _write(out, "infoseek/infoseek_train_filtered.csv",
+           _csv_text(infoseek_columns, [i["row"] for i in infoseek["train"]]))
+    _write(out, "infoseek/infoseek_val.jsonl",
+           "".join(json.dumps(i["reference"], ensure_ascii=False) + "\n" for i in infoseek["val"]))
+    _write(out, "infoseek/infoseek_val_qtype.jsonl", "".join(
+        json.dumps({"data_id": i["reference"]["data_id"], "question_type": i["qtype"]}) + "\n"
+        for i in infoseek["val"]))
+    for split, name in (("val", "infoseek/infoseek_test_filtered.csv"), ("train", "infoseek/infoseek_train_filtered.csv")):
+        questions[name] = [dict(i["record"], data_id=i["row"]["data_id"]) for i in infoseek[split]]
+
+    configs = _data_configs(out)
+    for name, config in configs.items():
+        atomic_write_text(out / f"data_{name}.yaml",
+                          f"# DataConfig of the synthetic world ({name}); generated by `qkvqa synth`\n"
+                          + yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    if build_store:
+        from qkvqa.data.kb import build_kb_store
+
+        build_kb_store(out / "kb/encyclopedic_kb_wiki.json", out / "kb/store")
+
+    manifest = {
+        "seed": seed,
+        "counts": {
+            "entities": len(world), "articles": len(kb),
+            "articles_without_images": sum(e.image_mode == "none" for e in world),
+            "articles_with_url_store_image_only": sum(e.image_mode == "url_store" for e in world),
+            "images_written": writer.count, **kb_image_counts,
+            **{f"questions:{name}": len(records) for name, records in questions.items()},
+            "multi_entity_questions": sum(len(r["image_entities"]) > 1 for rs in questions.values() for r in rs),
+        },
+        "paths": {"kb_json": "kb/encyclopedic_kb_wiki.json", "kb_jsonl": "kb/encyclopedic_kb_wiki.jsonl",
+                  "kb_store": "kb/store" if build_store else None, "data_evqa": "data_evqa.yaml",
+                  "data_infoseek": "data_infoseek.yaml", **{f"questions:{n}": n for n in questions},
+                  "infoseek_references": "infoseek/infoseek_val.jsonl",
+                  "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
+                  "train_id2name": "evqa/train_id2name.json", "val_id2name": "evqa/val_id2name.json"},
+        "data_configs": configs,
+        "deliberate_skips": skips,
+        "entities": [{"entity_id": e.entity_id, "category": e.category, "title": e.title, "url": e.url,
+                      "signature": vars(e.signature), "image_mode": e.image_mode, "section_titles": e.section_titles,
+                      "facts": {k: {"answer": e.answers[k], "section_id": e.fact_section[k],
+                                    "sentence": e.sentences[k]} for k in e.facts}} for e in world],
+        "questions": questions,
+        "images": writer.records,
+        "generation_seconds": round(time.time() - started, 2),
+    }
+    atomic_write_json(out / "world.json", manifest)
+    log.info("synthetic world %s: %d entities, %d images, %s (%.1fs)", out, len(world), writer.count,
+             ", ".join(f"{n} {len(r)}" for n, r in questions.items()), manifest["generation_seconds"])
+    return manifest
