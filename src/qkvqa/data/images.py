@@ -79,13 +79,18 @@ class QueryImageResolver:
         return self._id2name
 
     def candidates(self, dataset_name: str, image_id: str) -> list[Path]:
-        """The files tried for an image, in order; empty when an id2name map does not know the id."""
+        """The files tried for an image, in order; empty for an id the id2name map lacks or too short to shard."""
         root = self._root(dataset_name)
         layout = self.layouts[dataset_name]
         if layout == "id2name":
             name = self.id2name().get(image_id)
             return [] if name is None else [root / name]
-        stem = root / image_id[0] / image_id[1] / image_id[2] / image_id if layout == "abc_sharded" else root / image_id
+        if layout == "abc_sharded":
+            if len(image_id) < 3:
+                return []
+            stem = root / image_id[0] / image_id[1] / image_id[2] / image_id
+        else:
+            stem = root / image_id
         return [stem.with_name(stem.name + ext) for ext in self.config.extensions]
 
     def resolve(self, dataset_name: str, image_id: str) -> Optional[Path]:
@@ -120,7 +125,7 @@ class ImageLoader:
         candidates = self.resolver.candidates(dataset_name, image_id)
         path = next((p for p in candidates if p.is_file()), None)
         if path is None:
-            tried = ", ".join(str(p) for p in candidates) or "not in the id2name map"
+            tried = ", ".join(str(p) for p in candidates) or f"nothing: no {self.resolver.layouts[dataset_name]} path"
             self.record(SkippedImage(image_id, dataset_name, "missing", str(candidates[0]) if candidates else None,
                                      f"tried {tried}"))
             return None

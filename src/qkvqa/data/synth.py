@@ -71,6 +71,8 @@ COUNTRIES = ["Chile", "Peru", "Kenya", "Norway", "Vietnam", "Morocco", "Brazil",
 STATUSES = ["Least Concern", "Near Threatened", "Vulnerable", "Endangered", "Critically Endangered"]
 PEOPLE = ["Amelia Hart", "Jonas Berg", "Lucía Ortega", "Kenji Mori", "Ada Okafor", "Pierre Lenoir", "Maja Novak",
           "Samuel Reyes", "Ingrid Dahl", "Tomás Silva"]
+ARCHITECTS = ["Elena Varga", "Oskar Lind", "Hana Sato", "Rafael Duarte", "Grace Mbeki", "Louis Marchand",
+              "Vera Kovac", "Arjun Rao"]     # never used as distractor names, so the answer is only in "Design"
 CITIES = ["Velmora", "Ostrava", "Caldera", "Tessin", "Brava", "Korvik", "Lunden", "Arlés", "Mirabel", "Quillan"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
@@ -131,8 +133,9 @@ CATEGORIES: dict[str, dict[str, Any]] = {
         "cultivated": ("Cultivation", "list", "It is cultivated in {value}.",
                        "In which countries is this plant cultivated?", "Where is this plant cultivated?",
                        tuple(COUNTRIES)),
-        "flowering": ("Flowering", "choice", "It flowers in {value}.", "In which month does this plant flower?",
-                      "When does this plant flower?", tuple(MONTHS)),
+        "flowering": ("Flowering", "choice", "Its flowering season peaks in {value}.",
+                      "In which month does the flowering season of this plant peak?",
+                      "When is the flowering season of this plant?", tuple(MONTHS)),
         "uses": ("Uses", "choice", "It is traditionally used for {value}.",
                  "What is this plant traditionally used for?", "For what is this plant traditionally used?",
                  ("dye", "medicine", "rope", "tea", "ornamental hedges", "basketry")),
@@ -214,7 +217,7 @@ CATEGORIES: dict[str, dict[str, Any]] = {
                    (12, 320, "metres")),
         "architect": ("Design", "choice", "It was designed by the architect {value}.",
                       "Which architect designed this landmark?", "Who was the architect that designed this landmark?",
-                      tuple(PEOPLE)),
+                      tuple(ARCHITECTS)),
         "city": ("Location", "choice", "It stands in the city of {value}.", "In which city does this landmark stand?",
                  "Which city is this landmark in?", tuple(CITIES)),
         "materials": ("Construction", "list", "It was built from {value}.", "What materials was this landmark built from?",
@@ -337,10 +340,18 @@ def _render_value(entity: _Entity, key: str) -> str:
 # ---------------------------------------------------------------------------------------------- articles
 
 
+def _other_number(entity: _Entity, rng: random.Random, low: int, high: int) -> int:
+    """A number (or year) for a distractor sentence that is not one of the entity's answers."""
+    while True:
+        number = rng.randint(low, high)
+        if number not in entity.facts.values():
+            return number
+
+
 def _distractors(entity: _Entity, entities: list[_Entity], rng: random.Random, count: int) -> list[str]:
     chosen = rng.sample(DISTRACTORS, count)
-    return [s.format(adj=rng.choice(ADJECTIVES), noun=_noun(entity), year=rng.randint(1850, 2015),
-                     num=rng.randint(12, 480), person=rng.choice(PEOPLE),
+    return [s.format(adj=rng.choice(ADJECTIVES), noun=_noun(entity), year=_other_number(entity, rng, 1850, 2015),
+                     num=_other_number(entity, rng, 12, 480), person=rng.choice(PEOPLE),
                      other=rng.choice(entities).title) for s in chosen]
 
 
@@ -385,9 +396,9 @@ def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random)
         elif section_title == "Description":
             text = f"{text} {look}"
         sections.append((section_title or entity.title, text))
-    person, year = rng.choice(PEOPLE), rng.randint(1900, 2015)
+    person, year = rng.choice(PEOPLE), _other_number(entity, rng, 1850, 2015)
     sections.append(("References", f"{person} ({year}). Notes on the {entity.title}. Journal of Field Studies "
-                                   f"{rng.randint(1, 90)}: {rng.randint(1, 400)}."))
+                                   f"{_other_number(entity, rng, 1, 90)}: {_other_number(entity, rng, 1, 400)}."))
     sections.append(("External links", f"{entity.title} at the Example Biodiversity Database. Media related to "
                                        f"{entity.title} at Example Commons."))
     entity.section_titles = [title for title, _ in sections]

@@ -1,0 +1,16 @@
+"""E-VQA DataModule: the E-VQA question CSVs (single-hop, optionally 2_hop) with iNaturalist / GLDv2 images."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from data_modules.base import KBVQADataModule
+from qkvqa.data.questions import Question, read_evqa_csv
+
+
+class EVQADataModule(KBVQADataModule):
+    """E-VQA questions (`data_id` = E-VQA_{i} over single-hop rows) and their first query image."""
+
+    dataset_name = "E-VQA"
+
+    def read_questions(self, split: str, path: Path) -> list[Question]:
+        return read_evqa_csv(path, split=split, include_two_hop=self.config.include_two_hop)

@@ -1,0 +1,107 @@
+"""Samplers and a loader that shard across DDP ranks themselves and resume mid-epoch exactly."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+
+class ResumableSampler(Sampler[int]):
+    """Indices of one rank for one epoch: seeded shuffle (or file order), strided sharding.
+
+    The order depends only on (seed, epoch), so every rank agrees. Training pads the global
+    order to a multiple of the world size (as DistributedSampler does); evaluation sets
+    `pad=False`, so each index is visited exactly once over all ranks. After
+    `resume_from(epoch, samples_done)` the next pass over `epoch` skips the samples this rank
+    already consumed.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, rank: int = 0,
+                 world_size: int = 1, pad: bool = True):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.rank, self.world_size, self.pad = rank, world_size, pad
+        self.epoch = 0
+        self._resume_epoch: Optional[int] = None
+        self._resume_skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next pass yields (Lightning calls this every epoch)."""
+        self.epoch = int(epoch)
+
+    def resume_from(self, epoch: int, samples_done: int) -> None:
+        """Skip the first `samples_done` indices of this rank the next time `epoch` is iterated."""
+        self._resume_epoch, self._resume_skip = int(epoch), int(samples_done)
+
+    def global_order(self) -> list[int]:
+        """The order of all indices for the current epoch, before sharding."""
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.num_samples, generator=g).tolist()
+        return list(range(self.num_samples))
+
+    def rank_indices(self) -> list[int]:
+        """This rank's indices for the current epoch."""
+        order = self.global_order()
+        if self.pad and self.world_size > 1 and order:
+            total = math.ceil(len(order) / self.world_size) * self.world_size
+            order = order + order[: total - len(order)]
+        return order[self.rank::self.world_size]
+
+    def __len__(self) -> int:
+        if self.pad:
+            return math.ceil(self.num_samples / self.world_size)
+        return len(range(self.rank, self.num_samples, self.world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.rank_indices()
+        if self._resume_epoch == self.epoch:
+            indices = indices[self._resume_skip:]
+            self._resume_epoch, self._resume_skip = None, 0
+        yield from indices
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader with Lightning's `state_dict`/`load_state_dict`, so a mid-epoch checkpoint resumes exactly.
+
+    `batches_done` reports how many batches of the current epoch the training loop has finished
+    (the DataModule wires it to the trainer's progress counter, which, unlike a count of fetched
+    batches, is not fooled by prefetching).
+    """
+
+    def __init__(self, dataset: Any, sampler: ResumableSampler, batches_done: Callable[[], int], **kwargs: Any):
+        super().__init__(dataset, sampler=sampler, **kwargs)
+        self.resumable_sampler = sampler
+        self.batches_done = batches_done
+
+    def state_dict(self) -> dict[str, int]:
+        """Where this rank is: epoch, samples consumed, and the layout that makes the position valid."""
+        return {"epoch": self.resumable_sampler.epoch, "samples_done": int(self.batches_done()) * int(self.batch_size),
+                "world_size": self.resumable_sampler.world_size, "rank": self.resumable_sampler.rank,
+                "seed": self.resumable_sampler.seed, "num_samples": self.resumable_sampler.num_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a saved position; refuse one saved with another layout."""
+        s = self.resumable_sampler
+        saved = (state["world_size"], state["seed"], state["num_samples"])
+        if saved != (s.world_size, s.seed, s.num_samples):
+            raise RuntimeError(
+                f"cannot resume mid-epoch: the checkpoint's loader had world_size/seed/num_samples {saved}, this run "
+                f"has {(s.world_size, s.seed, s.num_samples)}. Resume with the same settings or from an end-of-epoch "
+                "checkpoint.")
+        s.resume_from(state["epoch"], state["samples_done"])
+
+
+def trainer_batches_done(trainer: Any) -> Callable[[], int]:
+    """A callable giving the batches the trainer has processed in the current training epoch."""
+    return lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def rank_and_world(trainer: Any) -> tuple[int, int]:
+    """(global rank, world size) of the attached trainer, (0, 1) without one."""
+    if trainer is None:
+        return 0, 1
+    return int(trainer.global_rank), int(trainer.world_size)

@@ -1,0 +1,114 @@
+"""Image resolvers per layout, the counting ImageLoader (missing / corrupt), and OMGM article images with fallback."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from qkvqa.data.config import ImagesConfig
+from qkvqa.data.images import ArticleImageIndex, ImageLoader, QueryImageResolver, url_store_path
+from qkvqa.errors import ConfigError
+from tests.data_fixtures import write_image
+
+
+def test_inaturalist_id2name_maps_are_merged_and_flat_layout_uses_the_id(tmp_path):
+    (tmp_path / "train_id2name.json").write_text(json.dumps({"11": "train/birds/a.jpg"}))
+    (tmp_path / "val_id2name.json").write_text(json.dumps({"22": "val/birds/b.jpg"}))
+    config = ImagesConfig(inaturalist_root="inat", inaturalist_id2name="train_id2name.json",
+                          inaturalist_id2name_extra=["val_id2name.json"])
+    resolver = QueryImageResolver(config, root=tmp_path)
+    write_image(tmp_path / "inat/val/birds/b.jpg")
+    assert resolver.resolve("inaturalist", "22") == tmp_path / "inat/val/birds/b.jpg"
+    assert resolver.candidates("inaturalist", "11") == [tmp_path / "inat/train/birds/a.jpg"]
+    assert resolver.candidates("inaturalist", "33") == []
+    flat = QueryImageResolver(ImagesConfig(inaturalist_root=str(tmp_path / "flat"), inaturalist_layout="flat"))
+    write_image(tmp_path / "flat/11.jpg")
+    assert flat.resolve("inaturalist", "11") == tmp_path / "flat/11.jpg"
+
+
+def test_landmarks_use_the_abc_sharded_layout(tmp_path):
+    resolver = QueryImageResolver(ImagesConfig(landmarks_root=str(tmp_path)))
+    write_image(tmp_path / "f/0/a/f0a1b2c3d4e5f607.jpg")
+    assert resolver.resolve("landmarks", "f0a1b2c3d4e5f607") == tmp_path / "f/0/a/f0a1b2c3d4e5f607.jpg"
+    loader = ImageLoader(resolver)
+    assert loader.load("landmarks", "f0") is None
+    assert loader.skipped[("landmarks", "f0")].reason == "missing"
+
+
+def test_infoseek_tries_jpg_then_jpeg(tmp_path):
+    resolver = QueryImageResolver(ImagesConfig(infoseek_root=str(tmp_path)))
+    write_image(tmp_path / "oven_1.JPEG")
+    assert resolver.resolve("infoseek", "oven_1") == tmp_path / "oven_1.JPEG"
+    write_image(tmp_path / "oven_1.jpg")
+    assert resolver.resolve("infoseek", "oven_1") == tmp_path / "oven_1.jpg"
+
+
+def test_unset_roots_and_unknown_layouts_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="landmarks_root is not set"):
+        QueryImageResolver(ImagesConfig()).candidates("landmarks", "abc123")
+    with pytest.raises(ConfigError, match="landmarks_layout"):
+        QueryImageResolver(ImagesConfig(landmarks_layout="id2name"))
+
+
+def test_loader_returns_rgb_and_counts_missing_and_corrupt_images_once_each(tmp_path):
+    write_image(tmp_path / "ok.png", image_format="PNG")
+    (tmp_path / "bad.jpg").write_bytes(write_image(tmp_path / "full.jpg").read_bytes()[:60])
+    (tmp_path / "text.jpg").write_text("not an image")
+    loader = ImageLoader(QueryImageResolver(ImagesConfig(infoseek_root=str(tmp_path), extensions=[".jpg", ".png"])))
+    image = loader.load("infoseek", "ok")
+    assert image.mode == "RGB" and image.size == (16, 16)
+    assert loader.load("infoseek", "bad") is None
+    assert loader.load("infoseek", "text") is None
+    assert loader.load("infoseek", "gone") is None
+    assert loader.load("infoseek", "gone") is None
+    assert loader.counts() == {"missing": 1, "corrupt": 2}
+    assert loader.skipped[("infoseek", "gone")].path == str(tmp_path / "gone.jpg")
+
+
+def test_skipped_ids_are_written_to_the_run_directory(tmp_path):
+    loader = ImageLoader(QueryImageResolver(ImagesConfig(infoseek_root=str(tmp_path))))
+    loader.load("infoseek", "oven_05001795")
+    path = loader.write_skipped(tmp_path / "run")
+    record = json.loads(path.read_text())
+    assert path.name == "skipped_images.json"
+    assert record["counts"] == {"missing": 1, "corrupt": 0}
+    assert [s["image_id"] for s in record["skipped"]] == ["oven_05001795"]
+
+
+def _write_title_csv(path, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["title", "image_URL", "img_path", "caption"])
+        writer.writerows(rows)
+    return path
+
+
+def test_article_images_keep_at_most_n_existing_files_per_title_in_csv_order(tmp_path):
+    rows = [["Kestrel", f"https://x/{i}.jpg", f"wiki_image_split/wiki_entity_image_1/k{i}.jpg", f"cap {i}"]
+            for i in range(14)]
+    for i in range(14):
+        if i != 0:
+            write_image(tmp_path / f"full/wiki_image_split/wiki_entity_image_1/k{i}.jpg")
+    rows.append(["Ørsted moth", "https://x/o.jpg", "wiki_image_split/wiki_entity_image_2/o.png", "moth"])
+    write_image(tmp_path / "full/wiki_image_split/wiki_entity_image_2/o.png", image_format="PNG")
+    _write_title_csv(tmp_path / "wiki_image_url_part_1_processed.csv", rows[:8])
+    _write_title_csv(tmp_path / "wiki_image_url_part_2_processed.csv", rows[8:])
+    config = ImagesConfig(kb_image_csvs=["wiki_image_url_part_*_processed.csv"], kb_image_root="full")
+    index = ArticleImageIndex.from_config(config, root=tmp_path)
+    kept = index.images("Kestrel")
+    assert [img.caption for img in kept] == [f"cap {i}" for i in range(1, 11)]
+    assert index.main_image("Kestrel") == kept[0].path
+    assert index.main_image("Ørsted moth").suffix == ".png"
+
+
+def test_main_image_falls_back_to_the_url_store_and_counts_articles_without_one(tmp_path):
+    url = "https://upload.wikimedia.org/wikipedia/commons/a/ab/Zürich%20Tower.jpg"
+    store = tmp_path / "url_store"
+    assert url_store_path(store, url) == store / "upload.wikimedia.org/wikipedia/commons/a/ab/Zürich Tower.jpg"
+    write_image(url_store_path(store, url))
+    index = ArticleImageIndex({}, url_store=store)
+    assert index.main_image("Zürich Tower", [url]) == url_store_path(store, url)
+    assert index.main_image("Bare", []) is None
+    assert index.main_image("Gone", ["https://upload.wikimedia.org/x.jpg"]) is None
+    assert index.coverage() == {"titles_with_csv_images": 0, "fallback_to_url_store": 1, "titles_without_image": 2}

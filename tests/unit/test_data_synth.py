@@ -1,0 +1,188 @@
+"""Synthetic world: determinism, real formats that read back, answerable evidence, multi-entity images, skips."""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qkvqa.data.config import data_config_from_dict, resolve_data_path
+from qkvqa.data.images import ImageLoader, QueryImageResolver
+from qkvqa.data.kb import KBStore, build_kb_store
+from qkvqa.data.questions import (read_evqa_csv, read_infoseek_csv, read_infoseek_jsonl_questions,
+                                  read_infoseek_references)
+from qkvqa.data.synth import generate_world
+from qkvqa.errors import DataError
+from tests.fixtures_world import make_world
+
+STOPWORDS = {"this", "what", "which", "does", "with", "that", "from", "have", "been", "when", "where", "many",
+             "much", "some", "into", "they", "their", "there", "were", "whose"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    return make_world(tmp_path_factory.mktemp("synth"))
+
+
+def _data_files(root: Path) -> dict[str, str]:
+    """sha256 of every file except world.json, the yaml configs (absolute root) and the KB store (timestamps)."""
+    skip = {"world.json", "data_evqa.yaml", "data_infoseek.yaml"}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in skip and "store" not in p.relative_to(root).parts[:2]}
+
+
+def test_the_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path, world):
+    again = generate_world(tmp_path / "again", entities=len(world["entities"]), seed=0, build_store=False)
+    first, second = _data_files(Path(world["dir"])), _data_files(tmp_path / "again")
+    assert first == second
+    assert {"evqa/test.csv", "kb/encyclopedic_kb_wiki.json", "infoseek/infoseek_val.jsonl"} <= set(first)
+    assert again["questions"] == world["questions"]
+    other = generate_world(tmp_path / "other", entities=len(world["entities"]), seed=1, build_store=False)
+    assert _data_files(tmp_path / "other")["kb/encyclopedic_kb_wiki.json"] != first["kb/encyclopedic_kb_wiki.json"]
+    assert other["counts"]["entities"] == world["counts"]["entities"]
+
+
+def test_every_evqa_file_reads_back_with_the_ids_world_json_records(world):
+    root = Path(world["dir"])
+    for split in ("train", "val", "test"):
+        records = world["questions"][f"evqa/{split}.csv"]
+        questions = read_evqa_csv(root / f"evqa/{split}.csv", split=split, include_two_hop=True)
+        assert [q.data_id for q in questions] == [r["data_id"] for r in records]
+        assert [q.gold_urls for q in questions] == [r["gold_urls"] for r in records]
+        assert [q.evidence_section_id for q in questions] == [r["evidence_section_id"] for r in records]
+    test_types = Counter(q.question_type for q in read_evqa_csv(root / "evqa/test.csv", include_two_hop=True))
+    assert set(test_types) == {"templated", "automatic", "multi_answer", "2_hop"}
+    two_hop = [q for q in read_evqa_csv(root / "evqa/test.csv", include_two_hop=True) if q.question_type == "2_hop"]
+    assert all(len(q.gold_urls) == 2 and q.data_id.startswith("E-VQA_2hop_") for q in two_hop)
+    multi = [q for q in read_evqa_csv(root / "evqa/train.csv") if q.question_type == "multi_answer"]
+    assert all(len(q.answers[0].split("&&")) == 3 for q in multi)
+    assert {q.dataset_name for q in read_evqa_csv(root / "evqa/train.csv")} == {"inaturalist", "landmarks"}
+
+
+def test_every_infoseek_file_reads_back(world):
+    root = Path(world["dir"])
+    references = read_infoseek_references(root / "infoseek/infoseek_val.jsonl",
+                                          root / "infoseek/infoseek_val_qtype.jsonl")
+    test = read_infoseek_csv(root / "infoseek/infoseek_test_filtered.csv")
+    train = read_infoseek_csv(root / "infoseek/infoseek_train_filtered.csv")
+    assert [q.data_id for q in test] == list(references)
+    assert len(train) == world["counts"]["questions:infoseek/infoseek_train_filtered.csv"] > 0
+    assert {r.question_type for r in references.values()} == {"String", "Numerical", "Time"}
+    assert {r.data_split for r in references.values()} == {"val_unseen_question", "val_unseen_entity"}
+    numerical = [r.answer_eval for r in references.values() if r.question_type == "Numerical"]
+    assert any(isinstance(a, dict) for a in numerical) and any(isinstance(a, list) for a in numerical)
+    assert len(read_infoseek_jsonl_questions(root / "infoseek/infoseek_val.jsonl",
+                                             root / "infoseek/infoseek_val_qtype.jsonl")) == len(test)
+    suffixes = {p.suffix for p in (root / "infoseek/images").iterdir()}
+    assert suffixes == {".jpg", ".JPEG"}
+
+
+def test_the_kb_json_and_jsonl_are_the_same_kb(world, tmp_path):
+    root = Path(world["dir"])
+    manifest = build_kb_store(root / "kb/encyclopedic_kb_wiki.jsonl", tmp_path / "store")
+    assert manifest["url_checksum"] == KBStore.open(root / "kb/store").url_checksum
+    assert manifest["articles"] == world["counts"]["articles"]
+
+
+def test_each_answer_is_stated_in_the_evidence_section_only(world):
+    store = KBStore.open(Path(world["dir"]) / "kb/store")
+    root = Path(world["dir"])
+    checked = 0
+    for split in ("train", "val", "test"):
+        for q in read_evqa_csv(root / f"evqa/{split}.csv"):
+            article = store.get_by_url(q.gold_url)
+            evidence = article.section_texts[q.evidence_section_id]
+            assert article.section_titles[q.evidence_section_id] == q.evidence_section_title
+            assert q.row["evidence"] in evidence
+            items = q.answers[0].split("&&")
+            assert all(item in evidence for item in items)
+            if q.question_type != "multi_answer":
+                others = [t for i, t in enumerate(article.section_texts) if i != q.evidence_section_id]
+                assert not any(re.search(rf"\b{re.escape(q.answers[0])}\b", t) for t in others), q.question
+            checked += 1
+    assert checked == sum(len(r) for n, r in world["questions"].items() if n.startswith("evqa/")) - sum(
+        r["question_type"] == "2_hop" for n, rs in world["questions"].items() if n.startswith("evqa/") for r in rs)
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z]+", text.lower()) if len(w) > 3 and w not in STOPWORDS}
+
+
+def test_questions_share_a_content_word_with_their_evidence_sentence(world):
+    for name, records in world["questions"].items():
+        if not name.startswith("evqa/"):
+            continue
+        questions = read_evqa_csv(Path(world["dir"]) / name, include_two_hop=True)
+        for q in questions:
+            assert _words(q.question) & _words(q.row["evidence"]), (q.question, q.row["evidence"])
+
+
+def test_entities_have_questions_about_different_sections(world):
+    sections = {}
+    for name, records in world["questions"].items():
+        for r in records:
+            if name.startswith("evqa/") and r["question_type"] != "2_hop":
+                sections.setdefault(r["entity"], set()).add(r["evidence_section_id"])
+    assert min(len(s) for s in sections.values()) >= 5
+
+
+def test_multi_entity_images_show_entities_of_different_categories(world):
+    category = {e["entity_id"]: e["category"] for e in world["entities"]}
+    records = [r for name, rs in world["questions"].items() if name.startswith("evqa/") for r in rs]
+    multi = [r for r in records if len(r["image_entities"]) > 1]
+    assert len(multi) / len(records) > 0.25
+    for r in records:
+        assert r["entity"] in r["image_entities"]
+    for image in world["images"].values():
+        if image["kind"] == "multi":
+            assert 2 <= len(image["entities"]) <= 3
+            assert len({category[e] for e in image["entities"]}) == len(image["entities"])
+
+
+def test_visual_signatures_are_unique_within_a_category_but_share_colours(world):
+    by_category: dict[str, list] = {}
+    for e in world["entities"]:
+        s = e["signature"]
+        by_category.setdefault(e["category"], []).append((s["colour"], s["second_colour"], s["pattern"]))
+    for signatures in by_category.values():
+        assert len(set(signatures)) == len(signatures)
+    colours = Counter(s[0] for e in by_category.values() for s in e)
+    assert max(colours.values()) > 1
+
+
+def test_the_deliberate_skips_are_counted_by_the_image_loader(world):
+    config = data_config_from_dict(yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text()))
+    config.images.infoseek_root = "infoseek/images"
+    loader = ImageLoader(QueryImageResolver(config.images, config.root))
+    for skip in world["deliberate_skips"]:
+        assert loader.load(skip["dataset_name"], skip["image_id"]) is None
+        assert loader.skipped[(skip["dataset_name"], skip["image_id"])].reason == skip["reason"]
+    assert loader.counts() == {"missing": 2, "corrupt": 1}
+
+
+def test_the_data_yamls_are_data_configs_whose_paths_exist(world):
+    for name in ("evqa", "infoseek"):
+        config = data_config_from_dict(yaml.safe_load((Path(world["dir"]) / f"data_{name}.yaml").read_text()))
+        assert config.dataset == name
+        for field in ("kb_source", "kb_store", "train_questions", "test_questions", "infoseek_references"):
+            path = resolve_data_path(config, getattr(config, field))
+            assert path is None or path.exists(), (name, field)
+
+
+def test_the_kb_has_unicode_titles_articles_without_images_and_excluded_sections(world):
+    store = KBStore.open(Path(world["dir"]) / "kb/store")
+    report = store.report()
+    assert any(not t.isascii() for t in (a.title for a in store))
+    assert report["counts"]["no_image"] == world["counts"]["articles_without_images"] > 0
+    assert {r["section_title"] for r in report["excluded_section"]} == {"References", "External links"}
+    assert all(a.section_titles[0] == a.title for a in store)
+
+
+def test_a_non_world_directory_is_never_overwritten(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(DataError, match="not a synthetic world"):
+        generate_world(tmp_path, entities=12)
+    assert (tmp_path / "keep.txt").read_text() == "mine"
