@@ -50,6 +50,16 @@ class RetrievalConfig:
     shard_size: int = 50000
     results: Optional[str] = None                # retrieval results JSON (OMGM layout) to read instead of retrieving
     two_hop_policy: str = "exclude"              # recall for 2_hop gold URLs: first | any | exclude
+    split: str = "test"                          # question split of `qkvqa retrieve` and of query_images embeddings
+    embed_what: str = "kb"                       # `qkvqa embed` target: kb (the KB side of `mode`) | kb_text | kb_images | query_images
+    embed_dir: Optional[str] = None              # root of the embedding shard sets; null = {paths.cache_dir}/embeddings
+    max_images_per_article: Optional[int] = None # image_to_image: embed at most this many image_urls per article; null = all
+    index_train_size: int = 262144               # vectors sampled (seeded) to train IVF / PQ indexes
+    index_add_batch: int = 65536                 # vectors converted and added per step (bounds the RAM beside the index)
+    index_gpu: bool = True                       # use faiss GPU indexes when faiss-gpu and a GPU are present
+    hnsw_ef_search: int = 128                    # HNSW search depth (efSearch)
+    image_search_factor: int = 4                 # image_to_image: images searched per wanted article before dedup (grown when short)
+    search_batch_size: int = 4096                # query vectors per faiss search call
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Stage 1, retrieval: encoders, resumable embedding shards, faiss indexes with manifests, retrieval results."""

@@ -1,0 +1,276 @@
+"""Stage-1 retrieval encoders (component kinds `evaclip_hf`, `clip_hf`, `timm_image`): L2-normalised image/text vectors.
+
+Every encoder exposes `dim`, `identity` (what the vectors depend on, stored in embedding and index
+manifests), `preprocess` (a picklable ClipPreprocess, so DataLoader workers can prepare pixels),
+`embed_pixels(array) / embed_images(list[PIL])` and, when it has a text tower, `embed_texts(list[str])`,
+all returning float32 [N, dim] with unit rows, computed in batches of `options.batch_size`.
+
+Component options (`components.<name>.options`): `image_size` (default: the model's), `preprocess`
+(`center_crop` | `targetpad`), `target_ratio` and `pad_color` (targetpad), `batch_size` (default 64),
+`max_text_tokens` (default 77), `tokenizer` (evaclip_hf / clip_hf: tokenizer dir or hub id, default
+the model's own), `seed` and `vocab_texts` (tiny models only).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.errors import ConfigError, MissingWeightsError
+from qkvqa.retrieval.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipPreprocess, preprocess_from_options
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_BATCH_SIZE = 64
+CLIP_MAX_TEXT_TOKENS = 77
+TIMM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
+                     "open_clip_pytorch_model.bin")
+
+
+def weights_identity(spec: ComponentSpec) -> str:
+    """Which weights a spec loads, independent of where they sit: `tiny(seed=N)`, a hub id, or a local
+    directory's last two path parts (`weights/BAAI/EVA-CLIP-8B` -> `BAAI/EVA-CLIP-8B`, the hub id)."""
+    if spec.tiny:
+        return f"tiny(seed={int(spec.options.get('seed', 0))})"
+    ref = str(spec.pretrained).rstrip("/")
+    if os.path.isdir(os.path.expanduser(ref)):
+        return "/".join(Path(os.path.expanduser(ref)).resolve().parts[-2:])
+    return ref
+
+
+def _runtime(spec: ComponentSpec):
+    """(device, dtype); half precision on CPU falls back to fp32 with a warning."""
+    import torch
+
+    device, dtype = spec.torch_device(), spec.torch_dtype()
+    if device.type == "cpu" and dtype == torch.float16:
+        log.warning("component %s: fp16 on CPU is not supported well; using fp32", spec.kind)
+        dtype = torch.float32
+    return device, dtype
+
+
+class RetrievalEncoder:
+    """Shared batching, normalisation and bookkeeping of the retrieval encoders."""
+
+    has_text = False
+
+    def __init__(self, spec: ComponentSpec, model, preprocess: ClipPreprocess, dim: int, device, dtype):
+        self.model = model.eval().to(device)
+        self.preprocess = preprocess
+        self.dim = int(dim)
+        self.device = device
+        self.dtype = dtype
+        self.batch_size = int(spec.options.get("batch_size", DEFAULT_BATCH_SIZE))
+        self.identity = {"kind": spec.kind, "weights": weights_identity(spec), "dim": self.dim,
+                         "preprocess": preprocess.describe()}
+
+    def _image_features(self, pixel_values):
+        raise NotImplementedError
+
+    def _normalised(self, features) -> np.ndarray:
+        import torch.nn.functional as F
+
+        return F.normalize(features.float(), dim=-1).cpu().numpy().astype(np.float32, copy=False)
+
+    def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Embed preprocessed pixels [N, 3, S, S] (from `preprocess`) into unit vectors [N, dim]."""
+        import torch
+
+        out = [np.zeros((0, self.dim), dtype=np.float32)]
+        with torch.inference_mode():
+            for start in range(0, len(pixels), self.batch_size):
+                batch = torch.from_numpy(np.ascontiguousarray(pixels[start:start + self.batch_size]))
+                out.append(self._normalised(self._image_features(batch.to(self.device, self.dtype))))
+        return np.concatenate(out)
+
+    def embed_images(self, images: Sequence[Any]) -> np.ndarray:
+        """Embed PIL images into unit vectors float32 [N, dim]."""
+        out = [np.zeros((0, self.dim), dtype=np.float32)]
+        for start in range(0, len(images), self.batch_size):
+            out.append(self.embed_pixels(self.preprocess(images[start:start + self.batch_size])))
+        return np.concatenate(out)
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts into unit vectors float32 [N, dim] (only encoders with a text tower)."""
+        raise ConfigError(f"encoder {self.identity['kind']!r} has no text tower; use retrieval.mode=image_to_image "
+                          "or an evaclip_hf / clip_hf text encoder")
+
+
+class ClipTextMixin:
+    """Text side of the CLIP-style encoders: CLIP tokenizer, 77-token truncation, batched, normalised."""
+
+    has_text = True
+    tokenizer: Any
+    max_text_tokens: int
+
+    def _text_features(self, batch):
+        raise NotImplementedError
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        import torch
+
+        out = [np.zeros((0, self.dim), dtype=np.float32)]
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                batch = self.tokenizer(list(texts[start:start + self.batch_size]), padding=True, truncation=True,
+                                       max_length=self.max_text_tokens, return_tensors="pt").to(self.device)
+                out.append(self._normalised(self._text_features(batch)))
+        return np.concatenate(out)
+
+
+class EvaClipEncoder(ClipTextMixin, RetrievalEncoder):
+    """EVA-CLIP through its remote code: `encode_image(pixel_values)`, `encode_text(input_ids)`."""
+
+    def __init__(self, spec, model, tokenizer, preprocess, device, dtype):
+        super().__init__(spec, model, preprocess, model.config.projection_dim, device, dtype)
+        self.tokenizer = tokenizer
+        self.max_text_tokens = int(spec.options.get("max_text_tokens", CLIP_MAX_TEXT_TOKENS))
+
+    def _image_features(self, pixel_values):
+        return self.model.encode_image(pixel_values)
+
+    def _text_features(self, batch):
+        return self.model.encode_text(batch["input_ids"])
+
+
+class HFClipEncoder(ClipTextMixin, RetrievalEncoder):
+    """A transformers `CLIPModel`: `get_image_features` / `get_text_features`."""
+
+    def __init__(self, spec, model, tokenizer, preprocess, device, dtype):
+        super().__init__(spec, model, preprocess, model.config.projection_dim, device, dtype)
+        self.tokenizer = tokenizer
+        self.max_text_tokens = int(spec.options.get("max_text_tokens", CLIP_MAX_TEXT_TOKENS))
+
+    def _image_features(self, pixel_values):
+        return self.model.get_image_features(pixel_values=pixel_values)
+
+    def _text_features(self, batch):
+        return self.model.get_text_features(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+
+
+class TimmImageEncoder(RetrievalEncoder):
+    """A timm image tower (e.g. `eva_giant_patch14_clip_224`): the model output (CLIP projection head) per image."""
+
+    def __init__(self, spec, model, preprocess, device, dtype):
+        dim = model.num_classes or model.num_features
+        super().__init__(spec, model, preprocess, dim, device, dtype)
+
+    def _image_features(self, pixel_values):
+        return self.model(pixel_values)
+
+
+def _clip_paths(spec: ComponentSpec, write_tiny) -> tuple[str, str, bool]:
+    """(model path, tokenizer path, local_files_only) of a CLIP-style spec; writes the tiny model first."""
+    if spec.tiny:
+        path = str(write_tiny(tiny_dir(spec), int(spec.options.get("seed", 0)), spec.options.get("vocab_texts", ())))
+        return path, path, True
+    path = resolve_pretrained(spec)
+    return path, str(spec.options.get("tokenizer") or path), not spec.allow_download
+
+
+@register_component("evaclip_hf")
+def build_evaclip(spec: ComponentSpec) -> EvaClipEncoder:
+    """EVA-CLIP (BAAI/EVA-CLIP-8B: 1280-d) via `AutoModel.from_pretrained(path, trust_remote_code=True)`;
+    `tiny: true` writes the tiny stand-in (see qkvqa.retrieval.tiny) and loads it the same way."""
+    from transformers import AutoModel, CLIPTokenizer
+
+    from qkvqa.retrieval.tiny import write_tiny_evaclip
+
+    path, tokenizer_path, local_only = _clip_paths(spec, write_tiny_evaclip)
+    device, dtype = _runtime(spec)
+    model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype, local_files_only=local_only)
+    for method in ("encode_image", "encode_text"):
+        if not callable(getattr(model, method, None)):
+            raise ConfigError(f"component evaclip_hf: {path} loads a {type(model).__name__} without `{method}`; "
+                              "point `pretrained` at an EVA-CLIP checkpoint (BAAI/EVA-CLIP-8B) or use kind clip_hf")
+    tokenizer = CLIPTokenizer.from_pretrained(tokenizer_path, local_files_only=local_only)
+    preprocess = preprocess_from_options(spec.options, _vision_image_size(model.config))
+    return EvaClipEncoder(spec, model, tokenizer, preprocess, device, dtype)
+
+
+@register_component("clip_hf")
+def build_clip(spec: ComponentSpec) -> HFClipEncoder:
+    """A transformers CLIPModel (e.g. openai/clip-vit-large-patch14) and its CLIP tokenizer."""
+    from transformers import CLIPModel, CLIPTokenizer
+
+    from qkvqa.retrieval.tiny import write_tiny_clip
+
+    path, tokenizer_path, local_only = _clip_paths(spec, write_tiny_clip)
+    device, dtype = _runtime(spec)
+    model = CLIPModel.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    tokenizer = CLIPTokenizer.from_pretrained(tokenizer_path, local_files_only=local_only)
+    preprocess = preprocess_from_options(spec.options, _vision_image_size(model.config))
+    return HFClipEncoder(spec, model, tokenizer, preprocess, device, dtype)
+
+
+def _vision_image_size(config) -> int:
+    vision = getattr(config, "vision_config", None)
+    return int(getattr(vision, "image_size", 224))
+
+
+def _timm_source(spec: ComponentSpec) -> str:
+    """The `timm.create_model` name: `local-dir:DIR` for a directory, else a timm name whose hub weights
+    must be in the local HF cache unless `allow_download`."""
+    ref = os.path.expanduser(str(spec.pretrained))
+    if os.path.isdir(ref):
+        if not (Path(ref) / "config.json").is_file():
+            raise MissingWeightsError(f"component timm_image: {ref} lacks config.json; it should be a directory "
+                                      "written by timm's save_for_hf or downloaded from a timm hub repo")
+        return f"local-dir:{ref}"
+    if spec.allow_download:
+        return ref
+    import timm
+    from huggingface_hub import try_to_load_from_cache
+
+    hub_id = ref.split(":", 1)[1] if ref.startswith("hf-hub:") else None
+    if hub_id is None:
+        try:
+            hub_id = timm.models.get_pretrained_cfg(ref).hf_hub_id
+        except (RuntimeError, AttributeError):
+            hub_id = None
+        if hub_id is None:
+            raise ConfigError(f"component timm_image: {ref!r} is neither a directory nor a timm model with hub weights")
+    if not any(isinstance(try_to_load_from_cache(hub_id, name), str) for name in TIMM_WEIGHT_FILES):
+        raise MissingWeightsError(
+            f"component timm_image: weights of {ref!r} ({hub_id}) are not in the local HF cache and downloads are off. "
+            f"Run `huggingface-cli download {hub_id} --local-dir weights/{hub_id}` and set pretrained: weights/{hub_id}, "
+            "or set allow_download: true.")
+    return ref
+
+
+@register_component("timm_image")
+def build_timm_image(spec: ComponentSpec) -> TimmImageEncoder:
+    """A timm image tower from a local directory (`local-dir:`) or a cached timm name; `tiny: true` writes a
+    tiny EVA tower with timm's `save_for_hf` and loads it back through `local-dir:`."""
+    import timm
+
+    from qkvqa.retrieval.tiny import write_tiny_timm
+
+    if spec.tiny:
+        source = f"local-dir:{write_tiny_timm(tiny_dir(spec), int(spec.options.get('seed', 0)))}"
+    else:
+        source = _timm_source(spec)
+    device, dtype = _runtime(spec)
+    model = timm.create_model(source, pretrained=True).to(dtype)
+    cfg = model.pretrained_cfg
+    preprocess = preprocess_from_options(spec.options, int(cfg.get("input_size", (3, 224, 224))[-1]),
+                                         cfg.get("mean", OPENAI_CLIP_MEAN), cfg.get("std", OPENAI_CLIP_STD))
+    return TimmImageEncoder(spec, model, preprocess, device, dtype)
+
+
+def build_encoders(image_spec: Any, text_spec: Optional[Any] = None):
+    """(image encoder, text encoder) from two specs; when they describe the same model it is built once."""
+    from qkvqa.components.registry import build_component, spec_from_mapping
+
+    image_spec = image_spec if isinstance(image_spec, ComponentSpec) else spec_from_mapping(image_spec)
+    image = build_component(image_spec)
+    if text_spec is None:
+        return image, None
+    text_spec = text_spec if isinstance(text_spec, ComponentSpec) else spec_from_mapping(text_spec)
+    if text_spec == image_spec:
+        return image, image
+    return image, build_component(text_spec)
