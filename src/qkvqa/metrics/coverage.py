@@ -52,7 +52,7 @@ def describe(report: dict) -> str:
 
 
 def check_coverage(report: dict, what: str, strict: bool) -> None:
-    """Raise DataError (a ValueError) under `strict` when coverage is incomplete; otherwise log a warning naming the gaps."""
+    """Under `strict`, raise DataError (a ValueError) when coverage is incomplete; otherwise log the gaps."""
     if is_complete(report):
         return
     message = f"{what}: predictions do not cover the references one-to-one: {describe(report)}"

@@ -1,0 +1,137 @@
+"""`qkvqa score infoseek|evqa`: official InfoSeek / E-VQA scores of a prediction file, as JSON plus a table."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+INFOSEEK_DESCRIPTION = """\
+Score InfoSeek predictions with the official rules (edchengg/infoseek_eval): exact match over
+answer_eval for String and Time, relaxed range accuracy for Numerical, overall = harmonic mean of the
+rounded unseen-question and unseen-entity scores. As in the official scorer, unknown ids are dropped,
+questions without a prediction are not counted and duplicates count twice; the `coverage` entry
+reports all three, and --strict makes them an error. JSON goes to stdout, a table to stderr."""
+
+EVQA_DESCRIPTION = """\
+Score E-VQA predictions with the official rules (google-research encyclopedic_vqa): exact match
+first, then the BEM judge for answers EM rejects. Predictions are JSONL {"data_id", "prediction"}
+joined with the question CSV by data_id (E-VQA_{i} among single-hop rows; E-VQA_2hop_{j} for 2_hop
+rows with --two-hop). Choose the judge: --bem DIR (a local BERT sequence classifier such as
+kortukov/answer-equivalence-bem), --bem-tiny (a random tiny model, for smoke tests) or --em-only.
+Results are labelled "EM only" or "BEM (PyTorch reproduction)". JSON goes to stdout, a table to stderr."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `score` command with its `infoseek` and `evqa` sub-commands."""
+    parser = subparsers.add_parser("score", help="score predictions with the official InfoSeek / E-VQA rules",
+                                   description="Score a prediction file with the official rules of a benchmark.")
+    sub = parser.add_subparsers(dest="score_command", metavar="<infoseek|evqa>", required=True)
+
+    infoseek = sub.add_parser("infoseek", help="official InfoSeek score", description=INFOSEEK_DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    infoseek.add_argument("--predictions", required=True, help="JSONL of {\"data_id\", \"prediction\"}")
+    infoseek.add_argument("--references", required=True, help="official reference JSONL (infoseek_val.jsonl)")
+    infoseek.add_argument("--qtypes", required=True, help="question-type JSONL (infoseek_val_qtype.jsonl)")
+    infoseek.add_argument("--strict", action="store_true",
+                          help="fail unless every reference id has exactly one prediction and none is unknown")
+    infoseek.set_defaults(func=_score_infoseek)
+
+    evqa = sub.add_parser("evqa", help="official E-VQA accuracy (EM, then BEM)", description=EVQA_DESCRIPTION,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    evqa.add_argument("--predictions", required=True, help="JSONL of {\"data_id\", \"prediction\"}")
+    evqa.add_argument("--questions", required=True, help="E-VQA question CSV (test.csv / val.csv)")
+    judge = evqa.add_mutually_exclusive_group(required=True)
+    judge.add_argument("--bem", metavar="PATH", help="BEM model directory (or a hub id already in the local cache)")
+    judge.add_argument("--bem-tiny", action="store_true", help="a random tiny BEM model (smoke tests only)")
+    judge.add_argument("--em-only", action="store_true", help="exact match only, no BEM")
+    evqa.add_argument("--two-hop", action="store_true", help="also score the 2_hop rows (ids E-VQA_2hop_{j})")
+    evqa.add_argument("--strict", action="store_true",
+                      help="fail unless every question has exactly one prediction and none is unknown")
+    evqa.add_argument("--batch-size", type=int, default=32, help="BEM batch size (default 32)")
+    evqa.add_argument("--device", default="auto", help="BEM device: auto | cpu | cuda[:N] (default auto)")
+    evqa.add_argument("--bem-overflow", choices=("raise", "truncate"), default="raise",
+                      help="inputs over 512 tokens: raise (default, like the official BEM) or truncate and count")
+    for command in (infoseek, evqa):
+        command.add_argument("--per-question", metavar="PATH",
+                             help="also write one JSON line per scored question to PATH")
+    evqa.set_defaults(func=_score_evqa)
+
+
+def _write_per_question(path: Optional[str], rows: list[dict]) -> None:
+    if path:
+        from qkvqa.utils.io import atomic_write_text
+
+        atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def _emit(result: dict, table: str) -> None:
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    print(table, file=sys.stderr)
+
+
+def _format(value) -> str:
+    return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _coverage_line(coverage: dict) -> str:
+    from qkvqa.metrics.coverage import describe
+
+    return f"coverage: {coverage['n_predictions']} predictions for {coverage['n_references']} questions; " \
+           f"{describe(coverage)}"
+
+
+def infoseek_table(result: dict) -> str:
+    """A markdown table of an InfoSeek result."""
+    lines = ["| split | score | time | numerical | string |", "|---|---|---|---|---|"]
+    for name, key in (("unseen question", "unseen_question_score"), ("unseen entity", "unseen_entity_score")):
+        split = result[key]
+        lines.append(f"| {name} | {_format(split['score'])} | {_format(split['score_time'])} | "
+                     f"{_format(split['score_num'])} | {_format(split['score_string'])} |")
+    lines.append(f"| **overall (HM)** | {_format(result['final_score'])} | | | |")
+    return "\n".join(lines + ["", _coverage_line(result["coverage"])])
+
+
+def evqa_table(result: dict) -> str:
+    """A markdown table of an E-VQA result."""
+    lines = [f"E-VQA accuracy, {result['label']}", "", "| subset | n | correct | accuracy (%) |", "|---|---|---|---|"]
+    rows = [(name, result[name]) for name in ("single_hop", "two_hop", "all")]
+    rows += [(f"type {name}", summary) for name, summary in result["per_question_type"].items()]
+    for name, summary in rows:
+        lines.append(f"| {name} | {summary['n']} | {summary['correct']:.0f} | {_format(summary['accuracy'])} |")
+    return "\n".join(lines + ["", _coverage_line(result["coverage"])])
+
+
+def _score_infoseek(args: argparse.Namespace) -> int:
+    from qkvqa.metrics.infoseek import evaluate_with_details
+
+    result, details = evaluate_with_details(args.predictions, args.references, args.qtypes, strict=args.strict)
+    _write_per_question(args.per_question, details)
+    _emit(result, infoseek_table(result))
+    return 0
+
+
+def _build_judge(args: argparse.Namespace, vocab_texts: list[str]):
+    from qkvqa.components.registry import ComponentSpec, build_component
+
+    if args.em_only:
+        return None
+    options = {"batch_size": args.batch_size, "overflow": args.bem_overflow}
+    if args.bem_tiny:
+        return build_component(ComponentSpec(kind="bem", tiny=True, device=args.device,
+                                             options={**options, "vocab_texts": vocab_texts}))
+    return build_component(ComponentSpec(kind="bem", pretrained=args.bem, device=args.device, options=options))
+
+
+def _score_evqa(args: argparse.Namespace) -> int:
+    from qkvqa.data.questions import read_evqa_csv
+    from qkvqa.metrics.evqa import evaluate_with_details
+
+    questions = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer,
+                  "question_type": q.question_type}
+                 for q in read_evqa_csv(args.questions, include_two_hop=args.two_hop)]
+    judge = _build_judge(args, [q["question"] + " " + q["answer"] for q in questions])
+    result, details = evaluate_with_details(args.predictions, questions, bem=judge, strict=args.strict)
+    _write_per_question(args.per_question, details)
+    _emit(result, evqa_table(result))
+    return 0
