@@ -116,7 +116,8 @@ def _iter_json_dict(path: Path, on_bytes) -> Iterator[tuple[str, Any, str]]:
                 yield key, value, f"entry {count}"
         except ijson.JSONError as e:
             where = f"after entry {count} (key {last_key!r})" if count else "before the first entry"
-            raise DataError(f"{path}: truncated or malformed KB JSON {where}, near byte {f.tell()}: {e}") from e
+            reason = " ".join(str(e).split())   # the parser's message spans several lines
+            raise DataError(f"{path}: truncated or malformed KB JSON {where}, near byte {f.tell()}: {reason}") from e
         if on_bytes is not None:
             on_bytes(f.tell())
 
@@ -197,7 +198,7 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
     source = Path(source).resolve()
     out_dir = Path(out_dir)
     if not source.is_file():
-        raise DataError(f"{source}: KB source file not found")
+        raise DataError(f"{source}: KB source file not found (or not a regular file)")
     kb_format = detect_kb_format(source) if kb_format == "auto" else kb_format
     out_dir.mkdir(parents=True, exist_ok=True)
     stat = source.stat()
