@@ -186,3 +186,33 @@ def test_a_non_world_directory_is_never_overwritten(tmp_path):
     with pytest.raises(DataError, match="not a synthetic world"):
         generate_world(tmp_path, entities=12)
     assert (tmp_path / "keep.txt").read_text() == "mine"
+
+
+def _colour_histogram(path: Path, size: int):
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(path).convert("RGB").resize((size, size), Image.BICUBIC), dtype=np.float32) / 255
+    bins = np.clip(pixels * 4, 0, 3.99).astype(int)
+    histogram = np.zeros(64)
+    np.add.at(histogram, bins[..., 0] * 16 + bins[..., 1] * 4 + bins[..., 2], 1)
+    return histogram / np.linalg.norm(histogram)
+
+
+@pytest.mark.parametrize("size", [28, 224])
+def test_signatures_survive_downscaling_and_retrieval_by_them_is_informative_but_imperfect(world, size):
+    import numpy as np
+
+    root = Path(world["dir"])
+    articles, queries = {}, []
+    for image in world["images"].values():
+        if image["status"] == "ok" and image["kind"] == "article":
+            articles.setdefault(image["entities"][0], root / image["path"])
+        elif image["status"] == "ok" and image["kind"] == "single":
+            queries.append((image["entities"][0], root / image["path"]))
+    ids = sorted(articles)
+    matrix = np.stack([_colour_histogram(articles[i], size) for i in ids])
+    queries = [(entity, path) for entity, path in queries if entity in articles]
+    top1 = sum(ids[int(np.argmax(matrix @ _colour_histogram(path, size)))] == entity for entity, path in queries)
+    accuracy = top1 / len(queries)
+    assert 5 / len(ids) < accuracy < 0.9

@@ -28,8 +28,8 @@ SCHEMA_VERSION = 1
 KB_FORMATS = ("json_dict", "jsonl")
 
 # The list fields of a KB entry (data-formats.md section 2.2), in storage order.
-STRING_LIST_FIELDS = ("section_titles", "section_texts", "image_urls", "image_reference_descriptions")
-LIST_FIELDS = STRING_LIST_FIELDS + ("image_section_indices",)
+LIST_FIELDS = ("section_titles", "section_texts", "image_urls", "image_reference_descriptions",
+               "image_section_indices")
 ISSUE_KINDS = ("no_image", "excluded_section", "malformed", "duplicate_key")
 
 _SCHEMA = """

@@ -95,8 +95,9 @@ class FactSpec:
     pool: tuple = ()               # choice / list values, or (low, high, unit) for numbers
 
 
-def _facts(noun_sections: dict[str, tuple]) -> tuple[FactSpec, ...]:
-    return tuple(FactSpec(key, *spec) for key, spec in noun_sections.items())
+def _facts(specs: dict[str, tuple]) -> tuple[FactSpec, ...]:
+    """FactSpecs from {key: (section, kind, sentence, templated, automatic[, pool])}."""
+    return tuple(FactSpec(key, *spec) for key, spec in specs.items())
 
 
 CATEGORIES: dict[str, dict[str, Any]] = {
@@ -268,10 +269,6 @@ class _Entity:
     image_mode: str = "csv"                                     # csv | url_store | none
     image_urls: list[str] = field(default_factory=list)
     related: Optional[int] = None                               # entity of the 2_hop question
-
-
-def _spec(entity: _Entity, key: str) -> FactSpec:
-    return next(f for f in CATEGORIES[entity.category]["facts"] if f.key == key)
 
 
 def _noun(entity: _Entity) -> str:

@@ -16,7 +16,6 @@ PALETTE = {
 }
 # Low-frequency patterns (period ~0.7 object radii), so that they survive a 28x28 downscale.
 PATTERNS = ("halves", "horizontal stripes", "vertical stripes", "checks", "rings", "diagonal bands")
-SHAPES = ("bird", "plant", "fish", "shell", "landmark", "insect")
 PATTERN_FREQUENCY = 1.5
 
 QUERY_SIZE = 128                   # query and article images are QUERY_SIZE x QUERY_SIZE
