@@ -28,6 +28,7 @@ def test_synth_then_kb_build_and_show(tmp_path, capsys):
     assert f"# Wiki Article: {first['title']}" in out and "References" not in out
 
     assert main(["kb", "show", "--store", str(tmp_path / "store"), "https://nowhere"]) == 1
+    assert "'https://nowhere' is not in the KB store" in capsys.readouterr().err
 
 
 def test_a_truncated_kb_is_one_clear_error_line(tmp_path, capsys):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers) -> None:
@@ -50,7 +51,7 @@ def _show(args: argparse.Namespace) -> int:
     try:
         article = store.get(int(args.key)) if args.key.isdigit() else store.get_by_url(args.key)
     except (KeyError, IndexError) as e:
-        print(f"qkvqa kb show: {e.args[0]}")
+        print(f"qkvqa kb show: {e.args[0]}", file=sys.stderr)
         return 1
     if args.sections:
         for section in article.candidate_sections():
