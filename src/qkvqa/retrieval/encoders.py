@@ -29,6 +29,9 @@ DEFAULT_BATCH_SIZE = 64
 CLIP_MAX_TEXT_TOKENS = 77
 TIMM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
                      "open_clip_pytorch_model.bin")
+# Options that change the vectors (and so belong to an encoder's identity); batch_size does not.
+VECTOR_OPTIONS = ("image_size", "preprocess", "target_ratio", "pad_color", "max_text_tokens", "tokenizer",
+                  "vocab_texts")
 
 
 def weights_identity(spec: ComponentSpec) -> str:
@@ -40,6 +43,17 @@ def weights_identity(spec: ComponentSpec) -> str:
     if os.path.isdir(os.path.expanduser(ref)):
         return "/".join(Path(os.path.expanduser(ref)).resolve().parts[-2:])
     return ref
+
+
+def encoder_identity(spec: ComponentSpec | Any) -> dict:
+    """What the vectors of a spec depend on (kind, weights, vector-changing options), computed without loading
+    the model; embedding and index manifests store it and refuse to mix vectors of different identities."""
+    from qkvqa.components.registry import spec_from_mapping
+
+    spec = spec if isinstance(spec, ComponentSpec) else spec_from_mapping(spec)
+    options = {k: spec.options[k] for k in VECTOR_OPTIONS if k in spec.options}
+    return {"kind": spec.kind, "weights": weights_identity(spec),
+            "options": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in sorted(options.items())}}
 
 
 def _runtime(spec: ComponentSpec):
@@ -65,8 +79,7 @@ class RetrievalEncoder:
         self.device = device
         self.dtype = dtype
         self.batch_size = int(spec.options.get("batch_size", DEFAULT_BATCH_SIZE))
-        self.identity = {"kind": spec.kind, "weights": weights_identity(spec), "dim": self.dim,
-                         "preprocess": preprocess.describe()}
+        self.identity = encoder_identity(spec)
 
     def _image_features(self, pixel_values):
         raise NotImplementedError

@@ -1,0 +1,311 @@
+"""faiss indexes over KB embedding sets: factory-string builds (GPU when present), manifests, stale checks, article search.
+
+An index directory holds `index.faiss`, `vector_rows.npy` (int64: vector row -> KB row, the KB
+entry index both anchors use) and `manifest.json`, written last: mode, factory string, metric,
+dim, vector count, KB URL checksum and article count, the encoders of both sides, the text source
+(lead section or summaries), the embedding set it came from and the images skipped there.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from qkvqa.errors import ConfigError, DataError, StaleArtifactError
+from qkvqa.retrieval.embed import EmbeddingSet, check_mode
+from qkvqa.utils.io import atomic_write_json, read_json
+from qkvqa.utils.logging import get_logger
+from qkvqa.utils.progress import progress
+
+log = get_logger(__name__)
+
+INDEX_FORMAT = 1
+INDEX_FILE = "index.faiss"
+ROWS_FILE = "vector_rows.npy"
+MANIFEST_FILE = "manifest.json"
+MODE_OF_SET = {"kb_text": "image_to_summary", "kb_images": "image_to_image"}
+
+
+def factory_slug(factory: str) -> str:
+    """A directory-safe form of a factory string (`IVF4096,PQ64` -> `IVF4096_PQ64`)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", factory).strip("_")
+
+
+def gpu_available() -> bool:
+    """True when this faiss build has GPU support and sees a GPU."""
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def _ivf_nlist(index) -> Optional[int]:
+    import faiss
+
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        return None
+
+
+def _to_gpu(index, what: str):
+    """The index on every GPU, or the CPU index when this index type has no GPU version."""
+    import faiss
+
+    try:
+        return faiss.index_cpu_to_all_gpus(index), True
+    except RuntimeError as e:
+        log.info("%s stays on CPU (no GPU version of this index type: %s)", what, str(e).splitlines()[0])
+        return index, False
+
+
+def _sample(emb: EmbeddingSet, records: dict[int, dict], n: int, seed: int) -> np.ndarray:
+    """`n` vectors drawn uniformly without replacement (seeded), as float32."""
+    counts = np.array([int(records[i]["count"]) for i in range(emb.n_shards)], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    chosen = np.sort(np.random.default_rng(seed).choice(int(offsets[-1]), size=n, replace=False))
+    parts = []
+    for i in range(emb.n_shards):
+        local = chosen[(chosen >= offsets[i]) & (chosen < offsets[i + 1])] - offsets[i]
+        if len(local):
+            vectors, _ = emb.shard(i)
+            parts.append(np.asarray(vectors[local], dtype=np.float32))
+    return np.concatenate(parts)
+
+
+def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, factory: str = "Flat",
+                query_encoder: dict, train_size: int = 262144, add_batch: int = 65536, use_gpu: bool = True,
+                seed: int = 0, rebuild_hint: str = "qkvqa embed") -> dict:
+    """Build a faiss index (inner product on unit vectors) over a complete KB embedding set; returns the manifest.
+
+    Untrained index types (IVF, PQ) train on `train_size` vectors sampled with `seed`; vectors are then
+    converted to float32, re-normalised and added `add_batch` at a time from memory-mapped shards, so
+    the RAM beside the index itself stays one batch. `query_encoder` is the identity of the image
+    encoder that will embed the queries (recorded and checked at load time).
+    """
+    import faiss
+
+    started = time.time()
+    mode = MODE_OF_SET.get(emb.kind)
+    if mode is None:
+        raise ConfigError(f"{emb.path} holds {emb.kind} vectors; an index is built over kb_text or kb_images")
+    records = emb.require_complete(rebuild_hint)
+    source = emb.manifest["source"]
+    if source["kb_url_checksum"] != kb_store.url_checksum:
+        raise StaleArtifactError(f"embedding set {emb.path} was computed for another KB (URL checksum "
+                                 f"{source['kb_url_checksum']}, the KB store {kb_store.store_dir} has "
+                                 f"{kb_store.url_checksum}); re-embed with `{rebuild_hint}`")
+    dim = emb.dim(records)
+    count = sum(int(r["count"]) for r in records.values())
+    if not count or dim is None:
+        raise DataError(f"embedding set {emb.path} holds no vectors (skipped: {emb.counts(records)})")
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        raise ConfigError(f"retrieval.index_factory: faiss cannot build {factory!r} ({str(e).splitlines()[0]}); "
+                          "examples: Flat, IVF4096,Flat, IVF4096,PQ64, HNSW32") from None
+    nlist = _ivf_nlist(index)
+    n_train = min(count, int(train_size))
+    if nlist is not None and n_train < nlist:
+        raise ConfigError(f"retrieval.index_factory={factory!r} has {nlist} IVF lists but only {n_train} training "
+                          f"vectors (faiss wants >= 39 per list); use Flat or IVF{max(1, n_train // 39)},...")
+    on_gpu = False
+    if use_gpu and gpu_available():
+        index, on_gpu = _to_gpu(index, factory)
+    needs_training = not index.is_trained
+    if needs_training:
+        sample = _sample(emb, records, n_train, seed)
+        faiss.normalize_L2(sample)
+        log.info("training %s on %d vectors (dim %d)%s", factory, len(sample), dim, " on GPU" if on_gpu else "")
+        try:
+            index.train(sample)
+        except RuntimeError as e:
+            raise ConfigError(f"retrieval.index_factory={factory!r}: training on {len(sample)} vectors failed "
+                              f"({str(e).splitlines()[0]})") from None
+        del sample
+    rows = np.empty(count, dtype=np.int64)
+    filled = 0
+    with progress(total=count, desc=f"index add {factory}", unit="vec") as bar:
+        for _, vectors, ids in emb.iter_shards():
+            for start in range(0, len(vectors), max(1, int(add_batch))):
+                chunk = np.array(vectors[start:start + add_batch], dtype=np.float32)
+                faiss.normalize_L2(chunk)
+                index.add(chunk)
+                bar.update(len(chunk))
+            rows[filled:filled + len(ids)] = [i if isinstance(i, int) else i[0] for i in ids]
+            filled += len(ids)
+    if on_gpu:
+        index = faiss.index_gpu_to_cpu(index)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST_FILE).unlink(missing_ok=True)      # the manifest, written last, marks a complete index
+    tmp = out_dir / f".{INDEX_FILE}.partial-{os.getpid()}"
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, out_dir / INDEX_FILE)
+    tmp_rows = out_dir / f".{ROWS_FILE}.partial-{os.getpid()}"
+    with open(tmp_rows, "wb") as f:
+        np.save(f, rows)
+    os.replace(tmp_rows, out_dir / ROWS_FILE)
+    text_source = None
+    if mode == "image_to_summary":
+        text_source = {"summary_source": source["summary_source"], **({"summaries": source["summaries"]}
+                                                                       if "summaries" in source else {})}
+    manifest = {
+        "format": INDEX_FORMAT, "mode": mode, "factory": factory, "metric": "inner_product", "dim": int(dim),
+        "count": int(count), "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store),
+                                    "store": str(kb_store.store_dir)},
+        "encoder": {"kb": emb.manifest["encoder"], "query": query_encoder}, "text_source": text_source,
+        "embeddings": {"path": str(emb.path), "what": emb.kind, "dtype": emb.manifest["dtype"]},
+        "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": n_train if needs_training else 0,
+        "kb_skipped": emb.counts(records), "gpu": on_gpu, "faiss_version": faiss.__version__,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.time() - started, 3)}
+    atomic_write_json(out_dir / MANIFEST_FILE, manifest)
+    log.info("index %s: %d vectors, dim %d, %s, %s, built in %.1fs", out_dir, count, dim, factory, mode,
+             manifest["build_seconds"])
+    return manifest
+
+
+@dataclass
+class LoadedIndex:
+    """A faiss index with its manifest and vector -> KB row mapping."""
+
+    path: Path
+    index: Any
+    manifest: dict
+    vector_rows: np.ndarray
+
+    @property
+    def mode(self) -> str:
+        return self.manifest["mode"]
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    def set_search_params(self, nprobe: Optional[int] = None, ef_search: Optional[int] = None) -> None:
+        """nprobe for IVF indexes and efSearch for HNSW ones (ignored by index types without them)."""
+        import faiss
+
+        space = faiss.GpuParameterSpace() if "Gpu" in type(self.index).__name__ else faiss.ParameterSpace()
+        for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
+            if value is None:
+                continue
+            try:
+                space.set_index_parameter(self.index, name, int(value))
+            except RuntimeError:
+                pass                     # this index type has no such parameter
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, KB rows) [N, k] of the k nearest vectors; row -1 where fewer than k were found."""
+        import faiss
+
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise StaleArtifactError(f"query vectors have dim {queries.shape[-1]} but the index {self.path} has dim "
+                                     f"{self.dim}: the query encoder is not the one the index was built for")
+        faiss.normalize_L2(queries)
+        k = min(int(k), int(self.index.ntotal))
+        scores, ids = self.index.search(queries, k)
+        rows = np.where(ids >= 0, self.vector_rows[np.clip(ids, 0, None)], -1)
+        return scores, rows
+
+
+def index_differences(manifest: dict, *, kb_store, mode: Optional[str] = None,
+                      encoders: Optional[dict] = None) -> list[str]:
+    """What differs between an index manifest and the KB store / expected mode / encoders (empty when it fits)."""
+    diffs = []
+    if manifest.get("format") != INDEX_FORMAT:
+        diffs.append(f"index format {manifest.get('format')} (this qkvqa writes {INDEX_FORMAT})")
+    kb = manifest.get("kb", {})
+    if kb.get("url_checksum") != kb_store.url_checksum:
+        diffs.append(f"KB URL checksum: index {kb.get('url_checksum')}, KB store {kb_store.url_checksum}")
+    if kb.get("articles") != len(kb_store):
+        diffs.append(f"KB article count: index {kb.get('articles')}, KB store {len(kb_store)}")
+    if mode is not None and manifest.get("mode") != mode:
+        diffs.append(f"mode: index {manifest.get('mode')}, config {mode}")
+    for side, expected in (encoders or {}).items():
+        built = manifest.get("encoder", {}).get(side)
+        if expected is not None and built != expected:
+            diffs.append(f"{side} encoder: index {built}, config {expected}")
+    return diffs
+
+
+def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = None,
+               encoders: Optional[dict] = None, use_gpu: bool = False,
+               rebuild_hint: str = "qkvqa embed ... && qkvqa index build ...") -> LoadedIndex:
+    """Open an index and refuse it (StaleArtifactError saying what differs and how to rebuild) when its
+    manifest does not match the KB store, the expected `mode` or `encoders` ({"kb": id, "query": id}),
+    or its files disagree with the manifest (count, dim)."""
+    import faiss
+
+    path = Path(index_dir)
+    if not (path / MANIFEST_FILE).is_file():
+        raise StaleArtifactError(f"no complete index at {path} (manifest.json missing); build it with `{rebuild_hint}`")
+    manifest = read_json(path / MANIFEST_FILE)
+    if mode is not None:
+        check_mode(mode)
+    diffs = index_differences(manifest, kb_store=kb_store, mode=mode, encoders=encoders)
+    index = faiss.read_index(str(path / manifest.get("index_file", INDEX_FILE)))
+    rows = np.load(path / manifest.get("row_mapping", ROWS_FILE))
+    if index.ntotal != manifest.get("count") or len(rows) != manifest.get("count"):
+        diffs.append(f"vector count: manifest {manifest.get('count')}, {INDEX_FILE} {index.ntotal}, "
+                     f"{ROWS_FILE} {len(rows)}")
+    if index.d != manifest.get("dim"):
+        diffs.append(f"dim: manifest {manifest.get('dim')}, {INDEX_FILE} {index.d}")
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(kb_store)):
+        diffs.append(f"KB rows out of range: {ROWS_FILE} spans {rows.min()}..{rows.max()}, KB has {len(kb_store)}")
+    if diffs:
+        raise StaleArtifactError(f"index {path} does not match: " + "; ".join(diffs) + f". Rebuild it: {rebuild_hint}")
+    if use_gpu and gpu_available():
+        index, _ = _to_gpu(index, str(path))
+    return LoadedIndex(path, index, manifest, rows)
+
+
+def search_articles(loaded: LoadedIndex, queries: np.ndarray, k: int, *, nprobe: Optional[int] = None,
+                    ef_search: Optional[int] = None, image_search_factor: int = 4,
+                    batch_size: int = 4096) -> list[list[tuple[int, float]]]:
+    """Top-k (KB row, similarity) per query, best first, at most one entry per article.
+
+    image_to_summary: one vector per article, the k nearest. image_to_image: vectors are images, so
+    k * image_search_factor images are searched and deduplicated by article keeping each article's best
+    image (EchoSight); queries left with fewer than k articles are searched again with 4x more images
+    until k articles are found or the whole index is covered.
+    """
+    loaded.set_search_params(nprobe, ef_search)
+    ntotal = int(loaded.index.ntotal)
+    out: list[list[tuple[int, float]]] = []
+    for start in range(0, len(queries), max(1, int(batch_size))):
+        batch = queries[start:start + batch_size]
+        if loaded.mode == "image_to_summary":
+            scores, rows = loaded.search(batch, k)
+            out.extend(_dedupe(r, s, k) for r, s in zip(rows, scores))
+            continue
+        width = min(ntotal, k * max(1, int(image_search_factor)))
+        results: list[Optional[list]] = [None] * len(batch)
+        todo = np.arange(len(batch))
+        while len(todo):
+            scores, rows = loaded.search(batch[todo], width)
+            short = []
+            for j, r, s in zip(todo, rows, scores):
+                results[j] = _dedupe(r, s, k)
+                if len(results[j]) < k and width < ntotal:
+                    short.append(j)
+            todo = np.array(short, dtype=np.int64)
+            width = min(ntotal, width * 4)
+        out.extend(results)
+    return out
+
+
+def _dedupe(rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The first (best) hit of each article, at most k, skipping faiss's -1 padding."""
+    seen: dict[int, float] = {}
+    for row, score in zip(rows.tolist(), scores.tolist()):
+        if row >= 0 and row not in seen:
+            seen[row] = score
+            if len(seen) == k:
+                break
+    return list(seen.items())

@@ -1,0 +1,85 @@
+"""Retrieval results files keyed by data_id: written in OMGM's layout, read in OMGM's or EchoSight's.
+
+OMGM (written): `{data_id: {"retrieved_entities": [{"url", "title"}, ...], "retrieval_similarities": [...]}}`.
+EchoSight (read): `{data_id: {"retrieved_entries": [url, ...], "retrieval_similarities": [...], ...}}`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from qkvqa.errors import DataError
+from qkvqa.utils.io import atomic_write_text
+
+
+@dataclass
+class Retrieved:
+    """The ranked articles of one question: URLs, titles (None when the file has none) and similarities."""
+
+    urls: list[str] = field(default_factory=list)
+    titles: list[Optional[str]] = field(default_factory=list)
+    similarities: list[float] = field(default_factory=list)
+
+    def to_omgm(self) -> dict:
+        """The OMGM step-1 value of this question."""
+        return {"retrieved_entities": [{"url": u, "title": t} for u, t in zip(self.urls, self.titles)],
+                "retrieval_similarities": [float(s) for s in self.similarities]}
+
+
+def write_results(path: str | os.PathLike, results: Mapping[str, Retrieved]) -> Path:
+    """Write results in the OMGM layout, atomically; returns the path."""
+    path = Path(path)
+    atomic_write_text(path, json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False))
+    return path
+
+
+def _entry(path: Path, qid: str, value: object) -> Retrieved:
+    def fail(problem: str) -> DataError:
+        return DataError(f"{path}: data_id {qid!r}: {problem}")
+
+    if not isinstance(value, dict):
+        raise fail(f"expected an object, found {type(value).__name__}")
+    if "retrieved_entities" in value:
+        entries = value["retrieved_entities"]
+    elif "retrieved_entries" in value:
+        entries = value["retrieved_entries"]
+    else:
+        raise fail("neither 'retrieved_entities' (OMGM) nor 'retrieved_entries' (EchoSight) is present")
+    if not isinstance(entries, list):
+        raise fail("the retrieved list is not a list")
+    urls, titles = [], []
+    for entry in entries:
+        if isinstance(entry, str):
+            urls.append(entry)
+            titles.append(None)
+        elif isinstance(entry, dict) and isinstance(entry.get("url"), str):
+            urls.append(entry["url"])
+            titles.append(entry.get("title"))
+        else:
+            raise fail(f"a retrieved entry must be a URL or an object with 'url', found {json.dumps(entry)[:80]}")
+    similarities = value.get("retrieval_similarities", [])
+    if not isinstance(similarities, list) or len(similarities) != len(urls):
+        raise fail(f"'retrieval_similarities' must be a list as long as the {len(urls)} retrieved entries")
+    try:
+        similarities = [float(s) for s in similarities]
+    except (TypeError, ValueError):
+        raise fail("'retrieval_similarities' holds a value that is not a number") from None
+    return Retrieved(urls, titles, similarities)
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Retrieved]:
+    """Read a results file in the OMGM or EchoSight layout (DataError naming the file and data_id when malformed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: retrieval results file not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {e.lineno}: malformed JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected an object keyed by data_id, found {type(data).__name__}")
+    return {str(qid): _entry(path, str(qid), value) for qid, value in data.items()}

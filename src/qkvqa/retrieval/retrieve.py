@@ -1,0 +1,170 @@
+"""Stage 1 from a config: the KB set and index of `retrieval.mode`, top-K articles for a split, Recall@K.
+
+These are the in-process entry points of the pipeline and the QFF trainer:
+`build_index_from_config(cfg)`, `load_index_from_config(cfg)` and `retrieve_split(cfg, split)`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from qkvqa.errors import ConfigError, StaleArtifactError
+from qkvqa.retrieval.embed import Embedder, EmbeddingSet, datamodule_for, check_mode, kb_set_kind
+from qkvqa.retrieval.index import LoadedIndex, build_index, factory_slug, load_index, search_articles
+from qkvqa.retrieval.results import Retrieved, read_results
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+RECALL_KS = (1, 5, 10, 20)
+
+
+def rebuild_hint(cfg) -> str:
+    """The commands that (re)build the KB embeddings and index of this config."""
+    args = f"experiment={cfg.experiment} retrieval.mode={cfg.retrieval.mode}"
+    if cfg.retrieval.index_dir:
+        args += f" retrieval.index_dir={cfg.retrieval.index_dir}"
+    return f"qkvqa embed {args} && qkvqa index build {args}"
+
+
+def expected_encoders(cfg) -> dict:
+    """Identities of the encoders of both index sides under this config: {"kb": ..., "query": ...}."""
+    from qkvqa.retrieval.encoders import encoder_identity
+
+    kb_spec = cfg.components.text_encoder if kb_set_kind(cfg.retrieval.mode) == "kb_text" else cfg.components.image_encoder
+    return {"kb": encoder_identity(kb_spec), "query": encoder_identity(cfg.components.image_encoder)}
+
+
+def index_dir_for(cfg, kb_set_path: Path) -> Path:
+    """retrieval.index_dir, else {paths.cache_dir}/indexes/{KB embedding set}/{factory}."""
+    if cfg.retrieval.index_dir:
+        return Path(cfg.retrieval.index_dir).expanduser()
+    return Path(cfg.paths.cache_dir).expanduser() / "indexes" / kb_set_path.name / factory_slug(cfg.retrieval.index_factory)
+
+
+def build_index_from_config(cfg, datamodule=None) -> tuple[Path, dict]:
+    """Build the index of `retrieval.mode` over the config's (complete) KB embedding set; (index dir, manifest)."""
+    dm = datamodule if datamodule is not None else datamodule_for(cfg)
+    embedder = Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm)
+    path = embedder.set_path()
+    hint = rebuild_hint(cfg).split(" && ")[0]
+    if not (path / "manifest.json").is_file():
+        raise StaleArtifactError(f"no {embedder.kind} embeddings for this config at {path}; compute them with `{hint}`")
+    out_dir = index_dir_for(cfg, path)
+    r = cfg.retrieval
+    manifest = build_index(EmbeddingSet.open(path), out_dir, kb_store=dm.kb_store(), factory=r.index_factory,
+                           query_encoder=expected_encoders(cfg)["query"], train_size=r.index_train_size,
+                           add_batch=r.index_add_batch, use_gpu=r.index_gpu, seed=cfg.seed, rebuild_hint=hint)
+    return out_dir, manifest
+
+
+def load_index_from_config(cfg, datamodule=None) -> LoadedIndex:
+    """The config's index, checked against its KB store, mode and encoders (StaleArtifactError otherwise)."""
+    dm = datamodule if datamodule is not None else datamodule_for(cfg)
+    if cfg.retrieval.index_dir:
+        index_dir = Path(cfg.retrieval.index_dir).expanduser()
+    else:
+        index_dir = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm).set_path())
+    return load_index(index_dir, kb_store=dm.kb_store(), mode=check_mode(cfg.retrieval.mode),
+                      encoders=expected_encoders(cfg), use_gpu=cfg.retrieval.index_gpu, rebuild_hint=rebuild_hint(cfg))
+
+
+def recall_ks(top_k: int) -> list[int]:
+    """Recall cut-offs reported for a top-K retrieval: 1, 5, 10, 20 up to K, and K itself."""
+    return sorted({k for k in RECALL_KS if k <= top_k} | {top_k})
+
+
+def retrieval_metrics(results: dict[str, Retrieved], questions: Sequence[Any], *, dataset: str, top_k: int,
+                      two_hop_policy: str = "exclude") -> dict:
+    """Recall@K (percent, qkvqa.metrics.retrieval) of `results` over `questions` (E-VQA: with the 2_hop policy;
+    InfoSeek: questions without a gold URL, as in the official JSONL, are left out and counted)."""
+    from qkvqa.metrics.retrieval import evqa_recall_at_k, recall_at_k
+
+    rankings = {qid: r.urls for qid, r in results.items()}
+    ks = recall_ks(top_k)
+    if dataset == "evqa":
+        rows = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type}
+                for q in questions]
+        return evqa_recall_at_k(rankings, rows, ks, two_hop_policy)
+    gold = {q.data_id: tuple(q.gold_urls) for q in questions if q.gold_urls}
+    return {**recall_at_k(rankings, gold, ks), "n_without_gold": len(questions) - len(gold)}
+
+
+@dataclass
+class SplitRetrieval:
+    """Results of one split with their metrics and the query images that could not be used."""
+
+    split: str
+    results: dict[str, Retrieved]
+    metrics: dict
+    skipped_images: list[dict] = field(default_factory=list)
+    query_set: Optional[Path] = None
+
+
+def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: Optional[LoadedIndex] = None,
+                   encoder=None) -> SplitRetrieval:
+    """Top-`retrieval.top_k` articles for every question of `split` (default retrieval.split) and their Recall@K.
+
+    Query images are embedded into (or read from) the resumable query_images set, then searched in
+    the config's index (loaded and checked unless `index` is given); questions whose image is missing
+    get an empty ranking (counted). With `retrieval.results` set, that file (OMGM or EchoSight layout)
+    is read instead and only scored. `encoder` is the image encoder to reuse for query images.
+    """
+    split = split or cfg.retrieval.split
+    dm = datamodule if datamodule is not None else datamodule_for(cfg)
+    questions = dm.questions(split)
+    top_k = int(cfg.retrieval.top_k)
+    if top_k < 1:
+        raise ConfigError(f"retrieval.top_k must be >= 1, got {top_k}")
+    if cfg.retrieval.results:
+        results, skipped, query_set = _read_for_split(cfg, dm, questions), [], None
+    else:
+        results, skipped, query_set = _search_split(cfg, dm, split, questions, top_k, index, encoder)
+    metrics = retrieval_metrics(results, questions, dataset=dm.config.dataset, top_k=top_k,
+                                two_hop_policy=cfg.retrieval.two_hop_policy)
+    metrics["n_missing_query_images"] = sum(1 for q in questions if not results.get(q.data_id, Retrieved()).urls)
+    return SplitRetrieval(split, results, metrics, skipped, query_set)
+
+
+def _read_for_split(cfg, dm, questions) -> dict[str, Retrieved]:
+    """retrieval.results restricted to the split's questions, titles filled from the KB where the file has none."""
+    from qkvqa.data.config import resolve_data_path
+
+    path = resolve_data_path(dm.config, cfg.retrieval.results)
+    stored = read_results(path)
+    store = dm.kb_store()
+    results = {}
+    for q in questions:
+        r = stored.get(q.data_id, Retrieved())
+        titles = [t if t is not None else (store.get_by_url(u).title if u in store else None)
+                  for u, t in zip(r.urls, r.titles)]
+        results[q.data_id] = Retrieved(r.urls, titles, r.similarities)
+    missing = sum(1 for q in questions if q.data_id not in stored)
+    log.info("read %s: %d of %d questions have results", path, len(questions) - missing, len(questions))
+    return results
+
+
+def _search_split(cfg, dm, split, questions, top_k, index, encoder):
+    r = cfg.retrieval
+    if index is None:
+        index = load_index_from_config(cfg, dm)
+    report = Embedder(cfg, "query_images", split, dm).run(encoder)
+    vectors, ids = report.set.load_all()
+    hits = search_articles(index, vectors, top_k, nprobe=r.nprobe, ef_search=r.hnsw_ef_search,
+                           image_search_factor=r.image_search_factor, batch_size=r.search_batch_size)
+    store = dm.kb_store()
+    rows = sorted({row for hit in hits for row, _ in hit})
+    articles = {a.row_id: a for a in store.get_many(rows)} if rows else {}
+    by_image = {tuple(key): hit for key, hit in zip(ids, hits)}
+    results = {}
+    for q in questions:
+        hit = by_image.get((q.dataset_name, q.image_id), [])
+        results[q.data_id] = Retrieved([articles[row].url for row, _ in hit], [articles[row].title for row, _ in hit],
+                                       [float(s) for _, s in hit])
+    return results, report.set.skipped(), report.set.path
+
+
+def summary_values(split: str, metrics: dict) -> dict:
+    """Run-summary keys `retrieval/{split}/{name}` of the numeric and policy metrics."""
+    return {f"retrieval/{split}/{name}": value for name, value in metrics.items()}
