@@ -1,0 +1,316 @@
+"""The `blip2_qff` component: loads the QFF model (HF, LAVIS or qkvqa checkpoint, or tiny) with its tokenizer and image processor."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.errors import ConfigError, MissingWeightsError
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+# Blip2Config of Salesforce/blip2-itm-vit-g (models.md §1.5); the default base config of a LAVIS checkpoint.
+ITM_VIT_G_CONFIG = {"vision_config": {"image_size": 224},
+                    "qformer_config": {"vocab_size": 30523, "use_qformer_text_input": True}}
+
+# models.md §8 tiny BLIP-2 retrieval model; every entry can be overridden through `spec.options`.
+TINY_DEFAULTS = {"image_size": 28, "patch_size": 14, "vision_hidden_size": 32, "vision_layers": 2,
+                 "hidden_size": 32, "num_layers": 2, "num_heads": 4, "cross_attention_frequency": 1,
+                 "num_query_tokens": 4, "max_position_embeddings": 128, "embed_dim": 16}
+
+# Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
+RUNTIME_DEFAULTS = {"focus": None, "freeze_vit": True, "gradient_checkpointing": False, "max_text_tokens": 512,
+                    "question_max_tokens": 64, "blip_text_preprocess": False, "score_direction": "question_to_section",
+                    "section_batch_size": 64}
+
+# Loading settings: tiny vocabulary and seed; LAVIS base config, tokenizer and separate EVA ViT weights.
+LOADING_DEFAULTS = {"vocab_texts": (), "seed": 0, "base_config": None, "tokenizer": "bert-base-uncased",
+                    "vision_checkpoint": None}
+
+KNOWN_OPTIONS = {**TINY_DEFAULTS, **RUNTIME_DEFAULTS, **LOADING_DEFAULTS}
+
+
+class QFFComponent:
+    """A QFF model bundled with its tokenizer and image processor; tokenises, preprocesses and scores sections.
+
+    `model` is the `QFFModel` (see `qkvqa.qff.model`); the trainer calls its encoders directly, the
+    reranker calls `score_sections` and feeds the result to `qkvqa.qff.scoring.rerank`.
+    """
+
+    def __init__(self, model, tokenizer, image_processor, *, focus: Optional[str] = None, max_text_tokens: int = 512,
+                 question_max_tokens: int = 64, blip_text_preprocess: bool = False,
+                 score_direction: str = "question_to_section", section_batch_size: int = 64):
+        from qkvqa.qff.scoring import SCORE_DIRECTIONS
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.focus = focus or model.focus
+        if self.focus not in (model.focus, "none"):
+            raise ConfigError(f"qff.focus={self.focus!r}, but the loaded QFF model was built with focus="
+                              f"{model.focus!r}; use {model.focus!r} or 'none'")
+        if score_direction not in SCORE_DIRECTIONS:
+            raise ConfigError(f"qff.score_direction must be one of {SCORE_DIRECTIONS}, got {score_direction!r}")
+        self.max_text_tokens = min(int(max_text_tokens), model.max_text_tokens)
+        self.question_max_tokens = min(int(question_max_tokens), model.max_text_tokens)
+        self.blip_text_preprocess = bool(blip_text_preprocess)
+        self.score_direction = score_direction
+        self.section_batch_size = int(section_batch_size)
+
+    @property
+    def device(self):
+        """The device the model's Q-Former lives on."""
+        return self.model.base.qformer.layernorm.weight.device
+
+    # ------------------------------------------------------------------ inputs
+    def prepare_text(self, text: str) -> str:
+        """The text as the model sees it: LAVIS `blip_caption` cleaning when `blip_text_preprocess` is on."""
+        if self.blip_text_preprocess:
+            from qkvqa.data.sections import blip_caption
+
+            return blip_caption(text)
+        return text
+
+    def tokenize_questions(self, questions: Sequence[str]):
+        """`input_ids` / `attention_mask` `[B, L]` on the model's device, ≤ `question_max_tokens`, padded to the longest."""
+        return self._tokenize(questions, self.question_max_tokens)
+
+    def tokenize_sections(self, sections: Sequence[str]):
+        """`input_ids` / `attention_mask` `[B, L]` on the model's device, ≤ `max_text_tokens` (512), padded to the longest."""
+        return self._tokenize(sections, self.max_text_tokens)
+
+    def _tokenize(self, texts: Sequence[str], max_length: int):
+        batch = self.tokenizer([self.prepare_text(t) for t in texts], padding="longest", truncation=True,
+                               max_length=max_length, return_tensors="pt")
+        return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
+
+    def preprocess_images(self, images: Sequence[Any]):
+        """`[N, 3, S, S]` pixel values (PIL images in), in the ViT's dtype on its device."""
+        pixels = self.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+        return pixels.to(device=self.model.base.vision_model.device, dtype=self.model.vision_dtype)
+
+    # ------------------------------------------------------------------ inference
+    def encode_question(self, question: str, image: Any):
+        """The QuestionEncoding of one (question, image) pair."""
+        tokens = self.tokenize_questions([question])
+        image_states = self.model.encode_image(self.preprocess_images([image]))
+        return self.model.encode_question(tokens["input_ids"], tokens["attention_mask"], image_states)
+
+    def score_sections(self, question: str, question_image: Any, article_images: Sequence[Any],
+                       article_sections: Sequence[Sequence[str]], focus: Optional[str] = None) -> list[list[float]]:
+        """Late-interaction scores of every section of every article for one question (OMGM `sec_sim` shape).
+
+        `article_images[i]` is article i's main image (None when it has none); `article_sections[i]`
+        its candidate section strings. Each article image goes through the ViT once; sections are
+        encoded in batches of `section_batch_size`, sorted by length to keep padding small. Articles
+        without an image or without sections get `[]` (their QFF score is 0 in `rerank`).
+        """
+        import torch
+
+        from qkvqa.qff.scoring import late_interaction
+
+        if len(article_images) != len(article_sections):
+            raise ValueError(f"{len(article_images)} article images but {len(article_sections)} section lists")
+        scored = [i for i, (image, sections) in enumerate(zip(article_images, article_sections))
+                  if image is not None and len(sections) > 0]
+        scores: list[list[float]] = [[] for _ in article_sections]
+        if not scored:
+            return scores
+        batch_size = self.section_batch_size
+        with torch.inference_mode():
+            question_enc = self.encode_question(question, question_image)
+            pixels = self.preprocess_images([article_images[i] for i in scored])
+            image_states = torch.cat([self.model.encode_image(pixels[s:s + batch_size])
+                                      for s in range(0, len(scored), batch_size)])
+            flat = [(row, i, j) for row, i in enumerate(scored) for j in range(len(article_sections[i]))]
+            ids = self.tokenizer([self.prepare_text(article_sections[i][j]) for _, i, j in flat], truncation=True,
+                                 max_length=self.max_text_tokens)["input_ids"]
+            for i in scored:
+                scores[i] = [0.0] * len(article_sections[i])
+            order = sorted(range(len(flat)), key=lambda n: len(ids[n]))
+            for start in range(0, len(order), batch_size):
+                batch = order[start:start + batch_size]
+                input_ids, attention_mask = self._pad([ids[n] for n in batch])
+                image_index = torch.tensor([flat[n][0] for n in batch], device=self.device)
+                states = self.model.encode_sections(input_ids, attention_mask, image_states, question_enc,
+                                                    image_index=image_index, focus=focus or self.focus)
+                for n, value in zip(batch, late_interaction(question_enc.tokens, states, self.score_direction).tolist()):
+                    _, i, j = flat[n]
+                    scores[i][j] = value
+        return scores
+
+    def _pad(self, sequences: Sequence[Sequence[int]]):
+        import torch
+
+        length = max(len(s) for s in sequences)
+        input_ids = torch.full((len(sequences), length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[row, :len(seq)] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write the model (safetensors + qff_config.json) and tokenizer so that `pretrained: out_dir` rebuilds it."""
+        out_dir = self.model.save_pretrained(out_dir)
+        self.tokenizer.save_pretrained(str(out_dir))
+        return out_dir
+
+
+# ---------------------------------------------------------------------- tiny model
+def tiny_blip2_config(vocab_size: int, **options: Any):
+    """The models.md §8 tiny `Blip2Config` with `options` (keys of TINY_DEFAULTS) applied."""
+    from transformers import Blip2Config
+
+    o = {**TINY_DEFAULTS, **options}
+    return Blip2Config(
+        vision_config=dict(hidden_size=o["vision_hidden_size"], intermediate_size=2 * o["vision_hidden_size"],
+                           num_hidden_layers=o["vision_layers"], num_attention_heads=o["num_heads"],
+                           image_size=o["image_size"], patch_size=o["patch_size"],
+                           initializer_range=0.02),  # the HF default (1e-10) gives a degenerate random ViT
+        qformer_config=dict(vocab_size=vocab_size, hidden_size=o["hidden_size"], num_hidden_layers=o["num_layers"],
+                            num_attention_heads=o["num_heads"], intermediate_size=2 * o["hidden_size"],
+                            max_position_embeddings=o["max_position_embeddings"], use_qformer_text_input=True,
+                            cross_attention_frequency=o["cross_attention_frequency"]),
+        num_query_tokens=o["num_query_tokens"], image_text_hidden_size=o["embed_dim"])
+
+
+def write_tiny_blip2(out_dir: str | Path, texts: Sequence[str] = (), seed: int = 0, **options: Any) -> Path:
+    """Write a random tiny `Blip2ForImageTextRetrieval` and its BERT tokenizer (with `[DEC]` bos) in HF format."""
+    import torch
+    from transformers import Blip2ForImageTextRetrieval
+
+    from qkvqa.components.tiny_tokenizers import load_bert_tokenizer, write_bert_vocab
+
+    out_dir = Path(out_dir)
+    write_bert_vocab(out_dir, texts)
+    tokenizer = load_bert_tokenizer(out_dir, add_dec_token=True)
+    config = tiny_blip2_config(len(tokenizer), **options)
+    torch.manual_seed(seed)
+    model = Blip2ForImageTextRetrieval(config)
+    # HF zero-initialises query_tokens (all queries equal); LAVIS draws them from N(0, 0.02).
+    model.query_tokens.data.normal_(std=config.qformer_config.initializer_range)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+# ---------------------------------------------------------------------- loading
+def _load_tokenizer(ref: str, local_only: bool):
+    """A BERT tokenizer from a directory or hub id, with BLIP-2's `[DEC]` bos token added when absent."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref, local_files_only=local_only)
+    except OSError as e:
+        raise MissingWeightsError(f"no tokenizer at {ref!r} (local files only: {local_only}); point "
+                                  "components.qformer.options.tokenizer at a BERT-base-uncased tokenizer directory") from e
+    if tokenizer.bos_token is None:
+        tokenizer.add_special_tokens({"bos_token": "[DEC]"})
+    return tokenizer
+
+
+def _load_hf(ref: str, dtype, local_only: bool):
+    """A stock `Blip2ForImageTextRetrieval` (from_pretrained) and its tokenizer; Q-Former fp32 for every `dtype`."""
+    from transformers import Blip2ForImageTextRetrieval
+
+    from qkvqa.qff.model import cast_like_hf
+
+    base = Blip2ForImageTextRetrieval.from_pretrained(ref, dtype=dtype, local_files_only=local_only)
+    # transformers keeps `_keep_in_fp32_modules` in fp32 for fp16 only; do the same for bf16.
+    return cast_like_hf(base, dtype).eval(), _load_tokenizer(ref, local_only)
+
+
+def _load_lavis(path: str, options: Mapping[str, Any], dtype, local_only: bool):
+    """A `Blip2ForImageTextRetrieval` filled from a LAVIS `.pth` (plus an optional EVA ViT `.pth`) and a tokenizer."""
+    from accelerate import init_empty_weights
+    from transformers import Blip2Config, Blip2ForImageTextRetrieval
+
+    from qkvqa.qff.lavis import convert_lavis_state_dict, read_lavis_checkpoint
+    from qkvqa.qff.model import cast_like_hf, load_complete
+
+    config = Blip2Config(**(options["base_config"] or ITM_VIT_G_CONFIG))
+    with init_empty_weights():
+        base = Blip2ForImageTextRetrieval(config)
+    state = read_lavis_checkpoint(path)
+    if options["vision_checkpoint"]:
+        state.update(read_lavis_checkpoint(options["vision_checkpoint"], prefix="visual_encoder."))
+    converted, left_out = convert_lavis_state_dict(state, config.vision_config.num_hidden_layers)
+    if left_out:
+        log.info("LAVIS checkpoint %s: %d key(s) have no HF counterpart and were left out, e.g. %s",
+                 path, len(left_out), left_out[:5])
+    if not any(k.startswith("vision_model.encoder.") for k in converted):
+        raise MissingWeightsError(f"{path} holds no ViT weights (LAVIS saves only trainable weights); set "
+                                  "components.qformer.options.vision_checkpoint to EVA's eva_vit_g.pth")
+    load_complete(base, converted, path)
+    cast_like_hf(base, dtype)
+    return base.eval(), _load_tokenizer(options["tokenizer"], local_only)
+
+
+def _options(spec: ComponentSpec) -> dict[str, Any]:
+    unknown = sorted(set(spec.options) - set(KNOWN_OPTIONS))
+    if unknown:
+        near = {k: difflib.get_close_matches(k, KNOWN_OPTIONS, n=2) for k in unknown}
+        raise ConfigError(f"component {spec.kind!r}: unknown option(s) {near} (key: nearest valid names); "
+                          f"valid options are {sorted(KNOWN_OPTIONS)}")
+    return {**KNOWN_OPTIONS, **spec.options}
+
+
+@register_component("blip2_qff")
+def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
+    """Build the QFF component from `tiny: true` or `pretrained:` = HF id/dir, LAVIS `.pth` or qkvqa checkpoint dir.
+
+    The new question-focused parameters are created and initialised after the base weights are
+    loaded (HF and LAVIS paths) or read from the checkpoint (qkvqa path).
+    """
+    from qkvqa.qff.image_processing import blip2_image_processor
+    from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel
+
+    options = _options(spec)
+    dtype = spec.torch_dtype()
+    local_only = not spec.allow_download
+    focus = options["focus"]
+    ref = os.path.expanduser(str(spec.pretrained)) if spec.pretrained else ""
+    if not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
+        model = QFFModel.from_checkpoint(ref, dtype=dtype, freeze_vit=options["freeze_vit"],
+                                         gradient_checkpointing=options["gradient_checkpointing"])
+        tokenizer = _load_tokenizer(ref, local_only=True)
+    else:
+        if spec.tiny:
+            tiny = {k: options[k] for k in TINY_DEFAULTS}
+            path = str(write_tiny_blip2(tiny_dir(spec), options["vocab_texts"], options["seed"], **tiny))
+            base, tokenizer = _load_hf(path, dtype, local_only=True)
+        elif ref.endswith((".pth", ".pt")):
+            base, tokenizer = _load_lavis(ref, options, dtype, local_only)
+        else:
+            base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
+        model = QFFModel(base, focus=focus or "per_layer", freeze_vit=options["freeze_vit"],
+                         gradient_checkpointing=options["gradient_checkpointing"])
+    model.to(spec.torch_device()).eval()
+    return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size), focus=focus,
+                        max_text_tokens=options["max_text_tokens"], question_max_tokens=options["question_max_tokens"],
+                        blip_text_preprocess=options["blip_text_preprocess"],
+                        score_direction=options["score_direction"], section_batch_size=options["section_batch_size"])
+
+
+def build_qff_component(spec: ComponentSpec | Mapping[str, Any], qff: Any = None) -> QFFComponent:
+    """Build the `components.qformer` spec with the `qff:` section's settings (focus, text limits, scoring, ...).
+
+    `qff` is a `QFFConfig` (or mapping); its runtime fields fill `spec.options` unless the spec sets
+    them itself, and `qff.checkpoint`, when set, replaces `pretrained` (trained weights for reranking).
+    """
+    from qkvqa.components.registry import build_component, spec_from_mapping
+
+    if not isinstance(spec, ComponentSpec):
+        spec = spec_from_mapping(spec)
+    if qff is not None:
+        values = dataclasses.asdict(qff) if dataclasses.is_dataclass(qff) else qff
+        runtime = {k: values[k] for k in RUNTIME_DEFAULTS if k in values}
+        spec = dataclasses.replace(spec, options={**runtime, **spec.options})
+        if values.get("checkpoint"):
+            spec = dataclasses.replace(spec, pretrained=str(values["checkpoint"]), tiny=False)
+    return build_component(spec)

@@ -1,0 +1,333 @@
+"""The question-focused Q-Former: a wrapper nn.Module around a stock `Blip2ForImageTextRetrieval` (models.md §2)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import Blip2Config, Blip2ForImageTextRetrieval
+from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerAttention, Blip2QFormerMultiHeadAttention
+
+from qkvqa.errors import ConfigError, MissingWeightsError
+
+FOCUS_MODES = ("per_layer", "input", "none")
+CHECKPOINT_WEIGHTS = "model.safetensors"
+CHECKPOINT_CONFIG = "qff_config.json"
+CHECKPOINT_FORMAT = "qkvqa-qff"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class QuestionEncoding:
+    """The question pass: the query outputs of every Q-Former layer (H_q^l), the last one being Q_tokens.
+
+    `layer_states[l]` is the query slice `[B, Q, D]` of layer l's output, so `len(layer_states)` is the
+    number of Q-Former layers and `tokens` (= `layer_states[-1]`) is the 32-query fusion feature
+    matrix used by late-interaction scoring.
+    """
+
+    layer_states: tuple[torch.Tensor, ...]
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """Q_tokens: the last layer's query outputs, `[B, Q, D]`."""
+        return self.layer_states[-1]
+
+    @property
+    def batch_size(self) -> int:
+        """Number of questions encoded."""
+        return self.layer_states[0].shape[0]
+
+    def detach(self) -> "QuestionEncoding":
+        """The same states cut from the autograd graph (for caching across forward calls)."""
+        return QuestionEncoding(tuple(s.detach() for s in self.layer_states))
+
+
+def additive_mask(attention_mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """A `[B, 1, 1, S]` additive float mask: 0 where `attention_mask` is 1, `finfo(dtype).min` where it is 0."""
+    if attention_mask is None:
+        return None
+    return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+def _select_rows(states: torch.Tensor, n: int, index: Optional[torch.Tensor], what: str) -> torch.Tensor:
+    """Rows of `states` for a batch of `n`: by `index`, a broadcast view of one row, or `states` itself."""
+    if index is not None:
+        if index.shape != (n,):
+            raise ValueError(f"{what}_index must have shape ({n},), got {tuple(index.shape)}")
+        if states.shape[0] == 1:
+            return states.expand(n, *states.shape[1:])
+        return states.index_select(0, index.to(states.device))
+    if states.shape[0] == n:
+        return states
+    if states.shape[0] == 1:
+        return states.expand(n, *states.shape[1:])
+    raise ValueError(f"{what} batch {states.shape[0]} does not match {n} sections; pass {what}_index")
+
+
+def cast_like_hf(base: Blip2ForImageTextRetrieval, dtype: torch.dtype) -> Blip2ForImageTextRetrieval:
+    """Cast `base` to `dtype` except its `_keep_in_fp32_modules` (query tokens, Q-Former), which stay fp32.
+
+    transformers does this for fp16 only; we do it for bf16 as well, so that the trainable Q-Former
+    and the new blocks keep fp32 weights and mixed precision casts their compute.
+    """
+    keep = set(base._keep_in_fp32_modules or ())
+    for name, child in base.named_children():
+        child.to(torch.float32 if name in keep else dtype)
+    for name, param in base.named_parameters(recurse=False):
+        param.data = param.data.to(torch.float32 if name in keep else dtype)
+    return base
+
+
+class QFFModel(nn.Module):
+    """BLIP-2 retrieval model plus question-focused blocks; scores sections against a question.
+
+    Build it AFTER the base weights are loaded: the constructor creates the new blocks and
+    initialises them from the loaded base (zero tanh gates, cross-attention warm-started from each
+    layer's self-attention), so the section pass equals the stock Q-Former exactly at step 0.
+
+    Focus modes (`focus`):
+      - `per_layer`: at layer l the section queries also cross-attend to the question's `H_q^l`
+        through `q_xattn[l]`, gated by `tanh(q_gate[l])`;
+      - `input`: once before the pass, `F = Queries + tanh(input_gate) * MHA(Queries, Q_tokens)`
+        (`input_xattn`, a multi-head attention without output projection, as in the formula);
+      - `none`: generic queries (OMGM's IT2IT reranker); the question is ignored.
+    """
+
+    def __init__(self, base: Blip2ForImageTextRetrieval, focus: str = "per_layer", freeze_vit: bool = True,
+                 gradient_checkpointing: bool = False):
+        super().__init__()
+        if focus not in FOCUS_MODES:
+            raise ConfigError(f"qff.focus must be one of {FOCUS_MODES}, got {focus!r}")
+        self.base = base
+        self.focus = focus
+        self.freeze_vit = freeze_vit
+        self.gradient_checkpointing = gradient_checkpointing
+        qcfg = base.config.qformer_config
+        layers = base.qformer.encoder.layer
+        # New blocks live beside the Q-Former, in its dtype (fp32: see cast_like_hf) and on its device.
+        where = {"device": base.qformer.layernorm.weight.device, "dtype": base.qformer.layernorm.weight.dtype}
+        if focus == "per_layer":
+            self.q_xattn = nn.ModuleList(Blip2QFormerAttention(qcfg, is_cross_attention=False)
+                                         for _ in layers).to(**where)
+            self.q_gate = nn.Parameter(torch.zeros(len(layers), **where))
+            for block, layer in zip(self.q_xattn, layers):
+                block.load_state_dict(layer.attention.state_dict())
+        elif focus == "input":
+            self.input_xattn = Blip2QFormerMultiHeadAttention(qcfg, is_cross_attention=False).to(**where)
+            self.input_gate = nn.Parameter(torch.zeros((), **where))
+            self.input_xattn.load_state_dict(layers[0].attention.attention.state_dict())
+        if freeze_vit:
+            base.vision_model.requires_grad_(False)
+        self.train(base.training)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_layers(self) -> int:
+        """Number of Q-Former layers."""
+        return len(self.base.qformer.encoder.layer)
+
+    @property
+    def num_queries(self) -> int:
+        """Number of learnable queries (32 for BLIP-2)."""
+        return self.base.query_tokens.shape[1]
+
+    @property
+    def hidden_size(self) -> int:
+        """Q-Former width (768 for BLIP-2)."""
+        return self.base.config.qformer_config.hidden_size
+
+    @property
+    def image_size(self) -> int:
+        """Side of the square images the ViT takes."""
+        return self.base.config.vision_config.image_size
+
+    @property
+    def max_text_tokens(self) -> int:
+        """Longest text the Q-Former's position embeddings allow."""
+        return self.base.config.qformer_config.max_position_embeddings
+
+    @property
+    def qformer_dtype(self) -> torch.dtype:
+        """The Q-Former's compute dtype (fp32 unless the whole model was cast)."""
+        return self.base.qformer.layernorm.weight.dtype
+
+    @property
+    def vision_dtype(self) -> torch.dtype:
+        """The ViT's dtype (pixel values are cast to it)."""
+        return self.base.vision_model.embeddings.patch_embedding.weight.dtype
+
+    def train(self, mode: bool = True) -> "QFFModel":
+        """Set training mode; a frozen ViT always stays in eval mode."""
+        super().train(mode)
+        if self.freeze_vit:
+            self.base.vision_model.eval()
+        return self
+
+    # ------------------------------------------------------------------ encoders
+    def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """ViT states `[N, P, Dv]` (`vision_model(...).last_hidden_state`); no autograd graph when the ViT is frozen."""
+        pixel_values = pixel_values.to(device=self.base.vision_model.device, dtype=self.vision_dtype)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_vit):
+            return self.base.vision_model(pixel_values=pixel_values).last_hidden_state
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Text-only Q-Former pass (the ITC text side): last hidden states `[B, L, D]`; `[:, 0]` is [CLS]."""
+        embeds = self.base.embeddings(input_ids=input_ids)
+        hidden, _ = self._run(embeds, attention_mask, 0, None, None)
+        return hidden
+
+    def encode_question(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        image_states: torch.Tensor) -> QuestionEncoding:
+        """Question pass: queries + question text + image cross-attention (stock Q-Former), every layer's query states kept."""
+        queries = self.base.query_tokens.expand(input_ids.shape[0], -1, -1)
+        embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
+        _, layer_states = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states, None,
+                                    record=True)
+        return QuestionEncoding(tuple(layer_states))
+
+    def encode_sections(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        image_states: Optional[torch.Tensor], question: Optional[QuestionEncoding] = None, *,
+                        image_index: Optional[torch.Tensor] = None, question_index: Optional[torch.Tensor] = None,
+                        focus: Optional[str] = None) -> torch.Tensor:
+        """Section pass: the `[B, Q, D]` last-layer query outputs h_ij, focused on `question`.
+
+        `input_ids`/`attention_mask`: `[B, L]` section tokens. `image_states`: ViT states, either one row
+        per section (`[B, P, Dv]`), one row for all (`[1, P, Dv]`, broadcast without copying), or one
+        row per article with `image_index[b]` naming section b's article row (so each article image
+        goes through the ViT once); None skips image cross-attention. `question`: a
+        QuestionEncoding with one row per section, one row for all (broadcast), or several rows
+        with `question_index[b]` naming section b's question. `focus` defaults to the model's focus;
+        `"none"` is always allowed and ignores the question.
+        """
+        focus = focus or self.focus
+        if focus not in (self.focus, "none"):
+            raise ConfigError(f"this QFF model was built with focus={self.focus!r}; it can run {self.focus!r} or "
+                              f"'none', not {focus!r}")
+        n = input_ids.shape[0]
+        if focus != "none" and question is None:
+            raise ValueError(f"focus={focus!r} needs the question encoding")
+        if image_states is not None:
+            image_states = _select_rows(image_states, n, image_index, "image")
+        queries = self.base.query_tokens.expand(n, -1, -1)
+        question_states = None
+        if focus == "per_layer":
+            question_states = [_select_rows(s, n, question_index, "question") for s in question.layer_states]
+        elif focus == "input":
+            tokens = _select_rows(question.tokens, n, question_index, "question")
+            context, _ = self.input_xattn(hidden_states=queries, encoder_hidden_states=tokens.to(queries.dtype))
+            queries = queries + torch.tanh(self.input_gate) * context
+        embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
+        hidden, _ = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states,
+                              question_states)
+        return hidden[:, :self.num_queries]
+
+    # ------------------------------------------------------------------ the layer loop
+    def _with_queries(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones(attention_mask.shape[0], self.num_queries, dtype=attention_mask.dtype,
+                          device=attention_mask.device)
+        return torch.cat([ones, attention_mask], dim=1)
+
+    def _run(self, embeds: torch.Tensor, attention_mask: Optional[torch.Tensor], query_length: int,
+             image_states: Optional[torch.Tensor], question_states: Optional[Sequence[torch.Tensor]],
+             record: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Embedding LayerNorm, then every Q-Former layer; returns the last hidden states and, if `record`, each layer's query slice."""
+        qformer = self.base.qformer
+        dtype = self.qformer_dtype
+        x = qformer.dropout(qformer.layernorm(embeds.to(dtype)))
+        mask = additive_mask(attention_mask.to(x.device) if attention_mask is not None else None, dtype)
+        if image_states is not None:
+            image_states = image_states.to(device=x.device, dtype=dtype)
+        use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        recorded = []
+        for i in range(self.num_layers):
+            q_states = None if question_states is None else question_states[i]
+            if use_checkpoint:
+                x = checkpoint(self._layer, i, x, mask, query_length, image_states, q_states, use_reentrant=False)
+            else:
+                x = self._layer(i, x, mask, query_length, image_states, q_states)
+            if record:
+                recorded.append(x[:, :query_length])
+        return x, recorded
+
+    def _layer(self, i: int, x: torch.Tensor, mask: Optional[torch.Tensor], query_length: int,
+               image_states: Optional[torch.Tensor], question_states: Optional[torch.Tensor]) -> torch.Tensor:
+        """Q-Former layer i with the question-focused block between self-attention and image cross-attention."""
+        layer = self.base.qformer.encoder.layer[i]
+        attended = layer.attention(hidden_states=x, attention_mask=mask)
+        if query_length == 0:
+            return layer.feed_forward_chunk(attended)
+        h = attended[:, :query_length]
+        if question_states is not None:
+            gate = torch.tanh(self.q_gate[i])
+            focused = self.q_xattn[i](hidden_states=h, encoder_hidden_states=question_states)
+            h = h + gate * (focused - h)
+        if layer.has_cross_attention and image_states is not None:
+            h = layer.crossattention(hidden_states=h, encoder_hidden_states=image_states)
+        out = layer.feed_forward_chunk_query(h)
+        if attended.shape[1] > query_length:
+            out = torch.cat([out, layer.feed_forward_chunk(attended[:, query_length:])], dim=1)
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json`."""
+        from safetensors.torch import save_file
+
+        from qkvqa.utils.io import atomic_write_json
+
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp = out_dir / (CHECKPOINT_WEIGHTS + ".tmp")
+        save_file(state, str(tmp), metadata={"format": CHECKPOINT_FORMAT})
+        tmp.replace(out_dir / CHECKPOINT_WEIGHTS)
+        atomic_write_json(out_dir / CHECKPOINT_CONFIG, {
+            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus,
+            "base_class": type(self.base).__name__,
+            "base_config": self.base.config.to_dict()})
+        return out_dir
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, dtype: Optional[torch.dtype] = None, freeze_vit: bool = True,
+                        gradient_checkpointing: bool = False) -> "QFFModel":
+        """Rebuild a model written by `save_pretrained`; `dtype` casts like from_pretrained (Q-Former and new blocks stay fp32)."""
+        from accelerate import init_empty_weights
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        meta = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
+        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
+            raise MissingWeightsError(f"{path / CHECKPOINT_CONFIG} is not a {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} "
+                                      f"checkpoint config (got {meta.get('format')!r} v{meta.get('version')!r})")
+        state = load_file(str(path / CHECKPOINT_WEIGHTS))
+        base_state = {k[len("base."):]: v for k, v in state.items() if k.startswith("base.")}
+        with init_empty_weights():
+            base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(meta["base_config"]))
+        load_complete(base, base_state, str(path / CHECKPOINT_WEIGHTS))
+        if dtype is not None:
+            cast_like_hf(base, dtype)
+        model = cls(base.eval(), focus=meta["focus"], freeze_vit=freeze_vit,
+                    gradient_checkpointing=gradient_checkpointing)
+        own = {k: v for k, v in state.items() if not k.startswith("base.")}
+        expected_own = {k for k in model.state_dict() if not k.startswith("base.")}
+        if set(own) != expected_own:
+            raise MissingWeightsError(f"{path / CHECKPOINT_WEIGHTS}: question-focused keys {sorted(own)} do not match "
+                                      f"focus={meta['focus']!r}, which needs {sorted(expected_own)}")
+        model.load_state_dict(own, strict=False)
+        return model
+
+
+def load_complete(base: nn.Module, state: dict, source: str) -> None:
+    """Load `state` into a (possibly meta-initialised) module by assignment; every parameter and persistent buffer must be there."""
+    result = base.load_state_dict(state, strict=False, assign=True)
+    if result.missing_keys:
+        raise MissingWeightsError(f"{source} lacks {len(result.missing_keys)} weight(s) of the BLIP-2 model, e.g. "
+                                  f"{result.missing_keys[:5]}")
+    if result.unexpected_keys:
+        raise MissingWeightsError(f"{source} has {len(result.unexpected_keys)} key(s) the BLIP-2 model does not, e.g. "
+                                  f"{result.unexpected_keys[:5]}; was it written for another configuration?")
