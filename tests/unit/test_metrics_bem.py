@@ -171,3 +171,12 @@ def test_configuration_errors(tmp_path, monkeypatch_module):
         build_component(ComponentSpec(kind="bem", pretrained=str(no_tokenizer)))
     assert isinstance(build_component(ComponentSpec(kind="bem", pretrained=str(write_tiny_bem(tmp_path / "ok")))),
                       BemJudge)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_device_uses_the_gpu_and_matches_cpu_scores(judge, monkeypatch_module):
+    on_gpu = build_component(ComponentSpec(kind="bem", tiny=True, device="auto", options={"vocab_texts": VOCAB}))
+    assert next(on_gpu.model.parameters()).device.type == "cuda"
+    triples = [SKY, ("where is mont blanc", "france", "paris")]
+    assert on_gpu.score_batch(triples) == pytest.approx(judge.score_batch(triples), abs=1e-4)

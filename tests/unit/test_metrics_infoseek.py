@@ -60,6 +60,16 @@ def test_string_is_exact_match_over_aliases(prediction, expected):
     assert score_item(prediction, CHINA, "String") == expected
 
 
+def test_answer_eval_is_scored_never_answer_or_answer_eng():
+    ref = {"data_id": "a", "answer": ["Paris"], "answer_eng": ["Paris"], "answer_eval": ["London"],
+           "data_split": "val_unseen_question"}
+    qtypes = [{"data_id": "a", "question_type": "String"}]
+    assert evaluate([{"data_id": "a", "prediction": "Paris"}], [ref], qtypes)["unseen_question_score"]["score"] == 0
+    del ref["answer_eval"]
+    with pytest.raises(ValueError, match="missing field 'answer_eval'"):
+        evaluate([{"data_id": "a", "prediction": "Paris"}], [ref], qtypes)
+
+
 @pytest.mark.parametrize("prediction", ["", "the", "   ", "A!"])
 def test_article_only_prediction_matches_article_only_reference(prediction):
     assert score_item(prediction, ["The"], "String") == 1

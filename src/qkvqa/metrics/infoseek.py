@@ -140,7 +140,11 @@ def _score_prepared(prediction: Any, answer: Any, kind: str) -> int:
 
 def score_item(prediction: str, answer_eval: Any, question_type: str) -> int:
     """1 if `prediction` is correct for one InfoSeek question, else 0 (String/Time: exact match over
-    `answer_eval` aliases; Numerical: relaxed range accuracy on the first stored range)."""
+    `answer_eval` aliases; Numerical: relaxed range accuracy on the first stored range).
+
+    String/Time need a non-empty list of strings: qkvqa raises for anything else, where the official
+    code would raise too, or (for a bare dict) silently compare against the dict's keys.
+    """
     kind = question_kind(question_type)
     answer = reference_range(answer_eval) if kind == NUMERICAL else answer_eval
     return _score_prepared(prediction, answer, kind)
