@@ -1,0 +1,93 @@
+"""`qkvqa sweep FILE.yaml`: run a W&B-format sweep offline (subprocess per trial) or with `wandb agent`."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+DESCRIPTION = """\
+Run a sweep written in the W&B sweep format (program, method, metric, parameters with dotted config
+keys, command). One file drives both backends:
+
+  --backend local (default, offline): every trial is its own subprocess, run_id=<sweep>-tNNN,
+      resume=auto and paths.checkpoints_root are added to each trial's overrides, WANDB_MODE is
+      inherited. CHECKPOINTS/sweeps/<sweep>/ holds sweep_manifest.json, logs/tNNN.log and, at the
+      end, comparison.csv / comparison.md sorted by metric.goal. A rerun skips finished trials
+      (failed ones too unless --retry-failed). grid and random only; random needs --count.
+  --backend wandb: creates the sweep on the W&B server and runs `wandb agent` (needs a login).
+
+The command must pass the parameters with ${args_no_hyphens}, e.g.
+  command: [${env}, ${interpreter}, -m, qkvqa.cli, evaluate, experiment=evqa_qff, ${args_no_hyphens}]
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `sweep` command."""
+    parser = subparsers.add_parser("sweep", help="run a hyperparameter sweep (offline runner or wandb agent)",
+                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_file", metavar="SWEEP.yaml", help="sweep file, e.g. experiments/sweeps/alpha_sweep.yaml")
+    parser.add_argument("--backend", choices=["local", "wandb"], default="local",
+                        help="local: offline subprocess runner (default); wandb: W&B sweep + `wandb agent`")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="trials (local) or agents (wandb) running at once (default 1)")
+    parser.add_argument("--count", type=int, metavar="N",
+                        help="number of trials: the first N grid points, or N random draws (split between agents)")
+    parser.add_argument("--seed", type=int, metavar="S",
+                        help="random-search seed (default: the one recorded in the manifest, else 0)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the file and print every trial's command (local) or the agent commands (wandb)")
+    parser.add_argument("--sweep-dir", metavar="DIR",
+                        help="where the manifest, logs and comparison go (default CHECKPOINTS/sweeps/<sweep name>)")
+    parser.add_argument("--checkpoints-root", default="checkpoints", metavar="DIR",
+                        help="paths.checkpoints_root shared by every trial (default: checkpoints)")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed trials again (local)")
+    parser.add_argument("--project", help="W&B project of the sweep (wandb; default: the file's, else qkvqa)")
+    parser.add_argument("--entity", help="W&B entity of the sweep (wandb; default: the file's, else yours)")
+    parser.add_argument("--sweep-id", help="join an existing W&B sweep instead of creating one (wandb)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qkvqa.sweep.spec import check_value_types, load_sweep
+
+    spec = load_sweep(args.sweep_file)
+    check_value_types(spec, args.seed or 0)
+    if args.backend == "wandb":
+        return _run_wandb(args, spec)
+    return _run_local(args, spec)
+
+
+def _run_local(args: argparse.Namespace, spec) -> int:
+    from qkvqa.sweep.local import LocalSweep
+
+    sweep = LocalSweep(spec, checkpoints_root=args.checkpoints_root, sweep_dir=args.sweep_dir, parallel=args.parallel,
+                       count=args.count, seed=args.seed, retry_failed=args.retry_failed)
+    if args.dry_run:
+        print(f"sweep {spec.name}: {spec.method}, {len(sweep.trials)} trial(s), seed {sweep.seed}, "
+              f"sweep dir {sweep.sweep_dir}")
+        for trial, action in sweep.plan():
+            print(f"{trial.trial_id}  {action:<16} {shlex.join(sweep.argv(trial))}")
+        return 0
+    result = sweep.run()
+    failed = [tid for tid, t in result.manifest.trials.items() if t["status"] == "failed"]
+    print(f"sweep {spec.name}: {result.count('finished')} finished, {len(failed)} failed, "
+          f"{len(result.skipped)} skipped; manifest {result.manifest.path}; comparison {result.comparison}")
+    for tid in failed:
+        print(f"  failed {tid}: {result.sweep_dir / result.manifest.trials[tid]['log']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _run_wandb(args: argparse.Namespace, spec) -> int:
+    import json
+
+    from qkvqa.sweep.wandb_backend import (agent_commands, resolve_project, run_wandb_sweep, sweep_path,
+                                           wandb_sweep_config)
+
+    if args.dry_run:
+        project, entity = resolve_project(spec, args.project, args.entity)
+        print(json.dumps(wandb_sweep_config(spec, project, entity), indent=2))
+        for cmd in agent_commands(sweep_path(entity, project, args.sweep_id or "<sweep id>"), args.parallel, args.count):
+            print(shlex.join(cmd))
+        return 0
+    return run_wandb_sweep(spec, project=args.project, entity=args.entity, parallel=args.parallel,
+                           count=args.count, sweep_id=args.sweep_id)

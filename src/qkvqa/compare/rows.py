@@ -1,0 +1,163 @@
+"""Runs as comparable rows, read from local run records (offline) or from the W&B public API."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+from qkvqa.errors import ConfigError
+from qkvqa.run.record import RunRecord
+from qkvqa.sweep.manifest import MANIFEST_NAME, Manifest
+
+# W&B logs Lightning's step as this metric; its own `_step` counts log calls.
+WANDB_STEP_KEY = "trainer/global_step"
+Series = list[tuple[int, float]]
+
+
+@dataclass
+class RunRow:
+    """One run: identity, flattened config, final metrics, and a reader for one metric's history."""
+
+    run_id: str
+    state: Optional[str]
+    experiment: Optional[str]
+    config: dict[str, Any]                     # dotted keys -> values
+    summary: dict[str, float]                  # final numeric metrics
+    runtime_s: Optional[float]
+    source: str                                # run directory or entity/project/run_id
+    series: Callable[[str], Series] = field(repr=False, compare=False, default=lambda name: [])
+
+    def best(self, metric: str, goal: str) -> tuple[Optional[float], Optional[int]]:
+        """(best value, its step) of `metric` over the run's history; the summary value when it has none."""
+        points = [(s, v) for s, v in self.series(metric) if not math.isnan(v)]
+        if points:
+            pick = min if goal_sign(goal) < 0 else max
+            best_value = pick(v for _, v in points)
+            return best_value, min(s for s, v in points if v == best_value)
+        value = self.summary.get(metric)
+        return (value, None) if value is not None else (None, None)
+
+
+def goal_sign(goal: str) -> int:
+    """-1 for min/minimize, +1 for max/maximize."""
+    if goal in ("min", "minimize"):
+        return -1
+    if goal in ("max", "maximize"):
+        return 1
+    raise ConfigError(f"goal must be min or max (minimize or maximize), got {goal!r}")
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys; lists stay values; keys starting with '_' (W&B internals) dropped."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if str(key).startswith("_"):
+            continue
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def numeric_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric, non-internal entries of a summary (paths, strings and booleans left out)."""
+    return {k: float(v) for k, v in summary.items()
+            if not str(k).startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def dedupe_steps(points: Iterable[tuple[int, float]]) -> Series:
+    """One value per step, the last one logged (a resumed run may log a step twice), sorted by step."""
+    by_step: dict[int, float] = {}
+    for step, value in points:
+        by_step[int(step)] = float(value)
+    return sorted(by_step.items())
+
+
+def _seconds_between(start: Optional[str], end: Optional[str]) -> Optional[float]:
+    if not start or not end:
+        return None
+    fmt = "%Y-%m-%dT%H:%M:%S%z"
+    return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
+
+
+def _local_series(record: RunRecord) -> Callable[[str], Series]:
+    def series(name: str) -> Series:
+        return dedupe_steps((r["step"], r["value"]) for r in record.read_metrics() if r["name"] == name)
+    return series
+
+
+def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
+    """A row from `config.yaml`, `status.json`, `summary.json` and `metrics.csv` (no W&B files)."""
+    from omegaconf import OmegaConf
+
+    record = RunRecord(run_dir)
+    config = OmegaConf.to_container(OmegaConf.load(record.config_path)) if record.config_path.exists() else {}
+    status = record.status()
+    return RunRow(
+        run_id=status.get("run_id") or config.get("run_id") or record.run_dir.name,
+        state=status.get("state"),
+        experiment=config.get("experiment"),
+        config=flatten(config),
+        summary=numeric_metrics(record.summary()),
+        # wall time from the first launch to the last update (gaps between resumed attempts included)
+        runtime_s=_seconds_between(status.get("created_at"), status.get("finished_at") or status.get("updated_at")),
+        source=str(record.run_dir),
+        series=_local_series(record),
+    )
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() or (path / "status.json").is_file()
+
+
+def local_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Run directories named by run dirs, sweep dirs (their manifest) or checkpoint roots (their children)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if (path / MANIFEST_NAME).is_file():
+            manifest = Manifest.load(path)
+            found += [Path(t["run_dir"]) for t in manifest.trials.values() if _is_run_dir(Path(t["run_dir"]))]
+        elif _is_run_dir(path):
+            found.append(path)
+        elif path.is_dir():
+            found += sorted(p for p in path.iterdir() if p.is_dir() and _is_run_dir(p))
+        else:
+            raise ConfigError(f"{path}: not a run directory, sweep directory or checkpoints root")
+    unique = {p.resolve(): None for p in found}
+    return list(unique)
+
+
+def collect_local(paths: Iterable[str | os.PathLike]) -> list[RunRow]:
+    """Rows of every run under `paths` (run dirs, sweep dirs, checkpoint roots); fully offline."""
+    return [row_from_run_dir(p) for p in local_run_dirs(paths)]
+
+
+def _wandb_series(run: Any) -> Callable[[str], Series]:
+    """Unsampled history via scan_history (never the sampled `history()`), keyed by Lightning's step."""
+    def series(name: str) -> Series:
+        rows = list(run.scan_history(keys=[name, WANDB_STEP_KEY]))
+        if rows:
+            return dedupe_steps((r[WANDB_STEP_KEY], r[name]) for r in rows)
+        return dedupe_steps((r["_step"], r[name]) for r in run.scan_history(keys=[name, "_step"]))
+    return series
+
+
+def collect_wandb(path: str, api: Any = None, filters: Optional[dict] = None) -> list[RunRow]:
+    """Rows of the runs of a W&B project `entity/project` (needs the server, or a test double for `api`)."""
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    rows = []
+    for run in api.runs(path, filters=filters):
+        summary = dict(run.summary.items())
+        config = dict(run.config)
+        rows.append(RunRow(
+            run_id=run.id, state=run.state, experiment=config.get("experiment"), config=flatten(config),
+            summary=numeric_metrics(summary), runtime_s=summary.get("_runtime"), source=f"{path}/{run.id}",
+            series=_wandb_series(run)))
+    return rows

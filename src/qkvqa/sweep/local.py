@@ -1,0 +1,251 @@
+"""The offline sweep runner: every trial a subprocess, N at a time, recorded in a resumable manifest."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from qkvqa.errors import ConfigError
+from qkvqa.run.record import RunRecord
+from qkvqa.sweep.command import render_args, render_command
+from qkvqa.sweep.manifest import Manifest, RunnerLock, now
+from qkvqa.sweep.spec import SweepSpec
+from qkvqa.utils.logging import get_logger
+from qkvqa.utils.progress import progress
+
+log = get_logger(__name__)
+# A trial is one fresh run: nothing of the runner's own run identity or W&B sweep may reach it.
+LEAKED_ENV = ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_SWEEP_PARAM_PATH", "QKVQA_RUN_ID", "QKVQA_RUN_DIR")
+
+
+@dataclass
+class Trial:
+    """One planned trial: its id, swept values and the run it becomes."""
+
+    trial_id: str
+    index: int
+    params: dict[str, Any]
+    run_id: str
+    injected: dict[str, Any] = field(default_factory=dict)   # run_id, resume, checkpoints root, W&B group
+
+    @property
+    def overrides(self) -> list[str]:
+        """The swept values as the `key=value` tokens the trial's command receives."""
+        return render_args(self.params)["args_no_hyphens"]
+
+
+@dataclass
+class SweepResult:
+    """What a local sweep did."""
+
+    sweep_dir: Path
+    manifest: Manifest
+    launched: list[str]
+    skipped: list[str]
+    comparison: Optional[Path] = None
+
+    def count(self, status: str) -> int:
+        """How many trials are in `status` now."""
+        return sum(t["status"] == status for t in self.manifest.trials.values())
+
+
+def plan_trials(spec: SweepSpec, checkpoints_root: Path, count: Optional[int], seed: int) -> list[Trial]:
+    """The trials of a sweep, in order, with the keys the runner injects into each."""
+    trials = []
+    root = str(Path(checkpoints_root).resolve())
+    for i, params in enumerate(spec.trial_params(count, seed)):
+        trial_id = f"t{i:03d}"
+        run_id = f"{spec.name}-{trial_id}"
+        injected = {"run_id": run_id, "resume": "auto", "paths.checkpoints_root": root}
+        if "logger.wandb.group" not in params:
+            injected["logger.wandb.group"] = spec.name
+        trials.append(Trial(trial_id=trial_id, index=i, params=params, run_id=run_id, injected=injected))
+    return trials
+
+
+def trial_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a trial: the runner's (WANDB_MODE included) without leaked run identities."""
+    env = {k: v for k, v in environ.items() if k not in LEAKED_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def trial_argv(spec: SweepSpec, trial: Trial, interpreter: str, args_json_file: Optional[Path] = None) -> list[str]:
+    """The command line of one trial (swept values first, then the injected keys)."""
+    return render_command(spec.command, {**trial.params, **trial.injected}, program=spec.program,
+                          interpreter=interpreter, args_json_file=str(args_json_file) if args_json_file else None)
+
+
+def _same_params(recorded: Any, planned: Mapping[str, Any]) -> bool:
+    """Whether a manifest entry's values equal the planned ones (compared after a JSON round trip)."""
+    return json.dumps(recorded, sort_keys=True) == json.dumps(json.loads(json.dumps(planned)), sort_keys=True)
+
+
+def _open_manifest(spec: SweepSpec, sweep_dir: Path, trials: list[Trial], seed: int, root: Path) -> Manifest:
+    manifest = Manifest.load(sweep_dir)
+    if manifest is None:
+        manifest = Manifest.create(sweep_dir, {
+            "sweep": spec.name, "sweep_file": str(spec.path) if spec.path else None, "method": spec.method,
+            "metric": {"name": spec.metric, "goal": spec.goal}, "seed": seed,
+            "checkpoints_root": str(root.resolve()), "command": spec.command})
+    for trial in trials:
+        entry = manifest.trials.get(trial.trial_id)
+        if entry is not None and not _same_params(entry["params"], trial.params):
+            raise ConfigError(
+                f"sweep {spec.name}: trial {trial.trial_id} was run with {entry['params']} but the sweep file now "
+                f"gives {trial.params}; give the changed sweep another name, or another --sweep-dir")
+        if entry is None:
+            manifest.trials[trial.trial_id] = {
+                "trial": trial.trial_id, "index": trial.index, "params": trial.params, "overrides": trial.overrides,
+                "run_id": trial.run_id, "run_dir": str((root / trial.run_id).resolve()), "status": "pending",
+                "returncode": None, "attempts": 0, "log": f"logs/{trial.trial_id}.log",
+                "started_at": None, "finished_at": None, "run_state": None, "argv": None}
+    return manifest
+
+
+def _should_run(entry: dict, retry_failed: bool) -> bool:
+    """pending, interrupted and stale `running` trials run; failed ones only when retried."""
+    return entry["status"] != "finished" and (entry["status"] != "failed" or retry_failed)
+
+
+class _Running:
+    """A launched trial: its process and open log file."""
+
+    def __init__(self, trial: Trial, proc: subprocess.Popen, log_file: Any, started: float):
+        self.trial, self.proc, self.log_file, self.started = trial, proc, log_file, started
+
+
+class LocalSweep:
+    """Runs a sweep's trials as subprocesses and keeps `sweep_manifest.json` current."""
+
+    def __init__(self, spec: SweepSpec, *, checkpoints_root: str | os.PathLike = "checkpoints",
+                 sweep_dir: Optional[str | os.PathLike] = None, parallel: int = 1, count: Optional[int] = None,
+                 seed: Optional[int] = None, retry_failed: bool = False, cwd: Optional[str | os.PathLike] = None,
+                 interpreter: str = sys.executable, poll_s: float = 0.2):
+        if parallel < 1:
+            raise ConfigError(f"--parallel must be at least 1, got {parallel}")
+        self.spec = spec
+        self.root = Path(checkpoints_root)
+        self.sweep_dir = Path(sweep_dir) if sweep_dir else self.root / "sweeps" / spec.name
+        self.parallel = parallel
+        previous = Manifest.load(self.sweep_dir)
+        # A rerun reuses the recorded seed, so `qkvqa sweep FILE` twice continues the same random search.
+        self.seed = seed if seed is not None else (previous.data.get("seed", 0) if previous else 0)
+        self.trials = plan_trials(spec, self.root, count, self.seed)
+        self.retry_failed = retry_failed
+        self.cwd = Path(cwd) if cwd else Path.cwd()
+        self.interpreter = interpreter
+        self.poll_s = poll_s
+
+    def argv(self, trial: Trial) -> list[str]:
+        """The command line of a trial."""
+        return trial_argv(self.spec, trial, self.interpreter, self.sweep_dir / "logs" / f"{trial.trial_id}.args.json")
+
+    def plan(self) -> list[tuple[Trial, str]]:
+        """(trial, action) for every trial without running anything: run, or skip (finished / failed)."""
+        manifest = Manifest.load(self.sweep_dir)
+        out = []
+        for trial in self.trials:
+            entry = manifest.trials.get(trial.trial_id) if manifest else None
+            if entry is None or _should_run(entry, self.retry_failed):
+                out.append((trial, "run"))
+            else:
+                out.append((trial, f"skip ({entry['status']})"))
+        return out
+
+    def run(self) -> SweepResult:
+        """Run every trial that is not done yet, then write the comparison table."""
+        with RunnerLock(self.sweep_dir):
+            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root)
+            manifest.save()
+            todo = [t for t in self.trials if _should_run(manifest.trials[t.trial_id], self.retry_failed)]
+            skipped = [t.trial_id for t in self.trials if t not in todo]
+            if skipped:
+                log.info("sweep %s: skipping %d trial(s) already done: %s", self.spec.name, len(skipped),
+                         ", ".join(f"{tid} ({manifest.trials[tid]['status']})" for tid in skipped))
+            self._launch_all(manifest, todo)
+            result = SweepResult(self.sweep_dir, manifest, [t.trial_id for t in todo], skipped)
+            result.comparison = self.write_comparison(manifest)
+            return result
+
+    def _launch_all(self, manifest: Manifest, todo: list[Trial]) -> None:
+        queue = list(todo)
+        running: list[_Running] = []
+        bar = progress(total=len(todo), desc=f"sweep {self.spec.name}", unit="trial")
+        try:
+            while queue or running:
+                while queue and len(running) < self.parallel:
+                    running.append(self._start(manifest, queue.pop(0)))
+                for item in [r for r in running if r.proc.poll() is not None]:
+                    running.remove(item)
+                    self._finish(manifest, item)
+                    bar.update(1)
+                    bar.set_postfix(finished=sum(t["status"] == "finished" for t in manifest.trials.values()),
+                                    failed=sum(t["status"] == "failed" for t in manifest.trials.values()))
+                time.sleep(self.poll_s if running else 0)
+        except BaseException:
+            for item in running:
+                self._stop(manifest, item)
+            raise
+        finally:
+            bar.close()
+
+    def _start(self, manifest: Manifest, trial: Trial) -> _Running:
+        entry = manifest.trials[trial.trial_id]
+        argv = self.argv(trial)
+        log_path = self.sweep_dir / entry["log"]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if "${args_json_file}" in self.spec.command:
+            (log_path.parent / f"{trial.trial_id}.args.json").write_text(render_args(trial.params)["args_json"][0])
+        log_file = open(log_path, "a", encoding="utf-8")
+        attempt = entry["attempts"] + 1
+        log_file.write(f"=== {now()} attempt {attempt}: {shlex.join(argv)}\n")
+        log_file.flush()
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=trial_env(os.environ), stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        manifest.update_trial(trial.trial_id, status="running", attempts=attempt, argv=argv, started_at=now(),
+                              finished_at=None, returncode=None, pid=proc.pid)
+        log.info("trial %s started (pid %d): %s", trial.trial_id, proc.pid, " ".join(trial.overrides))
+        return _Running(trial, proc, log_file, time.monotonic())
+
+    def _finish(self, manifest: Manifest, item: _Running) -> None:
+        item.log_file.close()
+        rc = item.proc.returncode
+        status = "finished" if rc == 0 else "failed"
+        run_state = RunRecord(manifest.trials[item.trial.trial_id]["run_dir"]).status().get("state")
+        manifest.update_trial(item.trial.trial_id, status=status, returncode=rc, finished_at=now(), run_state=run_state,
+                              duration_s=round(time.monotonic() - item.started, 3), pid=None)
+        level = log.info if status == "finished" else log.warning
+        level("trial %s %s (return code %d) in %.1fs%s", item.trial.trial_id, status, rc,
+              time.monotonic() - item.started,
+              "" if status == "finished" else f"; log: {self.sweep_dir / manifest.trials[item.trial.trial_id]['log']}")
+
+    def _stop(self, manifest: Manifest, item: _Running) -> None:
+        """Terminate a trial when the runner itself is stopped; the rerun continues it (resume=auto)."""
+        item.proc.terminate()
+        try:
+            item.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            item.proc.kill()
+            item.proc.wait()
+        item.log_file.close()
+        manifest.update_trial(item.trial.trial_id, status="interrupted", returncode=item.proc.returncode,
+                              finished_at=now(), pid=None)
+
+    def write_comparison(self, manifest: Manifest) -> Path:
+        """comparison.csv and comparison.md of the finished trials, sorted by the sweep's metric goal."""
+        from qkvqa.compare.rows import collect_local
+        from qkvqa.compare.table import build_table, write_table
+
+        run_dirs = [Path(t["run_dir"]) for t in manifest.trials.values()
+                    if t["status"] == "finished" and Path(t["run_dir"]).is_dir()]
+        table = build_table(collect_local(run_dirs), self.spec.metric, self.spec.goal)
+        write_table(table, "csv", self.sweep_dir / "comparison.csv")
+        write_table(table, "md", self.sweep_dir / "comparison.md")
+        return self.sweep_dir / "comparison.csv"
