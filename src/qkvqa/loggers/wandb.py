@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig
@@ -31,6 +33,7 @@ def make_wandb_logger(cfg: DictConfig, run: RunContext, plain_config: dict):
         return None
     from lightning.pytorch.loggers import WandbLogger
 
+    finish_active_run()
     (run.run_dir / "wandb").parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict = dict(project=wcfg.project, entity=wcfg.entity, group=wcfg.group, tags=list(wcfg.tags) or None,
                         save_dir=str(run.run_dir), name=run.run_id, mode=mode, config=plain_config,
@@ -45,3 +48,36 @@ def wandb_run_id(logger: Optional[object]) -> Optional[str]:
     if logger is None:
         return None
     return getattr(logger, "version", None)
+
+
+def finish_active_run() -> None:
+    """Finish a W&B run an earlier job left open in this process; WandbLogger would log into it otherwise."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        log.info("W&B: finishing run %s left open by an earlier job in this process", wandb.run.id)
+        wandb.finish()
+
+
+RUN_FILES = ("summary.json", "report.md")
+
+
+def log_run_files(run_dir: str | os.PathLike) -> list[str]:
+    """Copy summary.json into the active W&B run's summary and save summary.json and report.md with it.
+
+    Call it after a job wrote its record (rank zero); without an active run it does nothing. Returns
+    the names of the files saved.
+    """
+    wandb = sys.modules.get("wandb")
+    run = wandb.run if wandb is not None else None
+    if run is None:
+        return []
+    from qkvqa.run.record import RunRecord
+
+    run_dir = Path(run_dir)
+    run.summary.update(RunRecord(run_dir).summary())
+    saved = []
+    for name in RUN_FILES:
+        if (run_dir / name).is_file():
+            run.save(str(run_dir / name), base_path=str(run_dir), policy="now")
+            saved.append(name)
+    return saved
