@@ -73,6 +73,9 @@ class ResumableDataLoader(DataLoader):
     """
 
     def __init__(self, dataset: Any, sampler: ResumableSampler, batches_done: Callable[[], int], **kwargs: Any):
+        # A private generator: creating an iterator must not draw from the global RNG, or a resumed
+        # run's dropout/noise would shift by one draw against the uninterrupted run.
+        kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed + 10_007 * sampler.rank))
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.resumable_sampler = sampler
         self.batches_done = batches_done

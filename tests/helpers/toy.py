@@ -1,11 +1,17 @@
 """A deterministic toy regression task used to test the run machinery (records, resume, DDP)."""
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
+from typing import Optional
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from data_modules.samplers import ResumableDataLoader, ResumableSampler, rank_and_world, trainer_batches_done
 
 
 class ToyDataset(Dataset):
@@ -24,7 +30,7 @@ class ToyDataset(Dataset):
 
 
 class ToyDataModule(pl.LightningDataModule):
-    """Shuffled training loader over ToyDataset."""
+    """Shuffled, rank-sharded, resumable training loader over ToyDataset."""
 
     def __init__(self, n: int = 64, batch_size: int = 8, seed: int = 0):
         super().__init__()
@@ -34,21 +40,32 @@ class ToyDataModule(pl.LightningDataModule):
         self.ds = ToyDataset(self.n, seed=self.seed)
 
     def train_dataloader(self):
-        return DataLoader(self.ds, batch_size=self.batch_size, shuffle=True,
-                          generator=torch.Generator().manual_seed(self.seed))
+        rank, world = rank_and_world(self.trainer)
+        sampler = ResumableSampler(len(self.ds), seed=self.seed, rank=rank, world_size=world)
+        return ResumableDataLoader(self.ds, sampler, trainer_batches_done(self.trainer), batch_size=self.batch_size)
 
 
 class ToyRegressor(pl.LightningModule):
     """A linear model trained with AdamW + OneCycle, logging its loss each step."""
 
-    def __init__(self, dim: int = 8, lr: float = 0.05, total_steps: int = 100):
+    def __init__(self, dim: int = 8, lr: float = 0.05, total_steps: int = 100, fail_at_step: Optional[int] = None,
+                 seen_file: Optional[str] = None, step_sleep: float = 0.0):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Linear(dim, 1)
+        self.drop = torch.nn.Dropout(0.2)       # consumes RNG, so resume must restore it
 
     def training_step(self, batch, batch_idx):
-        loss = torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
+        if self.hparams.fail_at_step is not None and self.global_step == self.hparams.fail_at_step:
+            raise RuntimeError(f"injected failure at step {self.global_step}")
+        if self.hparams.step_sleep:
+            time.sleep(self.hparams.step_sleep)
+        loss = torch.nn.functional.mse_loss(self.net(self.drop(batch["x"])), batch["y"])
         self.log("train/loss", loss, on_step=True, prog_bar=False)
+        if self.hparams.seen_file:
+            with open(self.hparams.seen_file, "a") as f:
+                f.write(json.dumps({"step": self.global_step, "rank": self.global_rank,
+                                    "ids": batch["idx"].tolist()}) + "\n")
         return loss
 
     def configure_optimizers(self):
@@ -65,7 +82,9 @@ def main(argv: list[str]) -> None:
 
     experiment, presets, rest = split_overrides(argv)
     cfg = compose(experiment, presets, rest)
-    fit(cfg, ToyRegressor(), ToyDataModule(), command="toy-train", batch_size=8)
+    module = ToyRegressor(seen_file=os.environ.get("TOY_SEEN_FILE"),
+                          step_sleep=float(os.environ.get("TOY_STEP_SLEEP", "0")))
+    fit(cfg, module, ToyDataModule(), command="toy-train", batch_size=8)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Store the run's identity and plain-dict config in every checkpoint, and check them on resume."""
+"""Store the run's identity, plain-dict config and RNG states in every checkpoint; check them on resume."""
 from __future__ import annotations
 
+import random
 from typing import Any, Optional
+
+import numpy as np
+import torch
 
 import lightning.pytorch as pl
 
@@ -36,11 +40,19 @@ class RunStateCallback(pl.Callback):
             "wandb_id": self.wandb_id,
             "world_size": int(trainer.world_size),
             "global_batch_size": int(batch * trainer.world_size * trainer.accumulate_grad_batches),
-            "mid_epoch": not _at_epoch_end(trainer),
+            "mid_epoch": _epoch_position(trainer) == "mid",
+            "epoch_position": _epoch_position(trainer),
+            "rng": rng_state(),
         }
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(CHECKPOINT_KEY, {})
+        if "rng" in state:
+            set_rng_state(state["rng"])
+        if state.get("epoch_position") == "mid":
+            _reopen_epoch(checkpoint)
+        elif state.get("epoch_position") == "end":
+            _close_epoch(checkpoint)
         saved = state.get("world_size")
         if saved is not None and saved != trainer.world_size:
             if state.get("mid_epoch"):
@@ -52,9 +64,68 @@ class RunStateCallback(pl.Callback):
                         "the global batch size changes", saved, trainer.world_size)
 
 
-def _at_epoch_end(trainer: pl.Trainer) -> bool:
-    loop = trainer.fit_loop.epoch_loop
-    try:
-        return loop.batch_progress.current.ready == 0 or loop.done
-    except AttributeError:
-        return True
+def _epoch_position(trainer: pl.Trainer) -> str:
+    """'start' (no batch of the epoch processed), 'end' (all of them) or 'mid'."""
+    processed = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    total = trainer.num_training_batches
+    if processed == 0:
+        return "start"
+    return "end" if total != float("inf") and processed >= total else "mid"
+
+
+def _epoch_progress(checkpoint: dict) -> Optional[dict]:
+    return checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+
+
+def _close_epoch(checkpoint: dict) -> None:
+    """Mark an epoch that `max_steps` stopped on its last batch as completed.
+
+    Lightning leaves such an epoch 'processed but not completed' with every batch counted, and on
+    resume it replays one extra batch of the next epoch's order as part of the old epoch.
+    """
+    progress = _epoch_progress(checkpoint)
+    if progress and progress["total"]["completed"] == progress["total"]["processed"] - 1:
+        for part in ("total", "current"):
+            progress[part]["completed"] += 1
+        batches = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
+        for key in batches:
+            batches[key] = 0
+
+
+def _reopen_epoch(checkpoint: dict) -> None:
+    """Undo Lightning's 'epoch processed' mark on a checkpoint saved mid-epoch by max_steps.
+
+    When `max_steps` stops training mid-epoch, Lightning records the epoch as processed, so a
+    resumed run would start the next epoch and skip the rest of this one. Marking it unprocessed
+    makes Lightning restart mid-epoch, and the resumable loader continues at the right sample.
+    """
+    progress = _epoch_progress(checkpoint)
+    if not progress:
+        return
+    total = progress["total"]
+    if total["processed"] == total["started"] and total["completed"] == total["processed"] - 1:
+        for part in ("total", "current"):
+            progress[part]["processed"] -= 1
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch RNG states as plain lists and tensors (loadable with weights_only)."""
+    np_state = np.random.get_state()
+    state = {"python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
+                       int(np_state[3]), float(np_state[4])],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the states saved by `rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

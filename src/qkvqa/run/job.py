@@ -26,6 +26,7 @@ class Job:
     record: RunRecord
     ckpt_path: Optional[str] = None
     resume_changes: dict = field(default_factory=dict)
+    final_state: str = "finished"       # set to "interrupted" by a job that stopped on a signal
 
     @property
     def plain_config(self) -> dict:
@@ -66,7 +67,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
         raise
     else:
         if run.is_rank_zero:
-            record.finish("finished")
+            record.finish(job.final_state)
 
 
 def _child_ckpt(run: RunContext) -> Optional[str]:

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Optional
 import lightning.pytorch as pl
 from omegaconf import DictConfig
 
+from qkvqa.callbacks.preemption import PreemptionCheckpoint
 from qkvqa.callbacks.run_state import RunStateCallback
 from qkvqa.loggers.local import RunRecordLogger
 from qkvqa.loggers.wandb import make_wandb_logger, wandb_run_id
@@ -45,8 +46,11 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     wandb_logger = make_wandb_logger(cfg, job.run, job.plain_config)
     loggers = [RunRecordLogger(job.record, job.run.run_id)] + ([wandb_logger] if wandb_logger else [])
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
-    return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers,
-                      callbacks=[checkpoint, state, *callbacks], **trainer_kwargs(cfg))
+    # qkvqa DataModules shard across ranks themselves (data_modules.samplers), which keeps mid-epoch
+    # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
+    return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
+                      callbacks=[checkpoint, state, PreemptionCheckpoint(job.run.run_dir), *callbacks],
+                      **trainer_kwargs(cfg))
 
 
 def world_size_of(cfg: DictConfig) -> int:
@@ -70,6 +74,9 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, callbacks, batch_size)
         trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
+        preemption = next(cb for cb in trainer.callbacks if isinstance(cb, PreemptionCheckpoint))
+        if preemption.preempted:
+            job.final_state = "interrupted"
         summary: dict = {}
         if job.run.is_rank_zero and trainer.is_global_zero:
             ckpt_cb = trainer.checkpoint_callback

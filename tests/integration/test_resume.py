@@ -1,0 +1,96 @@
+"""Resume that loses nothing: numeric equivalence, mid-epoch exactly-once, preemption by signal."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkvqa.config.load import compose
+from qkvqa.run.record import RunRecord
+from qkvqa.run.rundir import clear_run_env
+from qkvqa.run.trainer import fit
+from tests.helpers.toy import ToyDataModule, ToyRegressor
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
+        "logger.wandb.enabled=false", "trainer.max_epochs=100", "trainer.deterministic=true"]
+
+
+def _fit(run_root, module_kwargs=None, *overrides):
+    clear_run_env()
+    cfg = compose(None, [], [f"paths.checkpoints_root={run_root}", *BASE, *overrides])
+    torch.manual_seed(cfg.seed)                  # the same initial weights for every run of a test
+    return fit(cfg, ToyRegressor(total_steps=40, **(module_kwargs or {})), ToyDataModule(n=60, batch_size=8),
+               batch_size=8)
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["value"] for r in RunRecord(run_dir).read_metrics() if r["name"] == "train/loss"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_at", [5, 8])       # mid-epoch (8 batches/epoch) and exactly at an epoch end
+def test_interrupted_and_resumed_run_equals_uninterrupted(run_root, stop_at):
+    _fit(run_root, None, "run_id=A", "trainer.max_steps=14")
+    _fit(run_root, None, "run_id=B", f"trainer.max_steps={stop_at}")
+    summary = _fit(run_root, None, "run_id=B", "resume=auto", "trainer.max_steps=14")
+    a = torch.load(run_root / "A" / "last.ckpt", weights_only=True)
+    b = torch.load(run_root / "B" / "last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == summary["global_step"] == 14
+    for key in a["state_dict"]:
+        torch.testing.assert_close(b["state_dict"][key], a["state_dict"][key], rtol=0, atol=0)
+    opt_a, opt_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    for pid in opt_a:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt_b[pid][name], opt_a[pid][name], rtol=0, atol=0)
+    assert a["lr_schedulers"][0]["last_epoch"] == b["lr_schedulers"][0]["last_epoch"] == 14
+    assert a["lr_schedulers"][0]["_last_lr"] == b["lr_schedulers"][0]["_last_lr"]
+    losses_a, losses_b = _losses(run_root / "A"), _losses(run_root / "B")
+    assert sorted(losses_b) == list(range(14))
+    assert [losses_b[s] for s in range(stop_at, 14)] == [losses_a[s] for s in range(stop_at, 14)]
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_sees_every_sample_exactly_once(run_root, tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    with pytest.raises(RuntimeError, match="injected failure"):
+        _fit(run_root, {"fail_at_step": 3, "seen_file": str(seen)}, "run_id=mid", "trainer.max_steps=8")
+    assert json.loads((run_root / "mid" / "status.json").read_text())["state"] == "failed"
+    first = [json.loads(line) for line in seen.read_text().splitlines()]
+    _fit(run_root, {"seen_file": str(seen)}, "run_id=mid", "resume=auto", "trainer.max_steps=8")
+    rows = [json.loads(line) for line in seen.read_text().splitlines()]
+    restart = rows[len(first):]
+    ids = [i for row in rows for i in row["ids"]]
+    assert len(first) == 3 and len(restart) == 5
+    assert len(ids) == len(set(ids)) == 60                       # failed + restart == one whole epoch, no repeats
+    assert [r["step"] for r in rows] == list(range(8))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(run_root, tmp_path):
+    cmd = [sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={run_root}", "run_id=pre", *BASE,
+           "trainer.max_steps=400"]
+    env = {**__import__("os").environ, "TOY_STEP_SLEEP": "0.05", "TOY_SEEN_FILE": str(tmp_path / "seen.jsonl")}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "seen.jsonl").exists():
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    status = json.loads((run_root / "pre" / "status.json").read_text())
+    assert status["state"] == "interrupted", out[-2000:]
+    step = torch.load(run_root / "pre" / "last.ckpt", weights_only=True)["global_step"]
+    assert 0 < step < 400
+    resumed = subprocess.run(cmd[:-1] + ["trainer.max_steps=" + str(step + 3), "resume=auto"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert torch.load(run_root / "pre" / "last.ckpt", weights_only=True)["global_step"] == step + 3
+    assert json.loads((run_root / "pre" / "status.json").read_text())["state"] == "finished"
