@@ -1,0 +1,179 @@
+"""CDA context selection (method.md section 4): articles by U and theta, chunk ranking, K1/K2 quotas, ablation modes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence
+
+from qkvqa.cda.chunker import ArticleLike, Chunk, Chunker, Splitter
+from qkvqa.data.sections import is_excluded_section
+from qkvqa.errors import ConfigError
+
+if TYPE_CHECKING:
+    from qkvqa.config.schema import CDAConfig
+
+MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
+CONTEXT_JOINER = "\n"
+# Float slack when comparing S_1 - S_i with theta (0.5 - 0.49 is 0.010000000000000009).
+THETA_TOLERANCE = 1e-9
+
+
+class PairScorer(Protocol):
+    """The chunk reranker interface (qkvqa.cda.reranker.Reranker)."""
+
+    def score(self, pairs: Sequence[tuple[str, str]], batch_size: Optional[int] = None,
+              max_length: Optional[int] = None, normalize: Optional[bool] = None) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class RankedArticle:
+    """One article of a question's QFF ranking: the article, its fused score S_i and its sections' QFF scores.
+
+    `section_scores` maps ORIGINAL section indexes (positions in `article.section_titles`) to QFF
+    scores; only the `top1_section` mode reads it.
+    """
+
+    article: ArticleLike
+    score: float
+    section_scores: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    """The selected context of one question.
+
+    `chunks` are in context order (article 1's by score, then article 2's, ...), each with `score`
+    and `article_rank` set (no score in `top1_section` mode); `text` is their rendered forms joined by
+    newlines and `token_count` its length in generator tokens. `kept_articles` are the 0-based ranks of
+    the articles that survived selection by U and theta.
+    """
+
+    mode: str
+    chunks: list[Chunk]
+    text: str
+    token_count: int
+    kept_articles: list[int]
+
+    def metadata(self) -> dict:
+        """A JSON-ready record of the selection (for prediction files and analysis)."""
+        return {"mode": self.mode, "token_count": self.token_count, "kept_articles": list(self.kept_articles),
+                "chunks": [{"url": c.url, "title": c.title, "section_index": c.section_index,
+                            "section_title": c.section_title, "chunk_index": c.chunk_index,
+                            "token_count": c.token_count, "score": c.score, "article_rank": c.article_rank}
+                           for c in self.chunks]}
+
+
+def select_articles(scores: Sequence[float], U: Optional[int], theta: Optional[float]) -> list[int]:
+    """Ranks of the articles kept by Eq. 11: among the top U, those with S_1 - S_i <= theta; article 1 always.
+
+    `scores` are the fused scores in ranking order (non-increasing); `U: None` / `theta: None` lift
+    the corresponding limit.
+    """
+    if not scores:
+        return []
+    if U is not None and U < 1:
+        raise ConfigError(f"cda.U must be at least 1 or null, got {U}")
+    if theta is not None and theta < 0:
+        raise ConfigError(f"cda.theta must be non-negative or null, got {theta}")
+    for i in range(1, len(scores)):
+        if scores[i] > scores[i - 1]:
+            raise ValueError(f"ranked articles must come in non-increasing fused-score order; rank {i} has "
+                             f"{scores[i]} after {scores[i - 1]}")
+    limit = len(scores) if U is None else min(U, len(scores))
+    best = scores[0]
+    return [0] + [i for i in range(1, limit)
+                  if theta is None or best - scores[i] <= theta + THETA_TOLERANCE]
+
+
+def apply_quotas(ranked: Sequence[Sequence[Chunk]], k_first: int, k_other: int) -> list[Chunk]:
+    """Eq. 13: the `k_first` best chunks of the first kept article, then the `k_other` best of each other kept article.
+
+    `ranked` holds each kept article's scored chunks; within a group chunks are ordered by score
+    (descending; ties keep document order).
+    """
+    selected: list[Chunk] = []
+    for position, chunks in enumerate(ranked):
+        quota = k_first if position == 0 else k_other
+        order = sorted(range(len(chunks)), key=lambda j: -chunks[j].score)
+        selected.extend(chunks[j] for j in order[:quota])
+    return selected
+
+
+class ContextSelector:
+    """Builds the CDA context of a question from its QFF-ranked articles (the pipeline's entry point).
+
+    - `splitter`: sentence splitter (component `spacy_sentencizer`);
+    - `count_tokens(text) -> int`: the generator tokenizer's count without special tokens
+      (`Generator.count_tokens`), used for chunk lengths (L = `cfg.chunk_tokens`) and context length;
+    - `reranker`: `score(pairs, batch_size=, max_length=, normalize=)` (component `bge_reranker`);
+      not needed in `top1_section` mode.
+
+    Chunks are scored as (question, rendered chunk), the rendered chunk carrying its section-string
+    header. With U or theta lifted, every kept article after the first gets the K2 quota.
+    """
+
+    def __init__(self, cfg: "CDAConfig", splitter: Splitter, count_tokens: Callable[[str], int],
+                 reranker: Optional[PairScorer] = None):
+        if cfg.mode not in MODES:
+            raise ConfigError(f"cda.mode: {cfg.mode!r} is not one of {', '.join(MODES)}")
+        if cfg.mode != "top1_section" and reranker is None:
+            raise ConfigError(f"cda.mode={cfg.mode} ranks chunks and needs a reranker (components.reranker)")
+        for key in ("K1", "K2"):
+            if getattr(cfg, key) < 0:
+                raise ConfigError(f"cda.{key} must be non-negative, got {getattr(cfg, key)}")
+        self.cfg = cfg
+        self.count_tokens = count_tokens
+        self.reranker = reranker
+        self.chunker = Chunker(splitter, count_tokens, cfg.chunk_tokens)
+
+    def select(self, question: str, ranked_articles: Sequence[RankedArticle]) -> Context:
+        """The context for `question` given its articles in fused-score order."""
+        mode = self.cfg.mode
+        if not ranked_articles:
+            return self._context([], [])
+        if mode == "top1_section":
+            return self._context(self._top1_section(ranked_articles[0]), [0])
+        if mode == "full":
+            kept = select_articles([a.score for a in ranked_articles], self.cfg.U, self.cfg.theta)
+        else:
+            kept = [0]
+        ranked = self._rank_chunks(question, [(rank, ranked_articles[rank].article) for rank in kept])
+        k_first = 1 if mode == "first_chunk" else self.cfg.K1
+        return self._context(apply_quotas(ranked, k_first, self.cfg.K2), kept)
+
+    def _top1_section(self, ranked: RankedArticle) -> list[Chunk]:
+        article = ranked.article
+        count = min(len(article.section_titles), len(article.section_texts))
+        candidates = [(score, index) for index, score in ranked.section_scores.items()
+                      if 0 <= index < count and not is_excluded_section(article.section_titles[index])]
+        if not candidates:
+            return []
+        _, index = max(candidates, key=lambda item: (item[0], -item[1]))
+        text = article.section_texts[index].strip()
+        return [Chunk(url=article.url, title=article.title, section_index=index,
+                      section_title=article.section_titles[index], chunk_index=0, text=text,
+                      token_count=self.count_tokens(text), article_rank=0)]
+
+    def _rank_chunks(self, question: str, articles: Sequence[tuple[int, ArticleLike]]) -> list[list[Chunk]]:
+        per_article = [(rank, self.chunker.chunk_article(article)) for rank, article in articles]
+        pairs = [(question, chunk.render()) for _, chunks in per_article for chunk in chunks]
+        scores = self.reranker.score(pairs, batch_size=self.cfg.reranker_batch_size,
+                                     max_length=self.cfg.reranker_max_length,
+                                     normalize=self.cfg.reranker_normalize) if pairs else []
+        ranked, position = [], 0
+        for rank, chunks in per_article:
+            ranked.append([replace(chunk, score=float(scores[position + j]), article_rank=rank)
+                           for j, chunk in enumerate(chunks)])
+            position += len(chunks)
+        return ranked
+
+    def _context(self, chunks: list[Chunk], kept: list[int]) -> Context:
+        text = CONTEXT_JOINER.join(chunk.render() for chunk in chunks)
+        return Context(mode=self.cfg.mode, chunks=chunks, text=text,
+                       token_count=self.count_tokens(text) if text else 0, kept_articles=kept)
+
+
+def select_context(question: str, ranked_articles: Sequence[RankedArticle], cfg: "CDAConfig",
+                   reranker: Optional[PairScorer], count_tokens: Callable[[str], int],
+                   splitter: Splitter) -> Context:
+    """One-shot form of `ContextSelector(cfg, splitter, count_tokens, reranker).select(question, ranked_articles)`."""
+    return ContextSelector(cfg, splitter, count_tokens, reranker).select(question, ranked_articles)

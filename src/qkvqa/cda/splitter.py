@@ -1,0 +1,76 @@
+"""Sentence splitter for chunking: spaCy's blank English tokenizer + rule-based sentencizer (kind `spacy_sentencizer`)."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from qkvqa.components.registry import ComponentSpec, register_component
+from qkvqa.errors import ConfigError
+
+# The blank English tokenizer splits a sentence after these (models.md section 7); a special case
+# keeps each one a single token, so that the sentencizer no longer ends a sentence there.
+DEFAULT_ABBREVIATIONS = ("Fig.", "No.", "Approx.", "Ft.", "c.")
+
+
+class SentenceSplitter:
+    """Splits texts into sentences with `spacy.blank("en")` + `sentencizer`, with extra abbreviation special cases.
+
+    With `split_on_newlines` (default) a line break always ends a sentence: KB section texts put
+    paragraphs and list items on separate lines, often without final punctuation. Sentences are
+    returned stripped of surrounding whitespace; whitespace-only pieces are dropped.
+    """
+
+    def __init__(self, extra_abbreviations: Sequence[str] = (), split_on_newlines: bool = True,
+                 batch_size: int = 256):
+        import spacy
+        from spacy.symbols import ORTH
+
+        self.abbreviations = tuple(dict.fromkeys([*DEFAULT_ABBREVIATIONS, *extra_abbreviations]))
+        self.split_on_newlines = split_on_newlines
+        self.batch_size = batch_size
+        self.nlp = spacy.blank("en")
+        self.nlp.add_pipe("sentencizer")
+        for abbreviation in self.abbreviations:
+            if not abbreviation or any(ch.isspace() for ch in abbreviation):
+                raise ConfigError(f"splitter abbreviation {abbreviation!r} must be one non-empty token without spaces")
+            self.nlp.tokenizer.add_special_case(abbreviation, [{ORTH: abbreviation}])
+
+    def split(self, text: str) -> list[str]:
+        """The sentences of one text, in order."""
+        return self.split_many([text])[0]
+
+    def split_many(self, texts: Iterable[str]) -> list[list[str]]:
+        """The sentences of each text (one spaCy pass over all of them)."""
+        texts = list(texts)
+        if self.split_on_newlines:
+            pieces, owners = [], []
+            for owner, text in enumerate(texts):
+                for line in text.split("\n"):
+                    if line.strip():
+                        pieces.append(line)
+                        owners.append(owner)
+        else:
+            pieces = texts
+            owners = list(range(len(texts)))
+        result: list[list[str]] = [[] for _ in texts]
+        for owner, doc in zip(owners, self.nlp.pipe(pieces, batch_size=self.batch_size)):
+            sentences = result[owner]
+            for span in doc.sents:
+                sentence = span.text.strip()
+                if sentence:
+                    sentences.append(sentence)
+        return result
+
+
+@register_component("spacy_sentencizer")
+def build_spacy_sentencizer(spec: ComponentSpec) -> SentenceSplitter:
+    """A SentenceSplitter; options: `extra_abbreviations` (list), `split_on_newlines` (bool). It has no weights."""
+    if spec.pretrained:
+        raise ConfigError(f"components.splitter (kind spacy_sentencizer) loads no weights; remove "
+                          f"`pretrained: {spec.pretrained}` and set `tiny: true`")
+    options = dict(spec.options)
+    known = {"extra_abbreviations", "split_on_newlines"}
+    unknown = set(options) - known
+    if unknown:
+        raise ConfigError(f"components.splitter.options: unknown key(s) {sorted(unknown)}; valid: {sorted(known)}")
+    return SentenceSplitter(extra_abbreviations=list(options.get("extra_abbreviations", ())),
+                            split_on_newlines=bool(options.get("split_on_newlines", True)))
