@@ -112,9 +112,14 @@ class GenerationConfig:
 
     prompt: str = "auto"                         # auto (dataset x generator type) | template
     template: Optional[str] = None               # custom template with {question} and {context}
+    template_system: Optional[str] = None        # system prompt used with prompt=template (null: none)
     max_new_tokens: int = 128
     batch_size: int = 4
     backend: str = "hf"                          # hf | vllm (separate environment)
+    filter_top_n: int = 5                        # MLLM-filtering baseline: articles read per question
+    summary_template: Optional[str] = None       # `qkvqa summarize` prompt with {title}, {context}; null: built-in
+    summary_context_tokens: int = 512            # article text shown per summary, in generator tokens
+    summary_max_new_tokens: int = 60             # summary length cap (EVA-CLIP's text tower reads 77 tokens)
 
 
 @dataclass
