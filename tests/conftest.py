@@ -36,3 +36,14 @@ def run_root(tmp_path) -> Path:
 def experiments_root() -> Path:
     """The repository's experiments/ directory."""
     return REPO / "experiments"
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> dict:
+    """A small synthetic KB-VQA world (36 entities), generated once per test session.
+
+    Returns world.json with `dir` added. Tests must not modify its files; copy what they change.
+    """
+    from tests.fixtures_world import make_world
+
+    return make_world(tmp_path_factory.mktemp("world"))
