@@ -55,6 +55,8 @@ def _run(args: argparse.Namespace) -> int:
     sweep_metric, sweep_goal = _sweep_metric(paths)
     metric = args.metric or sweep_metric
     goal = args.goal or sweep_goal or "max"
+    if args.plot and not metric:
+        raise ConfigError("--plot needs --metric (the value plotted against the parameter)")
     rows = collect_wandb(args.wandb) if args.wandb else collect_local(paths)
     rows = filter_rows(rows, args.filter)
     table = build_table(rows, metric, goal)
@@ -67,8 +69,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot:
         from qkvqa.compare.plot import plot_metric_vs_param
 
-        if not metric:
-            raise ConfigError("--plot needs --metric (the value plotted against the parameter)")
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{metric}_vs_{args.plot}")
         default = (Path(args.out).parent if args.out else Path.cwd()) / f"{slug}.png"
         print(f"plot -> {plot_metric_vs_param(rows, args.plot, metric, args.plot_out or default, goal)}")
