@@ -226,6 +226,20 @@ class QueryImageSource:
 
 # ----------------------------------------------------------------------------------------- the set
 
+def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+
 @dataclass
 class EmbeddingSet:
     """A shard set directory (see the module docstring)."""
@@ -240,6 +254,34 @@ class EmbeddingSet:
         if not (path / "manifest.json").is_file():
             raise DataError(f"{path}: not an embedding set (no manifest.json); write it with `qkvqa embed`")
         return cls(path, read_json(path / "manifest.json"))
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, description: dict, n_rows: int) -> "EmbeddingSet":
+        """Start a set at `path` for `n_rows` source rows; `description` needs at least `what`, `encoder`,
+        `dtype` and `shard_size` (plus `source` with the KB checksum for KB sets). Also how precomputed
+        vectors (e.g. an EchoSight feature pickle) are imported: create, then `write_shard` each block."""
+        size = int(description["shard_size"])
+        manifest = {**description, "n_rows": int(n_rows), "n_shards": (int(n_rows) + size - 1) // size,
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_json(Path(path) / "manifest.json", manifest)
+        return cls(Path(path), manifest)
+
+    def write_shard(self, i: int, vectors: np.ndarray, ids: Sequence[Any], *, skipped: Sequence[dict] = (),
+                    counts: Optional[dict] = None, preprocess: Optional[dict] = None, seconds: float = 0.0) -> dict:
+        """Write shard i: the .npy (cast to the set's dtype) and the id map atomically, then its done record."""
+        if len(vectors) != len(ids):
+            raise ValueError(f"shard {i}: {len(vectors)} vectors but {len(ids)} ids")
+        array = np.asarray(vectors).astype(self.manifest["dtype"])
+        npy = self.shard_file(i, ".npy")
+        _save_npy_atomic(npy, array)
+        atomic_write_json(self.shard_file(i, ".ids.json"), list(ids), indent=None)
+        start, stop = self.shard_rows(i)
+        record = {"shard": i, "rows": [start, stop], "count": len(array), "dim": int(array.shape[1]),
+                  "dtype": str(array.dtype), "bytes": npy.stat().st_size, "sha256": sha256_file(npy),
+                  "preprocess": preprocess, "skipped": list(skipped), "counts": counts or {},
+                  "seconds": round(seconds, 3)}
+        atomic_write_json(self.shard_file(i, ".done.json"), record)
+        return record
 
     @property
     def kind(self) -> str:
@@ -337,19 +379,6 @@ class EmbeddingSet:
             for key, value in record.get("counts", {}).items():
                 out[key] = out.get(key, 0) + value
         return out
-
-
-def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, array)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # ----------------------------------------------------------------------------- image loading in workers
@@ -484,12 +513,7 @@ class Embedder:
         path = self.set_path()
         if (path / "manifest.json").is_file():
             return EmbeddingSet.open(path)
-        rows = self.source.rows
-        size = int(self.cfg.retrieval.shard_size)
-        manifest = {**self.description(), "n_rows": rows, "n_shards": (rows + size - 1) // size,
-                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        atomic_write_json(path / "manifest.json", manifest)
-        return EmbeddingSet(path, manifest)
+        return EmbeddingSet.create(path, self.description(), self.source.rows)
 
     def run(self, encoder=None, shard_index: int = 0, num_shards: int = 1,
             max_shards: Optional[int] = None) -> EmbedReport:
@@ -524,9 +548,9 @@ class Embedder:
         items = self.source.items(start, stop, counts)
         desc = f"embed {self.kind} shard {i} ({position})"
         skipped: list[dict] = []
+        step = max(1, int(self.cfg.retrieval.embed_batch_size))
         if self.kind == "kb_text":
             vectors = []
-            step = max(1, encoder.batch_size)
             with progress(total=len(items), desc=desc, unit="text") as bar:
                 for s in range(0, len(items), step):
                     vectors.append(encoder.embed_texts([item.text for item in items[s:s + step]]))
@@ -535,8 +559,7 @@ class Embedder:
         else:
             vectors, kept = [], []
             with progress(total=len(items), desc=desc, unit="img") as bar:
-                for batch in _image_batches(items, encoder.preprocess, self.dm.image_loader,
-                                            max(1, int(self.cfg.retrieval.embed_batch_size)),
+                for batch in _image_batches(items, encoder.preprocess, self.dm.image_loader, step,
                                             int(self.dm.config.num_workers)):
                     good = [(pos, pixels) for pos, pixels, _ in batch if pixels is not None]
                     skipped.extend(skip for _, pixels, skip in batch if pixels is None)
@@ -544,16 +567,9 @@ class Embedder:
                         vectors.append(encoder.embed_pixels(np.stack([pixels for _, pixels in good])))
                         kept.extend(items[pos] for pos, _ in good)
                     bar.update(len(batch))
-        array = (np.concatenate(vectors) if vectors else np.zeros((0, encoder.dim), np.float32))
-        array = array.astype(self.cfg.retrieval.embed_dtype)
-        npy = emb.shard_file(i, ".npy")
-        _save_npy_atomic(npy, array)
-        atomic_write_json(emb.shard_file(i, ".ids.json"), [item.id for item in kept], indent=None)
-        atomic_write_json(emb.shard_file(i, ".done.json"), {
-            "shard": i, "rows": [start, stop], "count": len(kept), "dim": int(array.shape[1]),
-            "dtype": str(array.dtype), "bytes": npy.stat().st_size, "sha256": sha256_file(npy),
-            "preprocess": encoder.preprocess.describe(), "skipped": skipped, "counts": counts,
-            "seconds": round(time.time() - started, 3)})
+        array = np.concatenate(vectors) if vectors else np.zeros((0, encoder.dim), np.float32)
+        emb.write_shard(i, array, [item.id for item in kept], skipped=skipped, counts=counts,
+                        preprocess=encoder.preprocess.describe(), seconds=time.time() - started)
         if skipped:
             log.info("shard %d: %d images skipped (%s)", i, len(skipped),
                      ", ".join(f"{s['reason']} {s['image_id']}" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else ""))

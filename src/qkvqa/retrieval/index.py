@@ -52,6 +52,21 @@ def _ivf_nlist(index) -> Optional[int]:
         return None
 
 
+def _skip_polysemous_training(index) -> None:
+    """PQ indexes from index_factory run polysemous training (simulated annealing over the codes, for Hamming
+    filtering we never use), which costs far more than the PQ k-means itself: switch it off."""
+    import faiss
+
+    candidates = [faiss.downcast_index(index)]
+    try:
+        candidates.append(faiss.downcast_index(faiss.extract_index_ivf(index)))
+    except RuntimeError:
+        pass
+    for candidate in candidates:
+        if hasattr(candidate, "do_polysemous_training"):
+            candidate.do_polysemous_training = False
+
+
 def _to_gpu(index, what: str):
     """The index on every GPU, or the CPU index when this index type has no GPU version."""
     import faiss
@@ -108,6 +123,7 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     except RuntimeError as e:
         raise ConfigError(f"retrieval.index_factory: faiss cannot build {factory!r} ({str(e).splitlines()[0]}); "
                           "examples: Flat, IVF4096,Flat, IVF4096,PQ64, HNSW32") from None
+    _skip_polysemous_training(index)
     nlist = _ivf_nlist(index)
     n_train = min(count, int(train_size))
     if nlist is not None and n_train < nlist:

@@ -2,8 +2,8 @@
 
 The tiny CLIP tokenizer is a real `CLIPTokenizer` (byte-level BPE, `vocab.json` + `merges.txt`)
 with a small vocabulary: the 256 byte symbols, the same with the end-of-word marker `</w>`, one
-merge chain per known word (so frequent words are single tokens and any other text still
-tokenises byte by byte) and `<|startoftext|>` / `<|endoftext|>`, in CLIP's own vocabulary order.
+merge chain per known word, built on top of the merges that already apply to it (so every known
+word is a single token and any other text still tokenises byte by byte) and `<|startoftext|>` / `<|endoftext|>`, in CLIP's own vocabulary order.
 
 The tiny EVA-CLIP is a tiny `CLIPModel` whose directory carries a custom-code module
 (`modeling_tiny_evaclip.py`, referenced by `auto_map` in config.json) defining
@@ -52,6 +52,17 @@ def _words(texts: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(words))
 
 
+def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Byte-pair merging as CLIP's tokenizer does it: repeatedly merge the lowest-ranked adjacent pair."""
+    while len(symbols) > 1:
+        pairs = [(ranks[p], i) for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]
+        if not pairs:
+            break
+        _, i = min(pairs)
+        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2:]
+    return symbols
+
+
 def write_clip_tokenizer(out_dir: str | Path, texts: Iterable[str] = ()) -> Path:
     """Write a small byte-level BPE CLIP tokenizer (see the module docstring) into `out_dir`."""
     from transformers import CLIPTokenizer
@@ -62,16 +73,18 @@ def write_clip_tokenizer(out_dir: str | Path, texts: Iterable[str] = ()) -> Path
     byte_symbols = list(bytes_to_unicode().values())
     vocab = byte_symbols + [s + END_OF_WORD for s in byte_symbols]
     known = set(vocab)
-    merges: list[tuple[str, str]] = []
+    ranks: dict[tuple[str, str], int] = {}
     for word in _words(texts):
-        symbols = list(word[:-1]) + [word[-1] + END_OF_WORD]
-        while len(symbols) > 1:
+        symbols = _apply_merges(list(word[:-1]) + [word[-1] + END_OF_WORD], ranks)
+        while len(symbols) > 1:      # new merges rank after every existing one, so they run last
             merged = symbols[0] + symbols[1]
-            if merged not in known:
-                known.add(merged)
-                merges.append((symbols[0], symbols[1]))
-                vocab.append(merged)
+            if (symbols[0], symbols[1]) not in ranks:
+                ranks[(symbols[0], symbols[1])] = len(ranks)
+                if merged not in known:
+                    known.add(merged)
+                    vocab.append(merged)
             symbols = [merged] + symbols[2:]
+    merges = sorted(ranks, key=ranks.get)
     vocab += [CLIP_BOS, CLIP_EOS]
     (out_dir / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}), encoding="utf-8")
     (out_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
