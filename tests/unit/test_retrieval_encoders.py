@@ -13,6 +13,17 @@ from qkvqa.retrieval.tiny import write_clip_tokenizer, write_tiny_evaclip, write
 TEXTS = ["the grey heron is a bird", "a red flower with long petals", "Zürich landmark", "x", "an unusual shell"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box their barriers cost 10x."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _images() -> list[Image.Image]:
     rng = np.random.default_rng(1)
     return [Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8), "RGB")

@@ -1,0 +1,49 @@
+"""Retrieval results files: the OMGM layout round-trips, EchoSight's layout reads, malformed files name the data_id."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qkvqa.errors import DataError
+from qkvqa.retrieval.results import Retrieved, read_results, write_results
+
+
+def test_omgm_layout_round_trips(tmp_path):
+    results = {"E-VQA_0": Retrieved(["https://en.wikipedia.org/wiki/Ærø", "https://en.wikipedia.org/wiki/B"],
+                                    ["Ærø", "B"], [0.91, 0.5]),
+               "E-VQA_1": Retrieved()}
+    path = write_results(tmp_path / "r.json", results)
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    assert raw["E-VQA_0"] == {"retrieved_entities": [{"url": "https://en.wikipedia.org/wiki/Ærø", "title": "Ærø"},
+                                                     {"url": "https://en.wikipedia.org/wiki/B", "title": "B"}],
+                              "retrieval_similarities": [0.91, 0.5]}
+    assert read_results(path) == results
+
+
+def test_echosight_layout_is_read_with_unknown_titles(tmp_path):
+    (tmp_path / "e.json").write_text(json.dumps({"7": {
+        "retrieved_entries": ["u1", "u2"], "retrieval_similarities": [0.8, 0.7],
+        "reranked_entries": ["u2", "u1"], "reranked_sections": ["s"]}}))
+    assert read_results(tmp_path / "e.json") == {"7": Retrieved(["u1", "u2"], [None, None], [0.8, 0.7])}
+
+
+@pytest.mark.parametrize("value,problem", [
+    ({"retrieved": []}, "neither 'retrieved_entities'"),
+    ({"retrieved_entities": [{"title": "x"}], "retrieval_similarities": [1.0]}, "must be a URL"),
+    ({"retrieved_entities": ["u1", "u2"], "retrieval_similarities": [1.0]}, "as long as the 2"),
+    ({"retrieved_entries": ["u1"], "retrieval_similarities": ["high"]}, "not a number"),
+    ([], "expected an object"),
+])
+def test_malformed_entries_name_the_file_and_data_id(tmp_path, value, problem):
+    (tmp_path / "bad.json").write_text(json.dumps({"q9": value}))
+    with pytest.raises(DataError, match=f"bad.json: data_id 'q9': .*{problem}"):
+        read_results(tmp_path / "bad.json")
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        read_results(tmp_path / "none.json")
+    (tmp_path / "cut.json").write_text('{"q": {"retrieved_entries": [')
+    with pytest.raises(DataError, match="line 1: malformed JSON"):
+        read_results(tmp_path / "cut.json")
