@@ -1,0 +1,81 @@
+"""Offline sweeps over the toy training task: real subprocess trials, a failing trial, reruns that skip."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from qkvqa.cli.main import main
+from qkvqa.sweep.manifest import Manifest
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = ["${env}", "${interpreter}", "-m", "tests.helpers.toy", "trainer.accelerator=cpu",
+       "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "trainer.max_epochs=1",
+       "${args_no_hyphens}"]
+
+
+def _write_sweep(tmp_path, name, parameters):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "program": "tests.helpers.toy", "method": "grid",
+                                    "metric": {"name": "train/loss", "goal": "minimize"},
+                                    "parameters": parameters, "command": TOY}, sort_keys=False))
+    return path
+
+
+def _comparison(sweep_dir):
+    with open(sweep_dir / "comparison.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_offline_grid_sweep_runs_each_trial_as_its_own_run(tmp_path, run_root, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    path = _write_sweep(tmp_path, "grid", {"seed": {"values": [1, 2]}, "trainer.max_steps": {"values": [2, 3]}})
+    args = ["sweep", str(path), "--checkpoints-root", str(run_root), "--parallel", "2"]
+    assert main(args) == 0
+    sweep_dir = run_root / "sweeps" / "grid"
+    trials = Manifest.load(sweep_dir).trials
+    assert len(trials) == 4 and len({t["pid"] for t in trials.values()} | {None}) == 1   # pids cleared when done
+    for tid, trial in trials.items():
+        assert trial["status"] == "finished" and trial["attempts"] == 1
+        run_dir = run_root / f"grid-{tid}"
+        cfg = OmegaConf.load(run_dir / "config.yaml")
+        assert (cfg.seed, cfg.trainer.max_steps) == (trial["params"]["seed"], trial["params"]["trainer.max_steps"])
+        assert json.loads((run_dir / "summary.json").read_text())["global_step"] == cfg.trainer.max_steps
+        offline = list((run_dir / "wandb").glob("offline-run-*"))
+        assert len(offline) == 1 and offline[0].name.endswith(f"-grid-{tid}")      # W&B id = trial run id
+    rows = _comparison(sweep_dir)
+    losses = [float(r["best_value"]) for r in rows]
+    assert len(rows) == 4 and losses == sorted(losses) and len(set(losses)) == 4
+    assert {(r["seed"], r["trainer.max_steps"]) for r in rows} == {("1", "2"), ("1", "3"), ("2", "2"), ("2", "3")}
+
+    status_before = {tid: (run_root / f"grid-{tid}" / "status.json").read_text() for tid in trials}
+    assert main(args) == 0                                    # rerun: every trial is skipped
+    assert Manifest.load(sweep_dir).trials == trials
+    assert {tid: (run_root / f"grid-{tid}" / "status.json").read_text() for tid in trials} == status_before
+    assert len(_comparison(sweep_dir)) == 4
+
+
+@pytest.mark.slow
+def test_failing_trial_is_marked_failed_while_the_others_finish(tmp_path, run_root, monkeypatch):
+    """ModelCheckpoint refuses save_top_k=-5 only when it monitors a metric: one grid point of four fails."""
+    monkeypatch.chdir(REPO)
+    path = _write_sweep(tmp_path, "fails", {"checkpoint.monitor": {"values": [None, "train/loss"]},
+                                            "checkpoint.save_top_k": {"values": [1, -5]},
+                                            "trainer.max_steps": {"value": 2}})
+    assert main(["sweep", str(path), "--checkpoints-root", str(run_root), "--parallel", "2"]) == 1
+    sweep_dir = run_root / "sweeps" / "fails"
+    trials = Manifest.load(sweep_dir).trials
+    states = {tid: t["status"] for tid, t in trials.items()}
+    assert states == {"t000": "finished", "t001": "finished", "t002": "finished", "t003": "failed"}
+    assert trials["t003"]["params"] == {"checkpoint.monitor": "train/loss", "checkpoint.save_top_k": -5,
+                                        "trainer.max_steps": 2}
+    assert trials["t003"]["returncode"] != 0 and "save_top_k" in (sweep_dir / trials["t003"]["log"]).read_text()
+    assert json.loads((run_root / "fails-t003" / "status.json").read_text())["state"] == "failed"
+    assert OmegaConf.load(run_root / "fails-t000" / "config.yaml").checkpoint.monitor is None
+    assert sorted(r["run_id"] for r in _comparison(sweep_dir)) == ["fails-t000", "fails-t001", "fails-t002"]
