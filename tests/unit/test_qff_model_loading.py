@@ -25,6 +25,15 @@ ARTICLES = [["# Wiki Article: Grey heron\n## Section Title: Description\nThe gre
 QUESTION = "what does this bird eat?"
 
 
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tiny models run fastest on one thread: OpenMP hand-offs cost more than their matmuls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def picture(seed: int) -> Image.Image:
     return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (40, 52, 3), dtype=np.uint8))
 

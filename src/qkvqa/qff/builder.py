@@ -20,7 +20,7 @@ ITM_VIT_G_CONFIG = {"vision_config": {"image_size": 224},
 # models.md §8 tiny BLIP-2 retrieval model; every entry can be overridden through `spec.options`.
 TINY_DEFAULTS = {"image_size": 28, "patch_size": 14, "vision_hidden_size": 32, "vision_layers": 2,
                  "hidden_size": 32, "num_layers": 2, "num_heads": 4, "cross_attention_frequency": 1,
-                 "num_query_tokens": 4, "max_position_embeddings": 128, "embed_dim": 16}
+                 "num_query_tokens": 4, "max_position_embeddings": 128, "embed_dim": 16, "mlp_ratio": 2}
 
 # Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
 RUNTIME_DEFAULTS = {"focus": None, "freeze_vit": True, "gradient_checkpointing": False, "max_text_tokens": 512,
@@ -168,12 +168,12 @@ def tiny_blip2_config(vocab_size: int, **options: Any):
 
     o = {**TINY_DEFAULTS, **options}
     return Blip2Config(
-        vision_config=dict(hidden_size=o["vision_hidden_size"], intermediate_size=2 * o["vision_hidden_size"],
+        vision_config=dict(hidden_size=o["vision_hidden_size"], intermediate_size=o["mlp_ratio"] * o["vision_hidden_size"],
                            num_hidden_layers=o["vision_layers"], num_attention_heads=o["num_heads"],
                            image_size=o["image_size"], patch_size=o["patch_size"],
                            initializer_range=0.02),  # the HF default (1e-10) gives a degenerate random ViT
         qformer_config=dict(vocab_size=vocab_size, hidden_size=o["hidden_size"], num_hidden_layers=o["num_layers"],
-                            num_attention_heads=o["num_heads"], intermediate_size=2 * o["hidden_size"],
+                            num_attention_heads=o["num_heads"], intermediate_size=o["mlp_ratio"] * o["hidden_size"],
                             max_position_embeddings=o["max_position_embeddings"], use_qformer_text_input=True,
                             cross_attention_frequency=o["cross_attention_frequency"]),
         num_query_tokens=o["num_query_tokens"], image_text_hidden_size=o["embed_dim"])

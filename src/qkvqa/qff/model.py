@@ -37,15 +37,6 @@ class QuestionEncoding:
         """Q_tokens: the last layer's query outputs, `[B, Q, D]`."""
         return self.layer_states[-1]
 
-    @property
-    def batch_size(self) -> int:
-        """Number of questions encoded."""
-        return self.layer_states[0].shape[0]
-
-    def detach(self) -> "QuestionEncoding":
-        """The same states cut from the autograd graph (for caching across forward calls)."""
-        return QuestionEncoding(tuple(s.detach() for s in self.layer_states))
-
 
 def additive_mask(attention_mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
     """A `[B, 1, 1, S]` additive float mask: 0 where `attention_mask` is 1, `finfo(dtype).min` where it is 0."""
