@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from qkvqa.cda.chunker import Chunk, Chunker, pack_sentences
+from qkvqa.cda.chunker import Chunk, Chunker, SentenceLengths, pack_sentences
 from qkvqa.cda.splitter import SentenceSplitter
 from qkvqa.components import build_component
 from qkvqa.errors import ConfigError
@@ -78,17 +78,17 @@ def test_line_breaks_end_sentences_unless_disabled(splitter):
 
 def test_greedy_packing_of_whole_sentences():
     sentences = ["a b c.", "d e.", "f g h i.", "j."]          # 3, 2, 4, 1 words
-    assert pack_sentences(sentences, 5, words) == [("a b c. d e.", 5), ("f g h i. j.", 5)]
-    assert pack_sentences(sentences, 6, words) == [("a b c. d e.", 5), ("f g h i. j.", 5)]
-    assert pack_sentences(sentences, 9, words) == [("a b c. d e. f g h i.", 9), ("j.", 1)]
-    assert pack_sentences([], 5, words) == []
+    assert pack_sentences(sentences, 5, SentenceLengths(words)) == [("a b c. d e.", 5), ("f g h i. j.", 5)]
+    assert pack_sentences(sentences, 6, SentenceLengths(words)) == [("a b c. d e.", 5), ("f g h i. j.", 5)]
+    assert pack_sentences(sentences, 9, SentenceLengths(words)) == [("a b c. d e. f g h i.", 9), ("j.", 1)]
+    assert pack_sentences([], 5, SentenceLengths(words)) == []
     with pytest.raises(ValueError, match="at least 1"):
-        pack_sentences(sentences, 0, words)
+        pack_sentences(sentences, 0, SentenceLengths(words))
 
 
 def test_a_sentence_longer_than_L_is_its_own_chunk():
     sentences = ["Short one.", "This sentence has far more than five words in it.", "Tail end.", "Last."]
-    assert pack_sentences(sentences, 5, words) == [
+    assert pack_sentences(sentences, 5, SentenceLengths(words)) == [
         ("Short one.", 2),
         ("This sentence has far more than five words in it.", 10),
         ("Tail end. Last.", 3),
@@ -137,3 +137,29 @@ def test_token_count_of_a_chunk_equals_the_count_of_its_text(splitter, byte_toke
     for chunk_text, count in chunks:
         assert count == byte_tokens(chunk_text)
         assert count <= 70 or len(splitter.split(chunk_text)) == 1
+
+
+def test_sentence_lengths_match_a_trained_bpe(splitter):
+    """With merges, a sentence often counts differently alone and after a space; both counts stay exact."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from qkvqa.generation.backends import Llama3Format
+    from qkvqa.generation.prompts import DOLOMITES_EXAMPLE, EVQA_LLM_SYSTEM, INFOSEEK_LLM_SYSTEM
+
+    corpus = [DOLOMITES_EXAMPLE, EVQA_LLM_SYSTEM, INFOSEEK_LLM_SYSTEM] * 3
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    count = Llama3Format(PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")).count_tokens
+    sentences = [s for text in corpus for s in splitter.split(text)] + ["(1889) Eiffel’s  tower.", "Südtirol", "42 m."]
+    lengths = SentenceLengths(count)
+    assert [lengths(s) for s in sentences] == [(count(s), count(" " + s)) for s in sentences]
+    assert sum(count(s) != count(" " + s) for s in sentences) >= 3
+    for L in (5, 20, 60):
+        for chunks in Chunker(splitter, count, L).chunk_texts(corpus):
+            for text, n in chunks:
+                assert n == count(text) and (n <= L or len(splitter.split(text)) == 1)

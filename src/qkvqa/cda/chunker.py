@@ -1,12 +1,13 @@
 """Sentence-preserving chunker (method.md section 4.2): greedy packing of whole sentences up to L generator tokens."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
 from qkvqa.data.sections import is_excluded_section, section_string
 
-# Sentences inside one chunk are joined by this; token counts are additive across it (see Chunker).
+# Sentences inside one chunk are joined by this; token counts add up across it (see SentenceLengths).
 SENTENCE_JOINER = " "
 
 
@@ -49,15 +50,41 @@ class Chunk:
         return section_string(self.title, self.section_title, self.text)
 
 
+class SentenceLengths:
+    """Generator-token counts of a sentence as the first of its chunk and after the joining space.
+
+    `lengths(s) == (count_tokens(s), count_tokens(" " + s))`, computed with one count of the
+    sentence's tail: `count_tokens(head) + count_tokens(" " + tail)` and `count_tokens(" " + head) +
+    count_tokens(" " + tail)`, where `head` is the text before the first space (its two counts are
+    cached, as sentence-initial words repeat). Like the packing itself, this relies on the tokenizer
+    pre-splitting at spaces (byte-level BPE, SentencePiece, WordPiece), where counts add up across a
+    space boundary.
+    """
+
+    def __init__(self, count_tokens: Callable[[str], int], cache_size: int = 65536):
+        self.count_tokens = count_tokens
+        self._head_counts = functools.lru_cache(maxsize=cache_size)(self._count_head)
+
+    def _count_head(self, head: str) -> tuple[int, int]:
+        return self.count_tokens(head), self.count_tokens(SENTENCE_JOINER + head)
+
+    def __call__(self, sentence: str) -> tuple[int, int]:
+        head, space, tail = sentence.partition(" ")
+        first, joined = self._head_counts(head)
+        if not space:
+            return first, joined
+        rest = self.count_tokens(" " + tail)
+        return first + rest, joined + rest
+
+
 def pack_sentences(sentences: Sequence[str], max_tokens: int,
-                   count_tokens: Callable[[str], int]) -> list[tuple[str, int]]:
+                   lengths: Callable[[str], tuple[int, int]]) -> list[tuple[str, int]]:
     """Greedily pack whole sentences into (text, token count) chunks of at most `max_tokens` tokens.
 
     A sentence is added to the current chunk while the chunk stays within `max_tokens`; otherwise it
     starts the next chunk. A sentence longer than `max_tokens` is therefore a chunk of its own, and a
-    section that fits is one chunk. The first sentence of a chunk counts as `count_tokens(s)`, each
-    following one as `count_tokens(" " + s)`: for tokenizers that pre-split at spaces (byte-level
-    BPE, SentencePiece, WordPiece) the sum equals `count_tokens` of the joined chunk text.
+    section that fits is one chunk. `lengths(s)` gives the sentence's count as a chunk's first
+    sentence and after the joining space (SentenceLengths); their sums are the chunk's count.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens (L) must be at least 1, got {max_tokens}")
@@ -65,15 +92,15 @@ def pack_sentences(sentences: Sequence[str], max_tokens: int,
     current: list[str] = []
     length = 0
     for sentence in sentences:
+        first, joined = lengths(sentence)
         if current:
-            extra = count_tokens(SENTENCE_JOINER + sentence)
-            if length + extra <= max_tokens:
+            if length + joined <= max_tokens:
                 current.append(sentence)
-                length += extra
+                length += joined
                 continue
             chunks.append((SENTENCE_JOINER.join(current), length))
         current = [sentence]
-        length = count_tokens(sentence)
+        length = first
     if current:
         chunks.append((SENTENCE_JOINER.join(current), length))
     return chunks
@@ -91,12 +118,12 @@ class Chunker:
         if max_tokens < 1:
             raise ValueError(f"cda.chunk_tokens (L) must be at least 1, got {max_tokens}")
         self.splitter = splitter
-        self.count_tokens = count_tokens
+        self.lengths = SentenceLengths(count_tokens)
         self.max_tokens = max_tokens
 
     def chunk_texts(self, texts: Sequence[str]) -> list[list[tuple[str, int]]]:
         """(text, token count) chunks of each text."""
-        return [pack_sentences(sentences, self.max_tokens, self.count_tokens)
+        return [pack_sentences(sentences, self.max_tokens, self.lengths)
                 for sentences in self.splitter.split_many(texts)]
 
     def chunk_article(self, article: ArticleLike) -> list[Chunk]:

@@ -74,6 +74,7 @@ class FlagEmbeddingReranker(Reranker):
     def __init__(self, path: str, device: str, use_fp16: bool, **defaults):
         from FlagEmbedding import FlagReranker
 
+        _silence_flag_progress_bars()
         super().__init__(**defaults)
         self.device = device
         self.model = FlagReranker(path, use_fp16=use_fp16, devices=[device], batch_size=self.batch_size,
@@ -84,6 +85,19 @@ class FlagEmbeddingReranker(Reranker):
         scores = self.model.compute_score(pairs, batch_size=batch_size, max_length=max_length,
                                           query_max_length=query_max_length, normalize=normalize)
         return [float(s) for s in scores]
+
+
+def _silence_flag_progress_bars() -> None:
+    """FlagReranker draws two tqdm bars per call with more pairs than a batch; the pipeline calls it once per
+    question, so the bars would flood the log. Its module-level `tqdm` is replaced by a disabled one."""
+    import FlagEmbedding.inference.reranker.encoder_only.base as flag_base
+    from tqdm import tqdm
+
+    def quiet_tqdm(*args, **kwargs):
+        kwargs["disable"] = True
+        return tqdm(*args, **kwargs)
+
+    flag_base.tqdm = quiet_tqdm
 
 
 class NativeReranker(Reranker):

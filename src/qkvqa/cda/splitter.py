@@ -40,24 +40,16 @@ class SentenceSplitter:
 
     def split_many(self, texts: Iterable[str]) -> list[list[str]]:
         """The sentences of each text (one spaCy pass over all of them)."""
-        texts = list(texts)
-        if self.split_on_newlines:
-            pieces, owners = [], []
-            for owner, text in enumerate(texts):
-                for line in text.split("\n"):
-                    if line.strip():
-                        pieces.append(line)
-                        owners.append(owner)
-        else:
-            pieces = texts
-            owners = list(range(len(texts)))
-        result: list[list[str]] = [[] for _ in texts]
-        for owner, doc in zip(owners, self.nlp.pipe(pieces, batch_size=self.batch_size)):
-            sentences = result[owner]
+        result: list[list[str]] = []
+        for doc in self.nlp.pipe(texts, batch_size=self.batch_size):
+            text = doc.text
+            sentences: list[str] = []
             for span in doc.sents:
-                sentence = span.text.strip()
-                if sentence:
-                    sentences.append(sentence)
+                # Slicing the text avoids building a Python Token per token (Span.text would).
+                sentence = text[span.start_char:span.end_char]
+                pieces = sentence.split("\n") if self.split_on_newlines and "\n" in sentence else (sentence,)
+                sentences.extend(piece.strip() for piece in pieces if piece.strip())
+            result.append(sentences)
         return result
 
 

@@ -34,6 +34,7 @@ class ChatFormat(ABC):
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
+        self._backend = tokenizer.backend_tokenizer
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -42,11 +43,11 @@ class ChatFormat(ABC):
 
     def count_tokens(self, text: str) -> int:
         """Number of tokens of `text` without special tokens."""
-        return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self._backend.encode(text, add_special_tokens=False))
 
     def truncate_to_tokens(self, text: str, max_tokens: int) -> str:
         """The longest prefix of `text` (cut at a token boundary) with at most `max_tokens` tokens."""
-        encoding = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        encoding = self._backend.encode(text, add_special_tokens=False)
         keep = min(max_tokens, len(encoding.ids))
         while keep > 0:
             prefix = text[:encoding.offsets[keep - 1][1]]
