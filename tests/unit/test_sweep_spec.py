@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import pytest
-import yaml
 
 from qkvqa.errors import ConfigError
 from qkvqa.sweep.params import DISTRIBUTIONS, grid_points, parse_parameter, random_point

@@ -27,7 +27,6 @@ class Table:
     records: list[dict[str, Any]]
     metric: Optional[str] = None
     goal: Optional[str] = None
-    config_columns: tuple[str, ...] = ()
 
 
 def _key(value: Any) -> str:
@@ -88,8 +87,7 @@ def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str 
         records.sort(key=lambda r: (r["best_value"] is None, -sign * (r["best_value"] or 0.0), r["run_id"]))
     else:
         records.sort(key=lambda r: r["run_id"])
-    return Table(columns=columns, records=records, metric=metric, goal=goal if metric else None,
-                 config_columns=tuple(config_cols))
+    return Table(columns=columns, records=records, metric=metric, goal=goal if metric else None)
 
 
 def _cell(value: Any, markdown: bool) -> str:

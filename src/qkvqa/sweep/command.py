@@ -17,8 +17,6 @@ ENVVAR_MACRO = re.compile(r"\$\{envvar:([A-Z0-9_]*)\}")
 ARG_MACROS = ("args", "args_no_equals", "args_no_hyphens", "args_no_boolean_flags", "args_json",
               "args_append_hydra", "args_override_hydra")
 OTHER_MACROS = ("env", "interpreter", "program", "args_json_file")
-# The W&B agent's command when a sweep file has none; it passes `--key=value`.
-WANDB_DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
 
 
 def macro_name(token: str) -> Optional[str]:

@@ -45,7 +45,6 @@ DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], dict, Callable[[random.Random, M
     "beta": ((), {"a": 1.0, "b": 1.0}, lambda rng, c: rng.betavariate(c["a"], c["b"])),
     "q_beta": ((), {"a": 1.0, "b": 1.0, "q": 1}, lambda rng, c: _quantize(rng.betavariate(c["a"], c["b"]), c["q"])),
 }
-GRID_DISTRIBUTIONS = ("constant", "categorical", "int_uniform", "q_uniform")
 
 
 @dataclass(frozen=True)
