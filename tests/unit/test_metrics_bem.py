@@ -139,12 +139,13 @@ def test_evaluate_with_bem_batches_and_labels(fixed_judge):
 
 def test_overflow_raises_by_default_and_truncation_is_counted(monkeypatch_module):
     long_candidate = " ".join(["scattering"] * 80)
-    raising = build_component(ComponentSpec(kind="bem", tiny=True, device="cpu", options={"vocab_texts": VOCAB}))
+    short = {"vocab_texts": VOCAB, "max_position_embeddings": 64}
+    raising = build_component(ComponentSpec(kind="bem", tiny=True, device="cpu", options=short))
     assert raising.max_length == 64
     with pytest.raises(ValueError, match=r"86 tokens .* > 64"):
         raising.equivalent("why", "light", long_candidate)
     truncating = build_component(ComponentSpec(kind="bem", tiny=True, device="cpu",
-                                               options={"vocab_texts": VOCAB, "overflow": "truncate"}))
+                                               options={**short, "overflow": "truncate"}))
     (input_ids, token_types), (short_ids, _) = truncating.encode([("why", "light", long_candidate), SKY])
     assert len(input_ids) == 64 and token_types[-3:] == [1, 2, 2]
     assert truncating.truncated_count == 1 and len(short_ids) == 14

@@ -89,6 +89,13 @@ class QFFConfig:
     checkpoint: Optional[str] = None             # trained QFF weights (safetensors) for rerank/evaluate
     max_train_samples: Optional[int] = None
     section_batch_size: int = 64                 # sections encoded per forward at inference
+    val_negatives: Optional[str] = None          # validation pools (`qkvqa mine split=val`); null: no validation
+    mining_top_k: int = 20                       # stage-1 articles whose sections become negatives (OMGM: top-20)
+    mining_gold_sections: int = 3                # other sections of the gold article used as negatives (OMGM: 3)
+    val_top_k: int = 20                          # stage-1 articles reranked per val question for val/article_r1
+    max_val_samples: Optional[int] = None        # cap on validation samples (seeded subset); null: all
+    vit_cache_shard_size: int = 512              # images per ViT cache shard (ViT-g: ~0.7 MB per image in fp16)
+    vit_cache_batch_size: int = 32               # images per ViT forward while writing the cache
 
 
 @dataclass
@@ -127,9 +134,8 @@ class EvalConfig:
     """Evaluation of a pipeline run."""
 
     split: str = "test"
-    strict: bool = True                          # every question scored exactly once, else an error
-    judge: str = "bem"                           # bem | em_only (E-VQA)
-    stages: List[str] = field(default_factory=lambda: ["retrieve", "qff", "cda", "generate", "score"])
+    filter: str = "qff"                          # qff | retrieval (no filter) | precomputed (eval.reranked_results)
+    judge: str = "bem"                           # bem | em_only (E-VQA; InfoSeek has no judge)
     reranked_results: Optional[str] = None       # read QFF-reranked results instead of running the QFF
 
 

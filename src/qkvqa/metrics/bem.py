@@ -32,7 +32,7 @@ OFFICIAL_MAX_LENGTH = 512
 OVERFLOW_POLICIES = ("raise", "truncate")
 # models.md section 8; three token types so that the official 0/1/2 segment path is what tests exercise.
 TINY_BEM = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=64, num_labels=2, type_vocab_size=3)
+                max_position_embeddings=512, num_labels=2, type_vocab_size=3)
 OPTIONS = {"batch_size", "overflow", "vocab_texts", "seed", "type_vocab_size", "max_position_embeddings"}
 
 Triple = tuple[str, str, str]   # (question, reference, candidate), the order of `equivalent`'s arguments
@@ -171,7 +171,7 @@ def build_bem(spec: ComponentSpec) -> BemJudge:
     directory), or write a tiny random one and load it through the same path.
 
     Options: batch_size (32), overflow (raise | truncate); tiny only: vocab_texts, seed (0),
-    type_vocab_size (3), max_position_embeddings (64).
+    type_vocab_size (3), max_position_embeddings (512, as the real BEM).
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

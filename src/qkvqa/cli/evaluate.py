@@ -1,0 +1,32 @@
+"""`qkvqa evaluate experiment=...`: run the whole pipeline over a split and score it (resumable, DDP exactly-once)."""
+from __future__ import annotations
+
+import argparse
+
+from qkvqa.config.cli import add_override_args, config_from_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `evaluate` command."""
+    parser = subparsers.add_parser(
+        "evaluate", help="retrieve, filter, select context, generate and score a split",
+        description="Run the KB-VQA pipeline (stage-1 results -> QFF rerank or another eval.filter -> CDA -> "
+                    "generator) over eval.split, write predictions.jsonl, scores.json and report.md into "
+                    "checkpoints/<run_id>/, and score strictly with the official metrics. A killed run "
+                    "restarted with the same run_id and resume=auto skips the questions already answered. "
+                    "Under DDP (preset=ddp / ddp_cpu_sim) every question is answered exactly once.")
+    add_override_args(parser)
+    parser.set_defaults(func=_evaluate)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from qkvqa.pipeline.evaluate import run_evaluation
+
+    scores = run_evaluation(config_from_args(args))
+    if scores:
+        from qkvqa.pipeline.scoring import flat_metrics
+
+        print(json.dumps(flat_metrics(scores), indent=2))
+    return 0

@@ -1,0 +1,40 @@
+"""`PipelineEvaluator`: runs the KB-VQA pipeline over a split with `Trainer.predict`, appending answers as it goes."""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from qkvqa.pipeline.pipeline import KBVQAPipeline, QuestionInput
+from qkvqa.pipeline.predictions import PredictionStore
+from qkvqa.retrieval.results import Retrieved
+
+
+class PipelineEvaluator(pl.LightningModule):
+    """Orchestrates the stages per batch and records every answer (and every skipped question) once.
+
+    It holds no model math: the pipeline's filter, CDA selector and generator do the work. Rows go
+    to this rank's append-only part file as soon as a batch is done; rank zero merges the parts
+    after `predict` (see `qkvqa.cli.evaluate`).
+    """
+
+    def __init__(self, pipeline: KBVQAPipeline, store: PredictionStore, retrieved: dict[str, Retrieved], dataset: str):
+        super().__init__()
+        self.pipeline = pipeline
+        self.store = store
+        self.retrieved = retrieved
+        self.dataset = dataset
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> int:
+        skipped = [{"data_id": qid, "prediction": "", "skipped": "query image missing or unreadable"}
+                   for qid in batch["dropped_data_ids"]]
+        inputs = [QuestionInput(data_id=qid, question=question, image=image, dataset=self.dataset,
+                                retrieved=self.retrieved.get(qid, Retrieved()))
+                  for qid, question, image in zip(batch["data_id"], batch["question"], batch["image"])]
+        rows = self.pipeline.answer(inputs) + skipped
+        if rows:
+            self.store.append(self.global_rank, rows)
+        return len(rows)
+
+    def on_predict_epoch_end(self) -> None:
+        self.trainer.strategy.barrier("qkvqa-evaluate-parts-written")

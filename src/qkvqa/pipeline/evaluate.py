@@ -1,0 +1,145 @@
+"""`qkvqa evaluate`: stage-1 results, the pipeline over a split with Trainer.predict, strict scoring and report.md."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from qkvqa.errors import ConfigError
+from qkvqa.retrieval.results import Retrieved, read_results, write_results
+from qkvqa.utils.io import atomic_write_json, atomic_write_text
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+FILTERS = ("qff", "retrieval", "precomputed")
+RETRIEVAL_FILE = "retrieval.json"
+RETRIEVAL_META = "retrieval_meta.json"
+
+
+def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero: bool) -> tuple[dict[str, Retrieved], dict]:
+    """The split's stage-1 results and their metrics, computed once by rank zero and reused on restart."""
+    path, meta_path = run_dir / RETRIEVAL_FILE, run_dir / RETRIEVAL_META
+    if rank_zero and not (path.exists() and meta_path.exists()):
+        from qkvqa.retrieval.retrieve import retrieve_split
+
+        start = time.perf_counter()
+        result = retrieve_split(cfg, split, datamodule=benchmark)
+        seconds = (time.perf_counter() - start) / max(len(result.results), 1)
+        write_results(path, result.results)
+        atomic_write_json(meta_path, {"seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
+                                      "metrics": result.metrics, "source": cfg.retrieval.results or "in-process"})
+    return read_results(path), json.loads(meta_path.read_text(encoding="utf-8"))
+
+
+def build_filter(cfg: DictConfig, benchmark: Any):
+    """The article filter named by `eval.filter`."""
+    from qkvqa.pipeline.filters import PrecomputedFilter, QFFFilter, RetrievalOrderFilter
+
+    kind = cfg.eval.filter
+    if kind not in FILTERS:
+        raise ConfigError(f"eval.filter must be one of {FILTERS}, got {kind!r}")
+    store = benchmark.kb_store()
+    if kind == "retrieval":
+        return RetrievalOrderFilter(store)
+    if kind == "precomputed":
+        if not cfg.eval.reranked_results:
+            raise ConfigError("eval.filter=precomputed needs eval.reranked_results (written by `qkvqa rerank`)")
+        return PrecomputedFilter(cfg.eval.reranked_results, store)
+    from qkvqa.qff.builder import build_qff_component
+
+    qff_cfg = OmegaConf.to_object(cfg.qff)
+    qff = build_qff_component(cfg.components.qformer, qff_cfg)
+    qff.model.eval()
+    return QFFFilter(qff, store, benchmark.article_images(), cfg.qff.alpha, cfg.qff.focus)
+
+
+def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
+    """Filter, CDA selector and generator from the config's components."""
+    from qkvqa.cda.select import ContextSelector
+    from qkvqa.components import build_component
+    from qkvqa.generation.backends import build_generator
+    from qkvqa.pipeline.pipeline import KBVQAPipeline
+
+    generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
+    splitter = build_component(cfg.components.splitter)
+    reranker = None if cfg.cda.mode == "top1_section" else build_component(cfg.components.reranker)
+    selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)
+    return KBVQAPipeline(build_filter(cfg, benchmark), selector, generator, retrieval_seconds)
+
+
+def build_judge(cfg: DictConfig, dataset: str):
+    """BEM for E-VQA unless `eval.judge=em_only`; InfoSeek has no judge."""
+    if dataset != "evqa" or cfg.eval.judge == "em_only":
+        return None
+    if cfg.eval.judge != "bem":
+        raise ConfigError(f"eval.judge must be bem or em_only, got {cfg.eval.judge!r}")
+    from qkvqa.components import build_component
+
+    return build_component(cfg.components.judge)
+
+
+def caveats(cfg: DictConfig, scores: dict) -> list[str]:
+    """Honest notes for the report: tiny or random components, skipped questions."""
+    notes = []
+    tiny = [name for name, spec in cfg.components.items() if spec.tiny]
+    used = {"generator", "splitter"} | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
+        | ({"reranker"} if cfg.cda.mode != "top1_section" else set()) \
+        | ({"judge"} if scores["dataset"] == "evqa" and cfg.eval.judge == "bem" else set())
+    tiny = [name for name in tiny if name in used and name != "splitter"]
+    if tiny:
+        notes.append(f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
+                     "answers are noise, so its accuracy means nothing; retrieval, filter and context metrics "
+                     "(Recall@K, R1, section R@1, answer-in-context) do.")
+    if scores["n_skipped"]:
+        notes.append(f"{scores['n_skipped']} questions were skipped because their query image is missing or "
+                     "unreadable (listed in predictions.jsonl with `skipped`, and in skipped_images.json).")
+    return notes
+
+
+def run_evaluation(cfg: DictConfig) -> dict:
+    """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
+    from data_modules import build_data_module
+    from data_modules.evaluation import EvaluationDataModule
+    from qkvqa.models.pipeline_evaluator import PipelineEvaluator
+    from qkvqa.pipeline.predictions import PredictionStore
+    from qkvqa.pipeline.report import render_report
+    from qkvqa.pipeline.scoring import flat_metrics, score_run
+    from qkvqa.run.job import run_job
+    from qkvqa.run.trainer import build_trainer, world_size_of
+
+    benchmark = build_data_module(cfg.data)
+    dataset, split = benchmark.config.dataset, cfg.eval.split
+    with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
+        run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
+        store = PredictionStore(run_dir)
+        retrieved, meta = stage1(cfg, benchmark, split, run_dir, rank_zero)
+        done = store.done_ids()
+        if done:
+            log.info("resuming: %d questions already answered in %s", len(done), run_dir)
+        pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
+        data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
+        trainer = build_trainer(job)
+        trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset), datamodule=data,
+                        return_predictions=False)
+        if not (rank_zero and trainer.is_global_zero):
+            return {}
+        questions = benchmark.questions(split)
+        rows = store.merge([q.data_id for q in questions])
+        judge = build_judge(cfg, dataset)
+        scores = score_run(dataset, rows, questions, retrieved, judge, int(cfg.retrieval.top_k),
+                           cfg.retrieval.two_hop_policy)
+        scores["retrieval_source"] = meta["source"]
+        scores["duplicate_rows_dropped"] = store.duplicates()
+        atomic_write_json(run_dir / "scores.json", scores)
+        label = (scores.get("benchmark") or {}).get("label")
+        atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
+        benchmark.write_skipped_images(run_dir)
+        flat = flat_metrics(scores)
+        for logger in trainer.loggers:
+            logger.log_metrics(flat, step=0)
+        job.record.update_summary({**flat, "report": str(run_dir / "report.md")})
+        log.info("report: %s", run_dir / "report.md")
+        return scores

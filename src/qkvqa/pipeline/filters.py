@@ -1,0 +1,153 @@
+"""Article filters: turn a question's retrieved articles into `RankedArticle`s for CDA.
+
+`RetrievalOrderFilter` keeps stage-1 order (the "retrieval only" baseline); `QFFFilter` scores every
+candidate section with the question-focused Q-Former and fuses (method.md section 2);
+`PrecomputedFilter` reads reranked results written by `qkvqa rerank` (OMGM step-2b layout).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from qkvqa.cda.select import RankedArticle
+from qkvqa.data.kb import Article, KBStore
+from qkvqa.errors import DataError
+from qkvqa.retrieval.results import Retrieved
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Ranking:
+    """A question's articles after filtering, best first, with the per-section scores CDA may use."""
+
+    articles: list[RankedArticle]
+    missing_urls: list[str] = field(default_factory=list)     # retrieved URLs absent from the KB
+
+    @property
+    def urls(self) -> list[str]:
+        """Article URLs in ranked order."""
+        return [r.article.url for r in self.articles]
+
+
+class ArticleFilter(Protocol):
+    """What the pipeline needs of a filter."""
+
+    name: str
+
+    def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking: ...
+
+
+def _articles(store: KBStore, retrieved: Retrieved) -> tuple[list[Article], list[float], list[str]]:
+    articles, sims, missing = [], [], []
+    for url, sim in zip(retrieved.urls, retrieved.similarities):
+        if url in store:
+            articles.append(store.get_by_url(url))
+            sims.append(float(sim))
+        else:
+            missing.append(url)
+    return articles, sims, missing
+
+
+class RetrievalOrderFilter:
+    """No filtering: articles in retrieval order, the retrieval similarity as their score."""
+
+    name = "retrieval"
+
+    def __init__(self, store: KBStore):
+        self.store = store
+
+    def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
+        articles, sims, missing = _articles(self.store, retrieved)
+        return Ranking([RankedArticle(a, s) for a, s in zip(articles, sims)], missing)
+
+
+class QFFFilter:
+    """Scores every candidate section of the retrieved articles with the QFF and fuses with alpha."""
+
+    name = "qff"
+
+    def __init__(self, qff: Any, store: KBStore, article_images: Any, alpha: float, focus: Optional[str] = None):
+        self.qff, self.store, self.article_images = qff, store, article_images
+        self.alpha, self.focus = float(alpha), focus
+        self.unreadable_images: set[str] = set()
+
+    def _main_image(self, article: Article):
+        from PIL import Image
+
+        path = self.article_images.main_image(article.title, article.image_urls) if self.article_images else None
+        if path is None:
+            return None
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except OSError:
+            if str(path) not in self.unreadable_images:
+                self.unreadable_images.add(str(path))
+                log.warning("article image %s of %r cannot be read; the article gets QFF score 0", path, article.title)
+            return None
+
+    def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
+        from qkvqa.qff.scoring import rerank
+
+        articles, sims, missing = _articles(self.store, retrieved)
+        candidates = [list(a.candidate_sections()) for a in articles]
+        strings = [[a.section_string(index) for index, _, _ in secs] for a, secs in zip(articles, candidates)]
+        images = [self._main_image(a) for a in articles]
+        scores = self.qff.score_sections(question, image, images, strings, focus=self.focus)
+        result = rerank(sims, scores, self.alpha)
+        ranked = []
+        for position, i in enumerate(result.order):
+            section_scores = {candidates[i][j][0]: s for j, s in enumerate(result.section_scores[position])}
+            ranked.append(RankedArticle(articles[i], result.fused_scores[position], section_scores))
+        return Ranking(ranked, missing)
+
+
+class PrecomputedFilter:
+    """Reads reranked results (OMGM step-2b layout with `sec_sim` and, when present, `sec_idx`)."""
+
+    name = "precomputed"
+
+    def __init__(self, path: str | Path, store: KBStore):
+        self.path = Path(path)
+        self.store = store
+        with open(self.path, encoding="utf-8") as f:
+            self.results = json.load(f)
+
+    def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
+        entry = self.results.get(data_id)
+        if entry is None:
+            raise DataError(f"{self.path}: no reranked results for data_id {data_id}")
+        entities = entry.get("retrieved_entities", [])
+        scores = entry.get("retrieval_similarities", [])
+        sec_sim = entry.get("sec_sim", [[] for _ in entities])
+        sec_idx = entry.get("sec_idx")
+        ranked, missing = [], []
+        for k, (entity, score) in enumerate(zip(entities, scores)):
+            url = entity["url"] if isinstance(entity, dict) else entity
+            if url not in self.store:
+                missing.append(url)
+                continue
+            article = self.store.get_by_url(url)
+            indices = sec_idx[k] if sec_idx else [i for i, _, _ in article.candidate_sections()]
+            ranked.append(RankedArticle(article, float(score), dict(zip(indices, sec_sim[k]))))
+        return Ranking(ranked, missing)
+
+
+def ranking_to_retrieved(ranking: Ranking) -> Retrieved:
+    """A filtered ranking in the retrieval-results shape (for Recall@K after the filter)."""
+    return Retrieved(urls=ranking.urls, titles=[r.article.title for r in ranking.articles],
+                     similarities=[r.score for r in ranking.articles])
+
+
+def top1_section(ranking: Ranking) -> Optional[tuple[str, int]]:
+    """(url, original section index) of the best-scored section of the top-1 article, if it has scores."""
+    if not ranking.articles or not ranking.articles[0].section_scores:
+        return None
+    top = ranking.articles[0]
+    index = max(top.section_scores.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+    return top.article.url, int(index)
+

@@ -1,0 +1,72 @@
+"""`report.md` of an evaluation run: the paper's tables that one run can fill (Tables 2-5)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from qkvqa.pipeline.scoring import STAGES
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str], notes: list[str]) -> str:
+    """Markdown for one run; `notes` are caveats to print first (tiny or random components, skips)."""
+    dataset = scores["dataset"]
+    parts = [f"# Evaluation report: {run_id}", "",
+             f"experiment `{cfg.experiment}`, dataset **{dataset}**, split `{cfg.eval.split}`, "
+             f"{scores['n_scored']} questions scored, {scores['n_skipped']} skipped.", ""]
+    parts += [f"> {note}" for note in notes] + ([""] if notes else [])
+    seconds = scores["seconds_per_question"]
+    ctx = scores["context_length"]
+    parts += ["## Table 2: accuracy, context length and time per stage", "",
+              _table(["filter", "CDA mode", "accuracy", "context tokens (mean / median / p95)"]
+                     + [f"s/q {s}" for s in STAGES],
+                     [[cfg.eval.filter, cfg.cda.mode, scores["accuracy"],
+                       f"{_fmt(ctx['mean'], 1)} / {_fmt(ctx['median'], 1)} / {_fmt(ctx['p95'], 1)}"]
+                      + [_fmt(seconds[s], 4) for s in STAGES]]), ""]
+    if judge_label:
+        parts += [f"Answers judged by: {judge_label}.", ""]
+    ea = scores.get("error_analysis") or {}
+    parts += ["## Table 3: error analysis", "",
+              _table(["R1", "R1-C", "NR-C", "NR-C (conditional)"],
+                     [[ea.get("r1"), ea.get("r1_c"), ea.get("nr_c"), ea.get("nr_c_conditional")]]), "",
+              "R1: gold article ranked first after the filter; R1-C: accuracy among those; NR-C: share of all "
+              "questions answered correctly without the gold article first (the paper's wording).", ""]
+    before, after = scores["recall_before_filter"], scores["recall_after_filter"]
+    ks = [k for k in before if k.startswith("recall@")]
+    parts += ["## Table 4: Recall@K before and after the filter", "",
+              _table(["ranking"] + ks, [["retrieval"] + [before[k] for k in ks],
+                                        [f"after {cfg.eval.filter}"] + [after.get(k) for k in ks]]), ""]
+    section = (scores.get("section_recall") or {}).get("evidence_section_recall@1")
+    parts += ["## Table 5: this run's ablation row", "",
+              _table(["QFF focus", "alpha", "CDA mode", "U", "theta", "L", "K1", "K2", "accuracy",
+                      "section R@1", "answer in context %"],
+                     [[cfg.qff.focus if cfg.eval.filter == "qff" else "-", cfg.qff.alpha, cfg.cda.mode, cfg.cda.U,
+                       cfg.cda.theta, cfg.cda.chunk_tokens, cfg.cda.K1, cfg.cda.K2, scores["accuracy"], section,
+                       scores.get("answer_in_context")]]), "",
+              "Compare several runs' rows with `qkvqa compare <run dirs>`.", ""]
+    if dataset == "infoseek" and scores.get("benchmark"):
+        b = scores["benchmark"]
+        parts += ["## InfoSeek splits", "",
+                  _table(["split", "score", "time", "numerical", "string"],
+                         [[name, b[key]["score"], b[key]["score_time"], b[key]["score_num"], b[key]["score_string"]]
+                          for name, key in (("unseen question", "unseen_question_score"),
+                                            ("unseen entity", "unseen_entity_score"))]), ""]
+    if dataset == "evqa" and scores.get("benchmark"):
+        b = scores["benchmark"]
+        parts += ["## E-VQA single-hop / two-hop / all", "",
+                  _table(["subset", "n", "accuracy"],
+                         [[k, (b.get(k) or {}).get("n"), (b.get(k) or {}).get("accuracy")]
+                          for k in ("single_hop", "two_hop", "all")]), ""]
+    return "\n".join(parts)

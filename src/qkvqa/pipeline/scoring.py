@@ -1,0 +1,124 @@
+"""Score a merged prediction set with the metrics package: accuracy, Recall@K before/after the filter,
+Table 3 error analysis, evidence-section recall, answer-in-context rate, context length and stage times."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from qkvqa.data.questions import Question
+from qkvqa.metrics import analysis
+from qkvqa.retrieval.results import Retrieved
+from qkvqa.retrieval.retrieve import retrieval_metrics
+
+STAGES = ("retrieve", "filter", "cda", "generate")
+
+
+def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
+    """Whether a reference answer appears in the context (after each benchmark's normalisation).
+
+    None for InfoSeek numerical questions, whose answers are ranges rather than strings.
+    """
+    if question.reference is not None:
+        from qkvqa.metrics.infoseek import normalize_answer
+
+        aliases = question.reference.answer_eval
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            return None
+        norm = f" {normalize_answer(context_text)} "
+        return any(f" {normalize_answer(a)} " in norm for a in aliases if normalize_answer(a))
+    from qkvqa.metrics.evqa import preprocess_answer
+
+    norm = f" {preprocess_answer(context_text)} "
+    alternatives = [item for a in question.answers for item in a.split("&&")]
+    return any(f" {preprocess_answer(a)} " in norm for a in alternatives if preprocess_answer(a))
+
+
+def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question], judge: Any) -> tuple[dict, dict]:
+    """(benchmark result, {data_id: 0/1}) with the official scorer, strict coverage."""
+    predictions = [{"data_id": r["data_id"], "prediction": r["prediction"]} for r in rows]
+    if dataset == "infoseek":
+        from qkvqa.metrics import infoseek
+
+        refs = [{"data_id": q, "answer_eval": questions[q].reference.answer_eval,
+                 "data_split": questions[q].reference.data_split} for q in (r["data_id"] for r in rows)]
+        qtypes = [{"data_id": q, "question_type": questions[q].reference.question_type} for q in (r["data_id"] for r in rows)]
+        result, details = infoseek.evaluate_with_details(predictions, refs, qtypes, strict=True)
+        return result, {d["data_id"]: float(d["correct"]) for d in details}
+    from qkvqa.metrics import evqa
+
+    refs = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer, "question_type": q.question_type}
+            for q in (questions[r["data_id"]] for r in rows)]
+    result, details = evqa.evaluate_with_details(predictions, refs, bem=judge, strict=True)
+    return result, {d["data_id"]: float(d["score"]) for d in details}
+
+
+def headline(dataset: str, result: dict) -> Optional[float]:
+    """The paper's headline number: InfoSeek overall, E-VQA accuracy over all questions."""
+    if dataset == "infoseek":
+        return result.get("final_score")
+    return (result.get("all") or {}).get("accuracy")
+
+
+def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question], retrieved: dict[str, Retrieved],
+              judge: Any, top_k: int, two_hop_policy: str) -> dict:
+    """Every metric of an evaluation run, as one JSON-ready dict."""
+    by_id = {q.data_id: q for q in questions}
+    answered = [r for r in rows if not r.get("skipped")]
+    scored_questions = [by_id[r["data_id"]] for r in answered]
+    result, per_question = accuracy(dataset, answered, by_id, judge) if answered else ({}, {})
+    after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r["ranking"]]) for r in answered}
+    before = {q.data_id: retrieved.get(q.data_id, Retrieved()) for q in scored_questions}
+    gold_top1 = {r["data_id"]: bool(r["ranking"]) and r["ranking"][0]["url"] in by_id[r["data_id"]].gold_urls
+                 for r in answered}
+    in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in answered]
+    in_context = [v for v in in_context if v is not None]
+    out: dict[str, Any] = {
+        "dataset": dataset,
+        "n_questions": len(rows), "n_scored": len(answered), "n_skipped": len(rows) - len(answered),
+        "accuracy": headline(dataset, result) if answered else None,
+        "benchmark": result,
+        "recall_before_filter": retrieval_metrics(before, scored_questions, dataset=dataset, top_k=top_k,
+                                                  two_hop_policy=two_hop_policy),
+        "recall_after_filter": retrieval_metrics(after, scored_questions, dataset=dataset, top_k=top_k,
+                                                 two_hop_policy=two_hop_policy),
+        "error_analysis": analysis.error_analysis(gold_top1, per_question) if answered else None,
+        "answer_in_context": 100.0 * sum(in_context) / len(in_context) if in_context else None,
+        "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered]),
+        "seconds_per_question": {s: _mean([r["seconds"].get(s, 0.0) for r in answered]) for s in STAGES},
+    }
+    if dataset == "evqa":
+        from qkvqa.metrics.retrieval import evidence_section_recall
+
+        top1 = {r["data_id"]: tuple(r["top1_section"]) for r in answered if r.get("top1_section")}
+        rows_for_recall = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls),
+                            "question_type": q.question_type, "evidence_section_id": q.evidence_section_id}
+                           for q in scored_questions if q.evidence_section_id is not None]
+        out["section_recall"] = evidence_section_recall(top1, rows_for_recall, two_hop_policy)
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def flat_metrics(scores: dict) -> dict[str, float]:
+    """The headline figures as flat `eval/...` keys for the run summary, W&B and `qkvqa compare`."""
+    flat: dict[str, float] = {}
+
+    def put(key: str, value: Any) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[key] = float(value)
+
+    put("eval/accuracy", scores.get("accuracy"))
+    put("eval/answer_in_context", scores.get("answer_in_context"))
+    put("eval/n_skipped", scores.get("n_skipped"))
+    for when in ("before_filter", "after_filter"):
+        for key, value in (scores.get(f"recall_{when}") or {}).items():
+            if key.startswith("recall@"):
+                put(f"eval/{key}_{when}", value)
+    for key in ("r1", "r1_c", "nr_c", "nr_c_conditional"):
+        put(f"eval/{key}", (scores.get("error_analysis") or {}).get(key))
+    put("eval/section_r1", (scores.get("section_recall") or {}).get("evidence_section_recall@1"))
+    put("eval/context_tokens_mean", scores["context_length"]["mean"])
+    for stage, seconds in scores["seconds_per_question"].items():
+        put(f"eval/seconds_{stage}", seconds)
+    return flat

@@ -1,0 +1,146 @@
+"""`qkvqa evaluate` on the synthetic world with tiny components: exactly once, strict scores, resume, DDP."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qkvqa.cli.main import main
+from qkvqa.run.rundir import clear_run_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny(kind: str) -> dict:
+    return {"kind": kind, "tiny": True, "device": "cpu", "dtype": "fp32"}
+
+
+@pytest.fixture(scope="module")
+def eval_env(world, tmp_path_factory):
+    """experiments/ with `world_eval.yaml` (tiny components on the synthetic world) and a built stage-1 index."""
+    tmp = tmp_path_factory.mktemp("evaluate")
+    root = tmp / "experiments"
+    root.mkdir()
+    for name in ("base", "presets"):
+        (root / name).symlink_to(REPO / "experiments" / name)
+    data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
+    (root / "world_eval.yaml").write_text(yaml.safe_dump({
+        "data": {**data, "batch_size": 4},
+        "components": {"image_encoder": tiny("evaclip_hf"), "text_encoder": tiny("evaclip_hf"),
+                       "qformer": tiny("blip2_qff"), "reranker": tiny("bge_reranker"),
+                       "generator": tiny("llama3"), "judge": tiny("bem")},
+        "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
+        "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
+        "logger": {"wandb": {"enabled": False}},
+        "generation": {"max_new_tokens": 4, "batch_size": 4},
+        "retrieval": {"shard_size": 64}}), encoding="utf-8")
+    env = {"QKVQA_EXPERIMENTS": str(root)}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    for command in (["embed", "experiment=world_eval"], ["index", "build", "experiment=world_eval"]):
+        clear_run_env()
+        assert main(command) == 0
+    yield {"root": root, "runs": tmp / "runs", "env": {**os.environ, **env}}
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
+
+
+def _expected_ids(world) -> list[str]:
+    from qkvqa.data.questions import read_evqa_csv
+
+    return [q.data_id for q in read_evqa_csv(Path(world["dir"]) / "evqa/test.csv")]
+
+
+@pytest.mark.slow
+def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, monkeypatch):
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    clear_run_env()
+    assert main(["evaluate", "experiment=world_eval", "run_id=single", "eval.judge=em_only"]) == 0
+    run_dir = eval_env["runs"] / "single"
+    rows = _rows(run_dir)
+    assert [r["data_id"] for r in rows] == _expected_ids(world)
+    skipped = [r for r in rows if r.get("skipped")]
+    assert len(skipped) == 2                                  # the world's deliberately missing/corrupt images
+    answered = [r for r in rows if not r.get("skipped")]
+    for r in answered:
+        assert isinstance(r["prediction"], str) and r["context"]["mode"] == "full"
+        assert len(r["context"]["chunks"]) <= 6 and set(r["seconds"]) == {"retrieve", "filter", "cda", "generate"}
+        assert len({c["url"] for c in r["context"]["chunks"]}) <= 2            # U = 2 articles at most
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert scores["n_scored"] == len(answered) and scores["benchmark"]["coverage"]["n_missing"] == 0
+    assert scores["benchmark"]["label"].startswith("EM only") or "EM" in scores["benchmark"]["label"]
+    report = (run_dir / "report.md").read_text()
+    for table in ("Table 2", "Table 3", "Table 4", "Table 5"):
+        assert table in report
+    assert "accuracy means nothing" in report
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval/n_skipped"] == 2 and "eval/recall@20_after_filter" in summary
+    # Recall after the QFF is computed on the same questions and articles: R@20 cannot change by re-ranking 20.
+    assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
+
+
+@pytest.mark.slow
+def test_killed_evaluation_resumes_and_answers_each_question_once(eval_env, world):
+    cmd = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "run_id=killed",
+           "eval.judge=em_only", "generation.batch_size=1", "data.batch_size=1"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=eval_env["env"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    part = eval_env["runs"] / "killed" / "predictions.parts" / "rank0.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not part.exists() or len(part.read_text().splitlines()) < 4):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    answered_before = {json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()}
+    expected = _expected_ids(world)
+    assert 4 <= len(answered_before) < len(expected)
+    resumed = subprocess.run(cmd + ["resume=auto"], cwd=REPO, env=eval_env["env"], capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = _rows(eval_env["runs"] / "killed")
+    assert [r["data_id"] for r in rows] == expected
+    all_part_ids = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
+    assert len(all_part_ids) == len(set(all_part_ids)) == len(expected)     # nothing answered twice
+    status = json.loads((eval_env["runs"] / "killed" / "status.json").read_text())
+    assert status["state"] == "finished" and len(status["attempts"]) == 2
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_process(eval_env, world):
+    base = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only"]
+    single = subprocess.run(base + ["run_id=one_rank"], cwd=REPO, env=eval_env["env"], capture_output=True,
+                            text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ddp = subprocess.run(base + ["run_id=two_ranks", "preset=ddp_cpu_sim"], cwd=REPO, env=eval_env["env"],
+                         capture_output=True, text=True, timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    runs = eval_env["runs"]
+    parts = {p.name: [json.loads(line)["data_id"] for line in p.read_text().splitlines()]
+             for p in (runs / "two_ranks" / "predictions.parts").glob("rank*.jsonl")}
+    assert sorted(parts) == ["rank0.jsonl", "rank1.jsonl"] and all(parts.values())
+    ids = [q for part in parts.values() for q in part]
+    assert len(ids) == len(set(ids)) and sorted(ids) == sorted(_expected_ids(world))   # 38 questions on 2 ranks
+    one = {r["data_id"]: r for r in _rows(runs / "one_rank")}
+    two = {r["data_id"]: r for r in _rows(runs / "two_ranks")}
+    assert {q: r["ranking"] for q, r in one.items() if "ranking" in r} == \
+        {q: r["ranking"] for q, r in two.items() if "ranking" in r}
+    s1 = json.loads((runs / "one_rank" / "summary.json").read_text())
+    s2 = json.loads((runs / "two_ranks" / "summary.json").read_text())
+    for key in ("eval/recall@1_after_filter", "eval/recall@5_after_filter", "eval/r1", "eval/section_r1",
+                "eval/answer_in_context", "eval/accuracy"):
+        assert s1[key] == s2[key], key
+    assert json.loads((runs / "two_ranks" / "status.json").read_text())["world_size"] == 2
