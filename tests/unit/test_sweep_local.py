@@ -18,7 +18,7 @@ from qkvqa.sweep.spec import load_sweep
 
 # A qkvqa job that writes a real run record; score = alpha + seed / 10; alpha > 0.95 fails.
 JOB = '''\
-import json, os, sys
+import json, os, sys, time
 from qkvqa.config.cli import split_overrides
 from qkvqa.config.load import compose
 from qkvqa.run.job import run_job
@@ -27,6 +27,8 @@ experiment, presets, rest = split_overrides(sys.argv[1:])
 cfg = compose(experiment, presets, rest)
 print("ENV", json.dumps({k: os.environ.get(k) for k in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID", "WANDB_MODE")}))
 with run_job(cfg, "fake") as job:
+    if cfg.qff.alpha == 0.4:
+        time.sleep(float(os.environ.get("JOB_SLEEP_S", "0")))
     if cfg.qff.alpha > 0.95:
         raise RuntimeError("alpha out of range for this job")
     score = cfg.qff.alpha + cfg.seed / 10
@@ -108,6 +110,29 @@ def test_stale_running_trial_is_relaunched_in_its_run_dir(make_sweep, run_root):
     assert result.launched == ["t000"] and result.manifest.trials["t000"]["status"] == "finished"
     status = json.loads((run_root / "fake-t000" / "status.json").read_text())
     assert len(status["attempts"]) == 2 and sorted(p.name for p in run_root.iterdir()) == ["fake-t000", "sweeps"]
+
+
+def test_stopped_runner_terminates_its_trials_and_the_rerun_continues_them(make_sweep, run_root, monkeypatch):
+    path = make_sweep({"qff.alpha": {"values": [0.2, 0.4]}})
+    monkeypatch.setenv("JOB_SLEEP_S", "60")
+    finish = LocalSweep._finish
+
+    def finish_then_interrupt(self, manifest, item):         # Ctrl-C right after the quick trial ends
+        finish(self, manifest, item)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalSweep, "_finish", finish_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        LocalSweep(load_sweep(path), checkpoints_root=run_root, parallel=2).run()
+    trials = _manifest(run_root).trials
+    assert trials["t000"]["status"] == "finished" and trials["t001"]["status"] == "interrupted"
+    assert trials["t001"]["returncode"] != 0 and not (run_root / "sweeps" / "fake" / ".runner.lock").exists()
+
+    monkeypatch.setattr(LocalSweep, "_finish", finish)
+    monkeypatch.delenv("JOB_SLEEP_S")
+    result = LocalSweep(load_sweep(path), checkpoints_root=run_root, parallel=2).run()
+    assert result.launched == ["t001"] and result.manifest.trials["t001"]["status"] == "finished"
+    assert result.manifest.trials["t001"]["attempts"] == 2
 
 
 def test_changed_sweep_is_refused_on_rerun(make_sweep, run_root):
