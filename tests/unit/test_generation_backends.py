@@ -89,6 +89,21 @@ def test_llama_stops_at_eot_and_eos():
     assert generator.settings == GenerationConfig()
 
 
+def test_a_tokenizer_without_chat_template_gets_the_llama3_format(tmp_path):
+    from transformers import AutoTokenizer
+
+    from qkvqa.generation.backends import Llama3Format
+
+    path = write_tiny_llama3(tmp_path / "llama")
+    plain = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    plain.chat_template = None
+    prompt = Prompt("Be brief.", ("Which river?",))
+    expected = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nWhich river?<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert Llama3Format(plain).render(prompt) == expected
+
+
 def test_pretrained_directory_loads_the_same_model(tmp_path):
     path = write_tiny_llama3(tmp_path / "llama", seed=3)
     from_dir = build_generator({"kind": "llama3", "pretrained": str(path), "device": "cpu"}, SETTINGS)

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
 from qkvqa.errors import ConfigError
 from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt
-from qkvqa.generation.tiny import write_tiny_llama3, write_tiny_qwen2_5_vl
+from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, write_tiny_llama3, write_tiny_qwen2_5_vl
+from qkvqa.utils.logging import get_logger
 
 if TYPE_CHECKING:
     from qkvqa.config.schema import GenerationConfig
 
+log = get_logger(__name__)
 BACKENDS = ("hf", "vllm")
 OPTION_KEYS = {
     "seed",                       # tiny: the random init seed
@@ -70,9 +72,19 @@ class ChatFormat(ABC):
 
 
 class Llama3Format(ChatFormat):
-    """Llama 3 chat: system and user messages as plain strings; images are never shown."""
+    """Llama 3 chat: system and user messages as plain strings; images are never shown.
+
+    A tokenizer without a chat template (a base or fine-tuned checkpoint that ships none) gets the
+    Llama 3 format (`LLAMA3_CHAT_TEMPLATE`).
+    """
 
     generator_type = "llm"
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        if not tokenizer.chat_template:
+            log.info("generator tokenizer has no chat template; using the Llama 3 format")
+            tokenizer.chat_template = LLAMA3_CHAT_TEMPLATE
 
     @property
     def stop_token_ids(self) -> list[int]:
