@@ -10,6 +10,8 @@ export WANDB_MODE ?= disabled
 export WANDB_SILENT ?= true
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_FLAGS ?=
+# Tiny models gain nothing from intra-op threads, and DDP tests run two processes on two cores.
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
@@ -28,10 +30,10 @@ $(STAMP): setup.cfg setup.py pyproject.toml
 install: $(STAMP) ## create .venv with the pinned set and qkvqa in editable mode (idempotent)
 
 test: install ## the suite CI runs: everything but gpu and online tests (ddp and slow included)
-	$(PY) -m pytest -m "not gpu and not online" $(PYTEST_FLAGS)
+	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online" $(PYTEST_FLAGS)
 
 test-fast: install ## the quick loop: no slow, ddp or gpu tests
-	$(PY) -m pytest -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
+	$(TEST_ENV) $(PY) -m pytest -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
 
 test-gpu: install ## the GPU checks (needs a CUDA device)
 	$(PY) -m pytest -m gpu $(PYTEST_FLAGS)
