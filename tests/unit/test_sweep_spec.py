@@ -111,6 +111,13 @@ def test_seeded_random_search_is_reproducible_and_extends_as_a_prefix():
     assert random_point(spec.parameters, 3, 2) == five[2]
 
 
+def test_controller_only_keys_are_named():
+    assert _sweep({"a": {"value": 1}}).controller_only_keys() == []
+    spec = _sweep({"a": {"value": 1}}, early_terminate={"type": "hyperband", "min_iter": 3},
+                  metric={"name": "m", "goal": "maximize", "target": 0.9})
+    assert spec.controller_only_keys() == ["early_terminate", "metric.target"]
+
+
 def test_random_search_needs_a_count_or_run_cap():
     spec = _sweep({"qff.alpha": {"min": 0.0, "max": 1.0}}, method="random")
     with pytest.raises(ConfigError, match="--count"):

@@ -161,6 +161,9 @@ class LocalSweep:
 
     def run(self) -> SweepResult:
         """Run every trial that is not done yet, then write the comparison table."""
+        if self.spec.controller_only_keys():
+            log.warning("sweep %s: %s need the W&B controller; the local runner runs every trial",
+                        self.spec.name, ", ".join(self.spec.controller_only_keys()))
         with RunnerLock(self.sweep_dir):
             manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root)
             manifest.save()

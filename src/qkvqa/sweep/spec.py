@@ -33,6 +33,11 @@ class SweepSpec:
     raw: dict = field(default_factory=dict)      # the file as W&B would receive it
     path: Optional[Path] = None
 
+    def controller_only_keys(self) -> list[str]:
+        """Keys of the file only W&B's controller acts on (the local runner runs every trial)."""
+        keys = ["early_terminate"] if "early_terminate" in self.raw else []
+        return keys + (["metric.target"] if "target" in (self.raw.get("metric") or {}) else [])
+
     def trial_params(self, count: Optional[int], seed: int) -> list[dict[str, Any]]:
         """The parameters of every trial, in trial order (grid order, or seeded random draws)."""
         if self.method == "grid":
