@@ -60,8 +60,8 @@ def test_dedupe_keeps_the_last_value_per_step():
 
 
 def test_summary_value_is_used_when_the_metric_has_no_history(run_root):
-    _run(run_root, "e", 0.3, [(0, 1.0)], extra_summary={"eval/test/accuracy": 0.42})
-    record = build_table(collect_local([run_root]), metric="eval/test/accuracy", goal="max").records[0]
+    _run(run_root, "e", 0.3, [(0, 1.0)], extra_summary={"eval/accuracy": 0.42})
+    record = build_table(collect_local([run_root]), metric="eval/accuracy", goal="max").records[0]
     assert record["best_value"] == 0.42 and record["best_step"] is None
 
 
