@@ -199,6 +199,7 @@ class Config:
     """A whole experiment."""
 
     experiment: str = "base"                     # set by `experiment=NAME`
+    task: str = "evaluate"                       # the command an experiment is for: train | evaluate | retrieve | rerank
     presets: List[str] = field(default_factory=list)   # set by `preset=a,b`
     run_id: Optional[str] = None                 # else WANDB_RUN_ID of a sweep agent, else a new id
     resume: str = "never"                        # never | auto (continue checkpoints/<run_id>/last.ckpt)
