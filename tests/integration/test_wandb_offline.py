@@ -150,8 +150,6 @@ def test_manual_run_clears_leaked_wandb_ids(run_root, wandb_offline, monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="qkvqa.run.rundir.resolve_run treats a leaked WANDB_SWEEP_ID + WANDB_RUN_ID "
-                                       "pair as a sweep launch even when run_id is given (wandb #4736)")
 def test_manual_resume_is_not_hijacked_by_a_leaked_sweep(run_root, wandb_offline, monkeypatch):
     monkeypatch.setenv("WANDB_RUN_ID", "stale")
     monkeypatch.setenv("WANDB_SWEEP_ID", "oldsweep")

@@ -103,6 +103,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
     from data_modules import build_data_module
     from data_modules.evaluation import EvaluationDataModule
+    from qkvqa.loggers.wandb import log_run_files
     from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore
     from qkvqa.pipeline.report import render_report
@@ -141,5 +142,6 @@ def run_evaluation(cfg: DictConfig) -> dict:
         for logger in trainer.loggers:
             logger.log_metrics(flat, step=0)
         job.record.update_summary({**flat, "report": str(run_dir / "report.md")})
+        log_run_files(run_dir)
         log.info("report: %s", run_dir / "report.md")
         return scores

@@ -52,7 +52,10 @@ def resolve_run(cfg: DictConfig) -> RunContext:
     """
     root = Path(cfg.paths.checkpoints_root)
     inherited = os.environ.get(ENV_RUN_ID)
-    sweep = bool(os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"))
+    # A W&B sweep agent sets both variables; an explicit, different run_id means they leaked from an
+    # earlier sweep into a manual run (wandb #4736), which must not take over this run's identity.
+    sweep = bool(os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID")
+                 and cfg.run_id in (None, os.environ.get("WANDB_RUN_ID")))
     if inherited and os.environ.get(ENV_RUN_DIR) and (global_rank() != 0 or cfg.run_id in (None, inherited)):
         run_id, run_dir = inherited, Path(os.environ[ENV_RUN_DIR])
     else:

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from qkvqa.callbacks.preemption import PreemptionCheckpoint
 from qkvqa.callbacks.run_state import RunStateCallback
 from qkvqa.loggers.local import RunRecordLogger
-from qkvqa.loggers.wandb import make_wandb_logger, wandb_run_id
+from qkvqa.loggers.wandb import log_run_files, make_wandb_logger, wandb_run_id
 from qkvqa.run.job import Job, run_job
 from qkvqa.utils.logging import get_logger
 
@@ -86,4 +86,5 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 "best_model_score": getattr(ckpt_cb, "best_model_score", None),
                 "last_model_path": str(job.run.run_dir / "last.ckpt"),
                 **{k: float(v) for k, v in trainer.callback_metrics.items()}})
+            log_run_files(job.run.run_dir)
         return summary
