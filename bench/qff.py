@@ -31,8 +31,8 @@ OUT = Path(__file__).resolve().parent / "out" / "qff.json"
 
 # (a) Mid-size random model: ViT 12 x 256 at 224 px (257 tokens), Q-Former 4 x 128 with 32 queries, image
 # cross-attention every 2nd layer, MLP ratio 4, 512 text positions. Sized so that one ViT image costs about 8
-# section passes, as in the real model at the bench's mean section length (both ratios are reported), and so
-# that the per-section loop finishes in about a minute on 2 CPU cores.
+# section passes, as in the real model at the bench's mean section length (both ratios are reported), and
+# small enough for the per-section loop to finish in minutes on 2 CPU cores.
 MID_CONFIG = {"image_size": 224, "patch_size": 14, "vision_hidden_size": 256, "vision_layers": 12,
               "hidden_size": 128, "num_layers": 4, "num_heads": 4, "cross_attention_frequency": 2,
               "num_query_tokens": 32, "max_position_embeddings": 512, "embed_dim": 128, "mlp_ratio": 4}
