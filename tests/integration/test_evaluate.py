@@ -40,7 +40,7 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     answered = [r for r in rows if not r.get("skipped")]
     for r in answered:
         assert isinstance(r["prediction"], str) and r["context"]["mode"] == "full"
-        assert len(r["context"]["chunks"]) <= 6 and set(r["seconds"]) == {"retrieve", "filter", "cda", "generate"}
+        assert len(r["context"]["chunks"]) <= 6 and set(r["seconds"]) == {"retrieve", "filter", "select", "generate"}
         assert len({c["url"] for c in r["context"]["chunks"]}) <= 2            # U = 2 articles at most
     scores = json.loads((run_dir / "scores.json").read_text())
     assert scores["n_scored"] == len(answered) and scores["benchmark"]["coverage"]["n_missing"] == 0

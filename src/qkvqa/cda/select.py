@@ -125,8 +125,8 @@ class ContextSelector:
         self.reranker = reranker
         self.chunker = Chunker(splitter, count_tokens, cfg.chunk_tokens)
 
-    def select(self, question: str, ranked_articles: Sequence[RankedArticle]) -> Context:
-        """The context for `question` given its articles in fused-score order."""
+    def select(self, question: str, ranked_articles: Sequence[RankedArticle], image: Optional[object] = None) -> Context:
+        """The context for `question` given its articles in fused-score order (`image` is unused: CDA reads text)."""
         mode = self.cfg.mode
         if not ranked_articles:
             return self._context([], [])

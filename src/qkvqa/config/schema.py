@@ -136,6 +136,7 @@ class EvalConfig:
     split: str = "test"
     filter: str = "qff"                          # qff | retrieval (no filter) | precomputed (eval.reranked_results)
     judge: str = "bem"                           # bem | em_only (E-VQA; InfoSeek has no judge)
+    context: str = "cda"                         # cda | mllm_filter (the Table 2 baseline, generation.filter_top_n articles)
     reranked_results: Optional[str] = None       # read QFF-reranked results instead of running the QFF
 
 

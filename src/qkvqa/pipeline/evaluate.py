@@ -64,9 +64,16 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
     from qkvqa.pipeline.pipeline import KBVQAPipeline
 
     generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
-    splitter = build_component(cfg.components.splitter)
-    reranker = None if cfg.cda.mode == "top1_section" else build_component(cfg.components.reranker)
-    selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)
+    if cfg.eval.context == "mllm_filter":
+        from qkvqa.pipeline.mllm_filter import MLLMFilterSelector
+
+        selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n)
+    elif cfg.eval.context == "cda":
+        splitter = build_component(cfg.components.splitter)
+        reranker = None if cfg.cda.mode == "top1_section" else build_component(cfg.components.reranker)
+        selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)
+    else:
+        raise ConfigError(f"eval.context must be cda or mllm_filter, got {cfg.eval.context!r}")
     return KBVQAPipeline(build_filter(cfg, benchmark), selector, generator, retrieval_seconds)
 
 
@@ -85,10 +92,11 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     """Honest notes for the report: tiny or random components, skipped questions."""
     notes = []
     tiny = [name for name, spec in cfg.components.items() if spec.tiny]
-    used = {"generator", "splitter"} | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
-        | ({"reranker"} if cfg.cda.mode != "top1_section" else set()) \
+    cda = cfg.eval.context == "cda"
+    used = {"generator"} | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
+        | ({"reranker"} if cda and cfg.cda.mode != "top1_section" else set()) \
         | ({"judge"} if scores["dataset"] == "evqa" and cfg.eval.judge == "bem" else set())
-    tiny = [name for name in tiny if name in used and name != "splitter"]
+    tiny = [name for name in tiny if name in used]
     if tiny:
         notes.append(f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
                      "answers are noise, so its accuracy means nothing; retrieval, filter and context metrics "

@@ -25,7 +25,11 @@ class QuestionInput:
 
 
 class KBVQAPipeline:
-    """Chains the stages through their interfaces; holds no model math of its own."""
+    """Chains the stages through their interfaces; holds no model math of its own.
+
+    `selector.select(question, ranked_articles, image=...)` builds the context: CDA's
+    `ContextSelector`, or the MLLM-filtering baseline's `MLLMFilterSelector`.
+    """
 
     def __init__(self, article_filter: ArticleFilter, selector: ContextSelector, generator: Any,
                  retrieval_seconds: float = 0.0):
@@ -41,7 +45,7 @@ class KBVQAPipeline:
             t0 = time.perf_counter()
             ranking = self.filter.rank(q.data_id, q.question, q.image, q.retrieved)
             t1 = time.perf_counter()
-            context = self.selector.select(q.question, ranking.articles)
+            context = self.selector.select(q.question, ranking.articles, image=q.image)
             t2 = time.perf_counter()
             top1 = top1_section(ranking)
             rows.append({
@@ -53,7 +57,7 @@ class KBVQAPipeline:
                 "context": context.metadata(),
                 "context_tokens": context.token_count,
                 "context_text": context.text,
-                "seconds": {"retrieve": self.retrieval_seconds, "filter": t1 - t0, "cda": t2 - t1},
+                "seconds": {"retrieve": self.retrieval_seconds, "filter": t1 - t0, "select": t2 - t1},
             })
             requests.append(GenerationRequest(question=q.question, context=context.text, image=q.image,
                                               dataset=q.dataset))

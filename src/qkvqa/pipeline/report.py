@@ -30,9 +30,10 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
     seconds = scores["seconds_per_question"]
     ctx = scores["context_length"]
     parts += ["## Table 2: accuracy, context length and time per stage", "",
-              _table(["filter", "CDA mode", "accuracy", "context tokens (mean / median / p95)"]
+              _table(["filter", "context", "accuracy", "context tokens (mean / median / p95)"]
                      + [f"s/q {s}" for s in STAGES],
-                     [[cfg.eval.filter, cfg.cda.mode, scores["accuracy"],
+                     [[cfg.eval.filter, cfg.cda.mode if cfg.eval.context == "cda" else cfg.eval.context,
+                       scores["accuracy"],
                        f"{_fmt(ctx['mean'], 1)} / {_fmt(ctx['median'], 1)} / {_fmt(ctx['p95'], 1)}"]
                       + [_fmt(seconds[s], 4) for s in STAGES]]), ""]
     if judge_label:

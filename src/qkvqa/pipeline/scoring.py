@@ -9,7 +9,7 @@ from qkvqa.metrics import analysis
 from qkvqa.retrieval.results import Retrieved
 from qkvqa.retrieval.retrieve import retrieval_metrics
 
-STAGES = ("retrieve", "filter", "cda", "generate")
+STAGES = ("retrieve", "filter", "select", "generate")     # select: CDA or MLLM filtering
 
 
 def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
