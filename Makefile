@@ -47,6 +47,9 @@ sweep: install ## offline sweep: make sweep SWEEP=alpha_sweep
 compare: install ## compare run records: make compare RUNS=checkpoints
 	$(VENV)/bin/qkvqa compare $(RUNS)
 
+bench: install ## run every benchmark in bench/ and write bench/RESULTS.md (tens of minutes on 2 cores)
+	$(PY) bench/run_all.py
+
 clean: ## remove caches
 	rm -rf .pytest_cache .hypothesis build dist src/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

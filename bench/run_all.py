@@ -1,0 +1,118 @@
+"""`make bench`: run every benchmark in one go and write bench/RESULTS.md with their ratios side by side."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+OUT = BENCH / "out"
+# Each benchmark, with arguments that keep the whole run within tens of minutes on a 2-core machine.
+BENCHMARKS = {
+    "kb_store": ["--articles", "200000"],
+    "retrieval": ["--n", "100000"],
+    "bem": [],
+    "chunker": [],
+    "qff": [],
+    "pipeline": [],
+}
+
+
+def _load(name: str):
+    path = OUT / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _md(name: str) -> str:
+    path = OUT / f"{name}.md"
+    return path.read_text().strip() if path.exists() else ""
+
+
+def section_kb_store(d: dict) -> str:
+    r, g = d["ratios"], d.get("goals", {})
+    return (f"{d['articles']:,} articles ({d['kb_json_mb']:.0f} MB JSON). Peak memory {r['peak_memory_reduction']:.0f}x "
+            f"less than `json.load` (goal {g.get('peak_memory_reduction', 10)}x), opening {r['open_speedup']:,.0f}x "
+            f"faster (goal {g.get('open_speedup', 100)}x); one article in {1e6 * d['store']['access_seconds']:.0f} us "
+            f"({r['access_slowdown']:.1f}x a dict lookup).")
+
+
+def section_bem(d: dict) -> str:
+    rows = ["| config | batched answers/s | one at a time | speed-up |", "|---|---|---|---|"]
+    rows += [f"| {r['config']} | {r['batched_answers_per_s']:.1f} | {r['single_answers_per_s']:.1f} | "
+             f"{r['speedup_batched_vs_single']:.1f}x |" for r in d["results"]]
+    return "\n".join(rows)
+
+
+def section_qff(d: dict) -> str:
+    parts = []
+    scoring = d.get("scoring")
+    if scoring:
+        parts.append("(a) scoring all sections of 20 articles for one question: " + json.dumps(
+            {k: v for k, v in scoring.items() if not isinstance(v, (dict, list))}))
+    if d.get("training"):
+        parts.append("(b) training samples/s: " + json.dumps(
+            {k: v for k, v in d["training"].items() if not isinstance(v, (dict, list))}))
+    flops = d.get("flops")
+    if flops:
+        rows = ["| section tokens | ViT handling | TFLOP/sample | L40 samples/s at 40% |", "|---|---|---|---|"]
+        for row in flops["rows"]:
+            for how, v in row["per_sample"].items():
+                rows.append(f"| {row['section_tokens']} | {how} | {v['tflop']:.2f} | {v['l40_samples_per_s_at_40pct']:.1f} |")
+        parts.append("(c) FLOPs per training sample at the real config (paper: ~1.9 samples/s per L40):\n\n" + "\n".join(rows))
+    return "\n\n".join(parts)
+
+
+RENDER = {"kb_store": section_kb_store, "bem": section_bem, "qff": section_qff}
+
+
+def write_results(ran: dict[str, dict]) -> Path:
+    """Compose RESULTS.md from bench/out/*.json and *.md."""
+    lines = ["# Benchmark results", "",
+             f"One `make bench` run on {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}, Python "
+             f"{platform.python_version()}), {time.strftime('%Y-%m-%d %H:%M')}. Ratios are measured side by side "
+             "within each benchmark; absolute times depend on the machine's load.", ""]
+    for name in BENCHMARKS:
+        data, md = _load(name), _md(name)
+        status = ran.get(name, {})
+        lines += [f"## {name}", ""]
+        if status.get("rc") not in (None, 0):
+            lines += [f"FAILED (exit {status['rc']}); see bench/out/{name}.log", ""]
+        if data is None and not md:
+            lines += ["(no result)", ""]
+            continue
+        rendered = RENDER[name](data) if name in RENDER and data else md
+        lines += [rendered, "", f"Raw figures: `bench/out/{name}.json`.", ""]
+        if "seconds" in status:
+            lines += [f"Ran in {status['seconds']:.0f} s.", ""]
+    path = BENCH / "RESULTS.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=list(BENCHMARKS), help="run these only (default: all)")
+    parser.add_argument("--render-only", action="store_true", help="rewrite RESULTS.md from bench/out without running")
+    args = parser.parse_args(argv)
+    ran: dict[str, dict] = {}
+    if not args.render_only:
+        OUT.mkdir(exist_ok=True)
+        for name in args.only or BENCHMARKS:
+            print(f"== bench/{name}.py", flush=True)
+            start = time.perf_counter()
+            with open(OUT / f"{name}.log", "w") as log:
+                rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py"), *BENCHMARKS[name]],
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=BENCH.parent)
+            ran[name] = {"rc": rc, "seconds": time.perf_counter() - start}
+            print(f"   exit {rc} in {ran[name]['seconds']:.0f} s", flush=True)
+    print(f"wrote {write_results(ran)}")
+    return 0 if all(r["rc"] == 0 for r in ran.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
