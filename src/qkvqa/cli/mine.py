@@ -31,19 +31,18 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
-    from qkvqa.qff.mining import mine_split, write_pools
+    from qkvqa.qff.mining import articles_path, mine_to_dir
     from qkvqa.run.job import run_job
-    from qkvqa.utils.io import atomic_write_json
+    from qkvqa.utils.io import read_json
 
     args.overrides = expand_shorthands(args.overrides)
     cfg = config_from_args(args)
     split = cfg.retrieval.split
     with run_job(cfg, "mine") as job:
-        result = mine_split(cfg, split)
-        pools, articles = write_pools(job.run.run_dir / f"hardneg_{split}.json", result)
+        pools = mine_to_dir(cfg, split, job.run.run_dir)
+        articles = articles_path(pools)
         report_path = job.run.run_dir / f"mining_report_{split}.json"
-        atomic_write_json(report_path, result.report)
-        report = {k: v for k, v in result.report.items() if k != "dropped_samples"}
+        report = {k: v for k, v in read_json(report_path).items() if k != "dropped_samples"}
         job.record.update_summary({f"mine/{split}/pools": str(pools), f"mine/{split}/articles": str(articles),
                                    f"mine/{split}/report": str(report_path),
                                    **{f"mine/{split}/{k}": v for k, v in report.items()

@@ -368,3 +368,12 @@ def mine_split(cfg, split: Optional[str] = None, datamodule=None) -> MiningResul
                       lambda question: image_key(resolver, question.dataset_name, question.image_id),
                       top_k=q.mining_top_k, gold_sections=q.mining_gold_sections, num_negatives=q.num_negatives,
                       split=split)
+
+
+def mine_to_dir(cfg, split: str, out_dir: str | os.PathLike, datamodule=None) -> Path:
+    """Mine `split` and write `hardneg_{split}.json`, its `.articles.json` and `mining_report_{split}.json` to `out_dir`."""
+    result = mine_split(cfg, split, datamodule)
+    out_dir = Path(out_dir)
+    path, _ = write_pools(out_dir / f"hardneg_{split}.json", result)
+    atomic_write_json(out_dir / f"mining_report_{split}.json", result.report)
+    return path

@@ -1,0 +1,51 @@
+"""`qkvqa train`: contrastive training of the question-focused filter as a run (checkpoints, W&B, resume, DDP)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from qkvqa.config.cli import add_override_args, config_from_args
+
+
+def register(subparsers) -> None:
+    """Add the `train` command."""
+    parser = subparsers.add_parser(
+        "train", help="train the QFF (InfoNCE over 1 positive + hard negatives)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train the question-focused filter as one run in checkpoints/<run_id>/: builds\n"
+                    "components.qformer (with the qff: switches), the hard-negative DataModule (qff.negatives,\n"
+                    "qff.val_negatives from `qkvqa mine`, else mined now into the run directory from the stage-1\n"
+                    "results; qff.vit_cache from `qkvqa cache-vit` to skip the ViT)\n"
+                    "and the QFFTrainer, then fits with the trainer: section. Writes last.ckpt and the best\n"
+                    "checkpoint (checkpoint.monitor, e.g. val/article_r1), metrics.csv, summary.json, W&B, and\n"
+                    "the trained QFF as safetensors in RUN/qff (use it with qff.checkpoint=RUN/qff).\n\n"
+                    "  qkvqa train experiment=evqa_qff preset=gpu\n"
+                    "  qkvqa train experiment=evqa_qff run_id=X resume=auto       # continue a run\n"
+                    "  qkvqa train experiment=evqa_qff trainer.devices=4 trainer.strategy=ddp\n"
+                    "Multi-node (torchrun, SLURM): docs/training.md.")
+    add_override_args(parser)
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import functools
+
+    from data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.models.qff_module import QFFExport, QFFTrainer, QFFTrainSettings
+    from qkvqa.qff.builder import build_qff_component
+    from qkvqa.qff.mining import mine_to_dir
+    from qkvqa.qff.vit_cache import vision_fingerprint
+    from qkvqa.run.trainer import fit
+
+    cfg = config_from_args(args)
+    component = build_qff_component(cfg.components.qformer, cfg.qff)
+    fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
+    datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
+                                    component.image_processor, miner=functools.partial(mine_to_dir, cfg))
+    module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff, fingerprint))
+    summary = fit(cfg, module, datamodule, command="train", callbacks=[QFFExport(component, datamodule)],
+                  batch_size=cfg.data.batch_size)
+    if summary:
+        print(json.dumps({k: v for k, v in summary.items() if k.startswith(("val/", "qff/", "global_step",
+                                                                            "best_model", "last_model"))}))
+    return 0

@@ -1,0 +1,309 @@
+"""QFFTrainer: the LightningModule that trains the question-focused filter contrastively (method.md §3); orchestration only.
+
+Per sample, the question pass encodes (question, query image); the section pass encodes the positive
+and the hard negatives, focused on the question; the logits are the late-interaction scores over
+the temperature, `s / tau`, and the loss is InfoNCE with the positive as the target (optionally with
+the other samples' positives as in-batch negatives). All model math lives in `qkvqa.qff`.
+
+Validation reports, per question (exactly once under DDP, keyed by data_id):
+`val/section_r1` (the evidence section outscores the sample's negatives), `val/article_r1` (after
+reranking the stage-1 top-K with alpha fusion, the gold article comes first; the default monitor)
+and `val/stage1_article_r1` (the same before the QFF).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkvqa.errors import StaleArtifactError
+from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
+from qkvqa.qff.scoring import late_interaction, rerank
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+
+VISION_PREFIX = "model.base.vision_model."
+# Parameters outside the QFF objective: the ITC/ITM heads, and the last layer's text FFN, whose
+# output never reaches the query tokens that are scored. Frozen, so DDP sees no unused parameter.
+UNUSED_HEADS = ("itm_head", "vision_projection", "text_projection")
+
+
+@dataclass
+class QFFTrainSettings:
+    """The training switches of the `qff:` section (plain values, so checkpoints stay weights_only-loadable)."""
+
+    temperature: float = 0.07
+    learnable_temperature: bool = False
+    in_batch_negatives: bool = False
+    lr: float = 1.0e-5
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1.0e-7
+    pct_start: float = 0.3
+    div_factor: float = 100.0
+    alpha: float = 0.9
+    score_direction: str = "question_to_section"
+    vision_fingerprint: Optional[str] = None      # set when the frozen ViT is left out of checkpoints
+
+    @classmethod
+    def from_config(cls, qff, vision_fingerprint: Optional[str] = None) -> "QFFTrainSettings":
+        """Settings from the `qff:` config section (a DictConfig or QFFConfig)."""
+        return cls(temperature=float(qff.temperature), learnable_temperature=bool(qff.learnable_temperature),
+                   in_batch_negatives=bool(qff.in_batch_negatives), lr=float(qff.lr),
+                   weight_decay=float(qff.weight_decay), betas=(float(qff.betas[0]), float(qff.betas[1])),
+                   eps=float(qff.eps), pct_start=float(qff.pct_start), div_factor=float(qff.div_factor),
+                   alpha=float(qff.alpha), score_direction=str(qff.score_direction),
+                   vision_fingerprint=vision_fingerprint)
+
+
+def freeze_outside_objective(model) -> list[str]:
+    """Freeze the parameters that the contrastive loss cannot reach; returns their names."""
+    frozen = []
+    last = model.base.qformer.encoder.layer[-1]
+    modules = [(name, getattr(model.base, name)) for name in UNUSED_HEADS if hasattr(model.base, name)]
+    for name in ("intermediate", "output"):
+        if getattr(last, name, None) is not None:
+            modules.append((f"qformer.encoder.layer.{model.num_layers - 1}.{name}", getattr(last, name)))
+    for prefix, module in modules:
+        for pname, param in module.named_parameters():
+            if param.requires_grad:
+                param.requires_grad_(False)
+                frozen.append(f"{prefix}.{pname}")
+    return frozen
+
+
+class QFFTrainer(pl.LightningModule):
+    """Contrastive training of a `QFFModel` (see the module docstring)."""
+
+    def __init__(self, model, settings: QFFTrainSettings):
+        super().__init__()
+        self.model = model.train()                 # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
+        self.settings = settings
+        freeze_outside_objective(model)
+        log_tau = torch.tensor(math.log(settings.temperature))
+        if settings.learnable_temperature:
+            self.log_temperature = nn.Parameter(log_tau)
+        else:
+            self.register_buffer("log_temperature", log_tau, persistent=False)
+        self.val_loss = PerQuestionMean()
+        self.val_section_r1 = PerQuestionMean()
+        self.val_article_r1 = PerQuestionMean()
+        self.val_stage1_r1 = PerQuestionMean()
+        self.dropped_samples = 0
+        self.empty_batches = 0
+        self._step_started: Optional[float] = None
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        """tau (learnable ones kept in [0.001, 0.5], as LAVIS clamps its `temp`)."""
+        return self.log_temperature.exp().clamp(0.001, 0.5)
+
+    # ------------------------------------------------------------------ forward pieces
+    def image_states(self, batch: dict[str, Any]) -> torch.Tensor:
+        """ViT states of the batch's distinct images: cached features, or the frozen ViT run once per image."""
+        if "image_features" in batch:
+            return batch["image_features"]
+        return self.model.encode_image(batch["pixel_values"])
+
+    def encode(self, batch: dict[str, Any]):
+        """(question encoding, section tokens `[B, N, Q, D]`, image states) of a contrastive batch."""
+        states = self.image_states(batch)
+        question = self.model.encode_question(batch["question"]["input_ids"], batch["question"]["attention_mask"],
+                                              states.index_select(0, batch["question_image_index"]))
+        b, n = batch["size"], batch["num_candidates"]
+        question_index = torch.arange(b, device=states.device).repeat_interleave(n)
+        sections = self.model.encode_sections(batch["sections"]["input_ids"], batch["sections"]["attention_mask"],
+                                              states, question, image_index=batch["section_image_index"],
+                                              question_index=question_index)
+        return question, sections.view(b, n, *sections.shape[1:]), states
+
+    def logits(self, batch: dict[str, Any], question, sections, states) -> torch.Tensor:
+        """`[B, N]` scores over tau (positive first); with in-batch negatives, `[B, N + B - 1]`."""
+        scores = late_interaction(question.tokens[:, None], sections, self.settings.score_direction)
+        b = batch["size"]
+        if self.settings.in_batch_negatives and b > 1:
+            scores = torch.cat([scores, self._in_batch_scores(batch, question, states)], dim=1)
+        return scores / self.temperature
+
+    def _in_batch_scores(self, batch: dict[str, Any], question, states) -> torch.Tensor:
+        """Scores of each question against the other samples' positives, encoded focused on that question."""
+        b, n = batch["size"], batch["num_candidates"]
+        device = states.device
+        pairs = [(i, j) for i in range(b) for j in range(b) if j != i]
+        rows = torch.tensor([j * n for _, j in pairs], device=device)
+        question_index = torch.tensor([i for i, _ in pairs], device=device)
+        sections = self.model.encode_sections(batch["sections"]["input_ids"].index_select(0, rows),
+                                              batch["sections"]["attention_mask"].index_select(0, rows), states,
+                                              question, image_index=batch["section_image_index"].index_select(0, rows),
+                                              question_index=question_index)
+        scores = late_interaction(question.tokens.index_select(0, question_index), sections,
+                                  self.settings.score_direction)
+        return scores.view(b, b - 1)
+
+    def gate_value(self) -> Optional[torch.Tensor]:
+        """Mean |tanh(gate)| of the question-focused blocks (None for focus none)."""
+        if hasattr(self.model, "q_gate"):
+            return torch.tanh(self.model.q_gate).abs().mean()
+        if hasattr(self.model, "input_gate"):
+            return torch.tanh(self.model.input_gate).abs()
+        return None
+
+    # ------------------------------------------------------------------ training
+    def _skip_empty(self, batch: dict[str, Any]) -> Optional[torch.Tensor]:
+        """For a batch whose samples were all dropped: None (step skipped), or under DDP a zero loss every rank can reduce."""
+        self.empty_batches += 1
+        log.warning("skipping an empty batch (%d samples dropped: %s)", len(batch["dropped"]),
+                    ", ".join(sorted({d["reason"] for d in batch["dropped"]})) or "no samples")
+        if self.trainer is not None and self.trainer.world_size > 1:
+            return sum(p.sum() * 0.0 for p in self.parameters() if p.requires_grad)
+        return None
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._step_started is None:
+            self._step_started = time.perf_counter()
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Optional[torch.Tensor]:
+        self.dropped_samples += len(batch["dropped"])
+        self.log("train/dropped_samples", float(self.dropped_samples), on_step=True, on_epoch=False)
+        if batch["size"] == 0:
+            return self._skip_empty(batch)
+        question, sections, states = self.encode(batch)
+        logits = self.logits(batch, question, sections, states)
+        target = torch.zeros(batch["size"], dtype=torch.long, device=logits.device)
+        loss = F.cross_entropy(logits.float(), target)
+        b = batch["size"]
+        with torch.no_grad():
+            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=b)
+            self.log("train/pos_sim", (logits[:, 0] * self.temperature).mean(), on_step=True, batch_size=b)
+            self.log("train/acc1", (logits.argmax(dim=1) == 0).float().mean(), on_step=True, prog_bar=True,
+                     batch_size=b)
+            self.log("train/temperature", self.temperature, on_step=True, batch_size=b)
+            gate = self.gate_value()
+            if gate is not None:
+                self.log("train/gate", gate, on_step=True, batch_size=b)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._step_started is not None and isinstance(batch, dict) and batch.get("size"):
+            self.log("train/samples_per_s", batch["size"] / max(now - self._step_started, 1e-9), on_step=True,
+                     batch_size=batch["size"])
+        self._step_started = now
+
+    def configure_optimizers(self):
+        s = self.settings
+        weights = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": weights, "weight_decay": s.weight_decay}]
+        if s.learnable_temperature:
+            groups.append({"params": [self.log_temperature], "weight_decay": 0.0})
+        optimizer = torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), eps=s.eps)
+        # cycle_momentum=False keeps AdamW's betas as configured (OneCycle would otherwise cycle beta1).
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=s.lr,
+                                                        total_steps=max(int(self.trainer.estimated_stepping_batches), 1),
+                                                        pct_start=s.pct_start, div_factor=s.div_factor,
+                                                        cycle_momentum=False)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ validation
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        if batch["size"] == 0:
+            return
+        question, sections, states = self.encode(batch)
+        logits = self.logits(batch, question, sections, states)
+        target = torch.zeros(batch["size"], dtype=torch.long, device=logits.device)
+        self.val_loss.update(batch["data_ids"], F.cross_entropy(logits.float(), target, reduction="none"))
+        self.val_section_r1.update(batch["data_ids"], (logits.argmax(dim=1) == 0).double())
+        if "rerank" in batch:
+            fused_hits, stage1_hits = self.rerank_hits(batch["rerank"], question, states)
+            self.val_article_r1.update(batch["data_ids"], fused_hits)
+            self.val_stage1_r1.update(batch["data_ids"], stage1_hits)
+
+    def rerank_hits(self, rerank_batch: dict[str, Any], question, states) -> tuple[list[float], list[float]]:
+        """Per question: is the gold article first after alpha fusion with the QFF scores, and before (stage 1)?"""
+        questions = rerank_batch["questions"]
+        scores = [[[0.0] * len(a["sections"]) for a in q["articles"]] for q in questions]
+        for chunk in rerank_batch["chunks"]:
+            states_out = self.model.encode_sections(chunk["input_ids"], chunk["attention_mask"], states, question,
+                                                    image_index=chunk["image_index"],
+                                                    question_index=chunk["question_index"])
+            values = late_interaction(question.tokens.index_select(0, chunk["question_index"]), states_out,
+                                      self.settings.score_direction)
+            for (q, a, j), value in zip(chunk["slot"].tolist(), values.tolist()):
+                scores[q][a][j] = value
+        fused_hits, stage1_hits = [], []
+        for q, item in enumerate(questions):
+            gold = set(item["gold_urls"])
+            urls = [a["url"] for a in item["articles"]]
+            if not urls:
+                fused_hits.append(0.0)
+                stage1_hits.append(0.0)
+                continue
+            result = rerank([a["similarity"] for a in item["articles"]], scores[q], self.settings.alpha)
+            fused_hits.append(float(urls[result.order[0]] in gold))
+            stage1_hits.append(float(urls[0] in gold))
+        return fused_hits, stage1_hits
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the per-question metrics, gathered over ranks once (no per-step collective), in percent."""
+        for name, metric, scale in (("val/loss", self.val_loss, 1.0), ("val/section_r1", self.val_section_r1, 100.0),
+                                    ("val/article_r1", self.val_article_r1, 100.0),
+                                    ("val/stage1_article_r1", self.val_stage1_r1, 100.0)):
+            value = metric.compute()
+            if not torch.isnan(value):
+                self.log(name, scale * value.float(), prog_bar=name == "val/article_r1")
+            metric.reset()
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Leave the frozen ViT out of the checkpoint (it is rebuilt from the component); record its fingerprint."""
+        if self.settings.vision_fingerprint is None:
+            return
+        state = checkpoint["state_dict"]
+        for key in [k for k in state if k.startswith(VISION_PREFIX)]:
+            del state[key]
+        checkpoint["qff_frozen_vit"] = {"fingerprint": self.settings.vision_fingerprint, "prefix": VISION_PREFIX}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Put this run's frozen ViT weights back, after checking they are the ones the checkpoint was trained with."""
+        frozen = checkpoint.get("qff_frozen_vit")
+        if frozen is None:
+            return
+        if frozen["fingerprint"] != self.settings.vision_fingerprint:
+            raise StaleArtifactError("this checkpoint was trained with another frozen ViT (fingerprint "
+                                     f"{frozen['fingerprint'][:19]}...); resume with the same "
+                                     "components.qformer weights")
+        for key, value in self.model.base.vision_model.state_dict().items():
+            checkpoint["state_dict"][frozen["prefix"] + key] = value
+
+
+class QFFExport(pl.Callback):
+    """At the end of fit, rank zero saves the trained QFF (safetensors + tokenizer) to `run_dir/qff` and the sample counts."""
+
+    def __init__(self, component, datamodule=None):
+        self.component = component
+        self.datamodule = datamodule
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: QFFTrainer) -> None:
+        if not trainer.is_global_zero:
+            return
+        from qkvqa.run.record import RunRecord
+        from qkvqa.utils.io import atomic_write_json
+
+        run_dir = Path(trainer.default_root_dir)
+        out = self.component.save_pretrained(run_dir / "qff")
+        report = {"samples": self.datamodule.sample_report() if self.datamodule is not None else {},
+                  "dropped_in_batches": pl_module.dropped_samples, "empty_batches": pl_module.empty_batches}
+        atomic_write_json(run_dir / "qff_samples.json", report)
+        RunRecord(run_dir).update_summary({"qff/checkpoint": str(out), "qff/dropped_in_batches": pl_module.dropped_samples,
+                                           "qff/empty_batches": pl_module.empty_batches,
+                                           **{f"qff/{split}_samples": r["kept"]
+                                              for split, r in report["samples"].items()}})
+        log.info("trained QFF saved to %s (load it with qff.checkpoint=%s)", out, out)

@@ -1,0 +1,245 @@
+"""Apply a trained QFF to stage-1 results: score every candidate section of the top-K articles, fuse with alpha, OMGM step-2b layout.
+
+In-process API (what the pipeline evaluator calls):
+
+    reranker = QFFReranker.from_config(cfg)                  # qff.checkpoint: a `qkvqa train` RUN/qff dir or a .ckpt
+    reranked = reranker.rerank(question_text, query_image, retrieved)   # retrieved: qkvqa.retrieval.results.Retrieved
+    reranked.urls, reranked.fused_scores, reranked.section_scores, reranked.section_indices
+
+Per question, each article's main image goes through the ViT once and all its candidate sections
+(no "references" / "external links"; original KB indices kept in `section_indices`) are encoded in
+length-sorted batches of `qff.section_batch_size`; the article score is its best section's, fused
+as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or sections get QFF 0 (OMGM).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from qkvqa.errors import MissingWeightsError, StaleArtifactError
+from qkvqa.utils.logging import get_logger
+from qkvqa.utils.progress import progress
+
+log = get_logger(__name__)
+
+IMAGE_CACHE_SIZE = 64          # article images kept decoded between questions
+
+
+@dataclass
+class RerankedQuestion:
+    """The top-K articles of one question in fused-score order, with their per-section scores."""
+
+    urls: list[str]
+    titles: list[Optional[str]]
+    fused_scores: list[float]
+    qff_scores: list[float]
+    stage1_similarities: list[float]
+    section_scores: list[list[float]]       # `sec_sim`: one score per candidate section, per article
+    section_indices: list[list[int]]        # the original KB section index of each score
+
+    def to_omgm(self) -> dict:
+        """The OMGM step-2b value (`retrieved_entities`, fused `retrieval_similarities`, `sec_sim`) plus qkvqa's extras."""
+        return {"retrieved_entities": [{"url": u, "title": t} for u, t in zip(self.urls, self.titles)],
+                "retrieval_similarities": self.fused_scores, "sec_sim": self.section_scores,
+                "sec_idx": self.section_indices, "qff_scores": self.qff_scores,
+                "stage1_similarities": self.stage1_similarities}
+
+    def best_section(self) -> Optional[tuple[str, int]]:
+        """(URL, original section index) of the top article's best section; None when it has no scored section."""
+        if not self.urls or not self.section_scores[0]:
+            return None
+        scores = self.section_scores[0]
+        return self.urls[0], self.section_indices[0][max(range(len(scores)), key=scores.__getitem__)]
+
+
+def load_qff_component(cfg):
+    """The QFF component of `cfg`: `qff.checkpoint` may be a `qkvqa train` RUN/qff directory, or a Lightning .ckpt
+    of a QFFTrainer, whose weights are loaded into the architecture `components.qformer` builds."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.qff.builder import build_qff_component
+
+    checkpoint = cfg.qff.checkpoint
+    if not checkpoint or not str(checkpoint).endswith(".ckpt"):
+        return build_qff_component(cfg.components.qformer, cfg.qff)
+    import torch
+
+    path = Path(checkpoint).expanduser()
+    if not path.is_file():
+        raise MissingWeightsError(f"qff.checkpoint {path}: no such checkpoint")
+    qff = OmegaConf.to_container(cfg.qff, resolve=True)
+    qff["checkpoint"] = None
+    component = build_qff_component(cfg.components.qformer, qff)
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    state = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+    result = component.model.load_state_dict(state, strict=False)
+    frozen = saved.get("qff_frozen_vit")
+    if frozen is not None:
+        from qkvqa.qff.vit_cache import vision_fingerprint
+
+        if vision_fingerprint(component.model, component.image_processor) != frozen["fingerprint"]:
+            raise StaleArtifactError(f"{path} was trained with another frozen ViT than components.qformer builds")
+    missing = [k for k in result.missing_keys if not (frozen and k.startswith("base.vision_model."))]
+    if missing or result.unexpected_keys:
+        raise MissingWeightsError(f"{path} does not fit components.qformer: {len(missing)} missing key(s) "
+                                  f"{missing[:3]}, {len(result.unexpected_keys)} unexpected {result.unexpected_keys[:3]}")
+    component.model.eval()
+    return component
+
+
+class QFFReranker:
+    """Reranks stage-1 results of single questions with a QFF component (see the module docstring)."""
+
+    def __init__(self, component, store, article_images, *, alpha: float = 0.9, top_k: int = 20):
+        self.component = component
+        self.store = store
+        self.article_images = article_images
+        self.alpha = float(alpha)
+        self.top_k = int(top_k)
+        self._images: OrderedDict[str, Any] = OrderedDict()
+        self.articles_without_image: set[str] = set()
+
+    @classmethod
+    def from_config(cls, cfg, datamodule=None, component=None) -> "QFFReranker":
+        """A reranker with the config's KB, article images, `qff.alpha`, `retrieval.top_k` and QFF (`qff.checkpoint`)."""
+        from qkvqa.retrieval.embed import datamodule_for
+
+        dm = datamodule if datamodule is not None else datamodule_for(cfg)
+        component = component if component is not None else load_qff_component(cfg)
+        component.model.eval()
+        return cls(component, dm.kb_store(), dm.article_images(), alpha=cfg.qff.alpha, top_k=cfg.retrieval.top_k)
+
+    def _article_image(self, title: str, image_urls):
+        """The decoded main image of an article (LRU-cached), or None."""
+        from PIL import Image
+
+        path = self.article_images.main_image(title, image_urls)
+        if path is None:
+            return None
+        key = str(path)
+        if key in self._images:
+            self._images.move_to_end(key)
+            return self._images[key]
+        try:
+            with Image.open(path) as image:
+                loaded = image.convert("RGB")
+        except (OSError, ValueError) as e:
+            log.warning("article image %s of %r unreadable (%s); its QFF score is 0", path, title, e)
+            loaded = None
+        self._images[key] = loaded
+        if len(self._images) > IMAGE_CACHE_SIZE:
+            self._images.popitem(last=False)
+        return loaded
+
+    def rerank(self, question: str, image, retrieved) -> RerankedQuestion:
+        """Rerank the top-K of `retrieved` (a Retrieved) for one question and its query image (PIL)."""
+        from qkvqa.qff.scoring import rerank
+
+        urls = list(retrieved.urls[: self.top_k])
+        titles = list(retrieved.titles[: self.top_k]) + [None] * max(0, len(urls) - len(retrieved.titles))
+        sims = [float(s) for s in retrieved.similarities[: self.top_k]]
+        images, sections, indices = [None] * len(urls), [[] for _ in urls], [[] for _ in urls]
+        for k, url in enumerate(urls):
+            if url not in self.store:
+                log.warning("stage-1 result %s is not in the KB; its QFF score is 0", url)
+                continue
+            article = self.store.get_by_url(url)
+            titles[k] = titles[k] if titles[k] is not None else article.title
+            candidates = list(article.candidate_sections())
+            images[k] = self._article_image(article.title, article.image_urls)
+            if images[k] is None:
+                self.articles_without_image.add(url)
+            sections[k] = [c.text for c in candidates]
+            indices[k] = [c.index for c in candidates]
+        scores = self.component.score_sections(question, image, images, sections) if urls else []
+        result = rerank(sims, scores, self.alpha)
+        scored_indices = [indices[i] if scores[i] else [] for i in range(len(urls))]
+        return RerankedQuestion(urls=[urls[i] for i in result.order], titles=[titles[i] for i in result.order],
+                                fused_scores=result.fused_scores, qff_scores=result.qff_scores,
+                                stage1_similarities=[sims[i] for i in result.order],
+                                section_scores=result.section_scores,
+                                section_indices=[scored_indices[i] for i in result.order])
+
+
+@dataclass
+class SplitRerank:
+    """Reranked results of one split (data_id -> RerankedQuestion) with Recall@K before and after the QFF."""
+
+    split: str
+    results: dict[str, RerankedQuestion]
+    metrics: dict
+    stage1_metrics: dict
+
+
+def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker: Optional[QFFReranker] = None) -> SplitRerank:
+    """Rerank the stage-1 results of every question of `split` (default retrieval.split) and score them.
+
+    Stage-1 results are `retrieval.results` when set, else retrieved now (`retrieve_split`). A question
+    whose query image is missing keeps its stage-1 order (QFF 0 everywhere) and is counted.
+    """
+    from qkvqa.retrieval.embed import datamodule_for
+    from qkvqa.retrieval.results import Retrieved
+    from qkvqa.retrieval.retrieve import retrieve_split
+
+    split = split or cfg.retrieval.split
+    dm = datamodule if datamodule is not None else datamodule_for(cfg)
+    reranker = reranker if reranker is not None else QFFReranker.from_config(cfg, dm)
+    stage1 = retrieve_split(cfg, split, datamodule=dm)
+    questions = dm.questions(split)
+    results: dict[str, RerankedQuestion] = {}
+    without_image = 0
+    for question in progress(questions, desc=f"rerank {split}", unit="question"):
+        retrieved = stage1.results.get(question.data_id, Retrieved())
+        image = dm.image_loader.load(question.dataset_name, question.image_id)
+        if image is None:
+            without_image += 1
+            results[question.data_id] = stage1_only(retrieved, reranker.top_k, reranker.alpha)
+            continue
+        results[question.data_id] = reranker.rerank(question.question, image, retrieved)
+    metrics = split_metrics(results, questions, dm.config.dataset, cfg)
+    metrics.update({"n_without_query_image": without_image,
+                    "n_articles_without_image": len(reranker.articles_without_image)})
+    return SplitRerank(split, results, metrics, stage1.metrics)
+
+
+def stage1_only(retrieved, top_k: int, alpha: float) -> RerankedQuestion:
+    """The stage-1 top-K unchanged, in the reranked layout (QFF 0 for every article)."""
+    from qkvqa.qff.scoring import rerank
+
+    urls = list(retrieved.urls[:top_k])
+    sims = [float(s) for s in retrieved.similarities[:top_k]]
+    titles = (list(retrieved.titles[:top_k]) + [None] * len(urls))[:len(urls)]
+    result = rerank(sims, [None] * len(urls), alpha)
+    return RerankedQuestion(urls=[urls[i] for i in result.order], titles=[titles[i] for i in result.order],
+                            fused_scores=result.fused_scores, qff_scores=result.qff_scores,
+                            stage1_similarities=[sims[i] for i in result.order],
+                            section_scores=[[] for _ in urls], section_indices=[[] for _ in urls])
+
+
+def split_metrics(results: dict[str, RerankedQuestion], questions, dataset: str, cfg) -> dict:
+    """Recall@K of the reranked order (qkvqa.metrics) and the top-1 evidence-section recall."""
+    from qkvqa.metrics.retrieval import evidence_section_recall
+    from qkvqa.retrieval.retrieve import retrieval_metrics
+
+    metrics = retrieval_metrics(results, questions, dataset=dataset, top_k=int(cfg.retrieval.top_k),
+                                two_hop_policy=cfg.retrieval.two_hop_policy)
+    rows = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type,
+             "evidence_section_id": q.evidence_section_id} for q in questions
+            if q.gold_urls and q.evidence_section_id is not None]
+    top1 = {qid: best for qid, r in results.items() if (best := r.best_section()) is not None}
+    section = evidence_section_recall(top1, rows, cfg.retrieval.two_hop_policy)
+    metrics["evidence_section_recall@1"] = section["evidence_section_recall@1"]
+    return metrics
+
+
+def write_reranked(path, results: dict[str, RerankedQuestion]) -> Path:
+    """Write reranked results in the OMGM step-2b layout (plus `sec_idx`, `qff_scores`, `stage1_similarities`), atomically."""
+    import json
+
+    from qkvqa.utils.io import atomic_write_text
+
+    path = Path(path)
+    atomic_write_text(path, json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False))
+    return path

@@ -1,0 +1,190 @@
+"""QFF training DataModule: seeded negatives per (seed, epoch, sample), de-duplicated images, dynamic padding, drops, sharding."""
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_modules.qff_train import (EpochTaggedSampler, QFFTrainDataModule, article_image_id, query_image_id,
+                                    settings_from_config)
+from qkvqa.config.load import compose
+from qkvqa.qff.builder import build_qff_component
+from qkvqa.qff.mining import mine_to_dir
+from qkvqa.retrieval.results import Retrieved, write_results
+
+SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv"}
+
+
+def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0) -> dict[str, Retrieved]:
+    """A stand-in for stage 1: the entities shown in the query image first, then the others in a seeded order."""
+    rng = random.Random(seed)
+    entities = {e["entity_id"]: e for e in world["entities"]}
+    results = {}
+    for record in world["questions"][SPLIT_FILES[split]]:
+        shown = [entities[e] for e in record["image_entities"]]
+        rest = [e for e in entities.values() if e not in shown]
+        rng.shuffle(rest)
+        ranked = (shown + rest)[:top_k]
+        results[record["data_id"]] = Retrieved([e["url"] for e in ranked], [e["title"] for e in ranked],
+                                               [0.9 - 0.01 * k for k in range(len(ranked))])
+    return results
+
+
+def mine_world(world: dict, work: Path) -> list[str]:
+    """Write stage-1 stand-in results and mine the train / val pools of the demo experiment under `work`;
+    returns the overrides that point a config at them."""
+    base = [f"paths.world_dir={world['dir']}", f"paths.checkpoints_root={work / 'runs'}",
+            f"paths.cache_dir={work / 'cache'}"]
+    for split in SPLIT_FILES:
+        write_results(work / f"stage1_{split}.json", world_stage1(world, split))
+        cfg = compose("demo/qff_per_layer", [], [*base, f"retrieval.results={work / f'stage1_{split}.json'}"])
+        mine_to_dir(cfg, split, work / "pools")
+    return [*base, f"qff.negatives={work / 'pools/hardneg_train.json'}",
+            f"qff.val_negatives={work / 'pools/hardneg_val.json'}"]
+
+
+@pytest.fixture(scope="module")
+def mined(world, tmp_path_factory) -> list[str]:
+    """Overrides of the demo experiment with pools mined on the session world."""
+    return mine_world(world, tmp_path_factory.mktemp("qff_data"))
+
+
+@pytest.fixture(scope="module")
+def setting(mined):
+    """(cfg, component, DataModule set up for fit) on the session world."""
+    cfg = compose("demo/qff_per_layer", [], mined)
+    component = build_qff_component(cfg.components.qformer, cfg.qff)
+    dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
+                            component.image_processor)
+    dm.setup("fit")
+    return cfg, component, dm
+
+
+def test_negatives_are_drawn_from_the_pool_and_fixed_by_seed_epoch_and_index(setting):
+    cfg, _, dm = setting
+    dataset = dm.dataset("train")
+    n = cfg.qff.num_negatives + 1
+    for index in range(len(dataset)):
+        ref = dataset.samples[index]
+        pool = dm.pool_file("train").pool(ref.question, ref.key)
+        sample = dataset[(0, index)]
+        assert sample["candidates"][0] == (pool.positive.url, pool.positive.section_index)
+        assert len(sample["candidates"]) == len(set(sample["candidates"])) == n
+        assert set(sample["candidates"][1:]) <= {(c.url, c.section_index) for c in pool.negatives}
+        assert sample == dataset[(0, index)]
+    epoch0 = [dataset[(0, i)]["candidates"] for i in range(len(dataset))]
+    epoch1 = [dataset[(1, i)]["candidates"] for i in range(len(dataset))]
+    other_seed = dataclasses.replace(dm.settings, seed=1)
+    reseeded = type(dataset)(dataset.samples, dataset.pools, dataset.store, other_seed)
+    assert sum(a != b for a, b in zip(epoch0, epoch1)) > 0.9 * len(dataset)
+    assert sum(a != reseeded[(0, i)]["candidates"] for i, a in enumerate(epoch0)) > 0.9 * len(dataset)
+
+
+def test_samples_carry_section_strings_of_the_candidates_with_their_original_indices(setting):
+    _, _, dm = setting
+    sample = dm.dataset("train")[(0, 0)]
+    store = dm.kb_store()
+    for (url, index), text in zip(sample["candidates"], sample["texts"]):
+        article = store.get_by_url(url)
+        assert text == article.section_string(index)
+        assert article.section_titles[index] not in ("References", "External links") or \
+            (url, index) == sample["candidates"][0]
+
+
+def test_the_collate_loads_each_distinct_image_once_and_pads_to_the_longest_text(setting):
+    cfg, component, dm = setting
+    dataset = dm.dataset("train")
+    samples = [dataset[(0, i)] for i in range(4)]
+    batch = dm.collator()(samples)
+    n = cfg.qff.num_negatives + 1
+    assert batch["size"] == 4 and batch["dropped"] == [] and batch["num_candidates"] == n
+    ids = batch["image_ids"]
+    assert len(ids) == len(set(ids)) == batch["pixel_values"].shape[0]
+    assert batch["pixel_values"].shape[1:] == (3, component.model.image_size, component.model.image_size)
+    for row, sample in enumerate(samples):
+        assert ids[batch["question_image_index"][row]] == query_image_id(*sample["query_image"])
+        for k, path in enumerate(sample["images"]):
+            assert ids[batch["section_image_index"][row * n + k]] == article_image_id(path)
+    shared = sum(len(s["images"]) + 1 for s in samples) - len(ids)
+    assert shared > 0, "the gold article's image repeats within a sample, so some images must be shared"
+    sections = batch["sections"]
+    lengths = sections["attention_mask"].sum(1)
+    assert sections["input_ids"].shape == (4 * n, int(lengths.max())) and lengths.min() < lengths.max()
+    texts = [t for s in samples for t in s["texts"]]
+    expected = component.tokenizer(texts[0], truncation=True, max_length=component.max_text_tokens)["input_ids"]
+    assert sections["input_ids"][0, : lengths[0]].tolist() == expected
+
+
+def test_samples_with_unreadable_images_are_dropped_and_an_all_dropped_batch_is_empty(setting):
+    _, _, dm = setting
+    dataset = dm.dataset("train")
+    good, bad = dataset[(0, 0)], dict(dataset[(0, 1)], query_image=("inaturalist", "no-such-image"))
+    broken = dict(dataset[(0, 2)], images=["wiki_image_split/nowhere.jpg"] + dataset[(0, 2)]["images"][1:])
+    batch = dm.collator()([good, bad, broken])
+    assert batch["size"] == 1 and batch["data_ids"] == [good["data_id"]]
+    assert {(d["data_id"], d["reason"]) for d in batch["dropped"]} == {
+        (bad["data_id"], "query_image_unreadable"), (broken["data_id"], "article_image_unreadable")}
+    empty = dm.collator()([bad, broken])
+    assert empty["size"] == 0 and len(empty["dropped"]) == 2
+    assert "sections" not in empty and "pixel_values" not in empty
+
+
+def test_setup_drops_the_samples_the_rule_drops_and_counts_them(setting, world):
+    _, _, dm = setting
+    report = dm.sample_report()
+    imageless = {e["url"] for e in world["entities"] if e["image_mode"] == "none"}
+    train_rows = [q for q in world["questions"][SPLIT_FILES["train"]] if q["question_type"] != "2_hop"]
+    expected = sum(1 for q in train_rows if q["gold_urls"][0] in imageless)
+    assert report["train"]["dropped_by_reason"] == {"no_gold_image": expected}
+    assert report["train"]["kept"] == len(train_rows) - expected == len(dm.dataset("train"))
+    assert "val" in report
+
+
+def test_training_batches_shard_across_ranks_and_tag_the_epoch(setting):
+    _, _, dm = setting
+    n = len(dm.dataset("train"))
+    samplers = [EpochTaggedSampler(n, seed=0, rank=r, world_size=2) for r in range(2)]
+    for sampler in samplers:
+        sampler.set_epoch(3)
+    drawn = [list(s) for s in samplers]
+    assert all(epoch == 3 for rank in drawn for epoch, _ in rank)
+    indices = [i for rank in drawn for _, i in rank]
+    assert sorted(set(indices)) == list(range(n)) and len(indices) == 2 * ((n + 1) // 2)
+    samplers[0].resume_from(3, 4)
+    assert list(samplers[0]) == drawn[0][4:]
+
+
+def test_max_train_samples_takes_a_seeded_subset(setting, mined):
+    _, component, _ = setting
+    cfg = compose("demo/qff_per_layer", [], [*mined, "qff.max_train_samples=10", "qff.max_val_samples=5"])
+    subsets = []
+    for _ in range(2):
+        dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
+                                component.image_processor)
+        dm.setup("fit")
+        subsets.append([r.question.data_id for r in dm.dataset("train").samples])
+        assert len(dm.dataset("val")) == 5
+    assert len(subsets[0]) == 10 and subsets[0] == subsets[1]
+
+
+def test_validation_batches_carry_every_section_of_the_top_k_articles(setting):
+    cfg, _, dm = setting
+    dataset = dm.dataset("val")
+    samples = [dataset[i] for i in range(3)]
+    batch = dm.collator()(samples)
+    rerank = batch["rerank"]
+    slots = torch.cat([c["slot"] for c in rerank["chunks"]]).tolist()
+    expected = {(q, a, j) for q, item in enumerate(rerank["questions"])
+                for a, article in enumerate(item["articles"]) for j in range(len(article["sections"]))}
+    assert len(slots) == len(set(map(tuple, slots))) and set(map(tuple, slots)) == expected
+    for q, (sample, item) in enumerate(zip(samples, rerank["questions"])):
+        assert len(item["articles"]) == min(cfg.qff.val_top_k, 20)
+        with_sections = [a for a in item["articles"] if a["sections"]]
+        assert with_sections and all(a["url"] for a in with_sections)
+        assert item["gold_urls"] == dm.dataset("val").samples[q].question.gold_urls
+    for chunk in rerank["chunks"]:
+        assert chunk["input_ids"].shape[0] <= cfg.qff.section_batch_size
+        assert int(chunk["image_index"].max()) < len(batch["image_ids"])
