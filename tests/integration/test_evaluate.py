@@ -84,10 +84,11 @@ def test_killed_evaluation_resumes_and_answers_each_question_once(eval_env, worl
 @pytest.mark.slow
 def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_process(eval_env, world):
     base = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only"]
-    single = subprocess.run(base + ["run_id=one_rank"], cwd=REPO, env=eval_env["env"], capture_output=True,
+    env = {**eval_env["env"], "OMP_NUM_THREADS": "1"}     # same kernels in both runs: bit-identical floats
+    single = subprocess.run(base + ["run_id=one_rank"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-3000:]
-    ddp = subprocess.run(base + ["run_id=two_ranks", "preset=ddp_cpu_sim"], cwd=REPO, env=eval_env["env"],
+    ddp = subprocess.run(base + ["run_id=two_ranks", "preset=ddp_cpu_sim"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     runs = eval_env["runs"]

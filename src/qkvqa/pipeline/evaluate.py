@@ -109,6 +109,8 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
 
 def run_evaluation(cfg: DictConfig) -> dict:
     """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
+    import lightning.pytorch as pl
+
     from data_modules import build_data_module
     from data_modules.evaluation import EvaluationDataModule
     from qkvqa.loggers.wandb import log_run_files
@@ -128,6 +130,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
         done = store.done_ids()
         if done:
             log.info("resuming: %d questions already answered in %s", len(done), run_dir)
+        # Every rank builds the components from the same RNG state (rank zero has just run stage 1).
+        pl.seed_everything(cfg.seed, verbose=False)
         pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
         data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
         trainer = build_trainer(job)
