@@ -1,0 +1,125 @@
+"""The demo's comparison table, recall@K and training-loss plots, and report.md."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+from qkvqa.run.record import RunRecord
+
+RECALL_CURVE_KS = tuple(range(1, 21))
+
+
+def _predictions(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [r for r in rows if not r.get("skipped")]
+
+
+def recall_curve(rows: Sequence[dict], gold: dict[str, set[str]]) -> list[float]:
+    """Recall@K in percent for K = 1..20 over the rows' filtered rankings."""
+    ranks = []
+    for r in rows:
+        urls = [a["url"] for a in r["ranking"]]
+        hit = next((i + 1 for i, u in enumerate(urls) if u in gold[r["data_id"]]), 0)
+        ranks.append(hit)
+    return [100.0 * sum(1 for h in ranks if 0 < h <= k) / len(ranks) if ranks else 0.0 for k in RECALL_CURVE_KS]
+
+
+def multi_entity_r1(rows: Sequence[dict], gold: dict[str, set[str]], multi: set[str]) -> Optional[float]:
+    """R@1 over the questions whose image shows several entities (only the question says which)."""
+    chosen = [r for r in rows if r["data_id"] in multi]
+    if not chosen:
+        return None
+    return 100.0 * sum(bool(r["ranking"]) and r["ranking"][0]["url"] in gold[r["data_id"]] for r in chosen) / len(chosen)
+
+
+def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi: set[str]) -> list[dict]:
+    """One row per evaluated setting, from its scores.json and predictions."""
+    out = []
+    for label, run_dir in settings.items():
+        scores = json.loads((run_dir / "scores.json").read_text(encoding="utf-8"))
+        rows = _predictions(run_dir)
+        after = scores["recall_after_filter"]
+        seconds = scores["seconds_per_question"]
+        out.append({
+            "setting": label, "R@1": after.get("recall@1"), "R@5": after.get("recall@5"), "R@20": after.get("recall@20"),
+            "R@1 multi-entity": multi_entity_r1(rows, gold, multi),
+            "section R@1": (scores.get("section_recall") or {}).get("evidence_section_recall@1"),
+            "answer in context %": scores.get("answer_in_context"),
+            "context tokens": scores["context_length"]["mean"],
+            "s/q filter": seconds["filter"], "s/q select": seconds["select"], "s/q generate": seconds["generate"],
+            "curve": recall_curve(rows, gold), "run_dir": str(run_dir),
+        })
+    return out
+
+
+COLUMNS = ("setting", "R@1", "R@5", "R@20", "R@1 multi-entity", "section R@1", "answer in context %",
+           "context tokens", "s/q filter", "s/q select", "s/q generate")
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """The comparison as a markdown table."""
+    def fmt(column: str, value) -> str:
+        if value is None:
+            return "n/a"
+        if isinstance(value, float):
+            return f"{value:.3f}" if column.startswith("s/q") else f"{value:.1f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(c, row[c]) for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_recall(rows: Sequence[dict], path: Path) -> Path:
+    """Recall@K curves of every setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for row in rows:
+        ax.plot(RECALL_CURVE_KS, row["curve"], marker="o", markersize=3, label=row["setting"])
+    ax.set_xlabel("K (articles)")
+    ax.set_ylabel("Recall@K (%)")
+    ax.set_title("Gold article in the top K after each filter (synthetic world, test split)")
+    ax.set_xticks([1, 5, 10, 15, 20])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_training(runs: dict[str, Path], path: Path) -> Path:
+    """Training loss (and validation article R@1 when logged) of the QFF runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, val_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for label, run_dir in runs.items():
+        rows = RunRecord(run_dir).read_metrics()
+        by_step: dict[str, dict[int, float]] = {}
+        for r in rows:
+            by_step.setdefault(r["name"], {})[r["step"]] = r["value"]
+        loss = by_step.get("train/loss", {})
+        if loss:
+            steps = sorted(loss)
+            loss_ax.plot(steps, [loss[s] for s in steps], label=label, linewidth=1)
+        val = by_step.get("val/article_r1", {})
+        if val:
+            steps = sorted(val)
+            val_ax.plot(steps, [val[s] for s in steps], marker="o", label=label)
+    loss_ax.set(xlabel="step", ylabel="InfoNCE loss", title="QFF training loss")
+    val_ax.set(xlabel="step", ylabel="article R@1 after fusion", title="validation")
+    for ax in (loss_ax, val_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
