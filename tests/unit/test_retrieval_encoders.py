@@ -8,7 +8,7 @@ from PIL import Image
 from qkvqa.components import ComponentSpec, build_component, registered_kinds
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.retrieval.encoders import build_encoders, encoder_identity
-from qkvqa.retrieval.tiny import write_clip_tokenizer, write_tiny_evaclip, write_tiny_timm
+from qkvqa.retrieval.tiny import byte_symbols, write_clip_tokenizer, write_tiny_evaclip, write_tiny_timm
 
 TEXTS = ["the grey heron is a bird", "a red flower with long petals", "Zürich landmark", "x", "an unusual shell"]
 
@@ -115,6 +115,9 @@ def test_tiny_clip_tokenizer_knows_words_and_still_tokenises_anything(tmp_path):
     ids = tokenizer("the kestrel")["input_ids"]
     assert ids[0] == tokenizer.bos_token_id and ids[-1] == tokenizer.eos_token_id and len(ids) == 4
     assert tokenizer.decode(tokenizer("Qzx ørn!")["input_ids"], skip_special_tokens=True) == "qzx ørn !"
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    assert byte_symbols() == list(bytes_to_unicode().values())
 
 
 def test_identity_and_shared_encoders():

@@ -85,8 +85,11 @@ class RetrievalEncoder:
         raise NotImplementedError
 
     def _normalised(self, features) -> np.ndarray:
+        import torch
         import torch.nn.functional as F
 
+        if not isinstance(features, torch.Tensor):     # transformers 5.x: get_*_features return a model output
+            features = features.pooler_output
         return F.normalize(features.float(), dim=-1).cpu().numpy().astype(np.float32, copy=False)
 
     def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:

@@ -67,6 +67,21 @@ def _skip_polysemous_training(index) -> None:
             candidate.do_polysemous_training = False
 
 
+def _reserve_flat_storage(index, count: int) -> None:
+    """Size the code vector of a flat-coded storage (Flat, the vectors of HNSW) once, up front.
+
+    Batched adds grow it by doubling, which peaks at 1.5x the final size (measured); resizing it to the
+    final size and back to 0 keeps the capacity, so the peak stays at the index's own size.
+    """
+    import faiss
+
+    target = faiss.downcast_index(index)
+    storage = faiss.downcast_index(target.storage) if isinstance(target, faiss.IndexHNSW) else target
+    if isinstance(storage, faiss.IndexFlatCodes):
+        storage.codes.resize(count * storage.code_size)
+        storage.codes.resize(0)
+
+
 def _to_gpu(index, what: str):
     """The index on every GPU, or the CPU index when this index type has no GPU version."""
     import faiss
@@ -143,6 +158,8 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
             raise ConfigError(f"retrieval.index_factory={factory!r}: training on {len(sample)} vectors failed "
                               f"({str(e).splitlines()[0]})") from None
         del sample
+    if not on_gpu:
+        _reserve_flat_storage(index, count)
     rows = np.empty(count, dtype=np.int64)
     filled = 0
     with progress(total=count, desc=f"index add {factory}", unit="vec") as bar:

@@ -52,6 +52,14 @@ def _words(texts: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(words))
 
 
+def byte_symbols() -> list[str]:
+    """The 256 printable stand-ins of bytes in GPT-2 / CLIP byte-level BPE, in CLIP's vocabulary order: bytes
+    that are printable characters stand for themselves, the others map to chr(256 + i) in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(others))]
+
+
 def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     """Byte-pair merging as CLIP's tokenizer does it: repeatedly merge the lowest-ranked adjacent pair."""
     while len(symbols) > 1:
@@ -65,13 +73,10 @@ def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
 
 def write_clip_tokenizer(out_dir: str | Path, texts: Iterable[str] = ()) -> Path:
     """Write a small byte-level BPE CLIP tokenizer (see the module docstring) into `out_dir`."""
-    from transformers import CLIPTokenizer
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    byte_symbols = list(bytes_to_unicode().values())
-    vocab = byte_symbols + [s + END_OF_WORD for s in byte_symbols]
+    symbols = byte_symbols()
+    vocab = symbols + [s + END_OF_WORD for s in symbols]
     known = set(vocab)
     ranks: dict[tuple[str, str], int] = {}
     for word in _words(texts):
@@ -89,9 +94,9 @@ def write_clip_tokenizer(out_dir: str | Path, texts: Iterable[str] = ()) -> Path
     (out_dir / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}), encoding="utf-8")
     (out_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
                                         encoding="utf-8")
-    tokenizer = CLIPTokenizer(str(out_dir / "vocab.json"), str(out_dir / "merges.txt"),
-                              model_max_length=TINY_CLIP_MAX_POSITIONS)
-    tokenizer.save_pretrained(str(out_dir))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "CLIPTokenizer", "bos_token": CLIP_BOS, "eos_token": CLIP_EOS, "unk_token": CLIP_EOS,
+        "pad_token": CLIP_EOS, "model_max_length": TINY_CLIP_MAX_POSITIONS, "errors": "replace"}), encoding="utf-8")
     return out_dir
 
 
