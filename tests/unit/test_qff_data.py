@@ -19,14 +19,14 @@ SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv"}
 
 
 def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0) -> dict[str, Retrieved]:
-    """A stand-in for stage 1: the entities shown in the query image first, then the others in a seeded order."""
-    rng = random.Random(seed)
+    """A stand-in for stage 1, a function of the query image: the entities it shows first, then the others in a
+    seeded order."""
     entities = {e["entity_id"]: e for e in world["entities"]}
     results = {}
     for record in world["questions"][SPLIT_FILES[split]]:
         shown = [entities[e] for e in record["image_entities"]]
         rest = [e for e in entities.values() if e not in shown]
-        rng.shuffle(rest)
+        random.Random(f"{seed}/{record['image_id']}").shuffle(rest)
         ranked = (shown + rest)[:top_k]
         results[record["data_id"]] = Retrieved([e["url"] for e in ranked], [e["title"] for e in ranked],
                                                [0.9 - 0.01 * k for k in range(len(ranked))])

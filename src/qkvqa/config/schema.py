@@ -96,6 +96,7 @@ class QFFConfig:
     max_val_samples: Optional[int] = None        # cap on validation samples (seeded subset); null: all
     vit_cache_shard_size: int = 512              # images per ViT cache shard (ViT-g: ~0.7 MB per image in fp16)
     vit_cache_batch_size: int = 32               # images per ViT forward while writing the cache
+    schedule_steps: Optional[int] = None         # OneCycle length in optimizer steps; null: the run's planned steps
 
 
 @dataclass

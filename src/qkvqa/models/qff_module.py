@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkvqa.errors import StaleArtifactError
+from qkvqa.errors import ConfigError, StaleArtifactError
 from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
 from qkvqa.qff.scoring import late_interaction, rerank
 from qkvqa.utils.logging import get_logger
@@ -51,6 +51,7 @@ class QFFTrainSettings:
     div_factor: float = 100.0
     alpha: float = 0.9
     score_direction: str = "question_to_section"
+    schedule_steps: Optional[int] = None          # OneCycle length; None: trainer.estimated_stepping_batches
     vision_fingerprint: Optional[str] = None      # set when the frozen ViT is left out of checkpoints
 
     @classmethod
@@ -61,7 +62,7 @@ class QFFTrainSettings:
                    weight_decay=float(qff.weight_decay), betas=(float(qff.betas[0]), float(qff.betas[1])),
                    eps=float(qff.eps), pct_start=float(qff.pct_start), div_factor=float(qff.div_factor),
                    alpha=float(qff.alpha), score_direction=str(qff.score_direction),
-                   vision_fingerprint=vision_fingerprint)
+                   schedule_steps=qff.schedule_steps, vision_fingerprint=vision_fingerprint)
 
 
 def freeze_outside_objective(model) -> list[str]:
@@ -100,6 +101,7 @@ class QFFTrainer(pl.LightningModule):
         self.dropped_samples = 0
         self.empty_batches = 0
         self._step_started: Optional[float] = None
+        self._resumed_schedule_steps: Optional[int] = None
 
     @property
     def temperature(self) -> torch.Tensor:
@@ -205,9 +207,14 @@ class QFFTrainer(pl.LightningModule):
         if s.learnable_temperature:
             groups.append({"params": [self.log_temperature], "weight_decay": 0.0})
         optimizer = torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), eps=s.eps)
+        total = int(s.schedule_steps or max(int(self.trainer.estimated_stepping_batches), 1))
+        if self._resumed_schedule_steps is not None and self._resumed_schedule_steps != total:
+            raise ConfigError(f"the checkpoint's OneCycle schedule spans {self._resumed_schedule_steps} optimizer steps "
+                              f"but this run plans {total}: a resumed run keeps its schedule, so train at most "
+                              f"{self._resumed_schedule_steps} steps (trainer.max_steps) or start a new run "
+                              f"(set qff.schedule_steps up front to plan a schedule longer than one launch)")
         # cycle_momentum=False keeps AdamW's betas as configured (OneCycle would otherwise cycle beta1).
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=s.lr,
-                                                        total_steps=max(int(self.trainer.estimated_stepping_batches), 1),
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=s.lr, total_steps=total,
                                                         pct_start=s.pct_start, div_factor=s.div_factor,
                                                         cycle_momentum=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -272,7 +279,9 @@ class QFFTrainer(pl.LightningModule):
         checkpoint["qff_frozen_vit"] = {"fingerprint": self.settings.vision_fingerprint, "prefix": VISION_PREFIX}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Put this run's frozen ViT weights back, after checking they are the ones the checkpoint was trained with."""
+        """Note the saved schedule length; put this run's frozen ViT weights back after checking they are the same."""
+        schedulers = checkpoint.get("lr_schedulers") or [{}]
+        self._resumed_schedule_steps = schedulers[0].get("total_steps")
         frozen = checkpoint.get("qff_frozen_vit")
         if frozen is None:
             return
