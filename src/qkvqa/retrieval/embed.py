@@ -78,12 +78,20 @@ def sha256_file(path: Path) -> str:
 
 # --------------------------------------------------------------------------------------------- sources
 
+SQL_CHUNK = 10000   # rows per KB store query (SQLite builds cap the number of bound parameters)
+
+
+def articles_of(store, rows: Sequence[int]) -> Iterator[Any]:
+    """The KB articles at `rows`, in that order, fetched in chunks."""
+    rows = list(rows)
+    for start in range(0, len(rows), SQL_CHUNK):
+        yield from store.get_many(rows[start:start + SQL_CHUNK])
+
 @dataclass
 class _Item:
-    """One thing to embed: its id in the shard's id map, its source row and what to load (text or candidate files)."""
+    """One thing to embed: its id in the shard's id map and what to load (a text, or candidate image files)."""
 
     id: Any
-    row: int
     text: Optional[str] = None
     candidates: tuple = ()          # image files tried in order
     dataset_name: str = ""
@@ -93,7 +101,6 @@ class _Item:
 class KBTextSource:
     """One text per KB article: the lead section (`section_texts[0]`, the title when empty) or its summary."""
 
-    kind = "kb_text"
 
     def __init__(self, store, summary_source: str, summaries_path: Optional[Path]):
         if summary_source not in SUMMARY_SOURCES:
@@ -145,7 +152,7 @@ class KBTextSource:
         """Items of rows [start, stop); fallbacks are counted in `counts`."""
         summaries = self.summaries() if self.summary_source == "summaries" else {}
         items = []
-        for article in self.store.get_many(range(start, stop)):
+        for article in articles_of(self.store, range(start, stop)):
             text = summaries.get(article.row_id)
             if text is None and self.summary_source == "summaries":
                 counts["lead_for_missing_summary"] = counts.get("lead_for_missing_summary", 0) + 1
@@ -154,7 +161,7 @@ class KBTextSource:
                 if not text.strip():
                     counts["title_for_empty_lead"] = counts.get("title_for_empty_lead", 0) + 1
                     text = article.title
-            items.append(_Item(id=article.row_id, row=article.row_id, text=text))
+            items.append(_Item(id=article.row_id, text=text))
         return items
 
 
@@ -162,7 +169,6 @@ class KBImageSource:
     """Every `image_urls` entry of every KB article (EchoSight: one vector per KB image). Its file is the
     title -> image CSV file with that image_URL, else the local URL store's copy; neither = a counted skip."""
 
-    kind = "kb_images"
 
     def __init__(self, store, article_images: Optional[Callable[[], Any]], url_store: Optional[Path],
                  max_per_article: Optional[int], images_config: dict):
@@ -185,7 +191,7 @@ class KBImageSource:
 
         article_images = self.article_images() if self.article_images is not None else None
         items = []
-        for article in self.store.get_many(range(start, stop)):
+        for article in articles_of(self.store, range(start, stop)):
             urls = article.image_urls[: self.max_per_article]
             if not urls:
                 counts["articles_without_image_urls"] = counts.get("articles_without_image_urls", 0) + 1
@@ -195,7 +201,7 @@ class KBImageSource:
                 candidates = [csv_files[url]] if url in csv_files else []
                 if self.url_store is not None:
                     candidates.append(url_store_path(self.url_store, url))
-                items.append(_Item(id=[article.row_id, url], row=article.row_id, candidates=tuple(candidates),
+                items.append(_Item(id=[article.row_id, url], candidates=tuple(candidates),
                                    dataset_name=KB_IMAGE_DATASET, image_id=url))
         return items
 
@@ -203,7 +209,6 @@ class KBImageSource:
 class QueryImageSource:
     """The unique query images of a split's questions, in first-appearance order."""
 
-    kind = "query_images"
 
     def __init__(self, questions: Sequence[Any], questions_file: Optional[Path], split: str, data_identity: dict):
         self.keys = list(dict.fromkeys((q.dataset_name, q.image_id) for q in questions))
@@ -220,8 +225,7 @@ class QueryImageSource:
                 "unique_images": len(self.keys), **self.data_identity}
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
-        return [_Item(id=list(key), row=i, dataset_name=key[0], image_id=key[1])
-                for i, key in enumerate(self.keys[start:stop], start)]
+        return [_Item(id=list(key), dataset_name=key[0], image_id=key[1]) for key in self.keys[start:stop]]
 
 
 # ----------------------------------------------------------------------------------------- the set
@@ -237,7 +241,6 @@ def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
 
 
 @dataclass
