@@ -478,7 +478,7 @@ class Embedder:
 
         data = self.dm.config
         if self.kind == "kb_text":
-            summaries = resolve_data_path(data, self.cfg.retrieval.summaries)
+            summaries = Path(self.cfg.retrieval.summaries).expanduser() if self.cfg.retrieval.summaries else None
             return KBTextSource(self.dm.kb_store(), self.cfg.retrieval.summary_source, summaries)
         if self.kind == "kb_images":
             images = data.images

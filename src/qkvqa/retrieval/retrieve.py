@@ -129,9 +129,7 @@ def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: 
 
 def _read_for_split(cfg, dm, questions) -> dict[str, Retrieved]:
     """retrieval.results restricted to the split's questions, titles filled from the KB where the file has none."""
-    from qkvqa.data.config import resolve_data_path
-
-    path = resolve_data_path(dm.config, cfg.retrieval.results)
+    path = Path(cfg.retrieval.results).expanduser()
     stored = read_results(path)
     store = dm.kb_store()
     results = {}
