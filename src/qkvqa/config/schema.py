@@ -6,7 +6,7 @@ Sections of later stages keep the paper's defaults (method.md); comments say wha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from qkvqa.components.registry import ComponentSpec
 from qkvqa.data.config import DataConfig

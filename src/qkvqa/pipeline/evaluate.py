@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -48,12 +48,9 @@ def build_filter(cfg: DictConfig, benchmark: Any):
         if not cfg.eval.reranked_results:
             raise ConfigError("eval.filter=precomputed needs eval.reranked_results (written by `qkvqa rerank`)")
         return PrecomputedFilter(cfg.eval.reranked_results, store)
-    from qkvqa.qff.builder import build_qff_component
+    from qkvqa.qff.rerank import QFFReranker
 
-    qff_cfg = OmegaConf.to_object(cfg.qff)
-    qff = build_qff_component(cfg.components.qformer, qff_cfg)
-    qff.model.eval()
-    return QFFFilter(qff, store, benchmark.article_images(), cfg.qff.alpha, cfg.qff.focus)
+    return QFFFilter(QFFReranker.from_config(cfg, datamodule=benchmark))
 
 
 def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):

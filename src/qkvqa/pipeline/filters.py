@@ -15,9 +15,6 @@ from qkvqa.cda.select import RankedArticle
 from qkvqa.data.kb import Article, KBStore
 from qkvqa.errors import DataError
 from qkvqa.retrieval.results import Retrieved
-from qkvqa.utils.logging import get_logger
-
-log = get_logger(__name__)
 
 
 @dataclass
@@ -66,43 +63,24 @@ class RetrievalOrderFilter:
 
 
 class QFFFilter:
-    """Scores every candidate section of the retrieved articles with the QFF and fuses with alpha."""
+    """Scores every candidate section of the retrieved articles with the QFF and fuses with alpha
+    (`qkvqa.qff.rerank.QFFReranker`, the same code as `qkvqa rerank`)."""
 
     name = "qff"
 
-    def __init__(self, qff: Any, store: KBStore, article_images: Any, alpha: float, focus: Optional[str] = None):
-        self.qff, self.store, self.article_images = qff, store, article_images
-        self.alpha, self.focus = float(alpha), focus
-        self.unreadable_images: set[str] = set()
-
-    def _main_image(self, article: Article):
-        from PIL import Image
-
-        path = self.article_images.main_image(article.title, article.image_urls) if self.article_images else None
-        if path is None:
-            return None
-        try:
-            with Image.open(path) as im:
-                return im.convert("RGB")
-        except OSError:
-            if str(path) not in self.unreadable_images:
-                self.unreadable_images.add(str(path))
-                log.warning("article image %s of %r cannot be read; the article gets QFF score 0", path, article.title)
-            return None
+    def __init__(self, reranker: Any):
+        self.reranker = reranker
+        self.store = reranker.store
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
-        from qkvqa.qff.scoring import rerank
-
-        articles, sims, missing = _articles(self.store, retrieved)
-        candidates = [list(a.candidate_sections()) for a in articles]
-        strings = [[a.section_string(index) for index, _, _ in secs] for a, secs in zip(articles, candidates)]
-        images = [self._main_image(a) for a in articles]
-        scores = self.qff.score_sections(question, image, images, strings, focus=self.focus)
-        result = rerank(sims, scores, self.alpha)
-        ranked = []
-        for position, i in enumerate(result.order):
-            section_scores = {candidates[i][j][0]: s for j, s in enumerate(result.section_scores[position])}
-            ranked.append(RankedArticle(articles[i], result.fused_scores[position], section_scores))
+        result = self.reranker.rerank(question, image, retrieved)
+        ranked, missing = [], []
+        for url, fused, scores, indices in zip(result.urls, result.fused_scores, result.section_scores,
+                                               result.section_indices):
+            if url not in self.store:
+                missing.append(url)
+                continue
+            ranked.append(RankedArticle(self.store.get_by_url(url), fused, dict(zip(indices, scores))))
         return Ranking(ranked, missing)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from qkvqa.config.load import from_saved, to_plain
 from qkvqa.config.schema import MUTABLE_ON_RESUME

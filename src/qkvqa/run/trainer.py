@@ -1,7 +1,6 @@
 """Build the Lightning Trainer of a job and run `fit` inside its run record."""
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable, Optional
 
 import lightning.pytorch as pl
