@@ -37,15 +37,16 @@ def eval_env(world, tmp_path_factory):
         "logger": {"wandb": {"enabled": False}},
         "generation": {"max_new_tokens": 4, "batch_size": 4},
         "retrieval": {"shard_size": 64}}), encoding="utf-8")
-    env = {"QKVQA_EXPERIMENTS": str(root)}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    for command in (["embed", "experiment=world_eval"], ["index", "build", "experiment=world_eval"]):
-        clear_run_env()
-        assert main(command) == 0
-    yield {"root": root, "runs": tmp / "runs", "env": {**os.environ, **env}}
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
+    previous = os.environ.get("QKVQA_EXPERIMENTS")
+    os.environ["QKVQA_EXPERIMENTS"] = str(root)          # only while building; tests set it themselves
+    try:
+        for command in (["embed", "experiment=world_eval"], ["index", "build", "experiment=world_eval"]):
+            clear_run_env()
+            assert main(command) == 0
+    finally:
+        if previous is None:
+            os.environ.pop("QKVQA_EXPERIMENTS", None)
         else:
-            os.environ[k] = v
+            os.environ["QKVQA_EXPERIMENTS"] = previous
+        clear_run_env()
+    return {"root": root, "runs": tmp / "runs", "env": {**os.environ, "QKVQA_EXPERIMENTS": str(root)}}
