@@ -366,6 +366,12 @@ def test_normalize_answer_is_idempotent(text):
     assert normalize_answer(once) == once
 
 
+@pytest.mark.parametrize("text, expected", [("-.0.0", [0.0, 0.0]), ("-.5.5 and 3", 3.0), ("+.2.2", [0.0, 0.0]),
+                                            ("1.2.3", [1.2, 3.0])])
+def test_signed_two_dot_tokens_are_skipped_where_the_official_code_raises(text, expected):
+    assert parse_numerical_answer(text) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8")) | st.from_regex(r"[-+.,eE0-9 \u0660-\u0669]{0,20}"))
 def test_parse_numerical_answer_never_crashes(text):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from qkvqa.errors import DataError
 from qkvqa.metrics.coverage import check_coverage, coverage_report
@@ -49,16 +49,30 @@ def _isolate_range_hyphens(text: str) -> str:
     return "".join(" - " if ch == "-" and i > 0 and text[i - 1].isdigit() else ch for i, ch in enumerate(text))
 
 
+def _token_number(token: str) -> Optional[float]:
+    """One regex match as the official code converts it, or None where the official code would raise.
+
+    Commas are removed and leading/trailing dots stripped, so `.5` is 5.0 and `-.5` is -0.5. A
+    signed token with two dots (`-.5.5`) goes through the official two-dots branch (keep what precedes
+    the first dot), which leaves a bare sign that `float()` rejects: the official scorer crashes on it,
+    qkvqa skips the token.
+    """
+    text = token.replace(",", "").strip(".")
+    if text.count(".") > 1:
+        text = text.split(".")[0]
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def parse_numerical_answer(text: str) -> Number:
     """The official `process_numerical_answer`: a single float, a range `[lo, hi]`, or `[0, 0]` when no number.
 
     The first two numbers found form a range when ascending (or equal); a descending pair keeps only
-    its first number. Commas are removed and leading/trailing dots stripped before `float()`, so `.5`
-    is 5.0 and `-.5` is -0.5. (The official code also has a branch for tokens with two or more dots;
-    the regex never produces one, so it is not reproduced.)
+    its first number. Each match is converted by `_token_number`.
     """
-    numbers = [float(token.replace(",", "").strip("."))
-               for token in NUMBER.findall(_isolate_range_hyphens(text))]
+    numbers = [n for n in (_token_number(t) for t in NUMBER.findall(_isolate_range_hyphens(text))) if n is not None]
     if len(numbers) >= 2:
         first, second = numbers[0], numbers[1]
         return [first, second] if first <= second else first
