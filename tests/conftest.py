@@ -8,8 +8,9 @@ import pytest
 from hypothesis import settings
 
 # Property tests draw the same examples on every run, so CI never fails on a fresh random draw;
-# run `pytest --hypothesis-seed=random` to explore.
+# `pytest --hypothesis-profile=explore` draws new ones.
 settings.register_profile("qkvqa", derandomize=True)
+settings.register_profile("explore", derandomize=False)
 settings.load_profile("qkvqa")
 
 REPO = Path(__file__).resolve().parents[1]
