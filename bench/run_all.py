@@ -52,8 +52,12 @@ def section_qff(d: dict) -> str:
     parts = []
     scoring = d.get("scoring")
     if scoring:
-        parts.append("(a) scoring all sections of 20 articles for one question: " + json.dumps(
-            {k: v for k, v in scoring.items() if not isinstance(v, (dict, list))}))
+        parts.append(f"(a) scoring {scoring['sections']} sections of {scoring['articles']} articles for one question "
+                     f"(mid-size random config): batched with one ViT pass per article image "
+                     f"{scoring['batched_seconds']:.1f} s vs the per-section loop that re-runs the ViT "
+                     f"{scoring['per_section_loop_seconds']:.1f} s: **{scoring['speedup']:.1f}x** (goal 5x); ViT "
+                     f"images {scoring['vit_images_batched']} vs {scoring['vit_images_loop']}, scores equal within "
+                     f"{scoring['max_abs_score_difference']:.1e}.")
     if d.get("training"):
         parts.append("(b) training samples/s: " + json.dumps(
             {k: v for k, v in d["training"].items() if not isinstance(v, (dict, list))}))
