@@ -1,6 +1,6 @@
 """Benchmark: QFF section scoring with a per-article ViT cache vs OMGM's per-section loop, and FLOPs per training sample.
 
-Usage: .venv/bin/python bench/qff.py [--parts ac] [--articles 20] [--sections 10]
+Usage: .venv/bin/python bench/qff.py [--parts abc] [--articles 20] [--sections 10] [--train-steps 3]
 
 Parts (each a function in PARTS; results are merged into bench/out/qff.json, so one part can be rerun alone):
   (a) `scoring`: score every section of `--articles` articles (`--sections` each) for one question, on
@@ -8,7 +8,11 @@ Parts (each a function in PARTS; results are merged into bench/out/qff.json, so 
       through the ViT once, sections in length-sorted batches of 64) vs a per-section loop that reruns
       the ViT for every section and encodes one section at a time (OMGM's way). Both paths run side by
       side in one process on the same model; the scores must agree.
-  (b) training samples/s: added with the QFF trainer.
+  (b) `training`: training samples/s of the QFFTrainer (forward + backward + AdamW step, batch of
+      TRAIN_BATCH samples, 1 positive + 15 negatives each, DISTINCT_IMAGES images per sample) on CPU
+      with MID_CONFIG, side by side in one process: the frozen ViT run for every (text, image) pair
+      at every step (the anchors' way), once per distinct image of the batch (the qkvqa collate),
+      and no ViT at all, the features read from a ViT feature cache (`qkvqa cache-vit`).
   (c) `flops`: FLOPs of one training sample at the real config (ViT-g + 12-layer Q-Former + 12
       question-focused blocks), counted with torch.utils.flop_counter on the meta device: the frozen
       ViT forward per image, and the Q-Former forward + backward over 1 question + 16 sections
@@ -161,6 +165,114 @@ def part_scoring(args) -> tuple[dict, list[str]]:
     return result, table
 
 
+# ---------------------------------------------------------------------- (b) training throughput
+TRAIN_BATCH = 4
+TRAIN_SECTION_WORDS = (40, 200)    # section lengths of the training batch, in words
+
+
+def training_batch(comp, layout: str, cache=None, seed: int = 0) -> dict:
+    """A training batch as the QFF collate builds it, with its images laid out as `layout`:
+    `per_pair` (one ViT input per (text, image) pair, repeats included), `dedup` (one per distinct
+    image) or `cache` (features of the distinct images read from `cache`)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(2000)]
+    n = 1 + NEGATIVES
+    pixels = {}                                        # image id -> PIL image, in first-use order
+    question_ids, section_ids, texts = [], [], []
+    for b in range(TRAIN_BATCH):
+        query, gold = f"q{b}", f"a{b}-gold"
+        others = [f"a{b}-{k}" for k in range(DISTINCT_IMAGES - 2)]
+        # positive + 3 other gold sections share the gold image; the 12 negatives spread over the others
+        candidates = [gold] * 4 + others + others[: n - 4 - len(others)]
+        for image_id in [query, *candidates]:
+            if image_id not in pixels:
+                size = rng.randint(200, 600)
+                array = np.random.default_rng(len(pixels)).integers(0, 255, (size, size, 3), dtype=np.uint8)
+                pixels[image_id] = Image.fromarray(array)
+        question_ids.append(query)
+        section_ids.extend(candidates)
+        texts.extend(" ".join(rng.choices(words, k=rng.randint(*TRAIN_SECTION_WORDS))) for _ in range(n))
+    questions = comp.tokenize_questions(["what is shown in this picture"] * TRAIN_BATCH)
+    batch = {"size": TRAIN_BATCH, "num_candidates": n, "question": questions,
+             "sections": comp.tokenize_sections(texts), "dropped": []}
+    if layout == "per_pair":
+        order = [i for b in range(TRAIN_BATCH) for i in [question_ids[b], *section_ids[b * n:(b + 1) * n]]]
+        batch["question_image_index"] = torch.tensor([b * (n + 1) for b in range(TRAIN_BATCH)])
+        batch["section_image_index"] = torch.tensor([b * (n + 1) + 1 + k for b in range(TRAIN_BATCH) for k in range(n)])
+    else:
+        order = list(pixels)
+        position = {image_id: i for i, image_id in enumerate(order)}
+        batch["question_image_index"] = torch.tensor([position[i] for i in question_ids])
+        batch["section_image_index"] = torch.tensor([position[i] for i in section_ids])
+    if layout == "cache":
+        batch["image_features"] = torch.from_numpy(cache.stack([cache.get(i) for i in order]))
+    else:
+        batch["pixel_values"] = comp.preprocess_images([pixels[i] for i in order])
+    batch["images"] = pixels
+    return batch
+
+
+def bench_training_throughput(args) -> tuple[dict, list[str]]:
+    """(b) training samples/s with the ViT per (text, image) pair, per distinct image, and from a feature cache."""
+    import tempfile
+
+    import torch.nn.functional as F
+
+    from qkvqa.components import build_component
+    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.qff.vit_cache import ViTFeatureCache, feature_shape, fill_cache, vision_fingerprint
+
+    torch.manual_seed(0)
+    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu",
+                            "options": {**MID_CONFIG, "vocab_texts": [" ".join(f"w{i}" for i in range(2000))]}})
+    module = QFFTrainer(comp.model, QFFTrainSettings())
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
+    probe = training_batch(comp, "dedup")
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = ViTFeatureCache.create(tmp, list(probe["images"]), vision_fingerprint(comp.model, comp.image_processor),
+                                       feature_shape(comp.model), shard_size=64)
+        started = time.perf_counter()
+        fill_cache(cache, comp.model, comp.image_processor, probe["images"].get, batch_size=16)
+        cache_seconds = time.perf_counter() - started
+        batches = {layout: training_batch(comp, layout, cache) for layout in ("per_pair", "dedup", "cache")}
+
+        def step(batch):
+            question, sections, states = module.encode(batch)
+            logits = module.logits(batch, question, sections, states)
+            loss = F.cross_entropy(logits, torch.zeros(batch["size"], dtype=torch.long))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        timings = {}
+        for layout, batch in batches.items():
+            step(batch)                                              # warm-up
+            started = time.perf_counter()
+            for _ in range(args.train_steps):
+                step(batch)
+            timings[layout] = time.perf_counter() - started
+    samples = TRAIN_BATCH * args.train_steps
+    rates = {layout: samples / seconds for layout, seconds in timings.items()}
+    vit_inputs = {layout: (batches[layout]["pixel_values"].shape[0] if "pixel_values" in batches[layout] else 0)
+                  for layout in batches}
+    result = {"config": MID_CONFIG, "threads": torch.get_num_threads(), "batch": TRAIN_BATCH,
+              "steps": args.train_steps, "section_words": list(TRAIN_SECTION_WORDS),
+              "vit_images_per_step": vit_inputs, "seconds": timings, "samples_per_s": rates,
+              "speedup_vs_per_pair": {layout: rates[layout] / rates["per_pair"] for layout in rates},
+              "cache_write_seconds_for_the_batch_images": cache_seconds}
+    labels = {"per_pair": "ViT per (text, image) pair (anchors)", "dedup": "ViT once per distinct image",
+              "cache": "ViT feature cache (no ViT)"}
+    table = ["| (b) training step, CPU, batch 4 x (1 + 15) | ViT images / step | samples/s | speed-up |",
+             "|---|---|---|---|"]
+    for layout, label in labels.items():
+        table.append(f"| {label} | {vit_inputs[layout]} | {rates[layout]:.2f} | "
+                     f"{rates[layout] / rates['per_pair']:.1f}x |")
+    return result, table
+
+
 # ---------------------------------------------------------------------- (c) FLOPs
 def training_flops(model, section_tokens: int) -> dict:
     """FLOPs of one training sample: ViT forward per image; Q-Former forward + backward over 1 + 16 texts."""
@@ -221,7 +333,7 @@ def part_flops(args) -> tuple[dict, list[str]]:
     return result, table
 
 
-PARTS = {"a": ("scoring", part_scoring), "c": ("flops", part_flops)}
+PARTS = {"a": ("scoring", part_scoring), "b": ("training", bench_training_throughput), "c": ("flops", part_flops)}
 
 
 def main(argv=None) -> int:
@@ -229,6 +341,7 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default="".join(PARTS), help=f"which parts to run, from {''.join(PARTS)}")
     parser.add_argument("--articles", type=int, default=20)
     parser.add_argument("--sections", type=int, default=10, help="sections per article")
+    parser.add_argument("--train-steps", type=int, default=3, help="(b) timed training steps per image layout")
     args = parser.parse_args(argv)
     os.environ.setdefault("QKVQA_LOG_LEVEL", "WARNING")
     results = json.loads(OUT.read_text()) if OUT.exists() else {}

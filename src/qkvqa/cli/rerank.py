@@ -35,8 +35,12 @@ def _run(args: argparse.Namespace) -> int:
 
     args.overrides = expand_shorthands(args.overrides)
     cfg = config_from_args(args)
+    from qkvqa.retrieval.embed import datamodule_for
+
     with run_job(cfg, "rerank") as job:
-        result = rerank_split(cfg)
+        datamodule = datamodule_for(cfg)
+        result = rerank_split(cfg, datamodule=datamodule)
+        datamodule.write_skipped_images(job.run.run_dir)
         path = write_reranked(job.run.run_dir / f"reranked_{result.split}.json", result.results)
         numeric = {k: v for k, v in result.metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
         stage1 = {k: v for k, v in result.stage1_metrics.items() if k.startswith("recall@")}

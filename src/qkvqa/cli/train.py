@@ -30,6 +30,8 @@ def register(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     import functools
 
+    from omegaconf import OmegaConf
+
     from data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFExport, QFFTrainer, QFFTrainSettings
     from qkvqa.qff.builder import build_qff_component
@@ -38,7 +40,8 @@ def _run(args: argparse.Namespace) -> int:
     from qkvqa.run.trainer import fit
 
     cfg = config_from_args(args)
-    component = build_qff_component(cfg.components.qformer, cfg.qff)
+    # built on the CPU; the trainer moves it to each rank's device (no copy of the model on GPU 0 per rank)
+    component = build_qff_component({**OmegaConf.to_container(cfg.components.qformer), "device": "cpu"}, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
     datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
                                     component.image_processor, miner=functools.partial(mine_to_dir, cfg))

@@ -97,6 +97,7 @@ class QFFConfig:
     vit_cache_shard_size: int = 512              # images per ViT cache shard (ViT-g: ~0.7 MB per image in fp16)
     vit_cache_batch_size: int = 32               # images per ViT forward while writing the cache
     schedule_steps: Optional[int] = None         # OneCycle length in optimizer steps; null: the run's planned steps
+    dropout: Optional[float] = None              # training dropout of the Q-Former and focus blocks; null: the model's (0.1)
 
 
 @dataclass

@@ -52,6 +52,7 @@ class QFFTrainSettings:
     alpha: float = 0.9
     score_direction: str = "question_to_section"
     schedule_steps: Optional[int] = None          # OneCycle length; None: trainer.estimated_stepping_batches
+    dropout: Optional[float] = None               # probability of every Dropout layer; None keeps the model's
     vision_fingerprint: Optional[str] = None      # set when the frozen ViT is left out of checkpoints
 
     @classmethod
@@ -62,7 +63,7 @@ class QFFTrainSettings:
                    weight_decay=float(qff.weight_decay), betas=(float(qff.betas[0]), float(qff.betas[1])),
                    eps=float(qff.eps), pct_start=float(qff.pct_start), div_factor=float(qff.div_factor),
                    alpha=float(qff.alpha), score_direction=str(qff.score_direction),
-                   schedule_steps=qff.schedule_steps, vision_fingerprint=vision_fingerprint)
+                   schedule_steps=qff.schedule_steps, dropout=qff.dropout, vision_fingerprint=vision_fingerprint)
 
 
 def freeze_outside_objective(model) -> list[str]:
@@ -89,6 +90,10 @@ class QFFTrainer(pl.LightningModule):
         self.model = model.train()                 # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
         self.settings = settings
         freeze_outside_objective(model)
+        if settings.dropout is not None:
+            for module in model.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = float(settings.dropout)
         log_tau = torch.tensor(math.log(settings.temperature))
         if settings.learnable_temperature:
             self.log_temperature = nn.Parameter(log_tau)

@@ -38,21 +38,21 @@ DTYPE = "float16"
 
 
 def vision_fingerprint(model, image_processor) -> str:
-    """What the cached features depend on: the ViT config, its weights (per-tensor sums), dtype and preprocessing."""
+    """What the cached features depend on: the ViT config, the bytes of its weights (so their dtype too) and the
+    image preprocessing; the same on every device."""
     import torch
 
     vision = model.base.vision_model
-    digest = hashlib.sha256()
+    digest = hashlib.blake2b(digest_size=32)
     digest.update(json.dumps(vision.config.to_dict(), sort_keys=True, default=str).encode())
     processor = {k: getattr(image_processor, k, None) for k in ("size", "image_mean", "image_std", "resample",
                                                                  "do_rescale", "rescale_factor", "do_normalize")}
     digest.update(json.dumps(processor, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, tensor in sorted(vision.state_dict().items()):
-            values = tensor.detach().double()
-            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{values.sum().item():.10e}:"
-                          f"{values.abs().sum().item():.10e}:{values.flatten()[:8].tolist()}".encode())
-    return "sha256:" + digest.hexdigest()
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return "blake2b:" + digest.hexdigest()
 
 
 def image_set_checksum(image_ids: Sequence[str]) -> str:
@@ -300,7 +300,14 @@ def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: 
         raise StaleArtifactError("qff.vit_cache is not set: name the directory the ViT features go to")
     if shard_index is None or num_shards is None:
         shard_index, num_shards = env_shard_split()
-    component = build_qff_component(cfg.components.qformer, cfg.qff)
+    spec = cfg.components.qformer
+    if spec.device == "auto" and "LOCAL_RANK" in os.environ:      # torchrun: one GPU per process
+        import torch
+        from omegaconf import OmegaConf
+
+        if torch.cuda.is_available():
+            spec = {**OmegaConf.to_container(spec, resolve=True), "device": f"cuda:{os.environ['LOCAL_RANK']}"}
+    component = build_qff_component(spec, cfg.qff)
     model = component.model.eval()
     fingerprint = vision_fingerprint(model, component.image_processor)
     settings = dataclasses.replace(settings_from_config(cfg, component, fingerprint), vit_cache=None)
