@@ -10,6 +10,7 @@ import torch
 
 from qkvqa.cli.main import main
 from qkvqa.config.load import compose
+from qkvqa.data.kb import KBStore
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.rerank import QFFReranker, load_qff_component
 from qkvqa.retrieval.results import read_results
@@ -70,7 +71,7 @@ def test_rerank_writes_omgm_step_2b_results_with_section_scores_and_recall(train
     reranked = json.loads((run_dir / "reranked_val.json").read_text())
     before = read_results(stage1)
     cfg = compose("demo/qff_per_layer", [], mined["overrides"])
-    store = __import__("qkvqa.data.kb", fromlist=["KBStore"]).KBStore.open(Path(cfg.data.root) / cfg.data.kb_store)
+    store = KBStore.open(Path(cfg.data.root) / cfg.data.kb_store)
     assert len(reranked) == 6
     for qid, value in reranked.items():
         urls = [e["url"] for e in value["retrieved_entities"]]
@@ -147,7 +148,8 @@ def test_a_batch_whose_samples_were_all_dropped_is_skipped_and_counted(world, mi
     records = {q["data_id"]: q for q in world["questions"]["evqa/train.csv"]}
     lost = next(q for q in records.values() if q["question_type"] != "2_hop" and q["dataset_name"] == "landmarks")
     (copy / world["images"][f"landmarks/{lost['image_id']}"]["path"]).unlink()
-    run = train({**mined, "overrides": [f"paths.world_dir={copy}", *mined["overrides"][1:]]}, "drops",
+    overrides = [o for o in mined["overrides"] if not o.startswith("paths.world_dir=")]
+    run = train({**mined, "overrides": [f"paths.world_dir={copy}", *overrides]}, "drops",
                 "data.batch_size=1", "trainer.max_epochs=1", "trainer.limit_val_batches=0", "checkpoint.monitor=null")
     report = json.loads((run / "qff_samples.json").read_text())
     users = sum(1 for q in records.values() if q["image_id"] == lost["image_id"] and q["question_type"] != "2_hop"
