@@ -133,3 +133,8 @@ def test_plain_config_has_no_omegaconf_objects(exp_root):
             for v in x:
                 walk(v)
     walk(plain)
+
+
+def test_lowercase_none_is_a_string_value(exp_root):
+    cfg = compose(None, [], ["qff.focus=none", "qff.checkpoint=None"], root=exp_root)
+    assert cfg.qff.focus == "none" and cfg.qff.checkpoint is None

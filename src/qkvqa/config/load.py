@@ -14,7 +14,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from qkvqa.config.schema import Config
 from qkvqa.errors import ConfigError
 
-_NULL_WORDS = {"None", "none"}
+_NULL_WORDS = {"None"}          # Python None as a W&B sweep renders it; YAML null words parse already
 
 
 def experiments_dir() -> Path:

@@ -72,7 +72,7 @@ class Demo:
         generate_world(self.world, entities=self.entities, seed=self.seed)
 
     def stage1(self) -> None:
-        _cli(["embed", "experiment=demo/evaluate", *self.common])            # resumable: finished shards are kept
+        _cli(["embed", "experiment=demo/evaluate", "run_id=demo-embed", "resume=auto", *self.common])  # resumable
         from qkvqa.config.load import compose
         from qkvqa.errors import StaleArtifactError
         from qkvqa.retrieval.retrieve import load_index_from_config
@@ -81,7 +81,7 @@ class Demo:
             load_index_from_config(compose("demo/evaluate", [], self.common))
             log.info("reusing the stage-1 index")
         except StaleArtifactError:
-            _cli(["index", "build", "experiment=demo/evaluate", *self.common])
+            _cli(["index", "build", "experiment=demo/evaluate", "run_id=demo-index", "resume=auto", *self.common])
 
     def train(self) -> None:
         for focus, experiment in TRAINING.items():
