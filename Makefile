@@ -48,7 +48,7 @@ compare: install ## compare run records: make compare RUNS=checkpoints
 	$(VENV)/bin/qkvqa compare $(RUNS)
 
 demo: install ## run the whole method on the synthetic world; prints a comparison and the report path
-	$(VENV)/bin/qkvqa demo
+	$(TEST_ENV) $(VENV)/bin/qkvqa demo
 
 bench: install ## run every benchmark in bench/ and write bench/RESULTS.md (tens of minutes on 2 cores)
 	$(PY) bench/run_all.py
