@@ -71,13 +71,19 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_recall(rows: Sequence[dict], path: Path) -> Path:
-    """Recall@K curves of every setting."""
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_recall(rows: Sequence[dict], path: Path) -> Path:
+    """Recall@K curves of every setting."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for row in rows:
         ax.plot(RECALL_CURVE_KS, row["curve"], marker="o", markersize=3, label=row["setting"])
@@ -95,11 +101,7 @@ def plot_recall(rows: Sequence[dict], path: Path) -> Path:
 
 def plot_training(runs: dict[str, Path], path: Path) -> Path:
     """Training loss (and validation article R@1 when logged) of the QFF runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (loss_ax, val_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, run_dir in runs.items():
         rows = RunRecord(run_dir).read_metrics()
