@@ -1,0 +1,33 @@
+"""The demo's comparison helpers: recall curves, multi-entity R@1, the markdown table and the plots."""
+from __future__ import annotations
+
+from qkvqa.demo.report import COLUMNS, markdown_table, multi_entity_r1, plot_recall, recall_curve
+
+
+def _row(qid, urls):
+    return {"data_id": qid, "ranking": [{"url": u, "score": 1.0} for u in urls]}
+
+
+GOLD = {"q1": {"a"}, "q2": {"b"}, "q3": {"z"}}
+ROWS = [_row("q1", ["a", "b"]), _row("q2", ["a", "c", "b"]), _row("q3", ["a"])]
+
+
+def test_recall_curve_counts_the_first_gold_position():
+    curve = recall_curve(ROWS, GOLD)
+    assert len(curve) == 20
+    assert curve[0] == 100 / 3 and curve[2] == 200 / 3 and curve[-1] == 200 / 3
+
+
+def test_multi_entity_r1_uses_only_the_listed_questions():
+    assert multi_entity_r1(ROWS, GOLD, {"q1", "q2"}) == 50.0
+    assert multi_entity_r1(ROWS, GOLD, set()) is None
+
+
+def test_markdown_table_has_every_column_and_formats_missing_values(tmp_path):
+    row = {c: None for c in COLUMNS} | {"setting": "retrieval only", "R@1": 12.345, "s/q filter": 0.01234,
+                                         "curve": [1.0] * 20}
+    table = markdown_table([row])
+    assert table.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
+    assert "| retrieval only | 12.3 |" in table and "0.012" in table and "n/a" in table
+    path = plot_recall([row], tmp_path / "r.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
