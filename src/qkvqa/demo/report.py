@@ -99,6 +99,13 @@ def plot_recall(rows: Sequence[dict], path: Path) -> Path:
     return path
 
 
+def _plot_series(ax, values: dict[int, float], label: str, **style) -> None:
+    """Plot one metric's {step: value} in step order (nothing when it was never logged)."""
+    if values:
+        steps = sorted(values)
+        ax.plot(steps, [values[s] for s in steps], label=label, **style)
+
+
 def plot_training(runs: dict[str, Path], path: Path) -> Path:
     """Training loss (and validation article R@1 when logged) of the QFF runs."""
     plt = _pyplot()
@@ -108,14 +115,8 @@ def plot_training(runs: dict[str, Path], path: Path) -> Path:
         by_step: dict[str, dict[int, float]] = {}
         for r in rows:
             by_step.setdefault(r["name"], {})[r["step"]] = r["value"]
-        loss = by_step.get("train/loss", {})
-        if loss:
-            steps = sorted(loss)
-            loss_ax.plot(steps, [loss[s] for s in steps], label=label, linewidth=1)
-        val = by_step.get("val/article_r1", {})
-        if val:
-            steps = sorted(val)
-            val_ax.plot(steps, [val[s] for s in steps], marker="o", label=label)
+        _plot_series(loss_ax, by_step.get("train/loss", {}), label, linewidth=1)
+        _plot_series(val_ax, by_step.get("val/article_r1", {}), label, marker="o")
     loss_ax.set(xlabel="step", ylabel="InfoNCE loss", title="QFF training loss")
     val_ax.set(xlabel="step", ylabel="article R@1 after fusion", title="validation")
     for ax in (loss_ax, val_ax):

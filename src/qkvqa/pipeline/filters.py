@@ -115,12 +115,6 @@ class PrecomputedFilter:
         return Ranking(ranked, missing)
 
 
-def ranking_to_retrieved(ranking: Ranking) -> Retrieved:
-    """A filtered ranking in the retrieval-results shape (for Recall@K after the filter)."""
-    return Retrieved(urls=ranking.urls, titles=[r.article.title for r in ranking.articles],
-                     similarities=[r.score for r in ranking.articles])
-
-
 def top1_section(ranking: Ranking) -> Optional[tuple[str, int]]:
     """(url, original section index) of the best-scored section of the top-1 article, if it has scores."""
     if not ranking.articles or not ranking.articles[0].section_scores:

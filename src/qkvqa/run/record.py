@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from omegaconf import DictConfig
 
@@ -133,10 +133,3 @@ def _jsonable(value: Any) -> Any:
     except TypeError:
         return str(value)
 
-
-def last_values(rows: Iterable[dict]) -> dict[str, float]:
-    """The last logged value of every metric name."""
-    out: dict[str, float] = {}
-    for row in rows:
-        out[row["name"]] = row["value"]
-    return out
