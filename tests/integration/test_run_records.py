@@ -97,3 +97,27 @@ def test_failed_run_is_marked_failed(run_root):
         fit(_cfg(run_root, "run_id=bad", "trainer.max_steps=1"), Broken(), ToyDataModule())
     status = json.loads((run_root / "bad" / "status.json").read_text())
     assert status["state"] == "failed" and "boom" in status["error"]
+
+
+class _WorseningRegressor(ToyRegressor):
+    """Logs a validation score that is best after the first epoch and worse after every later one."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/score", -float(self.current_epoch))
+
+
+class _ValidatedToyData(ToyDataModule):
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(self.ds, batch_size=self.batch_size)
+
+
+def test_last_ckpt_stays_current_when_the_monitored_metric_stops_improving(run_root):
+    clear_run_env()
+    cfg = _cfg(run_root, "run_id=mon", "trainer.max_epochs=3", "~trainer.max_steps", "checkpoint.monitor=val/score",
+               "checkpoint.mode=max")
+    summary = fit(cfg, _WorseningRegressor(total_steps=100), _ValidatedToyData(), batch_size=8)
+    run_dir = run_root / "mon"
+    assert summary["global_step"] == 24                      # 3 epochs of 8 batches
+    assert torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"] == 24
+    best = [p.name for p in run_dir.glob("epoch*.ckpt")]
+    assert best == ["epoch000-step0000008.ckpt"] and summary["best_model_path"].endswith(best[0])

@@ -37,18 +37,25 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
 
     cfg = job.cfg
     ck = cfg.checkpoint
-    checkpoint = ModelCheckpoint(
+    checkpoints = [ModelCheckpoint(
         dirpath=str(job.run.run_dir), filename="epoch{epoch:03d}-step{step:07d}", monitor=ck.monitor, mode=ck.mode,
-        save_top_k=ck.save_top_k if ck.monitor else (1 if ck.save_top_k else 0), save_last=True,
-        every_n_train_steps=ck.every_n_train_steps, save_on_exception=ck.save_on_exception,
-        auto_insert_metric_name=False, enable_version_counter=False)
+        save_top_k=ck.save_top_k if ck.monitor else (1 if ck.save_top_k else 0), save_last=not ck.monitor,
+        every_n_train_steps=ck.every_n_train_steps, save_on_exception=ck.save_on_exception and not ck.monitor,
+        auto_insert_metric_name=False, enable_version_counter=False)]
+    if ck.monitor:
+        # A monitored ModelCheckpoint refreshes last.ckpt only when it also saves a top-k checkpoint, so
+        # last.ckpt (what resume reads) would fall behind once the metric stops improving: an unmonitored
+        # second callback keeps it current.
+        checkpoints.append(ModelCheckpoint(
+            dirpath=str(job.run.run_dir), save_top_k=0, save_last=True, every_n_train_steps=ck.every_n_train_steps,
+            save_on_exception=ck.save_on_exception, enable_version_counter=False))
     wandb_logger = make_wandb_logger(cfg, job.run, job.plain_config)
     loggers = [RunRecordLogger(job.record, job.run.run_id)] + ([wandb_logger] if wandb_logger else [])
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
     # qkvqa DataModules shard across ranks themselves (data_modules.samplers), which keeps mid-epoch
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
-                      callbacks=[checkpoint, state, PreemptionCheckpoint(job.run.run_dir), *callbacks],
+                      callbacks=[*checkpoints, state, PreemptionCheckpoint(job.run.run_dir), *callbacks],
                       **trainer_kwargs(cfg))
 
 
