@@ -7,8 +7,9 @@ demo/qff_none with the same seed. Both models and the untrained one are scored o
 questions: section R@1 (the evidence section outscores the sample's 15 negatives) and article R@1
 after alpha fusion over the top-20. The figures are written to `learning.json` beside the runs.
 
-Question focus (per_layer) against none is reported there but not asserted: in this world the two do
-not separate beyond seed noise (docs/training.md, "What the demo shows").
+Question focus (per_layer) against none is reported there but not asserted: in this world, and in the
+variants bench/qff_focus.py tries, the two do not separate beyond seed noise (docs/training.md, "Does
+question focus help on the synthetic world?").
 """
 from __future__ import annotations
 

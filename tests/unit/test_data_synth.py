@@ -14,7 +14,7 @@ from qkvqa.data.images import ImageLoader, QueryImageResolver
 from qkvqa.data.kb import KBStore, build_kb_store
 from qkvqa.data.questions import (read_evqa_csv, read_infoseek_csv, read_infoseek_jsonl_questions,
                                   read_infoseek_references)
-from qkvqa.data.synth import generate_world
+from qkvqa.data.synth import DENSE_SECTION_TITLES, generate_world
 from qkvqa.errors import DataError
 from tests.fixtures_world import make_world
 
@@ -140,6 +140,55 @@ def test_multi_entity_images_show_entities_of_different_categories(world):
         if image["kind"] == "multi":
             assert 2 <= len(image["entities"]) <= 3
             assert len({category[e] for e in image["entities"]}) == len(image["entities"])
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory) -> dict:
+    """A world with dense sections (3 facts each) and same-category multi-entity images."""
+    out = tmp_path_factory.mktemp("variant") / "world"
+    manifest = generate_world(out, entities=36, seed=0, facts_per_section=3, same_category_groups=True)
+    return dict(manifest, dir=str(out))
+
+
+def test_dense_sections_hold_several_facts_under_titles_that_do_not_name_them(variant):
+    store = KBStore.open(Path(variant["dir"]) / "kb/store")
+    for entity in variant["entities"]:
+        by_section = Counter(fact["section_id"] for fact in entity["facts"].values())
+        content = {s: n for s, n in by_section.items() if s != 0}
+        assert sorted(content.values()) == [3, 3], entity["title"]
+        article = store.get_by_url(entity["url"])
+        for key, fact in entity["facts"].items():
+            assert fact["sentence"] in article.section_texts[fact["section_id"]]
+            if fact["section_id"]:
+                assert article.section_titles[fact["section_id"]] in DENSE_SECTION_TITLES
+    layouts = {tuple(sorted(f["section_id"] for f in e["facts"].values())) for e in variant["entities"]}
+    assert len(layouts) > 1                                    # which section holds a fact varies by article
+    assert variant["facts_per_section"] == 3
+
+
+def test_same_category_groups_need_the_kind_word_to_tell_the_entities_apart(variant):
+    entities = {e["entity_id"]: e for e in variant["entities"]}
+    kind = {i: e["title"].rsplit(" ", 1)[-1].lower() for i, e in entities.items()}
+    multi = [image for image in variant["images"].values() if image["kind"] == "multi"]
+    assert multi
+    for image in multi:
+        members = image["entities"]
+        assert len({entities[e]["category"] for e in members}) == 1
+        assert len({kind[e] for e in members}) == len(members)
+    records = [r for name, rs in variant["questions"].items() if name.startswith("evqa/") for r in rs]
+    root = Path(variant["dir"])
+    for split in ("train", "val", "test"):
+        for q, r in zip(read_evqa_csv(root / f"evqa/{split}.csv", include_two_hop=True),
+                        variant["questions"][f"evqa/{split}.csv"]):
+            if r["question_type"] != "2_hop":
+                assert f"this {kind[r['entity']]}" in q.question, q.question
+    assert sum(len(r["image_entities"]) > 1 for r in records) / len(records) > 0.25
+
+
+def test_a_section_must_hold_at_least_one_fact(tmp_path):
+    with pytest.raises(DataError, match="facts_per_section"):
+        generate_world(tmp_path / "bad", entities=12, facts_per_section=0, build_store=False)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_visual_signatures_are_unique_within_a_category_but_share_colours(world):

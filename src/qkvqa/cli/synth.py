@@ -17,6 +17,12 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, help="output directory (an old world there is replaced)")
     parser.add_argument("--entities", type=int, default=240, help="number of entities / KB articles (default 240)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same bytes")
+    parser.add_argument("--facts-per-section", type=int, default=1,
+                        help="1 (default): each fact in its own titled section; k > 1: an article's facts shuffled "
+                             "into generic sections of k facts each, so only the text says where a fact is")
+    parser.add_argument("--same-category-groups", action="store_true",
+                        help="multi-entity images show 2-3 entities of one category and questions name the kind "
+                             "('this heron'), so only the article text tells which entity is asked about")
     parser.add_argument("--no-store", action="store_true", help="do not build the KB store under kb/store")
     parser.set_defaults(func=_run)
 
@@ -24,7 +30,9 @@ def register(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.data.synth import generate_world
 
-    manifest = generate_world(args.out, entities=args.entities, seed=args.seed, build_store=not args.no_store)
+    manifest = generate_world(args.out, entities=args.entities, seed=args.seed, build_store=not args.no_store,
+                              facts_per_section=args.facts_per_section,
+                              same_category_groups=args.same_category_groups)
     print(json.dumps({"out": args.out, "counts": manifest["counts"],
                       "data_configs": [f"{args.out}/data_evqa.yaml", f"{args.out}/data_infoseek.yaml"]}))
     return 0

@@ -22,7 +22,8 @@ Layout of a world directory (all paths in `world.json` are relative to it):
 Each fact sits in one sentence of one section, among distractor sentences; questions share words
 with that sentence. Many query images show 2-3 entities of different categories, so only the
 question tells which one is meant. A few query images are deliberately missing or corrupt; they are
-listed under `deliberate_skips` in world.json.
+listed under `deliberate_skips` in world.json. Two switches of `generate_world` (and `qkvqa synth`)
+make harder worlds: several facts per generic section, and multi-entity images of one category.
 """
 from __future__ import annotations
 
@@ -249,6 +250,8 @@ DISTRACTORS = [
     "Early accounts confused it with the {other}.",
     "Field notes from {year} describe it as {adj}.",
 ]
+# Section titles of the dense layout (facts_per_section > 1): they say nothing about which facts a section holds.
+DENSE_SECTION_TITLES = ["Overview", "Details", "Notes", "Background", "Field notes", "Records"]
 ADJECTIVES = ["striking", "modest", "unusual", "elegant", "plain", "distinctive", "variable"]
 
 
@@ -273,6 +276,11 @@ class _Entity:
 
 def _noun(entity: _Entity) -> str:
     return CATEGORIES[entity.category]["noun"]
+
+
+def _kind_word(entity: _Entity) -> str:
+    """The kind an entity's title names ("heron" for "Kelfen heron"), as a question would say it."""
+    return entity.title.rsplit(" ", 1)[-1].lower()
 
 
 # ---------------------------------------------------------------------------------------------- entities
@@ -352,23 +360,36 @@ def _distractors(entity: _Entity, entities: list[_Entity], rng: random.Random, c
                      other=rng.choice(entities).title) for s in chosen]
 
 
-def _paragraph(fact_sentence: Optional[str], distractors: list[str], rng: random.Random) -> str:
+def _paragraph(fact_sentences: list[str], distractors: list[str], rng: random.Random) -> str:
     sentences = list(distractors)
-    if fact_sentence is not None:
+    for fact_sentence in fact_sentences:
         sentences.insert(rng.randint(0, len(sentences)), fact_sentence)
     return " ".join(sentences)
 
 
-def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random) -> dict:
+def _group_facts(spec: dict, facts_per_section: int, rng: random.Random) -> dict[str, list[FactSpec]]:
+    """Section title -> the facts it states: each fact in its own titled section (1), or the non-lead facts
+    shuffled into generic sections of `facts_per_section` each, so that only the text tells where a fact is."""
+    lead = [fact for fact in spec["facts"] if not fact.section]
+    if facts_per_section <= 1:
+        grouped: dict[str, list[FactSpec]] = {}
+        for fact in spec["facts"]:
+            grouped.setdefault(fact.section, []).append(fact)
+        return grouped
+    content = [fact for fact in spec["facts"] if fact.section]
+    rng.shuffle(content)
+    groups = [content[i:i + facts_per_section] for i in range(0, len(content), facts_per_section)]
+    return {"": lead, **dict(zip(rng.sample(DENSE_SECTION_TITLES, len(groups)), groups))}
+
+
+def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random, facts_per_section: int = 1) -> dict:
     """The KB entry of an entity; records in `entity` which section holds each fact."""
     spec = CATEGORIES[entity.category]
     sig = entity.signature
     look = (f"The {entity.title} is easy to recognise by its {sig.colour} and {sig.second_colour} "
             f"{sig.pattern}.")
     sections: list[tuple[str, str]] = []
-    facts_by_section: dict[str, list[FactSpec]] = {}
-    for fact in spec["facts"]:
-        facts_by_section.setdefault(fact.section, []).append(fact)
+    facts_by_section = _group_facts(spec, facts_per_section, rng)
     content_titles = [s for s in facts_by_section if s] + list(spec["fillers"])
     rng.shuffle(content_titles)
     if entity.index % 11 == 3:
@@ -384,8 +405,7 @@ def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random)
         if section_title == "Gallery":
             sections.append(("Gallery", ""))
             continue
-        text = _paragraph(sentences[0] if sentences else None, _distractors(entity, entities, rng, rng.randint(2, 4)),
-                          rng)
+        text = _paragraph(sentences, _distractors(entity, entities, rng, rng.randint(2, 4)), rng)
         if section_title == "":
             text = f"The {entity.title} is a {_noun(entity)}. {look} {text}"
             if entity.related is not None:
@@ -459,8 +479,10 @@ def _landmark_id(seed: int, counter: int) -> str:
 class _QueryImages:
     """Query image ids per dataset and pool (train / eval), with the multi-entity groups."""
 
-    def __init__(self, writer: _ImageWriter, entities: list[_Entity], rng: random.Random, seed: int):
+    def __init__(self, writer: _ImageWriter, entities: list[_Entity], rng: random.Random, seed: int,
+                 same_category_groups: bool = False):
         self.writer = writer
+        self.same_category_groups = same_category_groups
         self.entities = entities
         self.seed = seed
         self.counter = 0
@@ -476,12 +498,20 @@ class _QueryImages:
                 for candidate in list(order):
                     if len(group) == size:
                         break
-                    if entities[candidate].category not in {entities[g].category for g in group}:
+                    if self._fits(entities[candidate], [entities[g] for g in group]):
                         group.append(candidate)
                         order.remove(candidate)
                 if len(group) > 1:
                     for member in group:
                         self.group_of[(pool, member)] = group
+
+    def _fits(self, candidate: _Entity, group: list[_Entity]) -> bool:
+        """Whether `candidate` may join a multi-entity image: another category (mixed groups), or the same
+        category with another kind word (same-category groups: only the question's kind word tells them apart)."""
+        if self.same_category_groups:
+            return (candidate.category == group[0].category
+                    and _kind_word(candidate) not in {_kind_word(member) for member in group})
+        return candidate.category not in {member.category for member in group}
 
     def new_id(self, dataset: str) -> str:
         self.counter += 1
@@ -561,6 +591,8 @@ def _evqa_row(entity: _Entity, key: str, question: str, qtype: str, split: str, 
     multi = images.multi_view(pool, entity) if rng.random() < MULTI_ENTITY_SHARE else None
     image_ids = [multi, single] if multi is not None else [single]
     answer_entity = hop or entity
+    if hop is None and images.same_category_groups:
+        question = question.replace(f"this {_noun(entity)}", f"this {_kind_word(entity)}")
     if hop is None:
         section = entity.fact_section[key]
         evidence = entity.sentences[key]
@@ -732,23 +764,31 @@ def _prepare_out_dir(out: Path) -> None:
 
 
 def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: int = DEFAULT_SEED,
-                   build_store: bool = True) -> dict:
+                   build_store: bool = True, facts_per_section: int = 1, same_category_groups: bool = False) -> dict:
     """Write a synthetic world to `out_dir` (see the module docstring) and return its manifest (world.json).
 
-    The same `entities` and `seed` give byte-identical KB, CSV, JSONL and image files.
+    The same arguments give byte-identical KB, CSV, JSONL and image files.
+    `facts_per_section` 1 puts each fact in its own titled section ("Diet", "Breeding"); k > 1 shuffles
+    an article's non-lead facts into generic sections of k facts each ("Notes", "Details"), so that
+    which section answers a question depends on the question and the section's text, not its title.
+    `same_category_groups` makes each multi-entity image show 2-3 entities of one category with different
+    kind words ("heron", "finch"), and single-hop E-VQA questions name that kind word ("this heron"): the
+    query image alone cannot tell which entity is asked about, only the article text can.
     """
     import yaml
 
     if entities < len(CATEGORIES) * 2:
         raise DataError(f"a synthetic world needs at least {len(CATEGORIES) * 2} entities, got {entities}")
+    if facts_per_section < 1:
+        raise DataError(f"facts_per_section must be at least 1, got {facts_per_section}")
     started = time.time()
     out = Path(out_dir)
     _prepare_out_dir(out)
     rng = random.Random(seed)
     world = _make_entities(entities, rng)
-    kb = {entity.url: _build_article(entity, world, rng) for entity in world}
+    kb = {entity.url: _build_article(entity, world, rng, facts_per_section) for entity in world}
     writer = _ImageWriter(out, seed)
-    images = _QueryImages(writer, world, rng, seed)
+    images = _QueryImages(writer, world, rng, seed, same_category_groups)
     evqa = _evqa_questions(world, images, rng)
     skips = _mark_deliberate_skips(evqa, images)
     infoseek = _infoseek_questions(world, writer, rng)
@@ -798,6 +838,8 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
 
     manifest = {
         "seed": seed,
+        "facts_per_section": facts_per_section,
+        "same_category_groups": same_category_groups,
         "counts": {
             "entities": len(world), "articles": len(kb),
             "articles_without_images": sum(e.image_mode == "none" for e in world),
