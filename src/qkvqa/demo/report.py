@@ -121,7 +121,10 @@ def plot_training(runs: dict[str, Path], path: Path) -> Path:
     val_ax.set(xlabel="step", ylabel="article R@1 after fusion", title="validation")
     for ax in (loss_ax, val_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,61 @@
+"""`qkvqa demo` end to end on a small world: every stage runs, the report holds the comparison, a rerun reuses it all."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from qkvqa.cli.main import main
+from qkvqa.demo.run import SETTINGS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """Run `qkvqa demo` on a 24-entity world (about a minute and a half on 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        root = tmp_path_factory.mktemp("demo")
+        args = ["demo", "--dir", str(root / "work"), "--runs", str(root / "runs"), "--entities", "24"]
+        assert main(args) == 0
+        return root, args
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, capsys):
+    root, _ = demo
+    run_dir = root / "runs" / "demo"
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert report.startswith("# qkvqa demo") and "answer accuracy means nothing" in report
+    for label in SETTINGS:
+        assert f"| {label} |" in report
+    assert (run_dir / "recall_at_k.png").stat().st_size > 1000 and (run_dir / "training.png").stat().st_size > 1000
+    for focus in ("per_layer", "none"):
+        status = json.loads((root / "runs" / f"demo-qff-{focus}" / "status.json").read_text())
+        assert status["state"] == "finished"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    retrieval, qff = summary["demo/retrieval only/R@20"], summary["demo/QFF focus: per_layer + CDA/R@20"]
+    assert qff == pytest.approx(retrieval)              # the QFF reorders stage 1's top 20, it adds none
+
+
+def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):
+    root, args = demo
+    trained = {f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
+               for f in ("per_layer", "none")}
+    qkvqa_logger = logging.getLogger("qkvqa")              # does not propagate to the root logger
+    qkvqa_logger.addHandler(caplog.handler)
+    try:
+        assert main(args) == 0
+    finally:
+        qkvqa_logger.removeHandler(caplog.handler)
+    messages = caplog.text
+    assert "reusing the synthetic world" in messages and "reusing the stage-1 index" in messages
+    assert messages.count("reusing trained QFF") == 2
+    assert trained == {f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
+                       for f in ("per_layer", "none")}
+    assert "report:" in capsys.readouterr().out
