@@ -41,6 +41,7 @@ MID_CONFIG = {"image_size": 224, "patch_size": 14, "vision_hidden_size": 256, "v
               "hidden_size": 128, "num_layers": 4, "num_heads": 4, "cross_attention_frequency": 2,
               "num_query_tokens": 32, "max_position_embeddings": 512, "embed_dim": 128, "mlp_ratio": 4}
 SECTION_WORDS = (40, 480)          # section length range in words (one token each in the synthetic vocabulary)
+CPU_SECTION_BATCH = 4              # the cpu preset's qff.section_batch_size: bigger batches are memory-bound on CPU
 
 # (c) Real training sample (method.md §3) and the hardware figures.
 QUESTION_TOKENS = 32
@@ -122,6 +123,24 @@ def per_section_loop(comp, question, question_image, images, sections):
     return scores
 
 
+def pass_seconds(comp, question, question_image, images, sections, repeats: int = 5) -> tuple[float, float]:
+    """Seconds of one ViT image pass and of one median-length section pass (batch 1) on this machine."""
+    flat = sorted((t for texts in sections for t in texts), key=lambda t: len(comp.tokenizer(t)["input_ids"]))
+    with torch.inference_mode():
+        question_enc = comp.encode_question(question, question_image)
+        pixels = comp.preprocess_images(images[:1])
+        image_states = comp.model.encode_image(pixels)
+        tokens = comp.tokenize_sections([flat[len(flat) // 2]])
+        started = time.perf_counter()
+        for _ in range(repeats):
+            comp.model.encode_image(pixels)
+        vit = (time.perf_counter() - started) / repeats
+        started = time.perf_counter()
+        for _ in range(repeats):
+            comp.model.encode_sections(tokens["input_ids"], tokens["attention_mask"], image_states, question_enc)
+        return vit, (time.perf_counter() - started) / repeats
+
+
 def part_scoring(args) -> tuple[dict, list[str]]:
     """(a) batched scoring with a per-article ViT cache vs the per-section loop, same model, same inputs."""
     from qkvqa.components import build_component
@@ -129,7 +148,8 @@ def part_scoring(args) -> tuple[dict, list[str]]:
     question, question_image, images, sections, vocab = synthetic_inputs(args.articles, args.sections)
     torch.manual_seed(0)
     comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu",
-                            "options": {**MID_CONFIG, "vocab_texts": [" ".join(vocab)], "section_batch_size": 64}})
+                            "options": {**MID_CONFIG, "vocab_texts": [" ".join(vocab)],
+                                        "section_batch_size": CPU_SECTION_BATCH}})
     comp.model.q_gate.data.fill_(0.5)
     comp.score_sections(question, question_image, images[:1], [sections[0][:2]])          # warm-up
     started = time.perf_counter()
@@ -139,6 +159,7 @@ def part_scoring(args) -> tuple[dict, list[str]]:
     looped = per_section_loop(comp, question, question_image, images, sections)
     loop_s = time.perf_counter() - started
     max_diff = max(abs(a - b) for ra, rb in zip(batched, looped) for a, b in zip(ra, rb))
+    vit_pass, section_pass = pass_seconds(comp, question, question_image, images, sections)
     n_sections = sum(len(s) for s in sections)
     tokens = [len(ids) for ids in comp.tokenizer([t for s in sections for t in s], truncation=True,
                                                  max_length=comp.max_text_tokens)["input_ids"]]
@@ -147,11 +168,16 @@ def part_scoring(args) -> tuple[dict, list[str]]:
     real_vit, real_section = vit_and_section_flops(meta_model(), mean_tokens)
     result = {
         "config": MID_CONFIG, "threads": torch.get_num_threads(), "articles": args.articles,
+        "section_batch_size": CPU_SECTION_BATCH,
         "sections": n_sections, "mean_section_tokens": mean_tokens,
         "batched_seconds": batched_s, "per_section_loop_seconds": loop_s, "speedup": loop_s / batched_s,
         "vit_images_batched": 1 + args.articles, "vit_images_loop": 1 + n_sections,
         "max_abs_score_difference": max_diff,
         "mid_vit_to_section_flop_ratio": mid_vit / mid_section, "real_vit_to_section_flop_ratio": real_vit / real_section,
+        "vit_pass_seconds": vit_pass, "section_pass_seconds": section_pass,
+        # the best ratio these per-pass times allow: the loop's cost over the batched path's, overheads left out
+        "speedup_bound": ((1 + n_sections) * vit_pass + n_sections * section_pass)
+                         / ((1 + args.articles) * vit_pass + n_sections * section_pass),
     }
     table = ["| (a) scoring one question's sections, CPU | batched + per-article ViT cache | per-section loop (OMGM) |",
              "|---|---|---|",
