@@ -55,6 +55,7 @@ def prepare(work: Path, entities: int, extra: Sequence[str] = (), **world_option
 
 
 def run_id(focus: str, seed: int) -> str:
+    """The run directory name of one (focus, seed) training."""
     return f"qff-{focus}-{seed}"
 
 

@@ -47,6 +47,7 @@ def learning(tmp_path_factory) -> dict:
 
 
 def seed_mean(runs: dict, group: str, metric: str) -> float:
+    """A measure of one question group, averaged over the seeds' runs."""
     return mean(run[group][metric] for run in runs.values())
 
 
