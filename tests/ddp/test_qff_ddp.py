@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.test_qff_data import mine_world
+from tests.helpers.qff_study import mine_world
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,15 +1,18 @@
 """Train tiny QFFs on a synthetic world and score them: shared by the learning test and bench/qff_focus.py.
 
-`prepare` writes a world, a stand-in stage 1 (the entities the query image shows and others, in an order
-that tells nothing, with near-tied similarities, so article R@1 after fusion measures the QFF), OMGM
-pools and the ViT cache. `train` runs `qkvqa train` for (focus, seed) pairs as separate processes with
-one intra-op thread each, a few at a time. `evaluate` scores a model on the val + test questions.
+`world_stage1` is a stand-in for stage 1 and `mine_world` mines OMGM pools from it (shared by the QFF
+data, training, cache and DDP tests). `prepare` writes a world, that stage 1 (the entities the query
+image shows and others, in an order that tells nothing, with near-tied similarities, so article R@1
+after fusion measures the QFF), the pools and the ViT cache. `train` runs `qkvqa train` for (focus,
+seed) pairs as separate processes with one intra-op thread each, a few at a time. `evaluate` scores a
+model on the val + test questions.
 """
 from __future__ import annotations
 
 import csv
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -18,11 +21,47 @@ from typing import Optional, Sequence
 
 import torch
 
+from qkvqa.config.load import compose
+from qkvqa.qff.mining import mine_to_dir
+from qkvqa.retrieval.results import Retrieved, write_results
+
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = {"per_layer": "demo/qff_per_layer", "none": "demo/qff_none"}
-EVAL_SPLITS = {"val": "evqa/val.csv", "test": "evqa/test.csv"}
+SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
+EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.enable_progress_bar=false",
             "trainer.deterministic=true"]
+
+
+def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0, shuffled: bool = False) -> dict[str, Retrieved]:
+    """A stand-in for stage 1, a function of the query image: the entities it shows and others in a seeded order
+    fill the top-K; the shown ones come first, or (`shuffled`) anywhere, so that the order tells nothing."""
+    entities = {e["entity_id"]: e for e in world["entities"]}
+    results = {}
+    for record in world["questions"][SPLIT_FILES[split]]:
+        shown = [entities[e] for e in record["image_entities"]]
+        rest = [e for e in entities.values() if e not in shown]
+        random.Random(f"{seed}/{record['image_id']}").shuffle(rest)
+        ranked = (shown + rest)[:top_k]
+        if shuffled:
+            random.Random(f"{seed}/order/{record['image_id']}").shuffle(ranked)
+        # near-ties, as tiny encoders give them: with alpha = 0.9 the QFF decides the fused order
+        results[record["data_id"]] = Retrieved([e["url"] for e in ranked], [e["title"] for e in ranked],
+                                               [0.9 - 0.0005 * k for k in range(len(ranked))])
+    return results
+
+
+def mine_world(world: dict, work: Path, splits=("train", "val"), shuffled: bool = False) -> list[str]:
+    """Write stage-1 stand-in results and mine the pools of `splits` for the demo experiment under `work`;
+    returns the overrides that point a config at the train and val pools."""
+    base = [f"paths.world_dir={world['dir']}", f"paths.checkpoints_root={work / 'runs'}",
+            f"paths.cache_dir={work / 'cache'}"]
+    for split in splits:
+        write_results(work / f"stage1_{split}.json", world_stage1(world, split, shuffled=shuffled))
+        cfg = compose("demo/qff_per_layer", [], [*base, f"retrieval.results={work / f'stage1_{split}.json'}"])
+        mine_to_dir(cfg, split, work / "pools")
+    return [*base, f"qff.negatives={work / 'pools/hardneg_train.json'}",
+            f"qff.val_negatives={work / 'pools/hardneg_val.json'}"]
 
 
 def world_words(world: dict) -> str:
@@ -37,10 +76,8 @@ def world_words(world: dict) -> str:
 def prepare(work: Path, entities: int, extra: Sequence[str] = (), **world_options) -> tuple[list[str], set[str]]:
     """World, stand-in stage 1, pools and ViT cache under `work`; returns the overrides every run shares and
     the ids ("split/data_id") of the val + test questions whose image shows several entities."""
-    from qkvqa.config.load import compose
     from qkvqa.data.synth import generate_world
     from qkvqa.qff.vit_cache import build_cache_from_config
-    from tests.unit.test_qff_data import mine_world
 
     world = dict(generate_world(work / "world", entities=entities, seed=0, **world_options), dir=str(work / "world"))
     overrides = [*mine_world(world, work, splits=("train", "val", "test"), shuffled=True),
@@ -113,20 +150,20 @@ def figures(hits: dict, multi: set) -> dict:
 def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, multi: set,
              seed: int = 0) -> dict:
     """Section / article R@1 of one model (None: untrained) over every val + test question."""
-    from qkvqa.config.load import compose
     from qkvqa.qff.builder import build_qff_component
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        hits = {}
+        hits, component = {}, None
         for split, file in EVAL_SPLITS.items():
             cfg = compose(EXPERIMENTS[focus], [], [*overrides, f"seed={seed}", f"data.val_questions={file}",
                                                    f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
                                                    f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
                                                    "qff.max_val_samples=null",   # every question, whatever the seed
                                                    "qff.vit_cache=null"])        # the cache holds train + val images
-            component = build_qff_component(cfg.components.qformer, cfg.qff)
+            if component is None:                  # the model is the same for both splits: build it once
+                component = build_qff_component(cfg.components.qformer, cfg.qff)
             hits.update({f"{split}/{k}": v for k, v in score(component, cfg).items()})
         return figures(hits, multi)
     finally:

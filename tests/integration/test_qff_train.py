@@ -15,7 +15,7 @@ from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.rerank import QFFReranker, load_qff_component
 from qkvqa.retrieval.results import read_results
 from qkvqa.run.rundir import clear_run_env
-from tests.unit.test_qff_data import mine_world
+from tests.helpers.qff_study import mine_world
 
 pytestmark = pytest.mark.slow
 

@@ -179,3 +179,11 @@ def test_a_store_survives_pickling_for_dataloader_workers(store):
     clone = pickle.loads(pickle.dumps(store))
     assert clone.get(2).title == "Bare"
     assert clone.url_checksum == store.url_checksum
+
+
+def test_get_many_queries_in_chunks_and_keeps_order_and_repeats(store, monkeypatch):
+    import qkvqa.data.kb as kb
+
+    monkeypatch.setattr(kb, "QUERY_CHUNK", 2)            # the real cap is far above this 4-article store
+    assert [a.row_id for a in store.get_many([3, 1, 0, 2, 3, 0])] == [3, 1, 0, 2, 3, 0]
+    assert store.get_many([]) == []

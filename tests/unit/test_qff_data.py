@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,42 +10,7 @@ from data_modules.qff_train import (EpochTaggedSampler, QFFTrainDataModule, arti
                                     settings_from_config)
 from qkvqa.config.load import compose
 from qkvqa.qff.builder import build_qff_component
-from qkvqa.qff.mining import mine_to_dir
-from qkvqa.retrieval.results import Retrieved, write_results
-
-SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
-
-
-def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0, shuffled: bool = False) -> dict[str, Retrieved]:
-    """A stand-in for stage 1, a function of the query image: the entities it shows and others in a seeded order
-    fill the top-K; the shown ones come first, or (`shuffled`) anywhere, so that the order tells nothing."""
-    entities = {e["entity_id"]: e for e in world["entities"]}
-    results = {}
-    for record in world["questions"][SPLIT_FILES[split]]:
-        shown = [entities[e] for e in record["image_entities"]]
-        rest = [e for e in entities.values() if e not in shown]
-        random.Random(f"{seed}/{record['image_id']}").shuffle(rest)
-        ranked = (shown + rest)[:top_k]
-        if shuffled:
-            random.Random(f"{seed}/order/{record['image_id']}").shuffle(ranked)
-        # near-ties, as tiny encoders give them: with alpha = 0.9 the QFF decides the fused order
-        results[record["data_id"]] = Retrieved([e["url"] for e in ranked], [e["title"] for e in ranked],
-                                               [0.9 - 0.0005 * k for k in range(len(ranked))])
-    return results
-
-
-def mine_world(world: dict, work: Path, splits=("train", "val"), shuffled: bool = False) -> list[str]:
-    """Write stage-1 stand-in results and mine the pools of `splits` for the demo experiment under `work`;
-    returns the overrides that point a config at the train and val pools."""
-    base = [f"paths.world_dir={world['dir']}", f"paths.checkpoints_root={work / 'runs'}",
-            f"paths.cache_dir={work / 'cache'}"]
-    for split in splits:
-        write_results(work / f"stage1_{split}.json", world_stage1(world, split, shuffled=shuffled))
-        cfg = compose("demo/qff_per_layer", [], [*base, f"retrieval.results={work / f'stage1_{split}.json'}"])
-        mine_to_dir(cfg, split, work / "pools")
-    return [*base, f"qff.negatives={work / 'pools/hardneg_train.json'}",
-            f"qff.val_negatives={work / 'pools/hardneg_val.json'}"]
-
+from tests.helpers.qff_study import SPLIT_FILES, mine_world
 
 @pytest.fixture(scope="module")
 def mined(world, tmp_path_factory) -> list[str]:

@@ -14,7 +14,7 @@ from qkvqa.errors import StaleArtifactError
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.vit_cache import (ViTFeatureCache, build_cache_from_config, env_shard_split, feature_shape,
                                  fill_cache, vision_fingerprint)
-from tests.unit.test_qff_data import mine_world
+from tests.helpers.qff_study import mine_world
 
 
 @pytest.fixture(scope="module")

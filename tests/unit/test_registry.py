@@ -46,3 +46,16 @@ def test_spec_errors():
 
 def test_registered_kinds_include_the_text_encoder():
     assert "bert_text_encoder" in registered_kinds()
+
+
+@pytest.mark.parametrize("local_rank, cuda, expected", [(None, False, "cpu"), ("1", False, "cpu"), (None, True, "cuda"),
+                                                         ("1", True, "cuda:1"), ("3", True, "cuda:1")])
+def test_auto_device_is_this_ranks_gpu(monkeypatch, local_rank, cuda, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert ComponentSpec(kind="bert_text_encoder", device="auto").torch_device() == torch.device(expected)
+    assert ComponentSpec(kind="bert_text_encoder", device="cpu").torch_device() == torch.device("cpu")

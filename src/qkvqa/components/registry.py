@@ -47,11 +47,17 @@ class ComponentSpec:
         return getattr(torch, DTYPES[self.dtype])
 
     def torch_device(self):
-        """The torch device named by `device` ('auto' picks CUDA when present)."""
+        """The torch device named by `device`: 'auto' picks CUDA when present, the process's own GPU under a
+        launcher that sets LOCAL_RANK (torchrun, Lightning DDP), so that each rank does not load onto GPU 0."""
+        import os
+
         import torch
 
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            if not torch.cuda.is_available():
+                return torch.device("cpu")
+            local_rank = os.environ.get("LOCAL_RANK")
+            return torch.device(f"cuda:{int(local_rank) % torch.cuda.device_count()}" if local_rank else "cuda")
         return torch.device(self.device)
 
 

@@ -26,6 +26,7 @@ MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "report.json"
 SCHEMA_VERSION = 1
 KB_FORMATS = ("json_dict", "jsonl")
+QUERY_CHUNK = 10000          # row ids per SELECT ... IN (...): SQLite builds cap the number of bound parameters
 
 # The list fields of a KB entry (data-formats.md section 2.2), in storage order.
 LIST_FIELDS = ("section_titles", "section_texts", "image_urls", "image_reference_descriptions",
@@ -388,15 +389,17 @@ class KBStore:
         return _article(row)
 
     def get_many(self, row_ids: Sequence[int]) -> list[Article]:
-        """The articles at `row_ids`, in the order given (one query)."""
+        """The articles at `row_ids`, in the order given (one query per QUERY_CHUNK distinct rows)."""
         unique = sorted(set(int(r) for r in row_ids))
         for row_id in unique:
             if not 0 <= row_id < len(self):
                 raise IndexError(f"row {row_id} is outside the KB store {self.store_dir} ({len(self)} articles)")
-        placeholders = ",".join("?" * len(unique))
-        rows = self._connection().execute(
-            f"SELECT row_id, url, title, body FROM articles WHERE row_id IN ({placeholders})", unique)
-        by_row = {row[0]: _article(row) for row in rows}
+        by_row = {}
+        for start in range(0, len(unique), QUERY_CHUNK):
+            chunk = unique[start:start + QUERY_CHUNK]
+            rows = self._connection().execute(
+                f"SELECT row_id, url, title, body FROM articles WHERE row_id IN ({','.join('?' * len(chunk))})", chunk)
+            by_row.update((row[0], _article(row)) for row in rows)
         return [by_row[int(r)] for r in row_ids]
 
     def get_by_url(self, url: str) -> Article:

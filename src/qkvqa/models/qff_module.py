@@ -140,6 +140,12 @@ class QFFTrainer(pl.LightningModule):
             scores = torch.cat([scores, self._in_batch_scores(batch, question, states)], dim=1)
         return scores / self.temperature
 
+    @staticmethod
+    def contrastive_loss(logits: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """InfoNCE (Eq. 10): cross-entropy of the logits with the positive, column 0, as the target."""
+        target = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        return F.cross_entropy(logits.float(), target, reduction=reduction)
+
     def _in_batch_scores(self, batch: dict[str, Any], question, states) -> torch.Tensor:
         """Scores of each question against the other samples' positives, encoded focused on that question."""
         b, n = batch["size"], batch["num_candidates"]
@@ -184,8 +190,7 @@ class QFFTrainer(pl.LightningModule):
             return self._skip_empty(batch)
         question, sections, states = self.encode(batch)
         logits = self.logits(batch, question, sections, states)
-        target = torch.zeros(batch["size"], dtype=torch.long, device=logits.device)
-        loss = F.cross_entropy(logits.float(), target)
+        loss = self.contrastive_loss(logits)
         b = batch["size"]
         with torch.no_grad():
             self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=b)
@@ -230,8 +235,7 @@ class QFFTrainer(pl.LightningModule):
             return
         question, sections, states = self.encode(batch)
         logits = self.logits(batch, question, sections, states)
-        target = torch.zeros(batch["size"], dtype=torch.long, device=logits.device)
-        self.val_loss.update(batch["data_ids"], F.cross_entropy(logits.float(), target, reduction="none"))
+        self.val_loss.update(batch["data_ids"], self.contrastive_loss(logits, reduction="none"))
         self.val_section_r1.update(batch["data_ids"], (logits.argmax(dim=1) == 0).double())
         if "rerank" in batch:
             fused_hits, stage1_hits = self.rerank_hits(batch["rerank"], question, states)

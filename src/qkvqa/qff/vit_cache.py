@@ -300,14 +300,7 @@ def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: 
         raise StaleArtifactError("qff.vit_cache is not set: name the directory the ViT features go to")
     if shard_index is None or num_shards is None:
         shard_index, num_shards = env_shard_split()
-    spec = cfg.components.qformer
-    if spec.device == "auto" and "LOCAL_RANK" in os.environ:      # torchrun: one GPU per process
-        import torch
-        from omegaconf import OmegaConf
-
-        if torch.cuda.is_available():
-            spec = {**OmegaConf.to_container(spec, resolve=True), "device": f"cuda:{os.environ['LOCAL_RANK']}"}
-    component = build_qff_component(spec, cfg.qff)
+    component = build_qff_component(cfg.components.qformer, cfg.qff)     # device auto: this rank's GPU
     model = component.model.eval()
     fingerprint = vision_fingerprint(model, component.image_processor)
     settings = dataclasses.replace(settings_from_config(cfg, component, fingerprint), vit_cache=None)

@@ -78,15 +78,6 @@ def sha256_file(path: Path) -> str:
 
 # --------------------------------------------------------------------------------------------- sources
 
-SQL_CHUNK = 10000   # rows per KB store query (SQLite builds cap the number of bound parameters)
-
-
-def articles_of(store, rows: Sequence[int]) -> Iterator[Any]:
-    """The KB articles at `rows`, in that order, fetched in chunks."""
-    rows = list(rows)
-    for start in range(0, len(rows), SQL_CHUNK):
-        yield from store.get_many(rows[start:start + SQL_CHUNK])
-
 @dataclass
 class _Item:
     """One thing to embed: its id in the shard's id map and what to load (a text, or candidate image files)."""
@@ -100,7 +91,6 @@ class _Item:
 
 class KBTextSource:
     """One text per KB article: the lead section (`section_texts[0]`, the title when empty) or its summary."""
-
 
     def __init__(self, store, summary_source: str, summaries_path: Optional[Path]):
         if summary_source not in SUMMARY_SOURCES:
@@ -152,7 +142,7 @@ class KBTextSource:
         """Items of rows [start, stop); fallbacks are counted in `counts`."""
         summaries = self.summaries() if self.summary_source == "summaries" else {}
         items = []
-        for article in articles_of(self.store, range(start, stop)):
+        for article in self.store.get_many(range(start, stop)):
             text = summaries.get(article.row_id)
             if text is None and self.summary_source == "summaries":
                 counts["lead_for_missing_summary"] = counts.get("lead_for_missing_summary", 0) + 1
@@ -168,7 +158,6 @@ class KBTextSource:
 class KBImageSource:
     """Every `image_urls` entry of every KB article (EchoSight: one vector per KB image). Its file is the
     title -> image CSV file with that image_URL, else the local URL store's copy; neither = a counted skip."""
-
 
     def __init__(self, store, article_images: Optional[Callable[[], Any]], url_store: Optional[Path],
                  max_per_article: Optional[int], images_config: dict):
@@ -191,7 +180,7 @@ class KBImageSource:
 
         article_images = self.article_images() if self.article_images is not None else None
         items = []
-        for article in articles_of(self.store, range(start, stop)):
+        for article in self.store.get_many(range(start, stop)):
             urls = article.image_urls[: self.max_per_article]
             if not urls:
                 counts["articles_without_image_urls"] = counts.get("articles_without_image_urls", 0) + 1
@@ -208,7 +197,6 @@ class KBImageSource:
 
 class QueryImageSource:
     """The unique query images of a split's questions, in first-appearance order."""
-
 
     def __init__(self, questions: Sequence[Any], questions_file: Optional[Path], split: str, data_identity: dict):
         self.keys = list(dict.fromkeys((q.dataset_name, q.image_id) for q in questions))

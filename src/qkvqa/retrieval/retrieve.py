@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from qkvqa.errors import ConfigError, StaleArtifactError
-from qkvqa.retrieval.embed import Embedder, EmbeddingSet, articles_of, check_mode, datamodule_for, kb_set_kind
+from qkvqa.retrieval.embed import Embedder, EmbeddingSet, check_mode, datamodule_for, kb_set_kind
 from qkvqa.retrieval.index import LoadedIndex, build_index, factory_slug, load_index, search_articles
 from qkvqa.retrieval.results import Retrieved, read_results
 from qkvqa.utils.logging import get_logger
@@ -153,7 +153,7 @@ def _search_split(cfg, dm, split, questions, top_k, index, encoder):
                            image_search_factor=r.image_search_factor, batch_size=r.search_batch_size)
     store = dm.kb_store()
     rows = sorted({row for hit in hits for row, _ in hit})
-    articles = {a.row_id: a for a in articles_of(store, rows)}
+    articles = {a.row_id: a for a in store.get_many(rows)}
     by_image = {tuple(key): hit for key, hit in zip(ids, hits)}
     results = {}
     for q in questions:
