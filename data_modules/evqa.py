@@ -4,13 +4,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from data_modules.base import KBVQADataModule
+from qkvqa.data.config import reads_two_hop
 from qkvqa.data.questions import Question, read_evqa_csv
 
 
 class EVQADataModule(KBVQADataModule):
-    """E-VQA questions (`data_id` = E-VQA_{i} over single-hop rows) and their first query image."""
+    """E-VQA questions (`data_id` = E-VQA_{i} over single-hop rows, E-VQA_2hop_{j} over 2_hop rows when read)
+    and their first query image. 2_hop rows are read when `include_two_hop` is true, or for an evaluation
+    (`qkvqa.data.config.for_evaluation` resolves null to true)."""
 
     dataset_name = "E-VQA"
 
     def read_questions(self, split: str, path: Path) -> list[Question]:
-        return read_evqa_csv(path, split=split, include_two_hop=self.config.include_two_hop)
+        return read_evqa_csv(path, split=split, include_two_hop=reads_two_hop(self.config, evaluation=False))

@@ -23,11 +23,11 @@ def _rows(run_dir: Path) -> list[dict]:
 def _expected_ids(world) -> list[str]:
     from qkvqa.data.questions import read_evqa_csv
 
-    return [q.data_id for q in read_evqa_csv(Path(world["dir"]) / "evqa/test.csv")]
+    return [q.data_id for q in read_evqa_csv(Path(world["dir"]) / "evqa/test.csv", include_two_hop=True)]
 
 
 @pytest.mark.slow
-def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, monkeypatch):
+def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, monkeypatch, capsys):
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
     clear_run_env()
     assert main(["evaluate", "experiment=world_eval", "run_id=single", "eval.judge=em_only"]) == 0
@@ -42,7 +42,20 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
         assert len(r["context"]["chunks"]) <= 6 and set(r["seconds"]) == {"retrieve", "filter", "select", "generate"}
         assert len({c["url"] for c in r["context"]["chunks"]}) <= 2            # U = 2 articles at most
     scores = json.loads((run_dir / "scores.json").read_text())
-    assert scores["n_scored"] == len(answered) and scores["benchmark"]["coverage"]["n_missing"] == 0
+    # one denominator: every question of the split, two-hop rows included, the unanswered ones counted wrong
+    two_hop = [r for r in rows if r["data_id"].startswith("E-VQA_2hop_")]
+    assert two_hop and scores["n_scored"] == len(rows) and scores["benchmark"]["coverage"]["n_missing"] == 0
+    assert scores["benchmark"]["all"]["n"] == len(rows) and scores["benchmark"]["two_hop"]["n"] == len(two_hop)
+    assert sorted(s["data_id"] for s in scores["skipped"]) == sorted(r["data_id"] for r in skipped)
+    single = len(rows) - len(two_hop)            # Tables 3 and 4 over single-hop rows only (paper section 4.1)
+    assert scores["error_analysis"]["n"] == scores["recall_after_filter"]["n_queries"] == single
+    # `qkvqa score` on the same predictions.jsonl gives the same numbers
+    capsys.readouterr()
+    assert main(["score", "evqa", "--predictions", str(run_dir / "predictions.jsonl"), "--questions",
+                 str(Path(world["dir"]) / "evqa/test.csv"), "--em-only", "--strict"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    for subset in ("single_hop", "two_hop", "all"):
+        assert scored[subset] == scores["benchmark"][subset], subset
     assert scores["benchmark"]["label"].startswith("EM only") or "EM" in scores["benchmark"]["label"]
     report = (run_dir / "report.md").read_text()
     for table in ("Table 2", "Table 3", "Table 4", "Table 5"):
@@ -50,6 +63,7 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert "accuracy means nothing" in report
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval/n_skipped"] == 2 and "eval/recall@20_after_filter" in summary
+    assert summary["eval/accuracy"] == scored["all"]["accuracy"]
     # Recall after the QFF is computed on the same questions and articles: R@20 cannot change by re-ranking 20.
     assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
 

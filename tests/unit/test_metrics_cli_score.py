@@ -81,7 +81,7 @@ def test_score_evqa_em_only(tmp_path, capsys):
     preds = [{"data_id": "E-VQA_0", "prediction": "blue"}, {"data_id": "E-VQA_1", "prediction": "15"},
              {"data_id": "E-VQA_2", "prediction": "Corvids"}]
     files = {"--predictions": _jsonl(tmp_path / "p.jsonl", preds), "--questions": _evqa_csv(tmp_path / "test.csv")}
-    assert main(_argv("evqa", files, "--em-only", "--strict")) == 0
+    assert main(_argv("evqa", files, "--em-only", "--single-hop-only", "--strict")) == 0
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert result["label"] == "EM only"
@@ -95,7 +95,7 @@ def test_score_evqa_two_hop_and_tiny_bem(tmp_path, capsys, monkeypatch):
     preds = [{"data_id": "E-VQA_0", "prediction": "blue"}, {"data_id": "E-VQA_1", "prediction": "15"},
              {"data_id": "E-VQA_2", "prediction": "a crow"}, {"data_id": "E-VQA_2hop_0", "prediction": "italy"}]
     files = {"--predictions": _jsonl(tmp_path / "p.jsonl", preds), "--questions": _evqa_csv(tmp_path / "test.csv")}
-    assert main(_argv("evqa", files, "--bem-tiny", "--two-hop", "--device", "cpu", "--strict")) == 0
+    assert main(_argv("evqa", files, "--bem-tiny", "--device", "cpu", "--strict")) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["label"] == "BEM (PyTorch reproduction)"
     assert result["all"]["n"] == 4 and result["two_hop"]["correct"] == 1.0
@@ -108,3 +108,32 @@ def test_score_evqa_requires_a_judge_choice(tmp_path, capsys):
         main(_argv("evqa", files))
     assert exit_info.value.code == 2
     assert "one of the arguments --bem --bem-tiny --em-only is required" in capsys.readouterr().err
+
+
+def test_a_skipped_question_is_wrong_in_both_scorers(infoseek_files, tmp_path, capsys):
+    """A row qkvqa could not answer scores 0, even where the official rule would accept its empty answer
+    (InfoSeek reads "" as the number 0, inside a range around 0)."""
+    refs = [{"data_id": "z", "answer_eval": [{"wikidata": 0, "range": [-1, 1]}], "data_split": "val_unseen_entity"},
+            {"data_id": "a", "answer_eval": ["Paris"], "data_split": "val_unseen_question"}]
+    qtypes = [{"data_id": "z", "question_type": "Numerical"}, {"data_id": "a", "question_type": "String"}]
+    files = {"--predictions": _jsonl(tmp_path / "p0.jsonl", [{"data_id": "z", "prediction": ""},
+                                                            {"data_id": "a", "prediction": "paris"}]),
+             "--references": _jsonl(tmp_path / "r0.jsonl", refs), "--qtypes": _jsonl(tmp_path / "q0.jsonl", qtypes)}
+    assert main(_argv("infoseek", files, "--strict")) == 0
+    assert json.loads(capsys.readouterr().out)["unseen_entity_score"]["score_num"] == 100.0   # the official rule
+    files["--predictions"] = _jsonl(tmp_path / "p1.jsonl", [
+        {"data_id": "z", "prediction": "", "skipped": "query image missing or unreadable"},
+        {"data_id": "a", "prediction": "paris"}])
+    assert main(_argv("infoseek", files, "--strict")) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["unseen_entity_score"]["score_num"] == 0 and result["coverage"]["n_skipped"] == 1
+    assert result["unseen_question_score"]["score"] == 100.0
+
+    preds = [{"data_id": "E-VQA_0", "prediction": "blue"}, {"data_id": "E-VQA_1", "prediction": "1.5",
+                                                           "skipped": "query image missing or unreadable"},
+             {"data_id": "E-VQA_2", "prediction": "Corvidae"}, {"data_id": "E-VQA_2hop_0", "prediction": "italy"}]
+    files = {"--predictions": _jsonl(tmp_path / "e.jsonl", preds), "--questions": _evqa_csv(tmp_path / "test.csv")}
+    assert main(_argv("evqa", files, "--em-only", "--strict")) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["all"]["n"] == 4 and result["all"]["correct"] == 3.0 and result["coverage"]["n_skipped"] == 1
+    assert result["single_hop"] == {"n": 3, "correct": 2.0, "accuracy": pytest.approx(200 / 3)}

@@ -11,13 +11,15 @@ Score InfoSeek predictions with the official rules (edchengg/infoseek_eval): exa
 answer_eval for String and Time, relaxed range accuracy for Numerical, overall = harmonic mean of the
 rounded unseen-question and unseen-entity scores. As in the official scorer, unknown ids are dropped,
 questions without a prediction are not counted and duplicates count twice; the `coverage` entry
-reports all three, and --strict makes them an error. JSON goes to stdout, a table to stderr."""
+reports all three, and --strict makes them an error. A row with a "skipped" reason (a question qkvqa
+could not answer) counts as wrong, so the figures equal `qkvqa evaluate`'s on the same predictions.jsonl. JSON goes to stdout, a table to stderr."""
 
 EVQA_DESCRIPTION = """\
 Score E-VQA predictions with the official rules (google-research encyclopedic_vqa): exact match
 first, then the BEM judge for answers EM rejects. Predictions are JSONL {"data_id", "prediction"}
-joined with the question CSV by data_id (E-VQA_{i} among single-hop rows; E-VQA_2hop_{j} for 2_hop
-rows with --two-hop). Choose the judge: --bem DIR (a local BERT sequence classifier such as
+joined with the question CSV by data_id (E-VQA_{i} among single-hop rows, E-VQA_2hop_{j} among 2_hop
+rows; --single-hop-only leaves the 2_hop rows out). A row with a "skipped" reason (a question qkvqa could
+not answer) counts as wrong, so the figures equal `qkvqa evaluate`'s on the same predictions.jsonl. Choose the judge: --bem DIR (a local BERT sequence classifier such as
 kortukov/answer-equivalence-bem), --bem-tiny (a random tiny model, for smoke tests) or --em-only.
 Results are labelled "EM only" or "BEM (PyTorch reproduction)". JSON goes to stdout, a table to stderr."""
 
@@ -45,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     judge.add_argument("--bem", metavar="PATH", help="BEM model directory (or a hub id already in the local cache)")
     judge.add_argument("--bem-tiny", action="store_true", help="a random tiny BEM model (smoke tests only)")
     judge.add_argument("--em-only", action="store_true", help="exact match only, no BEM")
-    evqa.add_argument("--two-hop", action="store_true", help="also score the 2_hop rows (ids E-VQA_2hop_{j})")
+    evqa.add_argument("--single-hop-only", action="store_true",
+                      help="score only the single-hop rows (by default every row counts, 2_hop ones as "
+                           "E-VQA_2hop_{j}, like `qkvqa evaluate` and the paper's headline 'all')")
     evqa.add_argument("--strict", action="store_true",
                       help="fail unless every question has exactly one prediction and none is unknown")
     evqa.add_argument("--batch-size", type=int, default=32, help="BEM batch size (default 32)")
@@ -129,7 +133,7 @@ def _score_evqa(args: argparse.Namespace) -> int:
 
     questions = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer,
                   "question_type": q.question_type}
-                 for q in read_evqa_csv(args.questions, include_two_hop=args.two_hop)]
+                 for q in read_evqa_csv(args.questions, include_two_hop=not args.single_hop_only)]
     judge = _build_judge(args, [q["question"] + " " + q["answer"] for q in questions])
     result, details = evaluate_with_details(args.predictions, questions, bem=judge, strict=args.strict)
     _write_per_question(args.per_question, details)

@@ -140,6 +140,9 @@ class EvalConfig:
     judge: str = "bem"                           # bem | em_only (E-VQA; InfoSeek has no judge)
     context: str = "cda"                         # cda | mllm_filter (the Table 2 baseline, generation.filter_top_n articles)
     reranked_results: Optional[str] = None       # read QFF-reranked results instead of running the QFF
+    # Diagnosis only: leave questions that could not be answered (unreadable query image) out of every
+    # metric. The default counts them as wrong answers and retrieval misses, as the paper's n does.
+    exclude_skipped: bool = False
 
 
 @dataclass

@@ -42,7 +42,9 @@ class DataConfig:
     test_questions: Optional[str] = None         # InfoSeek: also the official infoseek_val.jsonl
     infoseek_references: Optional[str] = None    # infoseek_val.jsonl
     infoseek_qtypes: Optional[str] = None        # infoseek_val_qtype.jsonl
-    include_two_hop: bool = False                # keep 2_hop rows (only for "all" metrics)
+    # E-VQA 2_hop rows: null = the task decides (evaluation reads every row, the paper's headline "all";
+    # training, mining and retrieval read single-hop rows); true / false force it.
+    include_two_hop: Optional[bool] = None
     max_questions: Optional[int] = None          # cap per split (debugging)
     drop_missing_images: bool = True             # drop questions whose image is missing/corrupt from batches (counted)
     batch_size: int = 8
@@ -65,6 +67,17 @@ def _from_mapping(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
             value = _from_mapping(ImagesConfig, value, f"{prefix}images.")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def reads_two_hop(config: DataConfig, evaluation: bool) -> bool:
+    """Whether E-VQA 2_hop rows are read: `include_two_hop` when set, else only for an evaluation."""
+    return evaluation if config.include_two_hop is None else bool(config.include_two_hop)
+
+
+def for_evaluation(config: DataConfig) -> DataConfig:
+    """The config an evaluation reads its questions with: every E-VQA row unless `include_two_hop` says otherwise
+    (paper section 4.1 reports "the complete results including two-hop questions")."""
+    return dataclasses.replace(config, include_two_hop=reads_two_hop(config, evaluation=True))
 
 
 def data_config_from_dict(values: Any) -> DataConfig:

@@ -10,16 +10,17 @@ from qkvqa.run.record import RunRecord
 RECALL_CURVE_KS = tuple(range(1, 21))
 
 
-def _predictions(run_dir: Path) -> list[dict]:
+def _predictions(run_dir: Path, gold: dict[str, set[str]]) -> list[dict]:
+    """The prediction rows of the questions in `gold`; an unanswered (skipped) one stays, with no ranking: a miss."""
     rows = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
-    return [r for r in rows if not r.get("skipped")]
+    return [r for r in rows if r["data_id"] in gold]
 
 
 def recall_curve(rows: Sequence[dict], gold: dict[str, set[str]]) -> list[float]:
     """Recall@K in percent for K = 1..20 over the rows' filtered rankings."""
     ranks = []
     for r in rows:
-        urls = [a["url"] for a in r["ranking"]]
+        urls = [a["url"] for a in r.get("ranking") or []]
         hit = next((i + 1 for i, u in enumerate(urls) if u in gold[r["data_id"]]), 0)
         ranks.append(hit)
     return [100.0 * sum(1 for h in ranks if 0 < h <= k) / len(ranks) if ranks else 0.0 for k in RECALL_CURVE_KS]
@@ -30,7 +31,7 @@ def multi_entity_r1(rows: Sequence[dict], gold: dict[str, set[str]], multi: set[
     chosen = [r for r in rows if r["data_id"] in multi]
     if not chosen:
         return None
-    return 100.0 * sum(bool(r["ranking"]) and r["ranking"][0]["url"] in gold[r["data_id"]] for r in chosen) / len(chosen)
+    return 100.0 * sum(bool(r.get("ranking")) and r["ranking"][0]["url"] in gold[r["data_id"]] for r in chosen) / len(chosen)
 
 
 def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi: set[str]) -> list[dict]:
@@ -38,7 +39,7 @@ def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi:
     out = []
     for label, run_dir in settings.items():
         scores = json.loads((run_dir / "scores.json").read_text(encoding="utf-8"))
-        rows = _predictions(run_dir)
+        rows = _predictions(run_dir, gold)
         after = scores["recall_after_filter"]
         seconds = scores["seconds_per_question"]
         out.append({

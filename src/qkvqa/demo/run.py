@@ -108,8 +108,9 @@ class Demo:
     def gold_and_multi(self) -> tuple[dict[str, set[str]], set[str]]:
         world = json.loads((self.world / "world.json").read_text(encoding="utf-8"))
         rows = world["questions"]["evqa/test.csv"]
-        gold = {r["data_id"]: set(r["gold_urls"]) for r in rows if "data_id" in r}
-        multi = {r["data_id"] for r in rows if "data_id" in r and len(r["image_entities"]) > 1}
+        rows = [r for r in rows if "data_id" in r and r["question_type"] != "2_hop"]   # recall: single-hop rows
+        gold = {r["data_id"]: set(r["gold_urls"]) for r in rows}
+        multi = {r["data_id"] for r in rows if len(r["image_entities"]) > 1}
         return gold, multi
 
     def report(self, settings: dict[str, Path]) -> Path:

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 from qkvqa.errors import DataError
 from qkvqa.metrics.analysis import evqa_hop_accuracy, grouped_accuracy
 from qkvqa.metrics.coverage import check_coverage, coverage_report
-from qkvqa.metrics.inputs import Rows, field, load_rows
+from qkvqa.metrics.inputs import Rows, field, is_skipped, load_rows
 
 QUESTION_TYPES = ("templated", "automatic", "multi_answer", "2_hop")
 MULTI_ANSWER = "multi_answer"
@@ -195,7 +195,7 @@ def evaluate(predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = No
 
     qkvqa's choices (the official code has no aggregate): each question counts once and the last of
     repeated predictions wins; the denominator is the questions that have a prediction; unknown ids
-    are dropped. All three are reported under `coverage`; `strict=True` raises instead. A group
+    are dropped; a row marked `skipped` (qkvqa could not answer it) scores 0 without the judge. All three are reported under `coverage`; `strict=True` raises instead. A group
     with no scored question has accuracy None. `label` says how answers were judged.
     """
     return evaluate_with_details(predictions, questions, bem, strict)[0]
@@ -210,10 +210,13 @@ def evaluate_with_details(predictions: Rows, questions: Rows, bem: Optional[Answ
     coverage = coverage_report(prediction_ids, by_id)
     check_coverage(coverage, "E-VQA", strict)
 
-    latest = {qid: field(row, "prediction", where)
+    latest = {qid: (field(row, "prediction", where), is_skipped(row))
               for (where, row), qid in zip(prediction_rows, prediction_ids) if qid in by_id}
-    examples = [{"data_id": qid, "candidate": candidate, **by_id[qid]} for qid, candidate in latest.items()]
-    scores = score_examples(examples, bem)
+    examples = [{"data_id": qid, "candidate": candidate, **by_id[qid]} for qid, (candidate, _) in latest.items()]
+    skipped = [skip for _, skip in latest.values()]
+    judged = iter(score_examples([e for e, skip in zip(examples, skipped) if not skip], bem))
+    scores = [0.0 if skip else next(judged) for skip in skipped]
+    coverage["n_skipped"] = sum(skipped)
     types = [example["question_type"] for example in examples]
     summary = {"label": judge_label(bem), **evqa_hop_accuracy(scores, types),
                "per_question_type": grouped_accuracy(scores, types), "coverage": coverage}

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Union
 
 from qkvqa.errors import DataError
 from qkvqa.metrics.coverage import check_coverage, coverage_report
-from qkvqa.metrics.inputs import Rows, field, load_rows
+from qkvqa.metrics.inputs import Rows, field, is_skipped, load_rows
 
 PUNCTUATION = frozenset(string.punctuation)
 ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -223,7 +223,9 @@ def evaluate(predictions: Rows, references: Rows, qtypes: Rows, strict: bool = F
     """Score InfoSeek predictions exactly as the official `evaluate(prediction, reference, qtype)` does.
 
     Arguments are JSONL paths or lists of dicts. Only predictions are iterated: unknown ids are
-    dropped, reference questions without a prediction are not counted, duplicates are each counted.
+    dropped, reference questions without a prediction are not counted, duplicates are each counted. One
+    qkvqa rule on top: a row marked `skipped` (qkvqa could not answer it) is wrong, where the official
+    scorer would read its empty prediction as the number 0.
     Returns the official keys (`final_score`, `unseen_question_score`, `unseen_entity_score` with
     `score`, `score_time`, `score_num`, `score_string`) plus `coverage` (missing, unknown and
     duplicated ids, scored counts). `strict=True` raises DataError when coverage is not one-to-one.
@@ -241,7 +243,7 @@ def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
     coverage["n_repeated_reference_lines"] = repeated_references
     check_coverage(coverage, "InfoSeek", strict)
 
-    details = []
+    details, skipped = [], 0
     hits: dict[str, dict[str, list[int]]] = {split: {TIME: [], NUMERICAL: [], STRING: []}
                                              for split in (UNSEEN_QUESTION, UNSEEN_ENTITY)}
     for (where, row), qid in zip(prediction_rows, prediction_ids):
@@ -249,9 +251,10 @@ def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
             continue
         answer, split, kind = prepared[qid]
         try:
-            correct = _score_prepared(field(row, "prediction", where), answer, kind)
+            correct = 0 if is_skipped(row) else _score_prepared(field(row, "prediction", where), answer, kind)
         except DataError as e:
             raise DataError(f"{where}: data_id {qid}: {e}") from None
+        skipped += is_skipped(row)
         hits[split][kind].append(correct)
         details.append({"data_id": qid, "split": split, "kind": kind, "correct": correct})
 
@@ -265,5 +268,6 @@ def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
             "score_string": _percent(by_kind[STRING]),
         }
     final = round(harmonic_mean(result["unseen_question_score"]["score"], result["unseen_entity_score"]["score"]), 2)
+    coverage["n_skipped"] = skipped
     coverage["n_scored"] = {split: {kind: len(items) for kind, items in hits[split].items()} for split in hits}
     return {"final_score": final, **result, "coverage": coverage}, details

@@ -33,3 +33,12 @@ def field(row: Mapping[str, Any], key: str, where: str) -> Any:
         return row[key]
     except KeyError:
         raise DataError(f"{where}: missing field {key!r} (fields present: {sorted(row)})") from None
+
+
+def is_skipped(row: Mapping[str, Any]) -> bool:
+    """A prediction row that qkvqa could not answer (its `skipped` field gives the reason).
+
+    qkvqa's rule, shared by `evaluate`, `score` and `retrieve`: every question of the split counts, and
+    an unanswered one is wrong, whatever the official scorer would make of its empty prediction (InfoSeek
+    reads "" as the number 0, which a range holding 0 accepts)."""
+    return bool(row.get("skipped"))

@@ -99,8 +99,16 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
                      "answers are noise, so its accuracy means nothing; retrieval, filter and context metrics "
                      "(Recall@K, R1, section R@1, answer-in-context) do.")
     if scores["n_skipped"]:
-        notes.append(f"{scores['n_skipped']} questions were skipped because their query image is missing or "
-                     "unreadable (listed in predictions.jsonl with `skipped`, and in skipped_images.json).")
+        counted = ("They are left out of every metric (eval.exclude_skipped=true, for diagnosis): these numbers "
+                   "are NOT comparable to the paper's, which count every question."
+                   if scores["exclude_skipped"] else
+                   "Each counts as a wrong answer and a retrieval miss, so n is the whole split.")
+        notes.append(f"{scores['n_skipped']} questions could not be answered because their query image is missing "
+                     f"or unreadable (listed in predictions.jsonl with `skipped`, in scores.json and in "
+                     f"skipped_images.json). {counted}")
+    if scores["dataset"] == "evqa" and not scores.get("two_hop_rows"):
+        notes.append("data.include_two_hop=false: only single-hop rows were evaluated, so accuracy is the "
+                     "single-hop figure, NOT comparable to the paper's headline over all 5,750 test rows.")
     return notes
 
 
@@ -110,6 +118,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
 
     from data_modules import build_data_module
     from data_modules.evaluation import EvaluationDataModule
+    from qkvqa.data.config import data_config_from_dict, for_evaluation
     from qkvqa.loggers.wandb import log_run_files
     from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore
@@ -118,7 +127,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.run.job import run_job
     from qkvqa.run.trainer import build_trainer, world_size_of
 
-    benchmark = build_data_module(cfg.data)
+    benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
     dataset, split = benchmark.config.dataset, cfg.eval.split
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
         run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
@@ -140,7 +149,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
         rows = store.merge([q.data_id for q in questions])
         judge = build_judge(cfg, dataset)
         scores = score_run(dataset, rows, questions, retrieved, judge, int(cfg.retrieval.top_k),
-                           cfg.retrieval.two_hop_policy)
+                           cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped)
+        scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["retrieval_source"] = meta["source"]
         scores["duplicate_rows_dropped"] = store.duplicates()
         atomic_write_json(run_dir / "scores.json", scores)

@@ -25,7 +25,8 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
     dataset = scores["dataset"]
     parts = [f"# Evaluation report: {run_id}", "",
              f"experiment `{cfg.experiment}`, dataset **{dataset}**, split `{cfg.eval.split}`, "
-             f"{scores['n_scored']} questions scored, {scores['n_skipped']} skipped.", ""]
+             f"{scores['n_scored']} questions scored, {scores['n_skipped']} of them could not be answered"
+             f"{' (left out)' if scores.get('exclude_skipped') else ' (counted wrong)'}.", ""]
     parts += [f"> {note}" for note in notes] + ([""] if notes else [])
     seconds = scores["seconds_per_question"]
     ctx = scores["context_length"]
@@ -42,11 +43,15 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
     parts += ["## Table 3: error analysis", "",
               _table(["R1", "R1-C", "NR-C", "NR-C (conditional)"],
                      [[ea.get("r1"), ea.get("r1_c"), ea.get("nr_c"), ea.get("nr_c_conditional")]]), "",
+              f"Over {ea.get('n', 'n/a')} questions{' (single-hop rows, as the paper)' if dataset == 'evqa' else ''}. "
               "R1: gold article ranked first after the filter; R1-C: accuracy among those; NR-C: share of all "
               "questions answered correctly without the gold article first (the paper's wording).", ""]
     before, after = scores["recall_before_filter"], scores["recall_after_filter"]
     ks = [k for k in before if k.startswith("recall@")]
     parts += ["## Table 4: Recall@K before and after the filter", "",
+              f"Over {before.get('n_queries', 'n/a')} questions"
+              + (f" ({before.get('n_excluded_two_hop', 0)} two-hop rows left out, two_hop_policy "
+                 f"{before.get('two_hop_policy')})" if dataset == "evqa" else "") + ".", "",
               _table(["ranking"] + ks, [["retrieval"] + [before[k] for k in ks],
                                         [f"after {cfg.eval.filter}"] + [after.get(k) for k in ks]]), ""]
     section = (scores.get("section_recall") or {}).get("evidence_section_recall@1")
@@ -67,6 +72,7 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
     if dataset == "evqa" and scores.get("benchmark"):
         b = scores["benchmark"]
         parts += ["## E-VQA single-hop / two-hop / all", "",
+                  "The headline accuracy is `all` (paper section 4.1: complete results including two-hop).", "",
                   _table(["subset", "n", "accuracy"],
                          [[k, (b.get(k) or {}).get("n"), (b.get(k) or {}).get("accuracy")]
                           for k in ("single_hop", "two_hop", "all")]), ""]

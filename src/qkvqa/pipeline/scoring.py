@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from qkvqa.data.questions import Question
+from qkvqa.data.questions import TWO_HOP_TYPE, Question
 from qkvqa.metrics import analysis
 from qkvqa.retrieval.results import Retrieved
 from qkvqa.retrieval.retrieve import retrieval_metrics
@@ -33,8 +33,8 @@ def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
 
 
 def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question], judge: Any) -> tuple[dict, dict]:
-    """(benchmark result, {data_id: 0/1}) with the official scorer, strict coverage."""
-    predictions = [{"data_id": r["data_id"], "prediction": r["prediction"]} for r in rows]
+    """(benchmark result, {data_id: 0/1}) with the official scorer, strict coverage; skipped rows are wrong."""
+    predictions = [{"data_id": r["data_id"], "prediction": r["prediction"], "skipped": r.get("skipped")} for r in rows]
     if dataset == "infoseek":
         from qkvqa.metrics import infoseek
 
@@ -59,28 +59,40 @@ def headline(dataset: str, result: dict) -> Optional[float]:
 
 
 def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question], retrieved: dict[str, Retrieved],
-              judge: Any, top_k: int, two_hop_policy: str) -> dict:
-    """Every metric of an evaluation run, as one JSON-ready dict."""
+              judge: Any, top_k: int, two_hop_policy: str, exclude_skipped: bool = False) -> dict:
+    """Every metric of an evaluation run, as one JSON-ready dict.
+
+    One denominator: every question of the split counts, and one that could not be answered (a row with
+    `skipped`) is a wrong answer and a retrieval miss after the filter, listed under `skipped` with its
+    reason, exactly as `qkvqa score` counts the same predictions.jsonl. `exclude_skipped` (diagnosis only)
+    leaves those questions out instead. E-VQA Table 3 (R1 / R1-C / NR-C) and the recalls use single-hop rows
+    (paper section 4.1); accuracy is reported for single-hop, two-hop and all, and the headline is all.
+    """
     by_id = {q.data_id: q for q in questions}
-    answered = [r for r in rows if not r.get("skipped")]
-    scored_questions = [by_id[r["data_id"]] for r in answered]
-    result, per_question = accuracy(dataset, answered, by_id, judge) if answered else ({}, {})
-    after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r["ranking"]]) for r in answered}
+    skipped = [{"data_id": r["data_id"], "reason": r["skipped"]} for r in rows if r.get("skipped")]
+    counted = [r for r in rows if not (exclude_skipped and r.get("skipped"))]
+    answered = [r for r in counted if not r.get("skipped")]
+    scored_questions = [by_id[r["data_id"]] for r in counted]
+    result, per_question = accuracy(dataset, counted, by_id, judge) if counted else ({}, {})
+    after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r.get("ranking") or []]) for r in counted}
     before = {q.data_id: retrieved.get(q.data_id, Retrieved()) for q in scored_questions}
-    gold_top1 = {r["data_id"]: bool(r["ranking"]) and r["ranking"][0]["url"] in by_id[r["data_id"]].gold_urls
-                 for r in answered}
-    in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in answered]
+    analysed = [r for r in counted if by_id[r["data_id"]].question_type != TWO_HOP_TYPE]
+    gold_top1 = {r["data_id"]: bool(r.get("ranking")) and r["ranking"][0]["url"] in by_id[r["data_id"]].gold_urls
+                 for r in analysed}
+    in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in counted]
     in_context = [v for v in in_context if v is not None]
     out: dict[str, Any] = {
         "dataset": dataset,
-        "n_questions": len(rows), "n_scored": len(answered), "n_skipped": len(rows) - len(answered),
-        "accuracy": headline(dataset, result) if answered else None,
+        "n_questions": len(rows), "n_scored": len(counted), "n_skipped": len(skipped),
+        "exclude_skipped": exclude_skipped, "skipped": skipped,
+        "accuracy": headline(dataset, result) if counted else None,
         "benchmark": result,
         "recall_before_filter": retrieval_metrics(before, scored_questions, dataset=dataset, top_k=top_k,
                                                   two_hop_policy=two_hop_policy),
         "recall_after_filter": retrieval_metrics(after, scored_questions, dataset=dataset, top_k=top_k,
                                                  two_hop_policy=two_hop_policy),
-        "error_analysis": analysis.error_analysis(gold_top1, per_question) if answered else None,
+        "error_analysis": analysis.error_analysis(gold_top1, {q: per_question[q] for q in gold_top1})
+        if analysed else None,
         "answer_in_context": 100.0 * sum(in_context) / len(in_context) if in_context else None,
         "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered]),
         "seconds_per_question": {s: _mean([r["seconds"].get(s, 0.0) for r in answered]) for s in STAGES},
@@ -88,7 +100,7 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     if dataset == "evqa":
         from qkvqa.metrics.retrieval import evidence_section_recall
 
-        top1 = {r["data_id"]: tuple(r["top1_section"]) for r in answered if r.get("top1_section")}
+        top1 = {r["data_id"]: tuple(r["top1_section"]) for r in counted if r.get("top1_section")}
         rows_for_recall = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls),
                             "question_type": q.question_type, "evidence_section_id": q.evidence_section_id}
                            for q in scored_questions if q.evidence_section_id is not None]

@@ -462,7 +462,7 @@ class Embedder:
         self.source = self._source()
 
     def _source(self):
-        from qkvqa.data.config import resolve_data_path
+        from qkvqa.data.config import reads_two_hop, resolve_data_path
 
         data = self.dm.config
         if self.kind == "kb_text":
@@ -481,7 +481,7 @@ class Embedder:
                                  self.cfg.retrieval.max_images_per_article, images_identity)
         questions = self.dm.questions(self.split)
         data_identity = {"dataset": data.dataset, "max_questions": data.max_questions,
-                         "include_two_hop": data.include_two_hop}
+                         "include_two_hop": reads_two_hop(data, evaluation=False)}
         return QueryImageSource(questions, self.dm.path(f"{self.split}_questions"), self.split, data_identity)
 
     def description(self) -> dict:
