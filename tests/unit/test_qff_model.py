@@ -207,8 +207,11 @@ def test_half_precision_keeps_qformer_and_new_blocks_fp32(dtype):
                             "options": {"num_layers": 2, "vocab_texts": SECTIONS}})
     model = comp.model
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    assert model.vision_dtype == half and model.base.embeddings.word_embeddings.weight.dtype == half
+    assert model.vision_dtype == half
     assert model.qformer_dtype == torch.float32 and model.base.query_tokens.dtype == torch.float32
+    # fp32 master weights for everything that trains (the text embeddings too), half only for the frozen ViT
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+    assert model.base.embeddings.word_embeddings.weight.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.q_xattn.parameters()) and model.q_gate.dtype == torch.float32
     with torch.no_grad():
         sec, qs, images = inputs(comp)
@@ -233,3 +236,37 @@ def test_wrong_calls_are_refused():
                                        question_index=torch.zeros(3, dtype=torch.long))
     with pytest.raises(ConfigError, match="focus"):
         QFFModel(copy.deepcopy(comp.model.base), focus="per-layer")
+
+
+def test_one_bf16_mixed_step_at_the_paper_lr_changes_every_trainable_tensor():
+    """fp32 master weights: a bf16 weight cannot take a step of lr 1e-5 (its update rounds away)."""
+    from qkvqa.models.qff_module import freeze_outside_objective
+
+    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "dtype": "bf16",
+                            "options": {"num_layers": 4, "cross_attention_frequency": 2,
+                                        "vocab_texts": SECTIONS + QUESTIONS}})
+    model = comp.model.train()
+    freeze_outside_objective(model)
+    model.q_gate.data.fill_(0.3)                       # so the focus blocks are on the loss's path at step 0
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert "base.embeddings.word_embeddings.weight" in trainable
+    before = {n: p.detach().clone() for n, p in trainable.items()}
+    optimizer = torch.optim.AdamW(trainable.values(), lr=1e-5, betas=(0.9, 0.98), eps=1e-7, weight_decay=0.05)
+    sec, qs, images = inputs(comp)
+    with torch.autocast("cpu", dtype=torch.bfloat16):            # what precision="bf16-mixed" runs
+        question = model.encode_question(qs["input_ids"][:1], qs["attention_mask"][:1], images[:1])
+        states = model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], question)
+        logits = late_interaction(question.tokens, states) / 0.07
+    torch.nn.functional.cross_entropy(logits.float()[None], torch.tensor([0])).backward()
+    optimizer.step()
+    # Adam's first step moves an element by about lr wherever its gradient is not tiny: every such element
+    # must move (with bf16 weights, only those near zero would)
+    stuck = {}
+    for name, param in trainable.items():
+        pushed = param.grad.abs() > 1e-6 if param.grad is not None else torch.zeros_like(param, dtype=torch.bool)
+        moved = param.detach() != before[name]
+        if (pushed & ~moved).any():      # (a key bias gets no gradient at all: softmax ignores it)
+            stuck[name] = f"{int((pushed & ~moved).sum())} of {int(pushed.sum())} pushed elements stayed"
+    assert not stuck, f"{len(stuck)} trainable tensors did not take the step: {dict(list(stuck.items())[:4])}"
+    assert (trainable["base.embeddings.word_embeddings.weight"].grad.abs() > 1e-6).any()
+    assert (trainable["q_xattn.0.attention.query.weight"].grad.abs() > 1e-6).any()

@@ -74,6 +74,18 @@ def cast_like_hf(base: Blip2ForImageTextRetrieval, dtype: torch.dtype) -> Blip2F
     return base
 
 
+def keep_trainable_in_fp32(module: nn.Module) -> None:
+    """Give every trainable parameter fp32 master weights, whatever dtype the model was loaded in.
+
+    `cast_like_hf` keeps the Q-Former fp32 but casts the rest of BLIP-2, the text `embeddings` (word and
+    position, about 24M parameters, trained with the Q-Former) among it. A bf16 weight cannot take an
+    AdamW step of lr 1e-5 (bf16 holds 8 significant bits: the update rounds away), so under bf16-mixed
+    those parameters would be frozen in effect. Mixed precision casts the compute, not the weights."""
+    for param in module.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
 class QFFModel(nn.Module):
     """BLIP-2 retrieval model plus question-focused blocks; scores sections against a question.
 
@@ -114,6 +126,7 @@ class QFFModel(nn.Module):
             self.input_xattn.load_state_dict(layers[0].attention.attention.state_dict())
         if freeze_vit:
             base.vision_model.requires_grad_(False)
+        keep_trainable_in_fp32(self)
         self.train(base.training)
 
     # ------------------------------------------------------------------ properties
