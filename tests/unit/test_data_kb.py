@@ -48,8 +48,8 @@ def test_article_fields_round_trip_including_unicode_and_empty_sections(store):
     assert article.image_urls == ["https://upload.example.org/Zürich Tower.jpg"]
     assert article.image_reference_descriptions == ["image 0"]
     assert article.image_section_indices == [0]
-    assert [c.index for c in article.candidate_sections()] == [0, 1]
-    assert [c.index for c in article.candidate_sections(evidence_section_id=2)] == [0, 1, 2]
+    assert [c.index for c in article.candidate_sections()] == [0]          # an empty section is never one
+    assert [c.index for c in article.candidate_sections(evidence_section_id=2)] == [0, 2]
     assert article.section_string(1) == "# Wiki Article: Zürich Tower\n## Section Title: Gallery\n"
 
 

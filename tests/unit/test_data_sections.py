@@ -37,9 +37,10 @@ def test_an_evidence_index_outside_the_article_is_a_data_error():
         list(candidate_sections("Kestrel", TITLES, TEXTS, evidence_section_id=6))
 
 
-def test_empty_sections_are_still_candidates():
-    candidates = list(candidate_sections("A", ["A", "Gallery"], ["x", ""]))
-    assert candidates[1].text.endswith("## Section Title: Gallery\n")
+def test_sections_without_text_are_never_candidates_and_indexes_stay_original():
+    titles, texts = ["A", "See also", "History", "Gallery", "Diet"], ["x", "", "Built in 1900.", " \n", "Mice."]
+    assert [c.index for c in candidate_sections("A", titles, texts)] == [0, 2, 4]
+    assert [c.index for c in candidate_sections("A", titles, texts, evidence_section_id=1)] == [0, 1, 2, 4]
 
 
 def test_blip_caption_lowercases_strips_punctuation_and_the_header_marks():

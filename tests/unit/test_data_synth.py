@@ -227,6 +227,10 @@ def test_the_kb_has_unicode_titles_articles_without_images_and_excluded_sections
     assert any(not t.isascii() for t in (a.title for a in store))
     assert report["counts"]["no_image"] == world["counts"]["articles_without_images"] > 0
     assert {r["section_title"] for r in report["excluded_section"]} == {"References", "External links"}
+    empty = report["empty_section"]                    # the Gallery sections: counted, never candidates
+    assert empty and {r["section_title"] for r in empty} == {"Gallery"} and report["counts"]["empty_section"] == len(empty)
+    article = store.get(empty[0]["row_id"])
+    assert empty[0]["section_index"] not in [c.index for c in article.candidate_sections()]
     assert all(a.section_titles[0] == a.title for a in store)
 
 

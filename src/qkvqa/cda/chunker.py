@@ -5,7 +5,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
-from qkvqa.data.sections import is_excluded_section, section_string
+from qkvqa.data.sections import is_candidate_section, section_string
 
 # Sentences inside one chunk are joined by this; token counts add up across it (see SentenceLengths).
 SENTENCE_JOINER = " "
@@ -130,7 +130,7 @@ class Chunker:
         """Every chunk of the article's candidate sections, in section order then chunk order."""
         count = min(len(article.section_titles), len(article.section_texts))
         indexes = [i for i in range(count)
-                   if not is_excluded_section(article.section_titles[i]) and article.section_texts[i].strip()]
+                   if is_candidate_section(article.section_titles[i], article.section_texts[i])]
         packed = self.chunk_texts([article.section_texts[i] for i in indexes])
         return [Chunk(url=article.url, title=article.title, section_index=index,
                       section_title=article.section_titles[index], chunk_index=j, text=text, token_count=n)

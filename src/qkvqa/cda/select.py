@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence
 
 from qkvqa.cda.chunker import ArticleLike, Chunk, Chunker, Splitter
-from qkvqa.data.sections import is_excluded_section
+from qkvqa.data.sections import is_candidate_section
 from qkvqa.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -144,7 +144,8 @@ class ContextSelector:
         article = ranked.article
         count = min(len(article.section_titles), len(article.section_texts))
         candidates = [(score, index) for index, score in ranked.section_scores.items()
-                      if 0 <= index < count and not is_excluded_section(article.section_titles[index])]
+                      if 0 <= index < count and is_candidate_section(article.section_titles[index],
+                                                                     article.section_texts[index])]
         if not candidates:
             return []
         _, index = max(candidates, key=lambda item: (item[0], -item[1]))

@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import ijson
 
-from qkvqa.data.sections import CandidateSection, candidate_sections, is_excluded_section, section_string
+from qkvqa.data.sections import (CandidateSection, candidate_sections, is_empty_section, is_excluded_section,
+                                 section_string)
 from qkvqa.errors import DataError, StaleArtifactError
 from qkvqa.utils.io import atomic_write_json
 from qkvqa.utils.logging import get_logger
@@ -31,7 +32,7 @@ QUERY_CHUNK = 10000          # row ids per SELECT ... IN (...): SQLite builds ca
 # The list fields of a KB entry (data-formats.md section 2.2), in storage order.
 LIST_FIELDS = ("section_titles", "section_texts", "image_urls", "image_reference_descriptions",
                "image_section_indices")
-ISSUE_KINDS = ("no_image", "excluded_section", "malformed", "duplicate_key")
+ISSUE_KINDS = ("no_image", "excluded_section", "empty_section", "malformed", "duplicate_key")
 
 _SCHEMA = """
 CREATE TABLE articles (row_id INTEGER PRIMARY KEY, url TEXT NOT NULL UNIQUE, title TEXT NOT NULL, body TEXT NOT NULL);
@@ -183,9 +184,11 @@ def _entry_issues(key: str, title: str, fields: dict[str, list], problems: list[
     issues = [("malformed", problem) for problem in problems]
     if not fields["image_urls"]:
         issues.append(("no_image", ""))
-    for index, section_title in enumerate(fields["section_titles"]):
+    for index, (section_title, text) in enumerate(zip(fields["section_titles"], fields["section_texts"])):
         if is_excluded_section(section_title):
             issues.append(("excluded_section", json.dumps([index, section_title], ensure_ascii=False)))
+        elif is_empty_section(text):
+            issues.append(("empty_section", json.dumps([index, section_title], ensure_ascii=False)))
     return issues
 
 
@@ -234,9 +237,9 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         raise
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
     log.info("KB store %s: %d articles from %s in %.1fs; %d without images, %d excluded sections, "
-             "%d malformed entries, %d duplicate keys (details in %s)", out_dir, count, source,
-             manifest["build_seconds"], counts["no_image"], counts["excluded_section"], counts["malformed"],
-             counts["duplicate_key"], out_dir / REPORT_FILE)
+             "%d sections without text (never candidates), %d malformed entries, %d duplicate keys (details in %s)",
+             out_dir, count, source, manifest["build_seconds"], counts["no_image"], counts["excluded_section"],
+             counts["empty_section"], counts["malformed"], counts["duplicate_key"], out_dir / REPORT_FILE)
     return manifest
 
 
@@ -293,7 +296,7 @@ def _write_report(conn: sqlite3.Connection, path: Path, manifest: dict) -> None:
                 rows = conn.execute("SELECT row_id, key, detail FROM issues WHERE kind = ? ORDER BY id", (kind,))
                 for i, (row_id, key, detail) in enumerate(rows):
                     item: dict[str, Any] = {"row_id": row_id, "key": key}
-                    if kind == "excluded_section":
+                    if kind in ("excluded_section", "empty_section"):
                         item["section_index"], item["section_title"] = json.loads(detail)
                     elif detail:
                         item["detail"] = detail

@@ -29,6 +29,17 @@ def is_excluded_section(section_title: str) -> bool:
     return any(keyword in lowered for keyword in EXCLUDED_SECTION_KEYWORDS)
 
 
+def is_empty_section(text: str) -> bool:
+    """True for a section with no text (a bare "See also" or "Gallery"): a header alone, never a candidate."""
+    return not text.strip()
+
+
+def is_candidate_section(section_title: str, text: str) -> bool:
+    """The one rule for which sections the QFF scores, mining draws and CDA chunks: text, and a title that
+    is not references / external links."""
+    return not is_excluded_section(section_title) and not is_empty_section(text)
+
+
 def section_string(title: str, section_title: str, text: str) -> str:
     """The EchoSight section string: `# Wiki Article: {title}\\n## Section Title: {section_title}\\n{text}`."""
     return f"# Wiki Article: {title}\n## Section Title: {section_title}\n{text}"
@@ -38,9 +49,10 @@ def candidate_sections(title: str, section_titles: Sequence[str], section_texts:
                        evidence_section_id: Optional[int] = None) -> Iterator[CandidateSection]:
     """Yield the candidate sections of one article in order, keeping each section's original index.
 
-    Excluded titles ("external links", "references") are skipped, except the evidence section, which
-    is always yielded so that it can serve as the positive. `evidence_section_id` indexes the
-    unfiltered lists; an index outside them raises DataError.
+    Excluded titles ("external links", "references") and sections without text are skipped, except the
+    evidence section, which is always yielded so that it can serve as the positive. `evidence_section_id`
+    indexes the unfiltered lists; an index outside them raises DataError. The KB build report counts both
+    kinds (`excluded_section`, `empty_section`).
     """
     count = min(len(section_titles), len(section_texts))
     if evidence_section_id is not None and not 0 <= evidence_section_id < count:
@@ -48,7 +60,7 @@ def candidate_sections(title: str, section_titles: Sequence[str], section_texts:
                         f"{count} sections")
     for index in range(count):
         section_title = section_titles[index]
-        if index != evidence_section_id and is_excluded_section(section_title):
+        if index != evidence_section_id and not is_candidate_section(section_title, section_texts[index]):
             continue
         yield CandidateSection(index, section_title, section_string(title, section_title, section_texts[index]))
 
