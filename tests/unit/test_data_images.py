@@ -111,4 +111,5 @@ def test_main_image_falls_back_to_the_url_store_and_counts_articles_without_one(
     assert index.main_image("Zürich Tower", [url]) == url_store_path(store, url)
     assert index.main_image("Bare", []) is None
     assert index.main_image("Gone", ["https://upload.wikimedia.org/x.jpg"]) is None
-    assert index.coverage() == {"titles_with_csv_images": 0, "fallback_to_url_store": 1, "titles_without_image": 2}
+    assert index.coverage() == {"titles_with_csv_images": 0, "fallback_to_url_store": 1, "titles_without_image": 2,
+                                "unreadable_images": 0}

@@ -5,6 +5,7 @@ import csv
 import glob
 import json
 import os
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional
@@ -19,6 +20,8 @@ from qkvqa.utils.logging import get_logger, global_rank
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
+
+DECODED_CACHE_SIZE = 64          # article images kept decoded between questions
 
 LAYOUTS = {"inaturalist": ("id2name", "flat"), "landmarks": ("abc_sharded", "flat"), "infoseek": ("flat",)}
 SKIPPED_IMAGES_FILE = "skipped_images.json"
@@ -209,6 +212,8 @@ class ArticleImageIndex:
         self.url_store = url_store
         self.fallback_titles: set[str] = set()
         self.titles_without_image: set[str] = set()
+        self.unreadable: set[str] = set()
+        self._decoded: OrderedDict[str, Optional[Image.Image]] = OrderedDict()
 
     @classmethod
     def from_config(cls, config: ImagesConfig, root: Optional[str | os.PathLike] = None) -> "ArticleImageIndex":
@@ -266,7 +271,30 @@ class ArticleImageIndex:
         self.titles_without_image.add(title)
         return None
 
+    def load_main_image(self, title: str, image_urls: Iterable[str] = ()) -> Optional[Image.Image]:
+        """The article's main image decoded as RGB (the last DECODED_CACHE_SIZE are kept: the top-20 articles
+        of successive questions overlap), or None when it has none or its file is unreadable (counted)."""
+        path = self.main_image(title, image_urls)
+        if path is None:
+            return None
+        key = str(path)
+        if key in self._decoded:
+            self._decoded.move_to_end(key)
+            return self._decoded[key]
+        try:
+            with Image.open(path) as image:
+                loaded: Optional[Image.Image] = image.convert("RGB")
+        except (OSError, ValueError) as e:
+            log.warning("article image %s of %r unreadable (%s); the article is used as one without image",
+                        path, title, e)
+            self.unreadable.add(key)
+            loaded = None
+        self._decoded[key] = loaded
+        if len(self._decoded) > DECODED_CACHE_SIZE:
+            self._decoded.popitem(last=False)
+        return loaded
+
     def coverage(self) -> dict[str, int]:
         """Counts for the run record: titles with CSV images, fallbacks used, titles without any image."""
         return {"titles_with_csv_images": len(self.by_title), "fallback_to_url_store": len(self.fallback_titles),
-                "titles_without_image": len(self.titles_without_image)}
+                "titles_without_image": len(self.titles_without_image), "unreadable_images": len(self.unreadable)}

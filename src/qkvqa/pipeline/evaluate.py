@@ -64,7 +64,7 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
     if cfg.eval.context == "mllm_filter":
         from qkvqa.pipeline.mllm_filter import MLLMFilterSelector
 
-        selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n)
+        selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n, benchmark.article_images())
     elif cfg.eval.context == "cda":
         splitter = build_component(cfg.components.splitter)
         reranker = None if cfg.cda.mode == "top1_section" else build_component(cfg.components.reranker)

@@ -13,18 +13,15 @@ as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or secti
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from qkvqa.errors import MissingWeightsError, StaleArtifactError
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
-
-IMAGE_CACHE_SIZE = 64          # article images kept decoded between questions
 
 
 @dataclass
@@ -98,7 +95,6 @@ class QFFReranker:
         self.article_images = article_images
         self.alpha = float(alpha)
         self.top_k = int(top_k)
-        self._images: OrderedDict[str, Any] = OrderedDict()
         self.articles_without_image: set[str] = set()
 
     @classmethod
@@ -110,28 +106,6 @@ class QFFReranker:
         component = component if component is not None else load_qff_component(cfg)
         component.model.eval()
         return cls(component, dm.kb_store(), dm.article_images(), alpha=cfg.qff.alpha, top_k=cfg.retrieval.top_k)
-
-    def _article_image(self, title: str, image_urls):
-        """The decoded main image of an article (LRU-cached), or None."""
-        from PIL import Image
-
-        path = self.article_images.main_image(title, image_urls)
-        if path is None:
-            return None
-        key = str(path)
-        if key in self._images:
-            self._images.move_to_end(key)
-            return self._images[key]
-        try:
-            with Image.open(path) as image:
-                loaded = image.convert("RGB")
-        except (OSError, ValueError) as e:
-            log.warning("article image %s of %r unreadable (%s); its QFF score is 0", path, title, e)
-            loaded = None
-        self._images[key] = loaded
-        if len(self._images) > IMAGE_CACHE_SIZE:
-            self._images.popitem(last=False)
-        return loaded
 
     def rerank(self, question: str, image, retrieved) -> RerankedQuestion:
         """Rerank the top-K of `retrieved` (a Retrieved) for one question and its query image (PIL)."""
@@ -148,7 +122,7 @@ class QFFReranker:
             article = self.store.get_by_url(url)
             titles[k] = titles[k] if titles[k] is not None else article.title
             candidates = list(article.candidate_sections())
-            images[k] = self._article_image(article.title, article.image_urls)
+            images[k] = self.article_images.load_main_image(article.title, article.image_urls)
             if images[k] is None:
                 self.articles_without_image.add(url)
             sections[k] = [c.text for c in candidates]
