@@ -1,6 +1,7 @@
 """Shared base of the qkvqa DataModules: questions per split, their query images, and a collate that keeps PIL images."""
 from __future__ import annotations
 
+import random
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -104,12 +105,21 @@ class KBVQADataModule(L.LightningDataModule):
         raise NotImplementedError(f"{type(self).__name__} does not say how to read questions")
 
     def questions(self, split: str) -> list[Question]:
-        """The questions of `split` (cached; at most `max_questions`); ConfigError when no file is set."""
+        """The questions of `split` (cached): a seeded random sample of `sample_questions` of them in file order
+        (the paper's 1K InfoSeek subset), then at most the first `max_questions`; ConfigError when no file is set."""
         if split not in self._questions:
             path = self.path(f"{split}_questions")
             if path is None:
                 raise ConfigError(f"data.{split}_questions is not set, but the {split} split was requested")
             questions = self.read_questions(split, path)
+            wanted = self.config.sample_questions
+            if wanted is not None:
+                if not 0 < wanted <= len(questions):
+                    raise ConfigError(f"data.sample_questions={wanted}, but {path} has {len(questions)} questions")
+                chosen = set(random.Random(self.config.sample_seed).sample(range(len(questions)), wanted))
+                questions = [q for i, q in enumerate(questions) if i in chosen]
+                log.info("%s: a random sample of %d of its questions (data.sample_seed %d)", path, wanted,
+                         self.config.sample_seed)
             if self.config.max_questions is not None:
                 questions = questions[: self.config.max_questions]
             self._questions[split] = questions

@@ -97,9 +97,11 @@ def run_id(focus: str, seed: int) -> str:
 
 
 def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]], epochs: int,
-          parallel: int = 2) -> dict[tuple[str, int], int]:
-    """`qkvqa train` for each (focus, seed), `parallel` processes at a time; returns each job's exit code."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled", HF_HUB_OFFLINE="1",
+          parallel: int = 2, threads: int = 1) -> dict[tuple[str, int], int]:
+    """`qkvqa train` for each (focus, seed), `parallel` processes of `threads` intra-op threads at a time;
+    returns each job's exit code."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), WANDB_MODE="disabled",
+               HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]))
     for name in ("QKVQA_RUN_ID", "QKVQA_RUN_DIR"):
         env.pop(name, None)
@@ -116,6 +118,17 @@ def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]],
         codes[job] = proc.wait()
         log.close()
     return codes
+
+
+def final_gates(model_dir: Path) -> Optional[list[float]]:
+    """tanh of every focus gate of an exported QFF (`RUN/qff`), or None when the model has no gate (focus none)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(Path(model_dir) / "model.safetensors"))
+    for key in ("q_gate", "input_gate"):
+        if key in weights:
+            return torch.tanh(weights[key].float()).reshape(-1).tolist()
+    return None
 
 
 def score(component, cfg) -> dict[str, tuple[float, float]]:

@@ -47,6 +47,8 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert two_hop and scores["n_scored"] == len(rows) and scores["benchmark"]["coverage"]["n_missing"] == 0
     assert scores["benchmark"]["all"]["n"] == len(rows) and scores["benchmark"]["two_hop"]["n"] == len(two_hop)
     assert sorted(s["data_id"] for s in scores["skipped"]) == sorted(r["data_id"] for r in skipped)
+    evaluated = json.loads((run_dir / "question_ids.json").read_text())
+    assert evaluated["ids"] == _expected_ids(world) and evaluated["per_question_type"]["2_hop"] == len(two_hop)
     single = len(rows) - len(two_hop)            # Tables 3 and 4 over single-hop rows only (paper section 4.1)
     assert scores["error_analysis"]["n"] == scores["recall_after_filter"]["n_queries"] == single
     # `qkvqa score` on the same predictions.jsonl gives the same numbers
@@ -120,3 +122,53 @@ def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_pr
                 "eval/answer_in_context", "eval/accuracy"):
         assert s1[key] == s2[key], key
     assert json.loads((runs / "two_ranks" / "status.json").read_text())["world_size"] == 2
+
+
+def _split_sorted_infoseek(world, tmp_path) -> str:
+    """The world's InfoSeek test CSV with every unseen_question row first, as a sorted release would be."""
+    import csv
+
+    references = {json.loads(line)["data_id"]: json.loads(line)["data_split"]
+                  for line in (Path(world["dir"]) / "infoseek/infoseek_val.jsonl").read_text().splitlines()}
+    with open(Path(world["dir"]) / "infoseek/infoseek_test_filtered.csv", newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        columns, rows = reader.fieldnames, list(reader)
+    rows.sort(key=lambda row: not references[row["data_id"]].endswith("unseen_question"))
+    out = tmp_path / "sorted.csv"
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return str(out)
+
+
+def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(world, tmp_path, capsys):
+    sorted_csv = _split_sorted_infoseek(world, tmp_path)
+    data = [f"data.{k}={v}" for k, v in (("dataset", "infoseek"), ("root", world["dir"]),
+                                         ("kb_store", "kb/store"), ("test_questions", sorted_csv),
+                                         ("infoseek_references", "infoseek/infoseek_val.jsonl"),
+                                         ("infoseek_qtypes", "infoseek/infoseek_val_qtype.jsonl"))]
+    clear_run_env()
+    code = main(["evaluate", "run_id=first_rows", f"paths.checkpoints_root={tmp_path / 'runs'}", *data,
+                 "data.max_questions=5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "hold no unseen_entity question" in err and "data.sample_questions" in err
+    assert not (tmp_path / "runs" / "first_rows").exists()               # refused before the run started
+
+
+def test_a_seeded_question_sample_is_random_in_file_order_and_repeatable(world):
+    from data_modules import build_data_module
+
+    config = yaml_data(world, "infoseek")
+    everything = [q.data_id for q in build_data_module(config).questions("test")]
+    first = [q.data_id for q in build_data_module({**config, "sample_questions": 10}).questions("test")]
+    again = [q.data_id for q in build_data_module({**config, "sample_questions": 10}).questions("test")]
+    other = [q.data_id for q in build_data_module({**config, "sample_questions": 10, "sample_seed": 1}).questions("test")]
+    assert first == again != other and len(first) == 10 and first != everything[:10]
+    assert first == [q for q in everything if q in set(first)]              # file order kept
+
+
+def yaml_data(world, dataset: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((Path(world["dir"]) / f"data_{dataset}.yaml").read_text(encoding="utf-8"))

@@ -45,7 +45,9 @@ class DataConfig:
     # E-VQA 2_hop rows: null = the task decides (evaluation reads every row, the paper's headline "all";
     # training, mining and retrieval read single-hop rows); true / false force it.
     include_two_hop: Optional[bool] = None
-    max_questions: Optional[int] = None          # cap per split (debugging)
+    max_questions: Optional[int] = None          # cap per split: the first N rows (debugging)
+    sample_questions: Optional[int] = None       # a seeded random sample of N questions per split, in file order
+    sample_seed: int = 0                         # the sample's seed (every trial of a sweep gets the same subset)
     drop_missing_images: bool = True             # drop questions whose image is missing/corrupt from batches (counted)
     batch_size: int = 8
     num_workers: int = 0

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from qkvqa.errors import ConfigError
+from qkvqa.errors import ConfigError, DataError
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
@@ -112,6 +113,38 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     return notes
 
 
+QUESTION_IDS = "question_ids.json"
+
+
+def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path]) -> dict:
+    """The evaluated question set (file, n per question type and split, sampling), refused before any model
+    runs when it cannot give a meaningful headline: InfoSeek's harmonic mean is 0 when a split is empty."""
+    if not questions:
+        raise DataError(f"{source}: no questions to evaluate in the {split} split (check data.{split}_questions)")
+    types = Counter(q.question_type for q in questions)
+    out = {"file": str(source), "n": len(questions), "per_question_type": dict(sorted(types.items())),
+           "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
+           "max_questions": data.max_questions}
+    if dataset == "infoseek":
+        from qkvqa.metrics.infoseek import UNSEEN_ENTITY, UNSEEN_QUESTION, split_of
+
+        unreferenced = [q.data_id for q in questions if q.reference is None]
+        if unreferenced:
+            raise DataError(f"{source}: {len(unreferenced)} questions have no official reference (first: "
+                            f"{unreferenced[:3]}); set data.infoseek_references / data.infoseek_qtypes to the "
+                            "official infoseek_val.jsonl / infoseek_val_qtype.jsonl")
+        splits = Counter(split_of(q.reference.data_split) for q in questions)
+        out["per_split"] = {name: splits.get(name, 0) for name in (UNSEEN_QUESTION, UNSEEN_ENTITY)}
+        out["per_question_type"] = dict(sorted(Counter(q.reference.question_type for q in questions).items()))
+        empty = [name for name, n in out["per_split"].items() if n == 0]
+        if empty:
+            raise DataError(f"{source}: the {len(questions)} questions evaluated hold no {empty[0]} question, so "
+                            f"InfoSeek's overall score (the harmonic mean of both splits) would be 0; use "
+                            f"data.sample_questions (a seeded random sample) instead of data.max_questions "
+                            f"(the first rows), or evaluate the whole file")
+    return out
+
+
 def run_evaluation(cfg: DictConfig) -> dict:
     """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
     import lightning.pytorch as pl
@@ -129,8 +162,12 @@ def run_evaluation(cfg: DictConfig) -> dict:
 
     benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
     dataset, split = benchmark.config.dataset, cfg.eval.split
+    questions = benchmark.questions(split)
+    evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"))
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
         run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
+        if rank_zero:
+            atomic_write_json(run_dir / QUESTION_IDS, {**evaluated, "ids": [q.data_id for q in questions]})
         store = PredictionStore(run_dir)
         retrieved, meta = stage1(cfg, benchmark, split, run_dir, rank_zero)
         done = store.done_ids()
@@ -145,12 +182,12 @@ def run_evaluation(cfg: DictConfig) -> dict:
                         return_predictions=False)
         if not (rank_zero and trainer.is_global_zero):
             return {}
-        questions = benchmark.questions(split)
         rows = store.merge([q.data_id for q in questions])
         judge = build_judge(cfg, dataset)
         scores = score_run(dataset, rows, questions, retrieved, judge, int(cfg.retrieval.top_k),
                            cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
+        scores["question_set"] = evaluated
         scores["retrieval_source"] = meta["source"]
         scores["duplicate_rows_dropped"] = store.duplicates()
         atomic_write_json(run_dir / "scores.json", scores)

@@ -481,6 +481,7 @@ class Embedder:
                                  self.cfg.retrieval.max_images_per_article, images_identity)
         questions = self.dm.questions(self.split)
         data_identity = {"dataset": data.dataset, "max_questions": data.max_questions,
+                         "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
                          "include_two_hop": reads_two_hop(data, evaluation=False)}
         return QueryImageSource(questions, self.dm.path(f"{self.split}_questions"), self.split, data_identity)
 
