@@ -172,3 +172,20 @@ def yaml_data(world, dataset: str) -> dict:
     import yaml
 
     return yaml.safe_load((Path(world["dir"]) / f"data_{dataset}.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_a_filter_only_evaluation_ranks_every_question_and_answers_none(eval_env, world, monkeypatch):
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    clear_run_env()
+    assert main(["evaluate", "experiment=world_eval", "run_id=filter_only", "eval.stop_after=filter",
+                 "components.generator.pretrained=/nonexistent", "components.generator.tiny=false"]) == 0
+    run_dir = eval_env["runs"] / "filter_only"                       # (the generator is never built)
+    rows = _rows(run_dir)
+    assert [r["data_id"] for r in rows] == _expected_ids(world)
+    answered = [r for r in rows if not r.get("skipped")]
+    assert all(r["prediction"] is None and "context" not in r and r["ranking"] for r in answered)
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert scores["accuracy"] is None and scores["error_analysis"] is None and scores["stop_after"] == "filter"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "eval/recall@1_after_filter" in summary and "eval/accuracy" not in summary

@@ -31,6 +31,9 @@ def test_alpha_sweep_is_figure_5_grid():
     spec = load_sweep(REPO / "experiments" / "sweeps" / "alpha_sweep.yaml")
     alphas = [p["qff.alpha"] for p in spec.trial_params(None, 0)]
     assert alphas == [pytest.approx(i / 10) for i in range(11)] and all(type(a) is float for a in alphas)
+    # the paper's y-axis: article R@1 after the filter; no CDA or generation in any trial
+    assert spec.metric == "eval/recall@1_after_filter"
+    assert all(p["eval.stop_after"] == "filter" for p in spec.trial_params(None, 0))
 
 
 def test_cda_grid_covers_table_6_keys_with_null_limits():

@@ -143,6 +143,9 @@ class EvalConfig:
     # Diagnosis only: leave questions that could not be answered (unreadable query image) out of every
     # metric. The default counts them as wrong answers and retrieval misses, as the paper's n does.
     exclude_skipped: bool = False
+    # generation (default): the whole pipeline; filter: stop after the article filter, for filter-only
+    # studies (Figure 5's alpha sweep: single-hop article R@1 after the filter), with no CDA or generator.
+    stop_after: str = "generation"
 
 
 @dataclass

@@ -16,6 +16,7 @@ from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 FILTERS = ("qff", "retrieval", "precomputed")
+STOP_AFTER = ("generation", "filter")
 RETRIEVAL_FILE = "retrieval.json"
 RETRIEVAL_META = "retrieval_meta.json"
 
@@ -61,6 +62,10 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
     from qkvqa.generation.backends import build_generator
     from qkvqa.pipeline.pipeline import KBVQAPipeline
 
+    if cfg.eval.stop_after not in STOP_AFTER:
+        raise ConfigError(f"eval.stop_after must be one of {STOP_AFTER}, got {cfg.eval.stop_after!r}")
+    if cfg.eval.stop_after == "filter":                  # filter-only study: no CDA, no generator loaded
+        return KBVQAPipeline(build_filter(cfg, benchmark), None, None, retrieval_seconds)
     generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
     if cfg.eval.context == "mllm_filter":
         from qkvqa.pipeline.mllm_filter import MLLMFilterSelector
@@ -89,11 +94,15 @@ def build_judge(cfg: DictConfig, dataset: str):
 def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     """Honest notes for the report: tiny or random components, skipped questions."""
     notes = []
+    if cfg.eval.stop_after == "filter":
+        notes.append("Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
+                     "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist.")
     tiny = [name for name, spec in cfg.components.items() if spec.tiny]
     cda = cfg.eval.context == "cda"
-    used = {"generator"} | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
-        | ({"reranker"} if cda and cfg.cda.mode != "top1_section" else set()) \
-        | ({"judge"} if scores["dataset"] == "evqa" and cfg.eval.judge == "bem" else set())
+    generated = cfg.eval.stop_after != "filter"
+    used = ({"generator"} if generated else set()) | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
+        | ({"reranker"} if generated and cda and cfg.cda.mode != "top1_section" else set()) \
+        | ({"judge"} if generated and scores["dataset"] == "evqa" and cfg.eval.judge == "bem" else set())
     tiny = [name for name in tiny if name in used]
     if tiny:
         notes.append(f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
@@ -183,9 +192,10 @@ def run_evaluation(cfg: DictConfig) -> dict:
         if not (rank_zero and trainer.is_global_zero):
             return {}
         rows = store.merge([q.data_id for q in questions])
-        judge = build_judge(cfg, dataset)
+        judge = build_judge(cfg, dataset) if cfg.eval.stop_after != "filter" else None
         scores = score_run(dataset, rows, questions, retrieved, judge, int(cfg.retrieval.top_k),
-                           cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped)
+                           cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped,
+                           stop_after=cfg.eval.stop_after)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
         scores["retrieval_source"] = meta["source"]

@@ -59,7 +59,8 @@ def headline(dataset: str, result: dict) -> Optional[float]:
 
 
 def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question], retrieved: dict[str, Retrieved],
-              judge: Any, top_k: int, two_hop_policy: str, exclude_skipped: bool = False) -> dict:
+              judge: Any, top_k: int, two_hop_policy: str, exclude_skipped: bool = False,
+              stop_after: str = "generation") -> dict:
     """Every metric of an evaluation run, as one JSON-ready dict.
 
     One denominator: every question of the split counts, and one that could not be answered (a row with
@@ -67,34 +68,37 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     reason, exactly as `qkvqa score` counts the same predictions.jsonl. `exclude_skipped` (diagnosis only)
     leaves those questions out instead. E-VQA Table 3 (R1 / R1-C / NR-C) and the recalls use single-hop rows
     (paper section 4.1); accuracy is reported for single-hop, two-hop and all, and the headline is all.
+    With `stop_after="filter"` only the filter's figures exist (recall and section recall after it).
     """
+    generated = stop_after != "filter"
     by_id = {q.data_id: q for q in questions}
     skipped = [{"data_id": r["data_id"], "reason": r["skipped"]} for r in rows if r.get("skipped")]
     counted = [r for r in rows if not (exclude_skipped and r.get("skipped"))]
     answered = [r for r in counted if not r.get("skipped")]
     scored_questions = [by_id[r["data_id"]] for r in counted]
-    result, per_question = accuracy(dataset, counted, by_id, judge) if counted else ({}, {})
+    result, per_question = accuracy(dataset, counted, by_id, judge) if counted and generated else ({}, {})
     after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r.get("ranking") or []]) for r in counted}
     before = {q.data_id: retrieved.get(q.data_id, Retrieved()) for q in scored_questions}
     analysed = [r for r in counted if by_id[r["data_id"]].question_type != TWO_HOP_TYPE]
     gold_top1 = {r["data_id"]: bool(r.get("ranking")) and r["ranking"][0]["url"] in by_id[r["data_id"]].gold_urls
                  for r in analysed}
-    in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in counted]
+    in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in counted if generated]
     in_context = [v for v in in_context if v is not None]
     out: dict[str, Any] = {
         "dataset": dataset,
         "n_questions": len(rows), "n_scored": len(counted), "n_skipped": len(skipped),
         "exclude_skipped": exclude_skipped, "skipped": skipped,
-        "accuracy": headline(dataset, result) if counted else None,
+        "stop_after": stop_after,
+        "accuracy": headline(dataset, result) if result else None,
         "benchmark": result,
         "recall_before_filter": retrieval_metrics(before, scored_questions, dataset=dataset, top_k=top_k,
                                                   two_hop_policy=two_hop_policy),
         "recall_after_filter": retrieval_metrics(after, scored_questions, dataset=dataset, top_k=top_k,
                                                  two_hop_policy=two_hop_policy),
         "error_analysis": analysis.error_analysis(gold_top1, {q: per_question[q] for q in gold_top1})
-        if analysed else None,
+        if analysed and generated else None,
         "answer_in_context": 100.0 * sum(in_context) / len(in_context) if in_context else None,
-        "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered]),
+        "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered if generated]),
         "seconds_per_question": {s: _mean([r["seconds"].get(s, 0.0) for r in answered]) for s in STAGES},
     }
     if dataset == "evqa":
