@@ -135,10 +135,11 @@ def test_ablation_modes(splitter):
     assert [c.text for c in first.chunks] == ["Its wingspan is wide."] and first.kept_articles == [0]
     top1 = select_context(QUESTION, ranked, cfg(mode="top1_article_chunks"), KeywordScorer(), words, splitter)
     assert [c.text for c in top1.chunks] == ["Its wingspan is wide.", "The heron is tall.", "Its legs are long."]
-    section = select_context(QUESTION, ranked, cfg(mode="top1_section"), None, words, splitter)
+    section = select_context(QUESTION, ranked, cfg(mode="top1_section", top1_section_by="qff"), None, words,
+                             splitter)
     # The References section scores highest but is never a candidate; the whole Diet section, unchunked.
     assert [(c.section_index, c.text, c.score) for c in section.chunks] == [
-        (2, "It eats fish and frogs. The heron hunts at dawn.", None)]
+        (2, "It eats fish and frogs. The heron hunts at dawn.", 0.7)]
     assert section.text == "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish and frogs. The heron hunts at dawn."
     assert section.token_count == words(section.text)
 
@@ -149,15 +150,34 @@ def test_empty_and_sectionless_inputs(splitter):
     assert (empty.chunks, empty.text, empty.token_count, empty.kept_articles) == ([], "", 0, [])
     bare = make_article("Bare", [])
     assert selector.select(QUESTION, [RankedArticle(bare, 0.9)]).chunks == []
-    sections = ContextSelector(cfg(mode="top1_section"), splitter, words).select(QUESTION, [RankedArticle(bare, 0.9)])
+    sections = ContextSelector(cfg(mode="top1_section", top1_section_by="qff"), splitter, words).select(
+        QUESTION, [RankedArticle(bare, 0.9)])
     assert sections.chunks == [] and sections.text == ""
+
+
+@pytest.mark.parametrize("by, qff, section, score", [
+    ("qff", {0: 0.2, 2: 0.7}, 2, 0.7),               # QFF alone prefers Diet
+    ("bge", {}, 0, 0.8),                             # the reranker reads "wide ... wingspan" in Description
+    ("fused", {0: 0.2, 2: 0.7}, 0, (0.2 + 0.8) / 2),  # the mean of both: Description 0.5 against Diet 0.35
+    ("fused", {0: 0.0, 2: 1.0}, 2, (1.0 + 0.0) / 2),  # a strong QFF preference outweighs the reranker
+])
+def test_top1_section_by_qff_bge_or_both(splitter, by, qff, section, score):
+    scorer = KeywordScorer()
+    ctx = select_context(QUESTION, [RankedArticle(HERON, 0.9, qff)], cfg(mode="top1_section", top1_section_by=by),
+                         scorer if by != "qff" else None, words, splitter)
+    assert [(c.section_index, c.score) for c in ctx.chunks] == [(section, pytest.approx(score))]
+    # the References section is never a candidate, whichever model picks
+    assert all("References" not in passage for call in scorer.calls for _, passage in call["pairs"])
 
 
 def test_selector_config_errors(splitter):
     with pytest.raises(ConfigError, match="cda.mode"):
         ContextSelector(cfg(mode="everything"), splitter, words, KeywordScorer())
-    with pytest.raises(ConfigError, match="needs a reranker"):
-        ContextSelector(cfg(), splitter, words, None)
+    for config in (cfg(), cfg(mode="top1_section", top1_section_by="bge"), cfg(mode="top1_section")):
+        with pytest.raises(ConfigError, match="needs one"):
+            ContextSelector(config, splitter, words, None)
+    with pytest.raises(ConfigError, match="top1_section_by"):
+        ContextSelector(cfg(mode="top1_section", top1_section_by="both"), splitter, words, KeywordScorer())
     with pytest.raises(ConfigError, match="cda.K2"):
         ContextSelector(cfg(K2=-1), splitter, words, KeywordScorer())
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from qkvqa.config.schema import CDAConfig
 
 MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
+TOP1_SECTION_BY = ("qff", "bge", "fused")
 CONTEXT_JOINER = "\n"
 # Float slack when comparing S_1 - S_i with theta (0.5 - 0.49 is 0.010000000000000009).
 THETA_TOLERANCE = 1e-9
@@ -98,6 +99,16 @@ def apply_quotas(ranked: Sequence[Sequence[Chunk]], k_first: int, k_other: int) 
     return selected
 
 
+def needs_reranker(cfg: "CDAConfig") -> bool:
+    """Whether a CDA config scores text with the chunk reranker (every mode but a QFF-only top-1 section)."""
+    return cfg.mode != "top1_section" or cfg.top1_section_by != "qff"
+
+
+def needs_section_scores(cfg: "CDAConfig") -> bool:
+    """Whether a CDA config reads the filter's per-section QFF scores (a top-1 section chosen with QFF)."""
+    return cfg.mode == "top1_section" and cfg.top1_section_by != "bge"
+
+
 class ContextSelector:
     """Builds the CDA context of a question from its QFF-ranked articles (the pipeline's entry point).
 
@@ -105,7 +116,7 @@ class ContextSelector:
     - `count_tokens(text) -> int`: the generator tokenizer's count without special tokens
       (`Generator.count_tokens`), used for chunk lengths (L = `cfg.chunk_tokens`) and context length;
     - `reranker`: `score(pairs, batch_size=, max_length=, normalize=)` (component `bge_reranker`);
-      not needed in `top1_section` mode.
+      not needed in `top1_section` mode with `top1_section_by=qff`.
 
     Chunks are scored as (question, rendered chunk), the rendered chunk carrying its section-string
     header. With U or theta lifted, every kept article after the first gets the K2 quota.
@@ -115,8 +126,11 @@ class ContextSelector:
                  reranker: Optional[PairScorer] = None):
         if cfg.mode not in MODES:
             raise ConfigError(f"cda.mode: {cfg.mode!r} is not one of {', '.join(MODES)}")
-        if cfg.mode != "top1_section" and reranker is None:
-            raise ConfigError(f"cda.mode={cfg.mode} ranks chunks and needs a reranker (components.reranker)")
+        if cfg.top1_section_by not in TOP1_SECTION_BY:
+            raise ConfigError(f"cda.top1_section_by: {cfg.top1_section_by!r} is not one of {', '.join(TOP1_SECTION_BY)}")
+        if needs_reranker(cfg) and reranker is None:
+            raise ConfigError(f"cda.mode={cfg.mode} (top1_section_by={cfg.top1_section_by}) ranks text with the "
+                              "reranker and needs one (components.reranker)")
         for key in ("K1", "K2"):
             if getattr(cfg, key) < 0:
                 raise ConfigError(f"cda.{key} must be non-negative, got {getattr(cfg, key)}")
@@ -131,7 +145,7 @@ class ContextSelector:
         if not ranked_articles:
             return self._context([], [])
         if mode == "top1_section":
-            return self._context(self._top1_section(ranked_articles[0]), [0])
+            return self._context(self._top1_section(question, ranked_articles[0]), [0])
         if mode == "full":
             kept = select_articles([a.score for a in ranked_articles], self.cfg.U, self.cfg.theta)
         else:
@@ -140,19 +154,29 @@ class ContextSelector:
         k_first = 1 if mode == "first_chunk" else self.cfg.K1
         return self._context(apply_quotas(ranked, k_first, self.cfg.K2), kept)
 
-    def _top1_section(self, ranked: RankedArticle) -> list[Chunk]:
-        article = ranked.article
+    def _top1_section(self, question: str, ranked: RankedArticle) -> list[Chunk]:
+        """The best candidate section of the top-1 article by `cda.top1_section_by` (first on ties)."""
+        article, by = ranked.article, self.cfg.top1_section_by
         count = min(len(article.section_titles), len(article.section_texts))
-        candidates = [(score, index) for index, score in ranked.section_scores.items()
-                      if 0 <= index < count and is_candidate_section(article.section_titles[index],
-                                                                     article.section_texts[index])]
-        if not candidates:
+        indices = [i for i in range(count) if is_candidate_section(article.section_titles[i], article.section_texts[i])]
+        if by != "bge":                       # QFF takes part: only the sections it scored
+            indices = [i for i in indices if i in ranked.section_scores]
+        if not indices:
             return []
-        _, index = max(candidates, key=lambda item: (item[0], -item[1]))
+        scores = {i: float(ranked.section_scores[i]) for i in indices} if by != "bge" else {}
+        if by != "qff":
+            texts = [article.section_texts[i].strip() for i in indices]
+            pairs = [(question, Chunk(url=article.url, title=article.title, section_index=i,
+                                      section_title=article.section_titles[i], chunk_index=0, text=text,
+                                      token_count=0).render()) for i, text in zip(indices, texts)]
+            bge = self.reranker.score(pairs, batch_size=self.cfg.reranker_batch_size,
+                                      max_length=self.cfg.reranker_max_length, normalize=self.cfg.reranker_normalize)
+            scores = {i: (scores[i] + b) / 2 if by == "fused" else b for i, b in zip(indices, map(float, bge))}
+        index = max(indices, key=lambda i: (scores[i], -i))
         text = article.section_texts[index].strip()
         return [Chunk(url=article.url, title=article.title, section_index=index,
                       section_title=article.section_titles[index], chunk_index=0, text=text,
-                      token_count=self.count_tokens(text), article_rank=0)]
+                      token_count=self.count_tokens(text), score=scores[index], article_rank=0)]
 
     def _rank_chunks(self, question: str, articles: Sequence[tuple[int, ArticleLike]]) -> list[list[Chunk]]:
         per_article = [(rank, self.chunker.chunk_article(article)) for rank, article in articles]

@@ -105,6 +105,10 @@ class CDAConfig:
     """Chunk-based dynamic cross-article selection (method.md section 4)."""
 
     mode: str = "full"                           # full | top1_section | first_chunk | top1_article_chunks
+    # top1_section mode (Table 5 before CDA, "the top-1 section from the top-1 article using QFF and
+    # BGE-Reranker-v2-m3"): the section of the top-1 article with the best qff score, bge score (sigmoid),
+    # or fused = their mean (both models, the paper's sentence; docs/cda.md).
+    top1_section_by: str = "fused"
     U: Optional[int] = 2                         # at most U articles; null lifts the limit
     theta: Optional[float] = 0.01                # keep article i when S_1 - S_i <= theta; null lifts it
     chunk_tokens: int = 60                       # L, in generator tokens (60 E-VQA, 90 InfoSeek)

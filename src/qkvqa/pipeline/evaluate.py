@@ -57,7 +57,7 @@ def build_filter(cfg: DictConfig, benchmark: Any):
 
 def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
     """Filter, CDA selector and generator from the config's components."""
-    from qkvqa.cda.select import ContextSelector
+    from qkvqa.cda.select import ContextSelector, needs_reranker, needs_section_scores
     from qkvqa.components import build_component
     from qkvqa.generation.backends import build_generator
     from qkvqa.pipeline.pipeline import KBVQAPipeline
@@ -72,8 +72,12 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
 
         selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n, benchmark.article_images())
     elif cfg.eval.context == "cda":
+        if needs_section_scores(cfg.cda) and cfg.eval.filter == "retrieval":
+            raise ConfigError(f"cda.top1_section_by={cfg.cda.top1_section_by} picks the section with QFF scores, "
+                              "which eval.filter=retrieval does not compute; set cda.top1_section_by=bge or "
+                              "eval.filter=qff")
         splitter = build_component(cfg.components.splitter)
-        reranker = None if cfg.cda.mode == "top1_section" else build_component(cfg.components.reranker)
+        reranker = build_component(cfg.components.reranker) if needs_reranker(cfg.cda) else None
         selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)
     else:
         raise ConfigError(f"eval.context must be cda or mllm_filter, got {cfg.eval.context!r}")
@@ -93,6 +97,8 @@ def build_judge(cfg: DictConfig, dataset: str):
 
 def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     """Honest notes for the report: tiny or random components, skipped questions."""
+    from qkvqa.cda.select import needs_reranker
+
     notes = []
     if cfg.eval.stop_after == "filter":
         notes.append("Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
@@ -101,7 +107,7 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     cda = cfg.eval.context == "cda"
     generated = cfg.eval.stop_after != "filter"
     used = ({"generator"} if generated else set()) | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
-        | ({"reranker"} if generated and cda and cfg.cda.mode != "top1_section" else set()) \
+        | ({"reranker"} if generated and cda and needs_reranker(cfg.cda) else set()) \
         | ({"judge"} if generated and scores["dataset"] == "evqa" and cfg.eval.judge == "bem" else set())
     tiny = [name for name in tiny if name in used]
     if tiny:
