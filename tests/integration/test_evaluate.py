@@ -66,6 +66,17 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval/n_skipped"] == 2 and "eval/recall@20_after_filter" in summary
     assert summary["eval/accuracy"] == scored["all"]["accuracy"]
+    # the protocol card heads the report, and says why this run is not comparable to the paper
+    assert report.index("## Protocol") < report.index("## Table 2")
+    card = summary["protocol"]
+    assert card == scores["protocol"]
+    assert card["dataset"] == "evqa" and card["n_questions"] == len(rows) and card["per_question_type"]["2_hop"] == len(two_hop)
+    assert card["kb"]["articles"] > 0 and len(card["kb"]["url_checksum"]) >= 16
+    assert {"qformer", "reranker", "generator"} <= set(card["models"]) and card["judge"] == "EM only"
+    because = " ".join(card["not_comparable_because"])
+    assert card["comparable"] is False and "no paper row" in because and "tiny random components" in because
+    assert f"{len(rows)} questions" in because and "exact match only" in because
+    assert "**comparable to paper (no paper row): no, because" in report
     # Recall after the QFF is computed on the same questions and articles: R@20 cannot change by re-ranking 20.
     assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
 
@@ -189,3 +200,4 @@ def test_a_filter_only_evaluation_ranks_every_question_and_answers_none(eval_env
     assert scores["accuracy"] is None and scores["error_analysis"] is None and scores["stop_after"] == "filter"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "eval/recall@1_after_filter" in summary and "eval/accuracy" not in summary
+

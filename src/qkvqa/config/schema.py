@@ -218,6 +218,7 @@ class Config:
     resume: str = "never"                        # never | auto (continue checkpoints/<run_id>/last.ckpt)
     seed: int = 0
     notes: str = ""
+    paper: Optional[str] = None                  # the paper row an experiment reproduces ("Table 2, ...: 48.0"), for the protocol card
     tags: List[str] = field(default_factory=list)
     paths: PathsConfig = field(default_factory=PathsConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -170,6 +170,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.loggers.wandb import log_run_files
     from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore
+    from qkvqa.pipeline.protocol import protocol_card
     from qkvqa.pipeline.report import render_report
     from qkvqa.pipeline.scoring import flat_metrics, score_run
     from qkvqa.run.job import run_job
@@ -204,6 +205,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
                            stop_after=cfg.eval.stop_after)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
+        scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store())
         scores["retrieval_source"] = meta["source"]
         scores["duplicate_rows_dropped"] = store.duplicates()
         atomic_write_json(run_dir / "scores.json", scores)
@@ -213,7 +215,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         flat = flat_metrics(scores)
         for logger in trainer.loggers:
             logger.log_metrics(flat, step=0)
-        job.record.update_summary({**flat, "report": str(run_dir / "report.md")})
+        job.record.update_summary({**flat, "report": str(run_dir / "report.md"), "protocol": scores["protocol"]})
         log_run_files(run_dir)
         log.info("report: %s", run_dir / "report.md")
         return scores

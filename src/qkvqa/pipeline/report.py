@@ -27,6 +27,10 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
              f"experiment `{cfg.experiment}`, dataset **{dataset}**, split `{cfg.eval.split}`, "
              f"{scores['n_scored']} questions scored, {scores['n_skipped']} of them could not be answered"
              f"{' (left out)' if scores.get('exclude_skipped') else ' (counted wrong)'}.", ""]
+    if scores.get("protocol"):
+        from qkvqa.pipeline.protocol import render_card
+
+        parts += [render_card(scores["protocol"])]
     parts += [f"> {note}" for note in notes] + ([""] if notes else [])
     seconds = scores["seconds_per_question"]
     ctx = scores["context_length"]

@@ -1,0 +1,159 @@
+"""The protocol card of an evaluation: what was measured, with what, and whether it is comparable to the paper.
+
+It heads every `report.md` and is stored in `summary.json` / `scores.json` (`protocol`). The last
+line says "comparable to paper <row>: yes / no, because ...", from the experiment's `paper` key and
+every setting that makes a number mean something else than the paper's (tiny models, a subset, a
+left-out denominator, single-hop only, EM without BEM, another question count).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+# The paper's question counts (section 4.1): E-VQA test rows (single-hop and two-hop), InfoSeek val.
+PAPER_QUESTIONS = {("evqa", "test"): 5750, ("infoseek", "test"): 71335}
+TABLE6_SUBSET = 1000
+FINGERPRINT_BYTES = 4 << 20          # bytes read at each end of a weight file
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".json", ".model")
+
+
+def weights_fingerprint(ref: Optional[str]) -> Optional[str]:
+    """A fast content fingerprint of local weights (a file, or a directory's weight and config files): sha256 over
+    each file's name, size and its first and last 4 MiB. None for a hub id that is not a local path."""
+    if not ref:
+        return None
+    path = Path(os.path.expanduser(str(ref)))
+    if not path.exists():
+        return None
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}\0{size}\0".encode())
+        with open(file, "rb") as f:
+            digest.update(f.read(FINGERPRINT_BYTES))
+            if size > 2 * FINGERPRINT_BYTES:
+                f.seek(size - FINGERPRINT_BYTES)
+                digest.update(f.read(FINGERPRINT_BYTES))
+    return digest.hexdigest()[:16]
+
+
+def used_components(cfg: Any) -> list[str]:
+    """The components an evaluation of `cfg` actually runs (stage 1 runs only without retrieval.results)."""
+    from qkvqa.cda.select import needs_reranker
+
+    generated = cfg.eval.stop_after != "filter"
+    used = [] if cfg.retrieval.results else ["image_encoder"] + (
+        ["text_encoder"] if cfg.retrieval.mode == "image_to_summary" else [])
+    used += ["qformer"] if cfg.eval.filter == "qff" else []
+    used += ["reranker"] if generated and cfg.eval.context == "cda" and needs_reranker(cfg.cda) else []
+    used += ["generator"] if generated else []
+    used += ["judge"] if generated and cfg.data.dataset == "evqa" and cfg.eval.judge == "bem" else []
+    return used
+
+
+def _component(spec: Any) -> dict:
+    if spec.tiny:
+        return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
+    return {"kind": spec.kind, "weights": str(spec.pretrained), "dtype": spec.dtype,
+            "fingerprint": weights_fingerprint(spec.pretrained)}
+
+
+def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]:
+    """Every reason the run's numbers do not mean what the paper's row means (empty: comparable)."""
+    reasons = []
+    dataset, split, paper = scores["dataset"], cfg.eval.split, cfg.paper or ""
+    if not paper:
+        reasons.append("the experiment names no paper row (config key `paper`)")
+    tiny = [name for name in used if cfg.components[name].tiny]
+    if tiny:
+        reasons.append(f"tiny random components ({', '.join(tiny)})")
+    question_set = scores.get("question_set") or {}
+    if question_set.get("max_questions") is not None:
+        reasons.append(f"only the first {question_set['max_questions']} questions (data.max_questions)")
+    sample = question_set.get("sample_questions")
+    if paper.startswith("Table 6"):
+        if sample != TABLE6_SUBSET:
+            reasons.append(f"Table 6 uses a random 1K subset; this run has data.sample_questions={sample}")
+    else:
+        if sample is not None:
+            reasons.append(f"a random sample of {sample} questions (data.sample_questions)")
+        expected = PAPER_QUESTIONS.get((dataset, split))
+        if expected is not None and scores["n_questions"] != expected:
+            reasons.append(f"{scores['n_questions']} questions, where the paper's {dataset} {split} set has {expected:,}")
+    if scores.get("exclude_skipped") and scores["n_skipped"]:
+        reasons.append(f"{scores['n_skipped']} unanswerable questions are left out (eval.exclude_skipped)")
+    if dataset == "evqa" and not scores.get("two_hop_rows"):
+        reasons.append("single-hop rows only (data.include_two_hop=false); the paper's headline is all rows")
+    generated = cfg.eval.stop_after != "filter"
+    if generated and dataset == "evqa" and cfg.eval.judge != "bem":
+        reasons.append("exact match only; the paper judges E-VQA answers with BEM")
+    judge = (scores.get("benchmark") or {}).get("label", "")
+    if "approximate" in judge.lower():
+        reasons.append(f"the BEM judge is approximate ({judge})")
+    return reasons
+
+
+def protocol_card(cfg: Any, scores: dict, kb: Any) -> dict:
+    """The card's fields (JSON-ready); `kb` is the run's KB store."""
+    used = used_components(cfg)
+    reasons = not_comparable_because(cfg, scores, used)
+    question_set = scores.get("question_set") or {}
+    card = {
+        "dataset": scores["dataset"], "split": cfg.eval.split, "n_questions": scores["n_questions"],
+        "n_unanswerable": scores["n_skipped"], "per_question_type": question_set.get("per_question_type"),
+        "per_split": question_set.get("per_split"), "questions_file": question_set.get("file"),
+        "kb": {"path": str(kb.store_dir), "articles": len(kb), "url_checksum": kb.url_checksum},
+        "stage1": {"results_file": cfg.retrieval.results} if cfg.retrieval.results else {
+            "mode": cfg.retrieval.mode, "summary_source": cfg.retrieval.summary_source if
+            cfg.retrieval.mode == "image_to_summary" else None, "index": cfg.retrieval.index_factory,
+            "top_k": cfg.retrieval.top_k},
+        "filter": {"kind": cfg.eval.filter, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha,
+                   "checkpoint": cfg.qff.checkpoint, "checkpoint_fingerprint": weights_fingerprint(cfg.qff.checkpoint)}
+        if cfg.eval.filter == "qff" else {"kind": cfg.eval.filter},
+        "models": {name: _component(cfg.components[name]) for name in used},
+        "stop_after": cfg.eval.stop_after,
+    }
+    if cfg.eval.stop_after != "filter":
+        card["generation"] = {"kind": cfg.components.generator.kind, "decoding": "greedy",
+                              "max_new_tokens": cfg.generation.max_new_tokens, "prompt": cfg.generation.prompt,
+                              "backend": cfg.generation.backend}
+        card["judge"] = (scores.get("benchmark") or {}).get("label") if scores["dataset"] == "evqa" else \
+            "official InfoSeek scorer (no judge)"
+        card["context"] = {"selector": cfg.eval.context, "mode": cfg.cda.mode, "U": cfg.cda.U, "theta": cfg.cda.theta,
+                           "L": cfg.cda.chunk_tokens, "K1": cfg.cda.K1, "K2": cfg.cda.K2,
+                           "top1_section_by": cfg.cda.top1_section_by}
+    card["paper"] = cfg.paper
+    card["comparable"] = not reasons
+    card["not_comparable_because"] = reasons
+    return card
+
+
+def comparability_line(card: dict) -> str:
+    """'comparable to paper <row>: yes' or '...: no, because ...'."""
+    row = card["paper"] or "(no paper row)"
+    if card["comparable"]:
+        return f"comparable to paper {row}: yes"
+    return f"comparable to paper {row}: no, because " + "; ".join(card["not_comparable_because"])
+
+
+def render_card(card: dict) -> str:
+    """The card as the top block of report.md."""
+    def cell(value: Any) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {cell(v)}" for k, v in value.items() if v is not None)
+        return "-" if value is None else str(value)
+
+    lines = ["## Protocol", "", "| what | value |", "|---|---|",
+             f"| dataset / split | {card['dataset']} / {card['split']} |",
+             f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, counted as wrong); "
+             f"by type: {cell(card['per_question_type'])}"
+             + (f"; by split: {cell(card['per_split'])}" if card.get("per_split") else "") + " |",
+             f"| KB | {cell(card['kb'])} |", f"| stage 1 | {cell(card['stage1'])} |", f"| filter | {cell(card['filter'])} |"]
+    lines += [f"| model: {name} | {cell(info)} |" for name, info in card["models"].items()]
+    for key in ("generation", "judge", "context"):
+        if key in card:
+            lines.append(f"| {key} | {cell(card[key])} |")
+    return "\n".join(lines + ["", f"**{comparability_line(card)}**", ""])

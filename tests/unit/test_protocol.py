@@ -1,0 +1,52 @@
+"""The protocol card's comparability verdict and the weights fingerprint."""
+from __future__ import annotations
+
+from qkvqa.config.load import compose
+from qkvqa.pipeline.protocol import comparability_line, not_comparable_because, used_components, weights_fingerprint
+
+
+def paper_scores(**overrides) -> dict:
+    scores = {"dataset": "evqa", "n_questions": 5750, "n_skipped": 12, "exclude_skipped": False, "two_hop_rows": True,
+              "question_set": {"max_questions": None, "sample_questions": None},
+              "benchmark": {"label": "BEM (PyTorch reproduction)"}}
+    return {**scores, **overrides}
+
+
+def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
+    cfg = compose("eval/evqa_qwen", [], [])
+    used = used_components(cfg)
+    assert {"image_encoder", "text_encoder", "qformer", "reranker", "generator", "judge"} == set(used)
+    assert not_comparable_because(cfg, paper_scores(), used) == []
+    card = {"paper": cfg.paper, "comparable": True, "not_comparable_because": []}
+    assert comparability_line(card) == f"comparable to paper {cfg.paper}: yes" and "48.0" in cfg.paper
+    for overrides, reason in [({"n_questions": 4750, "two_hop_rows": False}, "single-hop rows only"),
+                              ({"exclude_skipped": True}, "12 unanswerable questions are left out"),
+                              ({"question_set": {"max_questions": 50, "sample_questions": None}}, "first 50"),
+                              ({"benchmark": {"label": "BEM approximate (two segments)"}}, "approximate")]:
+        assert any(reason in r for r in not_comparable_because(cfg, paper_scores(**overrides), used)), reason
+    em = compose("eval/evqa_qwen", [], ["eval.judge=em_only"])
+    assert any("exact match only" in r for r in not_comparable_because(em, paper_scores(), used_components(em)))
+
+
+def test_table_6_wants_its_1k_subset():
+    cfg = compose("table6/infoseek_1k", [], [])
+    subset = {"dataset": "infoseek", "n_questions": 1000, "n_skipped": 0, "exclude_skipped": False,
+              "question_set": {"max_questions": None, "sample_questions": 1000}, "benchmark": {}}
+    assert verdict(cfg, subset) == []
+    whole = {**subset, "question_set": {"max_questions": None, "sample_questions": None}}
+    assert any("1K subset" in r for r in verdict(cfg, whole))
+
+
+def verdict(cfg, scores):
+    return not_comparable_because(cfg, scores, used_components(cfg))
+
+
+def test_the_weights_fingerprint_follows_content_not_place(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"\0" * 100)
+        (tmp_path / name / "config.json").write_text("{}")
+    assert weights_fingerprint(str(tmp_path / "a")) == weights_fingerprint(str(tmp_path / "b")) is not None
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"\1" + b"\0" * 99)
+    assert weights_fingerprint(str(tmp_path / "a")) != weights_fingerprint(str(tmp_path / "b"))
+    assert weights_fingerprint("Salesforce/blip2-itm-vit-g") is None            # a hub id: nothing local to read
