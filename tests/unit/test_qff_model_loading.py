@@ -111,12 +111,13 @@ def test_tokenisation_truncates_pads_to_longest_and_cleans_text():
     short = comp.tokenize_sections(["a bird", "a large grey bird"])
     assert short["input_ids"].shape == (2, 6) and short["attention_mask"][0].tolist() == [1, 1, 1, 1, 0, 0]
     assert comp.tokenize_questions([long_text])["input_ids"].shape == (1, 8)
-    cleaned = tiny(blip_text_preprocess=True)
+    cleaned = tiny()                                   # OMGM's blip_caption cleaning is the default
     header = cleaned.tokenize_sections(["# Wiki Article: Heron\n## Section Title: Diet\nFish."])["input_ids"]
     plain = cleaned.tokenize_sections(["wiki article heron section title diet fish"])["input_ids"]
     assert torch.equal(header, plain)
-    assert not torch.equal(comp.tokenize_sections(["# Wiki Article: Heron"])["input_ids"],
-                           comp.tokenize_sections(["wiki article heron"])["input_ids"])
+    raw = tiny(blip_text_preprocess=False)
+    assert not torch.equal(raw.tokenize_sections(["# Wiki Article: Heron"])["input_ids"],
+                           raw.tokenize_sections(["wiki article heron"])["input_ids"])
 
 
 def test_image_processor_uses_clip_statistics_and_the_model_size():
@@ -125,6 +126,7 @@ def test_image_processor_uses_clip_statistics_and_the_model_size():
     assert pixels.shape == (2, 3, 42, 42) and pixels.dtype == comp.model.vision_dtype
     assert comp.image_processor.image_mean == pytest.approx([0.48145466, 0.4578275, 0.40821073])
     assert comp.image_processor.resample == 3 and comp.model.encode_image(pixels).shape[1] == (42 // 14) ** 2 + 1
+    assert comp.image_processor.transform == "targetpad"                     # OMGM's default
 
 
 def hf_to_lavis(hf: dict) -> tuple[dict, dict]:

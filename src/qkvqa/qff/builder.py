@@ -24,8 +24,8 @@ TINY_DEFAULTS = {"image_size": 28, "patch_size": 14, "vision_hidden_size": 32, "
 
 # Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
 RUNTIME_DEFAULTS = {"focus": None, "freeze_vit": True, "gradient_checkpointing": False, "max_text_tokens": 512,
-                    "question_max_tokens": 64, "blip_text_preprocess": False, "score_direction": "question_to_section",
-                    "section_batch_size": 64}
+                    "question_max_tokens": 64, "blip_text_preprocess": True, "score_direction": "question_to_section",
+                    "section_batch_size": 64, "image_transform": "targetpad"}
 
 # Loading settings: tiny vocabulary and seed; LAVIS base config, tokenizer and separate EVA ViT weights.
 LOADING_DEFAULTS = {"vocab_texts": (), "seed": 0, "base_config": None, "tokenizer": "bert-base-uncased",
@@ -42,7 +42,7 @@ class QFFComponent:
     """
 
     def __init__(self, model, tokenizer, image_processor, *, focus: Optional[str] = None, max_text_tokens: int = 512,
-                 question_max_tokens: int = 64, blip_text_preprocess: bool = False,
+                 question_max_tokens: int = 64, blip_text_preprocess: bool = True,
                  score_direction: str = "question_to_section", section_batch_size: int = 64):
         from qkvqa.qff.scoring import SCORE_DIRECTIONS
 
@@ -291,7 +291,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
         model = QFFModel(base, focus=focus or "per_layer", freeze_vit=options["freeze_vit"],
                          gradient_checkpointing=options["gradient_checkpointing"])
     model.to(spec.torch_device()).eval()
-    return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size), focus=focus,
+    return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size, options["image_transform"]), focus=focus,
                         max_text_tokens=options["max_text_tokens"], question_max_tokens=options["question_max_tokens"],
                         blip_text_preprocess=options["blip_text_preprocess"],
                         score_direction=options["score_direction"], section_batch_size=options["section_batch_size"])
