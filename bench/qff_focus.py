@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "bench" / "out"
 
-from tests.helpers.qff_study import EXPERIMENTS, evaluate, prepare, run_id, train  # noqa: E402
+from tests.helpers.qff_study import EXPERIMENTS, evaluate, final_gates, prepare, run_id, train  # noqa: E402
 
 
 def run_study(args: argparse.Namespace) -> list[dict]:
@@ -30,14 +30,19 @@ def run_study(args: argparse.Namespace) -> list[dict]:
     overrides, multi = prepare(work, args.entities, args.extra, facts_per_section=args.facts_per_section,
                                same_category_groups=args.same_category_groups)
     jobs = [(focus, seed) for seed in args.seeds for focus in args.modes]
-    codes = train(work, overrides, jobs, args.epochs, parallel=args.parallel)
+    done = [job for job in jobs if (work / "runs" / run_id(*job) / "qff" / "model.safetensors").exists()]
+    if done:
+        print(f"reusing {len(done)} trained runs under {work / 'runs'}: {done}")
+    codes = train(work, overrides, [job for job in jobs if job not in done], args.epochs, parallel=args.parallel,
+                  threads=args.threads)
     failed = [job for job, code in codes.items() if code != 0]
     if failed:
         raise SystemExit(f"training failed for {failed}; see {work}/log_<focus>_<seed>.txt")
     results = []
     for focus, seed in jobs:
-        result = {"focus": focus, "seed": seed,
-                  "trained": evaluate(focus, work / "runs" / run_id(focus, seed) / "qff", overrides, work, multi, seed)}
+        model_dir = work / "runs" / run_id(focus, seed) / "qff"
+        result = {"focus": focus, "seed": seed, "gates": final_gates(model_dir),
+                  "trained": evaluate(focus, model_dir, overrides, work, multi, seed)}
         if focus == args.modes[0]:
             result["untrained"] = evaluate(focus, None, overrides, work, multi, seed)
         results.append(result)
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarise(results)
     meta = {"entities": args.entities, "facts_per_section": args.facts_per_section, "seeds": args.seeds,
             "same_category_groups": args.same_category_groups, "epochs": args.epochs, "extra": args.extra,
+            "threads": args.threads,
             "multi": results[0]["trained"]["multi"]["n"], "questions": results[0]["trained"]["all"]["n"],
             "wall_seconds": round(time.time() - started)}
     text = markdown(summary, meta)
@@ -106,6 +112,7 @@ def main(argv=None) -> int:
                         help="multi-entity images of one category; questions name the kind word")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
