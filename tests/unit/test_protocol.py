@@ -24,6 +24,8 @@ def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
                               ({"question_set": {"max_questions": 50, "sample_questions": None}}, "first 50"),
                               ({"benchmark": {"label": "BEM approximate (two segments)"}}, "approximate")]:
         assert any(reason in r for r in not_comparable_because(cfg, paper_scores(**overrides), used)), reason
+    other = compose("eval/evqa_qwen", [], ["data.protocol=my_kb"])
+    assert any("data.protocol is 'my_kb'" in r for r in not_comparable_because(other, paper_scores(), used))
     em = compose("eval/evqa_qwen", [], ["eval.judge=em_only"])
     assert any("exact match only" in r for r in not_comparable_because(em, paper_scores(), used_components(em)))
 

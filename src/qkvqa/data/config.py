@@ -42,6 +42,9 @@ class DataConfig:
     test_questions: Optional[str] = None         # InfoSeek: also the official infoseek_val.jsonl
     infoseek_references: Optional[str] = None    # infoseek_val.jsonl
     infoseek_qtypes: Optional[str] = None        # infoseek_val_qtype.jsonl
+    # Which published evaluation protocol the files are, named in every report: for InfoSeek
+    # `echosight_100k` (EchoSight's 100K KB and 71,335 val questions, the paper's) or another one.
+    protocol: Optional[str] = None
     # E-VQA 2_hop rows: null = the task decides (evaluation reads every row, the paper's headline "all";
     # training, mining and retrieval read single-hop rows); true / false force it.
     include_two_hop: Optional[bool] = None

@@ -157,6 +157,12 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
                             f"InfoSeek's overall score (the harmonic mean of both splits) would be 0; use "
                             f"data.sample_questions (a seeded random sample) instead of data.max_questions "
                             f"(the first rows), or evaluate the whole file")
+    from qkvqa.pipeline.protocol import PAPER_QUESTIONS
+
+    expected = PAPER_QUESTIONS.get((dataset, split))
+    log.info("evaluating %d %s %s questions from %s (%s)%s", len(questions), dataset, split, source,
+             ", ".join(f"{k} {v}" for k, v in out["per_question_type"].items()),
+             f"; the paper's set has {expected:,}" if expected and expected != len(questions) else "")
     return out
 
 

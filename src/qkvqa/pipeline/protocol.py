@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 # The paper's question counts (section 4.1): E-VQA test rows (single-hop and two-hop), InfoSeek val.
 PAPER_QUESTIONS = {("evqa", "test"): 5750, ("infoseek", "test"): 71335}
+# The paper's protocol per dataset (data.protocol): its KB and question files.
+PAPER_PROTOCOLS = {"evqa": "evqa_2m", "infoseek": "echosight_100k"}
 TABLE6_SUBSET = 1000
 FINGERPRINT_BYTES = 4 << 20          # bytes read at each end of a weight file
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".json", ".model")
@@ -67,6 +69,9 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     dataset, split, paper = scores["dataset"], cfg.eval.split, cfg.paper or ""
     if not paper:
         reasons.append("the experiment names no paper row (config key `paper`)")
+    protocol, wanted = cfg.data.protocol, PAPER_PROTOCOLS.get(dataset)
+    if protocol != wanted:
+        reasons.append(f"data.protocol is {protocol!r}, where the paper's {dataset} numbers use {wanted!r}")
     tiny = [name for name in used if cfg.components[name].tiny]
     if tiny:
         reasons.append(f"tiny random components ({', '.join(tiny)})")
@@ -102,7 +107,8 @@ def protocol_card(cfg: Any, scores: dict, kb: Any) -> dict:
     reasons = not_comparable_because(cfg, scores, used)
     question_set = scores.get("question_set") or {}
     card = {
-        "dataset": scores["dataset"], "split": cfg.eval.split, "n_questions": scores["n_questions"],
+        "dataset": scores["dataset"], "protocol": cfg.data.protocol, "split": cfg.eval.split,
+        "n_questions": scores["n_questions"],
         "n_unanswerable": scores["n_skipped"], "per_question_type": question_set.get("per_question_type"),
         "per_split": question_set.get("per_split"), "questions_file": question_set.get("file"),
         "kb": {"path": str(kb.store_dir), "articles": len(kb), "url_checksum": kb.url_checksum},
@@ -147,7 +153,7 @@ def render_card(card: dict) -> str:
         return "-" if value is None else str(value)
 
     lines = ["## Protocol", "", "| what | value |", "|---|---|",
-             f"| dataset / split | {card['dataset']} / {card['split']} |",
+             f"| dataset / protocol / split | {card['dataset']} / {cell(card['protocol'])} / {card['split']} |",
              f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, counted as wrong); "
              f"by type: {cell(card['per_question_type'])}"
              + (f"; by split: {cell(card['per_split'])}" if card.get("per_split") else "") + " |",
