@@ -56,7 +56,7 @@ def test_train_writes_the_run_record_checkpoints_and_the_trained_qff(trained, mi
     assert any(k.startswith("model.q_xattn.") for k in ckpt["state_dict"]) and "qff_frozen_vit" in ckpt
     names = {row.split(",")[2] for row in (trained / "metrics.csv").read_text().splitlines()[1:]}
     assert {"train/loss_step", "train/acc1", "train/pos_sim", "train/temperature", "train/samples_per_s",
-            "train/gate", "val/article_r1"} <= names
+            "train/gate", "train/gate_layer0", "train/focus_grad_norm", "val/article_r1"} <= names
     samples = json.loads((trained / "qff_samples.json").read_text())
     assert samples["samples"]["train"]["kept"] > 0 and samples["empty_batches"] == 0
 

@@ -154,3 +154,20 @@ def test_validation_batches_carry_every_section_of_the_top_k_articles(setting):
     for chunk in rerank["chunks"]:
         assert chunk["input_ids"].shape[0] <= cfg.qff.section_batch_size
         assert int(chunk["image_index"].max()) < len(batch["image_ids"])
+
+
+def test_focus_blocks_and_gates_get_their_own_learning_rate_and_gates_no_weight_decay():
+    from qkvqa.components import build_component
+    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+
+    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
+    trainer = QFFTrainer(comp.model, QFFTrainSettings(lr=1e-5, weight_decay=0.05, new_block_lr_scale=10.0))
+    groups = {g["name"]: g for g in trainer.parameter_groups()}
+    assert set(groups) == {"qformer", "focus_blocks", "focus_gates"}
+    assert (groups["qformer"]["lr"], groups["qformer"]["weight_decay"]) == (1e-5, 0.05)
+    assert groups["focus_blocks"]["lr"] == pytest.approx(1e-4) and groups["focus_blocks"]["weight_decay"] == 0.05
+    assert groups["focus_gates"]["lr"] == pytest.approx(1e-4) and groups["focus_gates"]["weight_decay"] == 0.0
+    assert groups["focus_gates"]["params"] == [comp.model.q_gate]
+    ids = [id(p) for g in groups.values() for p in g["params"]]
+    trainable = [p for p in comp.model.parameters() if p.requires_grad]
+    assert len(ids) == len(set(ids)) == len(trainable)       # every trainable parameter in exactly one group

@@ -270,3 +270,35 @@ def test_one_bf16_mixed_step_at_the_paper_lr_changes_every_trainable_tensor():
     assert not stuck, f"{len(stuck)} trainable tensors did not take the step: {dict(list(stuck.items())[:4])}"
     assert (trainable["base.embeddings.word_embeddings.weight"].grad.abs() > 1e-6).any()
     assert (trainable["q_xattn.0.attention.query.weight"].grad.abs() > 1e-6).any()
+
+
+@pytest.mark.parametrize("options", [{"gate": "none"}, {"gate": "tanh", "gate_init": 0.5}])
+def test_an_open_or_absent_gate_gives_the_focus_blocks_gradient_at_step_0(options, tmp_path):
+    comp = tiny(**options)
+    model = comp.model
+    sec, qs, images = inputs(comp)
+    question = model.encode_question(qs["input_ids"][:1], qs["attention_mask"][:1], images[:1])
+    states = model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], question)
+    late_interaction(question.tokens, states).sum().backward()
+    blocks, gates = model.focus_parameters()
+    assert sum(p.grad.abs().sum().item() for p in blocks if p.grad is not None) > 0
+    assert (len(gates) == 1) == (options["gate"] == "tanh")
+    if options["gate"] == "none":      # no gate: the block's output replaces the queries from step 0
+        assert model.gate_values() is None and not hasattr(model, "q_gate")
+        reloaded = QFFModel.from_checkpoint(model.save_pretrained(tmp_path / "qff"))
+        assert reloaded.gate == "none" and not hasattr(reloaded, "q_gate")
+    else:
+        assert torch.allclose(model.gate_values(), torch.tanh(torch.tensor(0.5)))
+
+
+def test_a_closed_tanh_gate_blocks_the_focus_path_unlike_an_absent_one():
+    closed, plain = tiny(), tiny(gate="none")
+    with torch.no_grad():
+        outs = []
+        for comp in (closed, plain):
+            sec, qs, images = inputs(comp)
+            question = comp.model.encode_question(qs["input_ids"][:1], qs["attention_mask"][:1], images[:1])
+            focused = comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], question)
+            generic = comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], focus="none")
+            outs.append((focused - generic).abs().max().item())
+    assert outs[0] == 0.0 and outs[1] > 1e-3

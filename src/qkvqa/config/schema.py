@@ -67,6 +67,9 @@ class QFFConfig:
     """The Question-Focused Filter: model switches, scoring and contrastive training (method.md 2-3)."""
 
     focus: str = "per_layer"                     # per_layer | input | none
+    gate: str = "tanh"                           # focus gate: tanh (starts closed at gate_init 0) | none (the paper's plain residual block)
+    gate_init: float = 0.0                       # initial gate parameter (tanh of it is the opening); 0 = stock Q-Former at step 0
+    new_block_lr_scale: float = 1.0              # learning-rate multiplier of the new focus blocks and gates (gates take no weight decay)
     alpha: float = 0.9                           # fused score S = alpha * sim_ret + (1 - alpha) * QFF
     score_direction: str = "question_to_section" # late-interaction direction: question_to_section | section_to_question
     num_negatives: int = 15

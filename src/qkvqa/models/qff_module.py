@@ -49,6 +49,7 @@ class QFFTrainSettings:
     eps: float = 1.0e-7
     pct_start: float = 0.3
     div_factor: float = 100.0
+    new_block_lr_scale: float = 1.0               # lr multiplier of the new focus blocks and gates
     alpha: float = 0.9
     score_direction: str = "question_to_section"
     schedule_steps: Optional[int] = None          # OneCycle length; None: trainer.estimated_stepping_batches
@@ -62,6 +63,7 @@ class QFFTrainSettings:
                    in_batch_negatives=bool(qff.in_batch_negatives), lr=float(qff.lr),
                    weight_decay=float(qff.weight_decay), betas=(float(qff.betas[0]), float(qff.betas[1])),
                    eps=float(qff.eps), pct_start=float(qff.pct_start), div_factor=float(qff.div_factor),
+                   new_block_lr_scale=float(qff.new_block_lr_scale),
                    alpha=float(qff.alpha), score_direction=str(qff.score_direction),
                    schedule_steps=qff.schedule_steps, dropout=qff.dropout, vision_fingerprint=vision_fingerprint)
 
@@ -161,13 +163,6 @@ class QFFTrainer(pl.LightningModule):
                                   self.settings.score_direction)
         return scores.view(b, b - 1)
 
-    def gate_value(self) -> Optional[torch.Tensor]:
-        """Mean |tanh(gate)| of the question-focused blocks (None for focus none)."""
-        if hasattr(self.model, "q_gate"):
-            return torch.tanh(self.model.q_gate).abs().mean()
-        if hasattr(self.model, "input_gate"):
-            return torch.tanh(self.model.input_gate).abs()
-        return None
 
     # ------------------------------------------------------------------ training
     def _skip_empty(self, batch: dict[str, Any]) -> Optional[torch.Tensor]:
@@ -198,9 +193,11 @@ class QFFTrainer(pl.LightningModule):
             self.log("train/acc1", (logits.argmax(dim=1) == 0).float().mean(), on_step=True, prog_bar=True,
                      batch_size=b)
             self.log("train/temperature", self.temperature, on_step=True, batch_size=b)
-            gate = self.gate_value()
-            if gate is not None:
-                self.log("train/gate", gate, on_step=True, batch_size=b)
+            gates = self.model.gate_values()
+            if gates is not None:                  # mean |tanh(gate)| and every layer's tanh(gate)
+                self.log("train/gate", gates.abs().mean(), on_step=True, batch_size=b)
+                for layer, value in enumerate(gates.tolist() if gates.numel() > 1 else []):
+                    self.log(f"train/gate_layer{layer}", value, on_step=True, batch_size=b)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -210,13 +207,34 @@ class QFFTrainer(pl.LightningModule):
                      batch_size=batch["size"])
         self._step_started = now
 
+    def parameter_groups(self) -> list[dict]:
+        """AdamW groups: the base Q-Former (lr, weight decay), the new focus blocks (lr x new_block_lr_scale,
+        weight decay) and their gates (lr x new_block_lr_scale, no weight decay: decay would pull a gate
+        back to closed), and a learnable temperature (no weight decay)."""
+        s = self.settings
+        blocks, gates = self.model.focus_parameters()
+        new = {id(p) for p in blocks + gates}
+        base = [p for p in self.model.parameters() if p.requires_grad and id(p) not in new]
+        scaled = s.lr * s.new_block_lr_scale
+        groups = [{"name": "qformer", "params": base, "lr": s.lr, "weight_decay": s.weight_decay},
+                  {"name": "focus_blocks", "params": [p for p in blocks if p.requires_grad], "lr": scaled,
+                   "weight_decay": s.weight_decay},
+                  {"name": "focus_gates", "params": [p for p in gates if p.requires_grad], "lr": scaled,
+                   "weight_decay": 0.0}]
+        if s.learnable_temperature:
+            groups.append({"name": "temperature", "params": [self.log_temperature], "lr": s.lr, "weight_decay": 0.0})
+        return [g for g in groups if g["params"]]
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Log the gradient norm of the new focus blocks (zero while a tanh gate is still closed)."""
+        blocks, _ = self.model.focus_parameters()
+        grads = [p.grad.detach().float().norm() for p in blocks if p.grad is not None]
+        if grads:
+            self.log("train/focus_grad_norm", torch.stack(grads).norm(), on_step=True, on_epoch=False)
+
     def configure_optimizers(self):
         s = self.settings
-        weights = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [{"params": weights, "weight_decay": s.weight_decay}]
-        if s.learnable_temperature:
-            groups.append({"params": [self.log_temperature], "weight_decay": 0.0})
-        optimizer = torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), eps=s.eps)
+        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=s.lr, betas=tuple(s.betas), eps=s.eps)
         total = int(s.schedule_steps or max(int(self.trainer.estimated_stepping_batches), 1))
         if self._resumed_schedule_steps is not None and self._resumed_schedule_steps != total:
             raise ConfigError(f"the checkpoint's OneCycle schedule spans {self._resumed_schedule_steps} optimizer steps "
@@ -224,7 +242,8 @@ class QFFTrainer(pl.LightningModule):
                               f"{self._resumed_schedule_steps} steps (trainer.max_steps) or start a new run "
                               f"(set qff.schedule_steps up front to plan a schedule longer than one launch)")
         # cycle_momentum=False keeps AdamW's betas as configured (OneCycle would otherwise cycle beta1).
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=s.lr, total_steps=total,
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
+                                                        total_steps=total,
                                                         pct_start=s.pct_start, div_factor=s.div_factor,
                                                         cycle_momentum=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -25,7 +25,7 @@ TINY_DEFAULTS = {"image_size": 28, "patch_size": 14, "vision_hidden_size": 32, "
 # Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
 RUNTIME_DEFAULTS = {"focus": None, "freeze_vit": True, "gradient_checkpointing": False, "max_text_tokens": 512,
                     "question_max_tokens": 64, "blip_text_preprocess": True, "score_direction": "question_to_section",
-                    "section_batch_size": 64, "image_transform": "targetpad"}
+                    "section_batch_size": 64, "image_transform": "targetpad", "gate": "tanh", "gate_init": 0.0}
 
 # Loading settings: tiny vocabulary and seed; LAVIS base config, tokenizer and separate EVA ViT weights.
 LOADING_DEFAULTS = {"vocab_texts": (), "seed": 0, "base_config": None, "tokenizer": "bert-base-uncased",
@@ -289,7 +289,8 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
         else:
             base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
         model = QFFModel(base, focus=focus or "per_layer", freeze_vit=options["freeze_vit"],
-                         gradient_checkpointing=options["gradient_checkpointing"])
+                         gradient_checkpointing=options["gradient_checkpointing"], gate=options["gate"],
+                         gate_init=float(options["gate_init"]))
     model.to(spec.torch_device()).eval()
     return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size, options["image_transform"]), focus=focus,
                         max_text_tokens=options["max_text_tokens"], question_max_tokens=options["question_max_tokens"],

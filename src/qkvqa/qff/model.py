@@ -15,6 +15,7 @@ from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerAttention, Bl
 from qkvqa.errors import ConfigError, MissingWeightsError
 
 FOCUS_MODES = ("per_layer", "input", "none")
+GATES = ("tanh", "none")          # tanh(g) * (focused - h) residual, or the paper's plain block output
 CHECKPOINT_WEIGHTS = "model.safetensors"
 CHECKPOINT_CONFIG = "qff_config.json"
 CHECKPOINT_FORMAT = "qkvqa-qff"
@@ -99,15 +100,22 @@ class QFFModel(nn.Module):
       - `input`: once before the pass, `F = Queries + tanh(input_gate) * MHA(Queries, Q_tokens)`
         (`input_xattn`, a multi-head attention without output projection, as in the formula);
       - `none`: generic queries (OMGM's IT2IT reranker); the question is ignored.
+
+    `gate`: `tanh` (above; `gate_init` 0 keeps step 0 equal to the stock Q-Former) or `none`, the
+    paper's plain residual cross-attention (the block's own residual and LayerNorm, no gate), which
+    changes the section pass from step 0 and gives the new blocks gradient at once.
     """
 
     def __init__(self, base: Blip2ForImageTextRetrieval, focus: str = "per_layer", freeze_vit: bool = True,
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, gate: str = "tanh", gate_init: float = 0.0):
         super().__init__()
         if focus not in FOCUS_MODES:
             raise ConfigError(f"qff.focus must be one of {FOCUS_MODES}, got {focus!r}")
+        if gate not in GATES:
+            raise ConfigError(f"qff.gate must be one of {GATES}, got {gate!r}")
         self.base = base
         self.focus = focus
+        self.gate = gate
         self.freeze_vit = freeze_vit
         self.gradient_checkpointing = gradient_checkpointing
         qcfg = base.config.qformer_config
@@ -117,17 +125,32 @@ class QFFModel(nn.Module):
         if focus == "per_layer":
             self.q_xattn = nn.ModuleList(Blip2QFormerAttention(qcfg, is_cross_attention=False)
                                          for _ in layers).to(**where)
-            self.q_gate = nn.Parameter(torch.zeros(len(layers), **where))
+            if gate == "tanh":
+                self.q_gate = nn.Parameter(torch.full((len(layers),), float(gate_init), **where))
             for block, layer in zip(self.q_xattn, layers):
                 block.load_state_dict(layer.attention.state_dict())
         elif focus == "input":
             self.input_xattn = Blip2QFormerMultiHeadAttention(qcfg, is_cross_attention=False).to(**where)
-            self.input_gate = nn.Parameter(torch.zeros((), **where))
+            if gate == "tanh":
+                self.input_gate = nn.Parameter(torch.full((), float(gate_init), **where))
             self.input_xattn.load_state_dict(layers[0].attention.attention.state_dict())
         if freeze_vit:
             base.vision_model.requires_grad_(False)
         keep_trainable_in_fp32(self)
         self.train(base.training)
+
+    # ------------------------------------------------------------------ the question-focused parameters
+    def gate_values(self) -> Optional[torch.Tensor]:
+        """tanh of every focus gate (one per layer, or the input gate), or None without gates."""
+        gate = getattr(self, "q_gate", None)
+        gate = gate if gate is not None else getattr(self, "input_gate", None)
+        return None if gate is None else torch.tanh(gate.detach()).reshape(-1)
+
+    def focus_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(new block weights, gates): the parameters that the base BLIP-2 does not have."""
+        blocks = [p for name in ("q_xattn", "input_xattn") if hasattr(self, name) for p in getattr(self, name).parameters()]
+        gates = [getattr(self, name) for name in ("q_gate", "input_gate") if hasattr(self, name)]
+        return blocks, gates
 
     # ------------------------------------------------------------------ properties
     @property
@@ -224,7 +247,7 @@ class QFFModel(nn.Module):
         elif focus == "input":
             tokens = _select_rows(question.tokens, n, question_index, "question")
             context, _ = self.input_xattn(hidden_states=queries, encoder_hidden_states=tokens.to(queries.dtype))
-            queries = queries + torch.tanh(self.input_gate) * context
+            queries = queries + (torch.tanh(self.input_gate) * context if self.gate == "tanh" else context)
         embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
         hidden, _ = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states,
                               question_states)
@@ -267,9 +290,8 @@ class QFFModel(nn.Module):
             return layer.feed_forward_chunk(attended)
         h = attended[:, :query_length]
         if question_states is not None:
-            gate = torch.tanh(self.q_gate[i])
             focused = self.q_xattn[i](hidden_states=h, encoder_hidden_states=question_states)
-            h = h + gate * (focused - h)
+            h = h + torch.tanh(self.q_gate[i]) * (focused - h) if self.gate == "tanh" else focused
         if layer.has_cross_attention and image_states is not None:
             h = layer.crossattention(hidden_states=h, encoder_hidden_states=image_states)
         out = layer.feed_forward_chunk_query(h)
@@ -291,7 +313,7 @@ class QFFModel(nn.Module):
         save_file(state, str(tmp), metadata={"format": CHECKPOINT_FORMAT})
         tmp.replace(out_dir / CHECKPOINT_WEIGHTS)
         atomic_write_json(out_dir / CHECKPOINT_CONFIG, {
-            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus,
+            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus, "gate": self.gate,
             "base_class": type(self.base).__name__,
             "base_config": self.base.config.to_dict()})
         return out_dir
@@ -315,7 +337,7 @@ class QFFModel(nn.Module):
         load_complete(base, base_state, str(path / CHECKPOINT_WEIGHTS))
         if dtype is not None:
             cast_like_hf(base, dtype)
-        model = cls(base.eval(), focus=meta["focus"], freeze_vit=freeze_vit,
+        model = cls(base.eval(), focus=meta["focus"], freeze_vit=freeze_vit, gate=meta.get("gate", "tanh"),
                     gradient_checkpointing=gradient_checkpointing)
         own = {k: v for k, v in state.items() if not k.startswith("base.")}
         expected_own = {k for k in model.state_dict() if not k.startswith("base.")}
