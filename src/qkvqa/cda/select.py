@@ -163,20 +163,18 @@ class ContextSelector:
             indices = [i for i in indices if i in ranked.section_scores]
         if not indices:
             return []
+        sections = {i: Chunk(url=article.url, title=article.title, section_index=i,
+                             section_title=article.section_titles[i], chunk_index=0,
+                             text=article.section_texts[i].strip(), token_count=0, article_rank=0) for i in indices}
         scores = {i: float(ranked.section_scores[i]) for i in indices} if by != "bge" else {}
         if by != "qff":
-            texts = [article.section_texts[i].strip() for i in indices]
-            pairs = [(question, Chunk(url=article.url, title=article.title, section_index=i,
-                                      section_title=article.section_titles[i], chunk_index=0, text=text,
-                                      token_count=0).render()) for i, text in zip(indices, texts)]
-            bge = self.reranker.score(pairs, batch_size=self.cfg.reranker_batch_size,
-                                      max_length=self.cfg.reranker_max_length, normalize=self.cfg.reranker_normalize)
+            bge = self.reranker.score([(question, sections[i].render()) for i in indices],
+                                      batch_size=self.cfg.reranker_batch_size, max_length=self.cfg.reranker_max_length,
+                                      normalize=self.cfg.reranker_normalize)
             scores = {i: (scores[i] + b) / 2 if by == "fused" else b for i, b in zip(indices, map(float, bge))}
         index = max(indices, key=lambda i: (scores[i], -i))
-        text = article.section_texts[index].strip()
-        return [Chunk(url=article.url, title=article.title, section_index=index,
-                      section_title=article.section_titles[index], chunk_index=0, text=text,
-                      token_count=self.count_tokens(text), score=scores[index], article_rank=0)]
+        best = sections[index]
+        return [replace(best, token_count=self.count_tokens(best.text), score=scores[index])]
 
     def _rank_chunks(self, question: str, articles: Sequence[tuple[int, ArticleLike]]) -> list[list[Chunk]]:
         per_article = [(rank, self.chunker.chunk_article(article)) for rank, article in articles]

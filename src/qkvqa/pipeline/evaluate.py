@@ -97,19 +97,13 @@ def build_judge(cfg: DictConfig, dataset: str):
 
 def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     """Honest notes for the report: tiny or random components, skipped questions."""
-    from qkvqa.cda.select import needs_reranker
+    from qkvqa.pipeline.protocol import used_components
 
     notes = []
     if cfg.eval.stop_after == "filter":
         notes.append("Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
                      "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist.")
-    tiny = [name for name, spec in cfg.components.items() if spec.tiny]
-    cda = cfg.eval.context == "cda"
-    generated = cfg.eval.stop_after != "filter"
-    used = ({"generator"} if generated else set()) | ({"qformer"} if cfg.eval.filter == "qff" else set()) \
-        | ({"reranker"} if generated and cda and needs_reranker(cfg.cda) else set()) \
-        | ({"judge"} if generated and scores["dataset"] == "evqa" and cfg.eval.judge == "bem" else set())
-    tiny = [name for name in tiny if name in used]
+    tiny = [name for name in used_components(cfg) if cfg.components[name].tiny]
     if tiny:
         notes.append(f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
                      "answers are noise, so its accuracy means nothing; retrieval, filter and context metrics "
