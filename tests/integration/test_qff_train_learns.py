@@ -12,6 +12,8 @@ What is asserted holds on any machine (docs/ARCHITECTURE.md, "Testing learning")
 across CPUs and single runs of these tiny models differ by up to 40 points between seeds, so
 - training lifts the seed mean far above the untrained model, by margins several times the spread
   between seeds (docs/training.md has the per-seed figures and the check with other seeds and threads);
+  the multi-entity subset (31 questions) is too small and noisy for a margin at this length, so it is
+  left to the study;
 - the focus gates move off their zero start, and the question cross-attention blocks move off their
   warm start (the focus path received gradient).
 Whether question focus beats no focus is a study with many seeds and confidence intervals
@@ -59,15 +61,24 @@ def seed_mean(runs: dict, group: str, metric: str) -> float:
     return mean(run[group][metric] for run in runs.values())
 
 
+# Margins against the untrained model, set from 6 seeds at 1 thread and 3 seeds at 2 threads
+# (docs/training.md, "The learning test"): the mean lift is 3.9 (article R@1, focus none, the noisiest)
+# to 11 standard deviations of the tested mean above each margin, and the worst 3 of 6 seeds are at
+# about twice it.
+ARTICLE_LIFT = 20          # article R@1 after fusion, per focus mode (mean lift seen: 52 none, 48 per_layer)
+SECTION_LIFT = 15          # section R@1, mean of both modes' 6 runs (mean lift seen: 32)
+
+
 @pytest.mark.parametrize("focus", list(EXPERIMENTS))
-@pytest.mark.parametrize("group, min_questions, section_lift, article_lift", [("all", 100, 20, 20),
-                                                                             ("multi", 30, 10, 5)])
-def test_training_lifts_section_and_article_r1_far_above_the_untrained_model(learning, focus, group, min_questions,
-                                                                             section_lift, article_lift):
-    untrained, runs = learning["untrained"][group], learning[focus]
-    assert all(run[group]["n"] == untrained["n"] >= min_questions for run in runs.values())
-    assert seed_mean(runs, group, "section_r1") >= untrained["section_r1"] + section_lift
-    assert seed_mean(runs, group, "article_r1") >= untrained["article_r1"] + article_lift
+def test_training_lifts_article_r1_far_above_the_untrained_model(learning, focus):
+    untrained, runs = learning["untrained"]["all"], learning[focus]
+    assert all(run["all"]["n"] == untrained["n"] >= 100 for run in runs.values())
+    assert seed_mean(runs, "all", "article_r1") >= untrained["article_r1"] + ARTICLE_LIFT
+
+
+def test_training_lifts_section_r1_far_above_the_untrained_model(learning):
+    both = [run["all"]["section_r1"] for focus in EXPERIMENTS for run in learning[focus].values()]
+    assert mean(both) >= learning["untrained"]["all"]["section_r1"] + SECTION_LIFT
 
 
 def test_the_focus_gates_open_in_every_seed(learning):

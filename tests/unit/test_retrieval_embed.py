@@ -132,3 +132,18 @@ def test_an_encoder_that_is_not_the_configured_one_is_refused(world, tmp_path):
     other = build_component(dict(TINY, options={"seed": 1}))
     with pytest.raises(ConfigError, match="not the one the config names"):
         embed_set(world_cfg(world, tmp_path), "kb_text", encoder=other)
+
+
+def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encoder, tmp_path):
+    """A wrong image root once left a set full of skips that the fixed config then reused (R@10 44 vs 94)."""
+    good = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)
+    wrong = world_cfg(world, tmp_path)
+    wrong.data.images.landmarks_root = str(tmp_path / "nowhere")
+    bad = embed_set(wrong, "query_images", split="test", encoder=encoder)
+    assert bad.set.path != good.set.path and len(bad.set.skipped()) > len(good.set.skipped())
+    again = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)
+    assert again.set.path == good.set.path and len(again.set.skipped()) == len(good.set.skipped())
+    no_map = world_cfg(world, tmp_path)
+    no_map.data.images.inaturalist_id2name = "evqa/missing_id2name.json"
+    assert Embedder(no_map, "query_images", "test").description() != Embedder(
+        world_cfg(world, tmp_path), "query_images", "test").description()

@@ -480,9 +480,12 @@ class Embedder:
             return KBImageSource(self.dm.kb_store(), article_images, url_store,
                                  self.cfg.retrieval.max_images_per_article, images_identity)
         questions = self.dm.questions(self.split)
+        # every input that decides which pixels a row holds: the question set and where its images are read
+        # from (a wrong landmarks root once left a set of skips that a fixed config then reused)
         data_identity = {"dataset": data.dataset, "max_questions": data.max_questions,
                          "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
-                         "include_two_hop": reads_two_hop(data, evaluation=False)}
+                         "include_two_hop": reads_two_hop(data, evaluation=False), "root": data.root,
+                         "images": query_images_identity(data)}
         return QueryImageSource(questions, self.dm.path(f"{self.split}_questions"), self.split, data_identity)
 
     def description(self) -> dict:
@@ -565,6 +568,22 @@ class Embedder:
         if skipped:
             log.info("shard %d: %d images skipped (%s)", i, len(skipped),
                      ", ".join(f"{s['reason']} {s['image_id']}" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
+
+
+def query_images_identity(data) -> dict:
+    """The query-image settings of a DataConfig with each configured file's size and mtime (an id2name map
+    that changes, or does not exist, changes the identity)."""
+    from qkvqa.data.config import resolve_data_path
+
+    images = data.images
+    keys = ("inaturalist_root", "inaturalist_layout", "inaturalist_id2name", "inaturalist_id2name_extra",
+            "landmarks_root", "landmarks_layout", "infoseek_root", "extensions")
+    out = {key: list(getattr(images, key)) if isinstance(getattr(images, key), (list, tuple)) else getattr(images, key)
+           for key in keys}
+    maps = [images.inaturalist_id2name, *images.inaturalist_id2name_extra]
+    files = [resolve_data_path(data, name) for name in maps if name]
+    out["id2name_files"] = [_file_identity(f) if f.is_file() else {"path": str(f), "missing": True} for f in files]
+    return out
 
 
 def datamodule_for(cfg):
