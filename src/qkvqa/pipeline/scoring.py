@@ -79,7 +79,9 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     result, per_question = accuracy(dataset, counted, by_id, judge) if counted and generated else ({}, {})
     after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r.get("ranking") or []]) for r in counted}
     before = {q.data_id: retrieved.get(q.data_id, Retrieved()) for q in scored_questions}
-    analysed = [r for r in counted if by_id[r["data_id"]].question_type != TWO_HOP_TYPE]
+    # Table 3 needs a gold article: single-hop E-VQA rows, InfoSeek questions with a gold URL (the official
+    # infoseek_val.jsonl has none, so R1 / R1-C / NR-C are n/a there, never 0)
+    analysed = [r for r in counted if by_id[r["data_id"]].question_type != TWO_HOP_TYPE and by_id[r["data_id"]].gold_urls]
     gold_top1 = {r["data_id"]: bool(r.get("ranking")) and r["ranking"][0]["url"] in by_id[r["data_id"]].gold_urls
                  for r in analysed}
     in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in counted if generated]
