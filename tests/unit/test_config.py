@@ -138,3 +138,24 @@ def test_plain_config_has_no_omegaconf_objects(exp_root):
 def test_lowercase_none_is_a_string_value(exp_root):
     cfg = compose(None, [], ["qff.focus=none", "qff.checkpoint=None"], root=exp_root)
     assert cfg.qff.focus == "none" and cfg.qff.checkpoint is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.batch_size=0", "data.batch_size=0 is out of range: it must be at least 1"),
+    ("cda.K1=0", "cda.K1=0 is out of range"),
+    ("qff.alpha=1.5", "qff.alpha=1.5 is out of range: it must be in [0.0, 1.0]"),
+    ("cda.chunk_tokens=0", "cda.chunk_tokens=0 is out of range"),
+    ("eval.stop_after=cda", "eval.stop_after='cda' is not one of generation, filter"),
+    ("cda.top1_section_by=both", "cda.top1_section_by='both' is not one of qff, bge, fused"),
+    ("qff.gate=sigmoid", "qff.gate='sigmoid' is not one of tanh, none"),
+])
+def test_values_out_of_their_declared_range_are_refused_when_composed(override, message):
+    with pytest.raises(ConfigError) as error:
+        compose(None, [], [override])
+    assert message in str(error.value)
+
+
+def test_every_shipped_experiment_passes_the_value_checks():
+    for name in list_experiments():
+        compose(name, [], [])
+    assert compose(None, [], ["cda.U=null", "cda.theta=null", "qff.dropout=null"]).cda.U is None

@@ -6,13 +6,12 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequenc
 
 from qkvqa.cda.chunker import ArticleLike, Chunk, Chunker, Splitter
 from qkvqa.data.sections import is_candidate_section
+from qkvqa.config.schema import CDA_MODES as MODES, TOP1_SECTION_BY  # declared with the config
 from qkvqa.errors import ConfigError
 
 if TYPE_CHECKING:
     from qkvqa.config.schema import CDAConfig
 
-MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
-TOP1_SECTION_BY = ("qff", "bge", "fused")
 CONTEXT_JOINER = "\n"
 # Float slack when comparing S_1 - S_i with theta (0.5 - 0.49 is 0.010000000000000009).
 THETA_TOLERANCE = 1e-9

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from qkvqa.config.schema import Config
+from qkvqa.config.schema import Config, check_values
 from qkvqa.errors import ConfigError
 
 _NULL_WORDS = {"None"}          # Python None as a W&B sweep renders it; YAML null words parse already
@@ -195,6 +195,7 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise _explain(e, "interpolation") from None
+    check_values(cfg)
     return cfg
 
 

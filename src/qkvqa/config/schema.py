@@ -237,6 +237,61 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
+# Value constraints, checked when a config is composed (before any work). CHOICES: the allowed values
+# (the modules that act on them import these tuples). BOUNDS: inclusive (low, high), None = unbounded;
+# a key whose schema type is Optional may also be null.
+FOCUS_MODES = ("per_layer", "input", "none")
+FOCUS_GATES = ("tanh", "none")
+IMAGE_TRANSFORMS = ("targetpad", "squash")
+CDA_MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
+TOP1_SECTION_BY = ("qff", "bge", "fused")
+EVAL_FILTERS = ("qff", "retrieval", "precomputed")
+STOP_AFTER = ("generation", "filter")
+CHOICES = {
+    "resume": ("never", "auto"), "task": ("train", "evaluate", "retrieve", "rerank"),
+    "data.dataset": ("evqa", "infoseek"),
+    "retrieval.mode": ("image_to_summary", "image_to_image"), "retrieval.two_hop_policy": ("exclude", "first", "any"),
+    "retrieval.summary_source": ("lead_section", "summaries"),
+    "qff.focus": FOCUS_MODES, "qff.gate": FOCUS_GATES, "qff.image_transform": IMAGE_TRANSFORMS,
+    "qff.score_direction": ("question_to_section", "section_to_question"),
+    "cda.mode": CDA_MODES, "cda.top1_section_by": TOP1_SECTION_BY,
+    "eval.filter": EVAL_FILTERS, "eval.judge": ("bem", "em_only"), "eval.context": ("cda", "mllm_filter"),
+    "eval.stop_after": STOP_AFTER, "generation.backend": ("hf", "vllm"), "checkpoint.mode": ("max", "min"),
+}
+BOUNDS = {
+    "data.batch_size": (1, None), "data.num_workers": (0, None), "data.max_questions": (1, None),
+    "data.sample_questions": (1, None),
+    "retrieval.top_k": (1, None), "retrieval.nprobe": (1, None), "retrieval.shard_size": (1, None),
+    "retrieval.embed_batch_size": (1, None), "retrieval.search_batch_size": (1, None),
+    "qff.alpha": (0.0, 1.0), "qff.num_negatives": (1, None), "qff.temperature": (1e-6, None),
+    "qff.lr": (0.0, None), "qff.weight_decay": (0.0, None), "qff.pct_start": (0.0, 1.0), "qff.div_factor": (1.0, None),
+    "qff.new_block_lr_scale": (0.0, None), "qff.max_text_tokens": (1, None), "qff.question_max_tokens": (1, None),
+    "qff.section_batch_size": (1, None), "qff.dropout": (0.0, 1.0), "qff.val_top_k": (1, None),
+    "cda.U": (1, None), "cda.theta": (0.0, None), "cda.chunk_tokens": (1, None), "cda.K1": (1, None),
+    "cda.K2": (0, None), "cda.reranker_batch_size": (1, None), "cda.reranker_max_length": (1, None),
+    "generation.max_new_tokens": (1, None), "generation.batch_size": (1, None), "generation.filter_top_n": (1, None),
+}
+
+
+def check_values(cfg: Any) -> None:
+    """Refuse a value outside CHOICES / BOUNDS with one line naming the key, the value and what is allowed."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.errors import ConfigError
+
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
+    for key, (low, high) in BOUNDS.items():
+        value = OmegaConf.select(cfg, key)
+        if value is None:
+            continue
+        if (low is not None and value < low) or (high is not None and value > high):
+            span = f"at least {low}" if high is None else f"in [{low}, {high}]"
+            raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
+
+
 # Keys that may change when a run resumes; any other change is refused (torchtune's policy).
 MUTABLE_ON_RESUME = (
     "resume", "notes", "tags", "trainer.max_steps", "trainer.max_epochs", "trainer.log_every_n_steps",

@@ -10,13 +10,12 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from qkvqa.errors import ConfigError, DataError
+from qkvqa.config.schema import EVAL_FILTERS as FILTERS, STOP_AFTER  # declared with the config
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
-FILTERS = ("qff", "retrieval", "precomputed")
-STOP_AFTER = ("generation", "filter")
 RETRIEVAL_FILE = "retrieval.json"
 RETRIEVAL_META = "retrieval_meta.json"
 

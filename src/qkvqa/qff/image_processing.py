@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-IMAGE_TRANSFORMS = ("targetpad", "squash")
+from qkvqa.config.schema import IMAGE_TRANSFORMS  # declared with the config
+
 TARGET_RATIO = 1.25
 
 

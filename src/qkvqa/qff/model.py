@@ -12,10 +12,9 @@ from torch.utils.checkpoint import checkpoint
 from transformers import Blip2Config, Blip2ForImageTextRetrieval
 from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerAttention, Blip2QFormerMultiHeadAttention
 
+from qkvqa.config.schema import FOCUS_GATES as GATES, FOCUS_MODES  # declared with the config
 from qkvqa.errors import ConfigError, MissingWeightsError
 
-FOCUS_MODES = ("per_layer", "input", "none")
-GATES = ("tanh", "none")          # tanh(g) * (focused - h) residual, or the paper's plain block output
 CHECKPOINT_WEIGHTS = "model.safetensors"
 CHECKPOINT_CONFIG = "qff_config.json"
 CHECKPOINT_FORMAT = "qkvqa-qff"
