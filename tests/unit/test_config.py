@@ -41,6 +41,14 @@ def test_experiment_can_name_its_presets(exp_root):
     assert cfg.trainer.max_steps == 3 and cfg.cda.K1 == 8 and list(cfg.presets) == ["fast"]
 
 
+def test_command_line_presets_apply_after_the_experiments_in_the_order_typed(exp_root):
+    # `slow` then `fast` typed: fast (also named by the experiment) comes last and wins
+    cfg = compose("needs_preset", ["slow", "fast"], [], root=exp_root)
+    assert list(cfg.presets) == ["slow", "fast"] and cfg.trainer.max_steps == 3
+    cfg = compose("needs_preset", ["slow"], [], root=exp_root)
+    assert list(cfg.presets) == ["fast", "slow"] and cfg.trainer.max_steps == 30
+
+
 def test_unknown_key_names_key_and_nearest(exp_root):
     with pytest.raises(ConfigError) as e:
         compose(None, [], ["qff.alhpa=0.3"], root=exp_root)

@@ -175,9 +175,10 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
             raise ConfigError(f"no experiment {experiment!r} in {root}" + (f"; did you mean {near}?" if near else
                               f". Available: {', '.join(list_experiments(root))}"))
         exp_cfg = _load_yaml(exp_path)
-        # An experiment may name presets it needs; command-line presets come after them.
+        # An experiment may name presets it needs; command-line presets come after them, in the order typed
+        # (one the experiment also names moves to its typed place, so that it wins over the ones before it).
         exp_presets = list(exp_cfg.pop("presets", []) or [])
-        presets = exp_presets + [p for p in presets if p not in exp_presets]
+        presets = [p for p in exp_presets if p not in presets] + list(presets)
     for name in presets:
         path = root / "presets" / f"{name}.yaml"
         if not path.is_file():
