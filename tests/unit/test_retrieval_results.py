@@ -47,3 +47,16 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "cut.json").write_text('{"q": {"retrieved_entries": [')
     with pytest.raises(DataError, match="line 1: malformed JSON"):
         read_results(tmp_path / "cut.json")
+
+
+def test_a_results_file_covering_too_few_questions_is_refused_with_its_counts(tmp_path):
+    from types import SimpleNamespace
+
+    from qkvqa.errors import DataError
+    from qkvqa.retrieval.results import check_coverage_of
+
+    questions = [SimpleNamespace(data_id=f"E-VQA_{i}") for i in range(20)]
+    check_coverage_of("r.json", {f"E-VQA_{i}" for i in range(19)}, questions, 0.95, "retrieval.min_results_coverage")
+    with pytest.raises(DataError) as error:           # another split's file: 0 of 20
+        check_coverage_of("r.json", {"infoseek_val_1"}, questions, 0.95, "retrieval.min_results_coverage")
+    assert "results for 0 of the split's 20 questions" in str(error.value) and "E-VQA_0" in str(error.value)

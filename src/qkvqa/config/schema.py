@@ -49,6 +49,9 @@ class RetrievalConfig:
     embed_batch_size: int = 64
     shard_size: int = 50000
     results: Optional[str] = None                # retrieval results JSON (OMGM layout) to read instead of retrieving
+    # the least share of a split's questions that a results file (retrieval.results, eval.reranked_results)
+    # must cover; below it the run stops before any model runs, naming the file and the missing ids
+    min_results_coverage: float = 0.95
     two_hop_policy: str = "exclude"              # recall for 2_hop gold URLs: first | any | exclude
     split: str = "test"                          # question split of `qkvqa retrieve` and of query_images embeddings
     embed_what: str = "kb"                       # `qkvqa embed` target: kb (the KB side of `mode`) | kb_text | kb_images | query_images
@@ -261,7 +264,7 @@ CHOICES = {
 BOUNDS = {
     "data.batch_size": (1, None), "data.num_workers": (0, None), "data.max_questions": (1, None),
     "data.sample_questions": (1, None),
-    "retrieval.top_k": (1, None), "retrieval.nprobe": (1, None), "retrieval.shard_size": (1, None),
+    "retrieval.top_k": (1, None), "retrieval.min_results_coverage": (0.0, 1.0), "retrieval.nprobe": (1, None), "retrieval.shard_size": (1, None),
     "retrieval.embed_batch_size": (1, None), "retrieval.search_batch_size": (1, None),
     "qff.alpha": (0.0, 1.0), "qff.num_negatives": (1, None), "qff.temperature": (1e-6, None),
     "qff.lr": (0.0, None), "qff.weight_decay": (0.0, None), "qff.pct_start": (0.0, 1.0), "qff.div_factor": (1.0, None),

@@ -48,7 +48,12 @@ def build_filter(cfg: DictConfig, benchmark: Any):
     if kind == "precomputed":
         if not cfg.eval.reranked_results:
             raise ConfigError("eval.filter=precomputed needs eval.reranked_results (written by `qkvqa rerank`)")
-        return PrecomputedFilter(cfg.eval.reranked_results, store)
+        from qkvqa.retrieval.results import check_coverage_of
+
+        precomputed = PrecomputedFilter(cfg.eval.reranked_results, store)
+        check_coverage_of(precomputed.path, precomputed.results, benchmark.questions(cfg.eval.split),
+                          float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage")
+        return precomputed
     from qkvqa.qff.rerank import QFFReranker
 
     return QFFFilter(QFFReranker.from_config(cfg, datamodule=benchmark))

@@ -92,6 +92,9 @@ class PrecomputedFilter:
     def __init__(self, path: str | Path, store: KBStore):
         self.path = Path(path)
         self.store = store
+        if not self.path.is_file():
+            raise DataError(f"{self.path}: no such reranked-results file (eval.reranked_results; write it with "
+                            "`qkvqa rerank`)")
         with open(self.path, encoding="utf-8") as f:
             self.results = json.load(f)
 
@@ -111,6 +114,10 @@ class PrecomputedFilter:
                 continue
             article = self.store.get_by_url(url)
             indices = sec_idx[k] if sec_idx else [i for i, _, _ in article.candidate_sections()]
+            if len(indices) != len(sec_sim[k]):      # zip would pair scores with the wrong sections in silence
+                raise DataError(f"{self.path}: data_id {data_id}, article {url}: {len(sec_sim[k])} sec_sim scores "
+                                f"for {len(indices)} {'sec_idx entries' if sec_idx else 'candidate sections'}; "
+                                "write the file with `qkvqa rerank` (it records sec_idx)")
             ranked.append(RankedArticle(article, float(score), dict(zip(indices, sec_sim[k]))))
         return Ranking(ranked, missing)
 

@@ -83,3 +83,19 @@ def read_results(path: str | os.PathLike) -> dict[str, Retrieved]:
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected an object keyed by data_id, found {type(data).__name__}")
     return {str(qid): _entry(path, str(qid), value) for qid, value in data.items()}
+
+
+def check_coverage_of(path, covered_ids, questions, min_share: float, key: str) -> None:
+    """Refuse a results file that covers less than `min_share` of `questions` (one line: the file, the counts,
+    the first missing ids and the fix); log how many it covers otherwise."""
+    from qkvqa.errors import DataError
+    from qkvqa.utils.logging import get_logger
+
+    ids = [q.data_id for q in questions]
+    missing = [qid for qid in ids if qid not in covered_ids]
+    share = 1.0 - len(missing) / len(ids) if ids else 1.0
+    if share < min_share:
+        raise DataError(f"{path}: results for {len(ids) - len(missing)} of the split's {len(ids)} questions "
+                        f"({100 * share:.1f}%, below {key}={min_share}); first missing: {missing[:5]}. Check that "
+                        f"the file belongs to this split and data_id scheme, or lower {key}")
+    get_logger(__name__).info("%s: results for %d of %d questions", path, len(ids) - len(missing), len(ids))

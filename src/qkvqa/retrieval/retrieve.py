@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from qkvqa.errors import ConfigError, StaleArtifactError
 from qkvqa.retrieval.embed import Embedder, EmbeddingSet, check_mode, datamodule_for, kb_set_kind
 from qkvqa.retrieval.index import LoadedIndex, build_index, factory_slug, load_index, search_articles
-from qkvqa.retrieval.results import Retrieved, read_results
+from qkvqa.retrieval.results import Retrieved, check_coverage_of, read_results
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -138,8 +138,8 @@ def _read_for_split(cfg, dm, questions) -> dict[str, Retrieved]:
         titles = [t if t is not None else (store.get_by_url(u).title if u in store else None)
                   for u, t in zip(r.urls, r.titles)]
         results[q.data_id] = Retrieved(r.urls, titles, r.similarities)
-    missing = sum(1 for q in questions if q.data_id not in stored)
-    log.info("read %s: %d of %d questions have results", path, len(questions) - missing, len(questions))
+    check_coverage_of(path, stored, questions, float(cfg.retrieval.min_results_coverage),
+                      "retrieval.min_results_coverage")
     return results
 
 
