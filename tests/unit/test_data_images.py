@@ -113,3 +113,19 @@ def test_main_image_falls_back_to_the_url_store_and_counts_articles_without_one(
     assert index.main_image("Gone", ["https://upload.wikimedia.org/x.jpg"]) is None
     assert index.coverage() == {"titles_with_csv_images": 0, "fallback_to_url_store": 1, "titles_without_image": 2,
                                 "unreadable_images": 0}
+
+
+def test_a_missing_image_folder_is_refused_before_any_work(tmp_path):
+    from types import SimpleNamespace
+
+    from qkvqa.data.config import ImagesConfig
+    from qkvqa.data.images import QueryImageResolver
+    from qkvqa.errors import DataError
+
+    (tmp_path / "inat").mkdir()
+    resolver = QueryImageResolver(ImagesConfig(inaturalist_root="inat", landmarks_root="landmarks_typo"), tmp_path)
+    inat = SimpleNamespace(dataset_name="inaturalist", image_id="123")
+    resolver.check_roots([inat])
+    with pytest.raises(DataError) as error:
+        resolver.check_roots([inat, SimpleNamespace(dataset_name="landmarks", image_id="abc123")])
+    assert "landmarks_typo" in str(error.value) and "'abc123'" in str(error.value)

@@ -64,6 +64,18 @@ class QueryImageResolver:
                               f"image")
         return root
 
+    def check_roots(self, questions) -> None:
+        """Before any work: every image root the questions use is set and is a folder (one line naming the
+        folder and an example id otherwise; a wrong root would turn every image into a counted skip)."""
+        first = {}
+        for q in questions:
+            first.setdefault(q.dataset_name, q.image_id)
+        for dataset_name, image_id in first.items():
+            root = self._root(dataset_name)
+            if not root.is_dir():
+                raise DataError(f"{root}: the {dataset_name} image folder (data.images.{dataset_name}_root) does not "
+                                f"exist; questions need it, e.g. image {image_id!r}. Fix the path or data.root")
+
     def id2name(self) -> dict[str, str]:
         """The merged iNaturalist id -> relative path maps (loaded on first use)."""
         if self._id2name is None:
