@@ -62,7 +62,7 @@ def test_loader_returns_rgb_and_counts_missing_and_corrupt_images_once_each(tmp_
     assert loader.load("infoseek", "text") is None
     assert loader.load("infoseek", "gone") is None
     assert loader.load("infoseek", "gone") is None
-    assert loader.counts() == {"missing": 1, "corrupt": 2}
+    assert loader.counts() == {"missing": 1, "corrupt": 2, "too_small": 0}
     assert loader.skipped[("infoseek", "gone")].path == str(tmp_path / "gone.jpg")
 
 
@@ -72,7 +72,7 @@ def test_skipped_ids_are_written_to_the_run_directory(tmp_path):
     path = loader.write_skipped(tmp_path / "run")
     record = json.loads(path.read_text())
     assert path.name == "skipped_images.json"
-    assert record["counts"] == {"missing": 1, "corrupt": 0}
+    assert record["counts"] == {"missing": 1, "corrupt": 0, "too_small": 0}
     assert [s["image_id"] for s in record["skipped"]] == ["oven_05001795"]
 
 
@@ -129,3 +129,19 @@ def test_a_missing_image_folder_is_refused_before_any_work(tmp_path):
     with pytest.raises(DataError) as error:
         resolver.check_roots([inat, SimpleNamespace(dataset_name="landmarks", image_id="abc123")])
     assert "landmarks_typo" in str(error.value) and "'abc123'" in str(error.value)
+
+
+def test_a_tiny_query_image_is_a_counted_skip_of_that_question_only(tmp_path):
+    from PIL import Image
+
+    from qkvqa.data.config import ImagesConfig
+    from qkvqa.data.images import ImageLoader, QueryImageResolver
+
+    (tmp_path / "q").mkdir()
+    Image.new("RGB", (1, 1), "red").save(tmp_path / "q" / "dot.jpg")
+    Image.new("RGB", (40, 3), "red").save(tmp_path / "q" / "strip.jpg")
+    Image.new("RGB", (40, 30), "red").save(tmp_path / "q" / "fine.jpg")
+    loader = ImageLoader(QueryImageResolver(ImagesConfig(infoseek_root="q"), tmp_path))
+    assert loader.load("infoseek", "dot") is None and loader.load("infoseek", "strip") is None
+    assert loader.load("infoseek", "fine").size == (40, 30)
+    assert loader.counts() == {"missing": 0, "corrupt": 0, "too_small": 2}

@@ -209,7 +209,7 @@ def test_the_deliberate_skips_are_counted_by_the_image_loader(world):
     for skip in world["deliberate_skips"]:
         assert loader.load(skip["dataset_name"], skip["image_id"]) is None
         assert loader.skipped[(skip["dataset_name"], skip["image_id"])].reason == skip["reason"]
-    assert loader.counts() == {"missing": 2, "corrupt": 1}
+    assert loader.counts() == {"missing": 2, "corrupt": 1, "too_small": 0}
 
 
 def test_the_data_yamls_are_data_configs_whose_paths_exist(world):

@@ -22,6 +22,9 @@ from qkvqa.utils.progress import progress
 log = get_logger(__name__)
 
 DECODED_CACHE_SIZE = 64          # article images kept decoded between questions
+# A query image with a side under this many pixels is a counted skip: a 1-pixel image crashes the
+# image processors, and one 3 pixels high is read as channels-first by their layout inference.
+MIN_IMAGE_SIDE = 8
 
 LAYOUTS = {"inaturalist": ("id2name", "flat"), "landmarks": ("abc_sharded", "flat"), "infoseek": ("flat",)}
 SKIPPED_IMAGES_FILE = "skipped_images.json"
@@ -125,7 +128,7 @@ class SkippedImage:
 
 
 class ImageLoader:
-    """Loads query images as PIL RGB, or returns None and records the skip (missing or corrupt), never raising.
+    """Loads query images as PIL RGB, or returns None and records the skip (missing, corrupt or too small), never raising.
 
     Skips are kept per (dataset, image id), so recording the same skip twice (from a DataLoader
     worker's batch and in the main process) counts it once.
@@ -150,6 +153,10 @@ class ImageLoader:
         """Open `path` as RGB, or None (recorded as corrupt or missing)."""
         try:
             with Image.open(path) as image:
+                if min(image.size) < MIN_IMAGE_SIDE:
+                    self.record(SkippedImage(image_id, dataset_name, "too_small", str(path),
+                                             f"{image.size[0]}x{image.size[1]} px; at least {MIN_IMAGE_SIDE} px a side"))
+                    return None
                 return image.convert("RGB")
         except FileNotFoundError:
             self.record(SkippedImage(image_id, dataset_name, "missing", str(path)))
@@ -169,7 +176,7 @@ class ImageLoader:
 
     def counts(self) -> dict[str, int]:
         """Number of distinct skipped image ids per reason."""
-        counts = {"missing": 0, "corrupt": 0}
+        counts = {"missing": 0, "corrupt": 0, "too_small": 0}
         for skip in self.skipped.values():
             counts[skip.reason] = counts.get(skip.reason, 0) + 1
         return counts
@@ -182,7 +189,8 @@ class ImageLoader:
         counts = self.counts()
         skipped = sorted(self.skipped.values(), key=lambda s: (s.dataset_name, s.image_id))
         atomic_write_json(path, {"counts": counts, "skipped": [asdict(s) for s in skipped]})
-        log.info("skipped images: %d missing, %d corrupt (ids in %s)", counts["missing"], counts["corrupt"], path)
+        log.info("skipped images: %d missing, %d corrupt, %d too small (ids in %s)", counts["missing"], counts["corrupt"],
+                 counts["too_small"], path)
         return path
 
 
