@@ -217,3 +217,13 @@ def test_bad_options_and_missing_weights_fail_clearly(tmp_path):
         build_component({"kind": "blip2_qff", "pretrained": str(tmp_path / "nowhere")})
     with pytest.raises(MissingWeightsError, match="no LAVIS checkpoint"):
         build_component({"kind": "blip2_qff", "pretrained": str(tmp_path / "missing.pth")})
+
+
+def test_a_run_directory_as_qff_checkpoint_names_the_qff_folder_inside_it(tmp_path):
+    from qkvqa.config.load import compose
+    from qkvqa.errors import MissingWeightsError
+    from qkvqa.qff.rerank import load_qff_component
+
+    (tmp_path / "status.json").write_text("{}")
+    with pytest.raises(MissingWeightsError, match=f"{tmp_path / 'qff'}"):
+        load_qff_component(compose(None, [], [f"qff.checkpoint={tmp_path}"]))

@@ -58,7 +58,14 @@ def load_qff_component(cfg):
 
     from qkvqa.qff.builder import build_qff_component
 
+    from qkvqa.qff.model import CHECKPOINT_CONFIG
+
     checkpoint = cfg.qff.checkpoint
+    if checkpoint and not str(checkpoint).endswith(".ckpt"):
+        run_dir = Path(checkpoint).expanduser()
+        if (run_dir / "status.json").is_file() and not (run_dir / CHECKPOINT_CONFIG).is_file():
+            raise MissingWeightsError(f"qff.checkpoint {run_dir} is a run directory; point it at the trained QFF "
+                                      f"inside it, {run_dir / 'qff'} (or one of its .ckpt files)")
     if not checkpoint or not str(checkpoint).endswith(".ckpt"):
         return build_qff_component(cfg.components.qformer, cfg.qff)
     import torch
