@@ -187,3 +187,14 @@ def test_get_many_queries_in_chunks_and_keeps_order_and_repeats(store, monkeypat
     monkeypatch.setattr(kb, "QUERY_CHUNK", 2)            # the real cap is far above this 4-article store
     assert [a.row_id for a in store.get_many([3, 1, 0, 2, 3, 0])] == [3, 1, 0, 2, 3, 0]
     assert store.get_many([]) == []
+
+
+def test_a_forgotten_world_dir_says_so_instead_of_asking_for_a_kb_build(tmp_path, monkeypatch):
+    from data_modules import build_data_module
+    from qkvqa.config.load import compose
+    from qkvqa.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose("demo/evaluate", [], [])                     # paths.world_dir left unset
+    with pytest.raises(ConfigError, match="paths.world_dir"):
+        build_data_module(cfg.data).kb_store()
