@@ -5,7 +5,7 @@ data, training, cache and DDP tests). `prepare` writes a world, that stage 1 (th
 image shows and others, in an order that tells nothing, with near-tied similarities, so article R@1
 after fusion measures the QFF), the pools and the ViT cache. `train` runs `qkvqa train` for (focus,
 seed) pairs as separate processes with one intra-op thread each, a few at a time. `evaluate` scores a
-model on the val + test questions.
+model on the val + test questions; `evaluate_many` scores several in parallel processes.
 """
 from __future__ import annotations
 
@@ -181,3 +181,15 @@ def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], w
         return figures(hits, multi)
     finally:
         torch.set_num_threads(threads)
+
+
+def evaluate_many(jobs: dict, overrides: Sequence[str], work: Path, multi: set, parallel: int = 2) -> dict:
+    """`evaluate` for each `name: (focus, checkpoint, seed)`, `parallel` spawned processes at a time (each one
+    intra-op thread, as `evaluate` sets, so the figures equal a one-by-one run); returns `name: figures`."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(max_workers=parallel, mp_context=get_context("spawn")) as pool:
+        futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed)
+                   for name, (focus, checkpoint, seed) in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}

@@ -4,7 +4,7 @@ A 60-entity world with same-category multi-entity images (2-3 birds, say, and a 
 kind, "this heron"). Stage 1 is the stand-in of tests.helpers.qff_study (the shown entities and others
 in an order that tells nothing), so article R@1 after fusion measures the QFF. demo/qff_per_layer and
 demo/qff_none are trained for EPOCHS epochs with seeds 0, 1 and 2, two processes at a time, and every
-model and the untrained one are scored on all val + test questions: section R@1 (the evidence section
+model and the untrained one are scored (two processes at a time) on all val + test questions: section R@1 (the evidence section
 outscores the sample's 15 negatives) and article R@1 after alpha fusion over the top 20. The figures
 are written to `learning.json` beside the runs.
 
@@ -27,7 +27,7 @@ from statistics import mean
 import pytest
 import torch
 
-from tests.helpers.qff_study import EXPERIMENTS, evaluate, final_gates, prepare, run_id, train
+from tests.helpers.qff_study import EXPERIMENTS, evaluate_many, final_gates, prepare, run_id, train
 
 pytestmark = pytest.mark.slow
 
@@ -45,11 +45,13 @@ def learning(tmp_path_factory) -> dict:
     overrides, multi = prepare(work, ENTITIES, same_category_groups=True)
     codes = train(work, overrides, [(focus, seed) for seed in SEEDS for focus in EXPERIMENTS], EPOCHS, parallel=2)
     assert all(code == 0 for code in codes.values()), f"training failed: {codes}; logs in {work}"
-    results = {"untrained": evaluate("per_layer", None, overrides, work, multi), "work": str(work),
-               "overrides": list(overrides)}
+    jobs = {("untrained", 0): ("per_layer", None, 0)}
+    jobs.update({(focus, seed): (focus, work / "runs" / run_id(focus, seed) / "qff", seed)
+                 for focus in EXPERIMENTS for seed in SEEDS})
+    scored = evaluate_many(jobs, overrides, work, multi, parallel=2)
+    results = {"untrained": scored[("untrained", 0)], "work": str(work), "overrides": list(overrides)}
     for focus in EXPERIMENTS:
-        results[focus] = {seed: evaluate(focus, work / "runs" / run_id(focus, seed) / "qff", overrides, work, multi,
-                                         seed) for seed in SEEDS}
+        results[focus] = {seed: scored[(focus, seed)] for seed in SEEDS}
     results["gates"] = {seed: final_gates(work / "runs" / run_id("per_layer", seed) / "qff") for seed in SEEDS}
     (work / "learning.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
