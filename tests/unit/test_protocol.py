@@ -52,3 +52,22 @@ def test_the_weights_fingerprint_follows_content_not_place(tmp_path):
     (tmp_path / "b" / "model.safetensors").write_bytes(b"\1" + b"\0" * 99)
     assert weights_fingerprint(str(tmp_path / "a")) != weights_fingerprint(str(tmp_path / "b"))
     assert weights_fingerprint("Salesforce/blip2-itm-vit-g") is None            # a hub id: nothing local to read
+
+
+def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):
+    from qkvqa.pipeline.protocol import protocol_card
+
+    class KB:
+        store_dir, url_checksum = tmp_path / "kb", "sha256:0"
+
+        def __len__(self):
+            return 3
+
+    trained = tmp_path / "run" / "qff"
+    trained.mkdir(parents=True)
+    (trained / "model.safetensors").write_bytes(b"\0" * 64)
+    cfg = compose("demo/evaluate", [], [f"qff.checkpoint={trained}"])
+    card = protocol_card(cfg, paper_scores(n_questions=38), KB())
+    qff = card["models"]["qformer"]
+    assert qff["weights"] == str(trained) and qff["base"] == "tiny (random)" and qff["fingerprint"]
+    assert card["models"]["generator"]["weights"] == "tiny (random)"

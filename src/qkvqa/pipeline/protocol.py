@@ -56,7 +56,11 @@ def used_components(cfg: Any) -> list[str]:
     return used
 
 
-def _component(spec: Any) -> dict:
+def _component(spec: Any, trained: Optional[str] = None) -> dict:
+    """Kind, weights and fingerprint of one component; `trained` (qff.checkpoint) replaces its base weights."""
+    if trained:
+        return {"kind": spec.kind, "weights": str(trained), "base": "tiny (random)" if spec.tiny else str(spec.pretrained),
+                "fingerprint": weights_fingerprint(trained)}
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
     return {"kind": spec.kind, "weights": str(spec.pretrained), "dtype": spec.dtype,
@@ -116,10 +120,10 @@ def protocol_card(cfg: Any, scores: dict, kb: Any) -> dict:
             "mode": cfg.retrieval.mode, "summary_source": cfg.retrieval.summary_source if
             cfg.retrieval.mode == "image_to_summary" else None, "index": cfg.retrieval.index_factory,
             "top_k": cfg.retrieval.top_k},
-        "filter": {"kind": cfg.eval.filter, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha,
-                   "checkpoint": cfg.qff.checkpoint, "checkpoint_fingerprint": weights_fingerprint(cfg.qff.checkpoint)}
+        "filter": {"kind": cfg.eval.filter, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
         if cfg.eval.filter == "qff" else {"kind": cfg.eval.filter},
-        "models": {name: _component(cfg.components[name]) for name in used},
+        "models": {name: _component(cfg.components[name], cfg.qff.checkpoint if name == "qformer" else None)
+                   for name in used},
         "stop_after": cfg.eval.stop_after,
     }
     if cfg.eval.stop_after != "filter":
