@@ -1,4 +1,5 @@
-"""InfoSeek DataModule: EchoSight-style CSVs or the official JSONL, joined with the official references."""
+"""InfoSeek DataModule: EchoSight-style CSVs, the official JSONL or ReflectiVA's query shards, joined with the official
+references."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,9 @@ from typing import Optional
 
 from data_modules.base import KBVQADataModule
 from qkvqa.data.questions import (InfoSeekReference, Question, attach_infoseek_references,
-                                  read_infoseek_csv, read_infoseek_jsonl_questions, read_infoseek_references)
+                                  read_infoseek_csv, read_infoseek_jsonl_questions, read_infoseek_references,
+                                  read_webdataset_questions)
+from qkvqa.data.shards import is_shard_pattern
 from qkvqa.errors import ConfigError
 
 
@@ -28,6 +31,13 @@ class InfoSeekDataModule(KBVQADataModule):
         return self._references
 
     def read_questions(self, split: str, path: Path) -> list[Question]:
+        if is_shard_pattern(path):
+            references = self.references()
+            if references is None:
+                raise ConfigError(f"data.infoseek_references must be set to read questions from the shards {path}: "
+                                  "they hold no answers (the official infoseek_val.jsonl does)")
+            shards = self.image_loader.resolver.shards(path)
+            return read_webdataset_questions(shards, references, name=str(path))
         if path.suffix == ".jsonl":
             qtypes = self.path("infoseek_qtypes")
             if qtypes is None:

@@ -156,18 +156,103 @@ def test_an_unknown_suffix_needs_an_explicit_format(tmp_path):
     assert build_kb_store(source, tmp_path / "store", kb_format="jsonl")["articles"] == 4
 
 
-def test_open_refuses_a_changed_source_and_a_manifest_that_does_not_match(tmp_path):
+def test_open_checks_the_source_by_content_not_by_mtime(tmp_path):
+    """Issue 14 item 2: a touched or copied KB file keeps the store usable; another file of the same size does not."""
+    import shutil
+
     source = write_kb_json(tmp_path / "kb.json", _entries())
     build_kb_store(source, tmp_path / "store")
+    os.utime(source, (1, 1))                                        # `touch`, `rsync` without -t
     KBStore.open(tmp_path / "store", source=source)
-    os.utime(source, (1, 1))
-    with pytest.raises(StaleArtifactError, match="rebuild"):
+    copy = tmp_path / "copy" / "kb.json"
+    copy.parent.mkdir()
+    shutil.copy(source, copy)                                       # `cp` without -p: a new mtime
+    KBStore.open(tmp_path / "store", source=copy)
+    data = bytearray(source.read_bytes())
+    at = data.index(b"Kestrel is a thing")
+    data[at:at + 7] = b"Falcon!"                                    # same size, other content
+    source.write_bytes(bytes(data))
+    with pytest.raises(StaleArtifactError, match="sampled fingerprint differs.*qkvqa kb build --source"):
         KBStore.open(tmp_path / "store", source=source)
-    manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())
+    source.write_bytes(bytes(data) + b" ")
+    with pytest.raises(StaleArtifactError, match="another KB file"):
+        KBStore.open(tmp_path / "store", source=source)
+
+
+def test_a_same_size_edit_outside_the_sampled_blocks_is_caught_by_the_full_check(tmp_path, monkeypatch):
+    """The documented false accept of the sampled fingerprint, and `check_source(full=True)` ruling it out."""
+    import qkvqa.data.kb as kb
+
+    monkeypatch.setattr(kb, "SAMPLE_BLOCK", 16)
+    monkeypatch.setattr(kb, "SAMPLE_BLOCKS", 2)                      # only the first and the last 16 bytes
+    source = write_kb_json(tmp_path / "kb.json", _entries())
+    build_kb_store(source, tmp_path / "store")
+    data = bytearray(source.read_bytes())
+    at = data.index(b"Kestrel is a thing")
+    data[at:at + 7] = b"Falcon!"
+    source.write_bytes(bytes(data))
+    store = KBStore.open(tmp_path / "store", source=source)          # the false accept
+    with pytest.raises(StaleArtifactError, match="sha256 differs"):
+        store.check_source(source, full=True)
+
+
+def test_open_refuses_a_manifest_that_does_not_match_and_a_damaged_store(tmp_path):
+    source = write_kb_json(tmp_path / "kb.json", _entries())
+    build_kb_store(source, tmp_path / "store")
+    db = tmp_path / "store" / "kb.sqlite"
+    data = bytearray(db.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    db.write_bytes(bytes(data))                                     # one flipped byte: caught by the full check
+    with pytest.raises(DataError, match=r"kb\.sqlite: corrupt \(sha256"):
+        KBStore.open(tmp_path / "store").check_store()
+    db.write_bytes(bytes(data[:4096]))                              # truncated: refused on open
+    with pytest.raises(DataError, match=r"kb\.sqlite: 4096 bytes, the build wrote"):
+        KBStore.open(tmp_path / "store")
+    manifest_path = tmp_path / "store" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["store_size"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=r"kb\.sqlite: not a readable KB store"):
+        KBStore.open(tmp_path / "store")
+    build_kb_store(source, tmp_path / "store")
+    manifest = json.loads(manifest_path.read_text())
     manifest["url_checksum"] = "sha256:0"
-    (tmp_path / "store" / "manifest.json").write_text(json.dumps(manifest))
+    manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(StaleArtifactError):
         KBStore.open(tmp_path / "store")
+    manifest_path.write_text("{")
+    with pytest.raises(DataError, match=r"manifest\.json: unreadable manifest"):
+        KBStore.open(tmp_path / "store")
+
+
+def test_the_manifest_records_the_sha256_of_the_source_while_streaming(tmp_path):
+    import hashlib
+
+    for name, writer in (("kb.json", write_kb_json), ("kb.jsonl", write_kb_jsonl)):
+        source = writer(tmp_path / name, _entries())
+        manifest = build_kb_store(source, tmp_path / f"store_{name}")
+        assert manifest["source"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+        assert manifest["store_sha256"] == hashlib.sha256((tmp_path / f"store_{name}" / "kb.sqlite").read_bytes()).hexdigest()
+
+
+def test_a_reflectiva_wiki100k_kb_becomes_articles_with_paragraph_sections(tmp_path):
+    """ReflectiVA's KB layout {url: {"wikipedia_content": text}}: title from the URL, paragraphs as sections."""
+    entries = {W + "Blue_jay": {"wikipedia_content": "The blue jay is a bird.\n\nIt lives in North America.\n\n"},
+               W + "Caf%C3%A9_racer": {"wikipedia_content": "A café racer is a motorcycle.", "wikipedia_title": "Café racer"},
+               W + "Empty": {"wikipedia_content": ""}}
+    source = tmp_path / "Wiki100k_ver_1_0-all.json"
+    source.write_text(json.dumps(entries), encoding="utf-8")
+    manifest = build_kb_store(source, tmp_path / "store")
+    assert manifest["source"]["entry_layouts"] == {"evqa": 0, "reflectiva": 3}
+    store = KBStore.open(tmp_path / "store", source=source)
+    jay = store.get_by_url(W + "Blue_jay")
+    assert (jay.title, jay.section_texts) == ("Blue jay", ["The blue jay is a bird.", "It lives in North America."])
+    assert [s.text for s in jay.candidate_sections()][1] == (
+        "# Wiki Article: Blue jay\n## Section Title: \nIt lives in North America.")
+    assert store.get(1).title == "Café racer" and store.get(1).image_urls == []
+    assert list(store.get(2).candidate_sections()) == []
+    counts = manifest["issues"]
+    assert counts["no_image"] == 3 and counts["empty_section"] == 1 and counts["malformed"] == 0
 
 
 def test_opening_a_directory_without_a_store_says_how_to_build_one(tmp_path):

@@ -1,6 +1,8 @@
 """The protocol card's comparability verdict and the weights fingerprint."""
 from __future__ import annotations
 
+import pytest
+
 from qkvqa.config.load import compose
 from qkvqa.pipeline.protocol import comparability_line, not_comparable_because, used_components, weights_fingerprint
 
@@ -24,8 +26,8 @@ def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
                               ({"question_set": {"max_questions": 50, "sample_questions": None}}, "first 50"),
                               ({"benchmark": {"label": "BEM approximate (two segments)"}}, "approximate")]:
         assert any(reason in r for r in not_comparable_because(cfg, paper_scores(**overrides), used)), reason
-    other = compose("eval/evqa_qwen", [], ["data.protocol=my_kb"])
-    assert any("data.protocol is 'my_kb'" in r for r in not_comparable_because(other, paper_scores(), used))
+    other = compose("eval/evqa_qwen", [], ["data.protocol=custom"])
+    assert any("data.protocol is 'custom'" in r for r in not_comparable_because(other, paper_scores(), used))
     em = compose("eval/evqa_qwen", [], ["eval.judge=em_only"])
     assert any("exact match only" in r for r in not_comparable_because(em, paper_scores(), used_components(em)))
 
@@ -71,3 +73,14 @@ def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):
     qff = card["models"]["qformer"]
     assert qff["weights"] == str(trained) and qff["base"] == "tiny (random)" and qff["fingerprint"]
     assert card["models"]["generator"]["weights"] == "tiny (random)"
+
+
+def test_a_protocol_name_is_checked_against_the_known_ones_and_the_dataset():
+    from qkvqa.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.protocol='echosight_100K' is not one of evqa_2m, echosight_100k"):
+        compose("eval/infoseek_qwen", [], ["data.protocol=echosight_100K"])
+    with pytest.raises(ConfigError, match="'reflectiva_wiki100k' is a infoseek protocol, but data.dataset is 'evqa'"):
+        compose("eval/evqa_qwen", [], ["data.protocol=reflectiva_wiki100k"])
+    cfg = compose("eval/infoseek_qwen", ["infoseek_reflectiva_data"], [])
+    assert cfg.data.protocol == "reflectiva_wiki100k" and cfg.retrieval.index_dir == "data/infoseek_reflectiva/index"

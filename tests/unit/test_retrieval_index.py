@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from qkvqa.data.kb import KBStore, build_kb_store
-from qkvqa.errors import ConfigError, StaleArtifactError
+from qkvqa.errors import ConfigError, DataError, StaleArtifactError
 from qkvqa.retrieval.embed import EmbeddingSet
-from qkvqa.retrieval.index import build_index, load_index, search_articles
+from qkvqa.retrieval.index import build_index, import_index, load_index, search_articles
 
 ENCODER = {"kind": "test_vectors", "weights": "random", "options": {}}
 
@@ -131,6 +131,11 @@ def test_stale_or_mismatched_index_is_refused_with_what_differs(tmp_path):
     with pytest.raises(StaleArtifactError, match="dim 4 but the index"):
         loaded.search(np.ones((1, 4), np.float32), 3)
     np.save(tmp_path / "index" / "vector_rows.npy", np.arange(49))
+    with pytest.raises(DataError, match=r"vector_rows\.npy: corrupt index file \(sha256.*qkvqa index build"):
+        load_index(tmp_path / "index", kb_store=store, rebuild_hint="qkvqa index build")
+    manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
+    del manifest["sha256"]                                    # an index built before hashes were recorded
+    (tmp_path / "index" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(StaleArtifactError, match="vector count"):
         load_index(tmp_path / "index", kb_store=store)
     with pytest.raises(StaleArtifactError, match="another KB"):
@@ -150,3 +155,76 @@ def test_incomplete_or_corrupt_sets_and_bad_factories_are_refused(tmp_path):
     assert emb.pending() == [1]
     with pytest.raises(StaleArtifactError, match=r"incomplete: 1 of 3 shards missing or corrupt \(1\).*qkvqa embed"):
         build_index(emb, tmp_path / "i3", kb_store=store, query_encoder=ENCODER, rebuild_hint="qkvqa embed x")
+
+
+def test_a_flipped_byte_in_an_index_file_is_refused_at_first_load_naming_the_file(tmp_path):
+    """Issue 14 item 6: a flipped byte in index.faiss changed rankings in silence; now the first load re-hashes it."""
+    store = _kb(tmp_path, 40)
+    emb = _vector_set(tmp_path / "set", store, _clustered(40, 8, 4, seed=0), np.arange(40), shard_size=40)
+    build_index(emb, tmp_path / "index", kb_store=store, query_encoder=ENCODER)
+    load_index(tmp_path / "index", kb_store=store)
+    assert (tmp_path / "index" / ".index.faiss.verified").is_file()      # later loads skip the re-hash
+    path = tmp_path / "index" / "index.faiss"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01                                            # inside the vectors: faiss would read it fine
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"index\.faiss: corrupt index file"):
+        load_index(tmp_path / "index", kb_store=store)
+    path.write_bytes(bytes(data[:100]))
+    manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
+    del manifest["sha256"]
+    (tmp_path / "index" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=r"index\.faiss: not a readable faiss index"):
+        load_index(tmp_path / "index", kb_store=store)
+
+
+def _foreign(tmp: Path, vectors: np.ndarray, urls: list) -> tuple[Path, Path]:
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    faiss.write_index(index, str(tmp / "knn.index"))
+    (tmp / "knn.json").write_text(json.dumps([[u, "summary text"] for u in urls]))
+    return tmp / "knn.index", tmp / "knn.json"
+
+
+def test_an_imported_index_maps_each_vector_to_its_kb_row_by_url(tmp_path):
+    store = _kb(tmp_path, 200)
+    vectors = _clustered(200, 16, 8, seed=1)
+    order = np.random.default_rng(0).permutation(200)           # the foreign index holds the articles shuffled
+    urls = list(store.urls())
+    knn, values = _foreign(tmp_path, vectors[order], [urls[i] for i in order])
+    encoders = {"kb": ENCODER, "query": ENCODER}
+    manifest = import_index(knn, values, tmp_path / "imported", kb_store=store, mode="image_to_summary", encoders=encoders)
+    assert manifest["count"] == 200 and manifest["imported"]["unmapped_vectors"] == 0
+    loaded = load_index(tmp_path / "imported", kb_store=store, mode="image_to_summary", encoders=encoders)
+    hits = search_articles(loaded, vectors[:50], k=1)
+    assert [h[0][0] for h in hits] == list(range(50))             # each article finds itself, by KB row
+    # one URL the KB lacks (0.5%, under the 1% bound) maps to -1 and is never returned
+    gone = [urls[i] if i != order[0] else "https://en.wikipedia.org/wiki/Elsewhere" for i in order]
+    knn, values = _foreign(tmp_path, vectors[order], gone)
+    manifest = import_index(knn, values, tmp_path / "partial", kb_store=store, mode="image_to_summary", encoders=encoders)
+    assert manifest["imported"]["unmapped_vectors"] == 1
+    loaded = load_index(tmp_path / "partial", kb_store=store, mode="image_to_summary", encoders=encoders)
+    assert all(row != order[0] for hit in search_articles(loaded, vectors, k=5) for row, _ in hit)
+    with pytest.raises(StaleArtifactError, match="query encoder"):
+        load_index(tmp_path / "partial", kb_store=store, encoders={"query": dict(ENCODER, weights="other")})
+
+
+def test_an_import_over_another_kb_or_with_a_wrong_url_list_is_refused(tmp_path):
+    store = _kb(tmp_path, 100)
+    vectors = _clustered(100, 8, 4, seed=2)
+    urls = list(store.urls())
+    enc = {"kb": ENCODER, "query": ENCODER}
+    knn, values = _foreign(tmp_path, vectors, [u.replace("/A", "/B") if i < 5 else u for i, u in enumerate(urls)])
+    with pytest.raises(DataError, match=r"knn\.json: 5 of 100 URLs are not in the KB store"):
+        import_index(knn, values, tmp_path / "x", kb_store=store, mode="image_to_summary", encoders=enc)
+    values.write_text(json.dumps([[u] for u in urls[:99]]))
+    with pytest.raises(DataError, match=r"knn\.json: 99 entries, but the index holds 100 vectors"):
+        import_index(knn, values, tmp_path / "x", kb_store=store, mode="image_to_summary", encoders=enc)
+    values.write_text(json.dumps([[u] for u in urls[:99]] + [[7]]))
+    with pytest.raises(DataError, match=r"knn\.json: row 99: expected \[URL, \.\.\.\]"):
+        import_index(knn, values, tmp_path / "x", kb_store=store, mode="image_to_summary", encoders=enc)
+    knn.write_bytes(b"garbage")
+    with pytest.raises(DataError, match=r"knn\.index: not a readable faiss index"):
+        import_index(knn, values, tmp_path / "x", kb_store=store, mode="image_to_summary", encoders=enc)

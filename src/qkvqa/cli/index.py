@@ -1,4 +1,5 @@
-"""`qkvqa index build|check`: build the faiss index of retrieval.mode from its KB shards, or check one."""
+"""`qkvqa index build|import|check`: build the faiss index of retrieval.mode from its KB shards, adopt a foreign one,
+or check one."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,11 @@ from qkvqa.config.cli import add_override_args, config_from_args
 
 
 def register(subparsers) -> None:
-    """Add `index build` and `index check`."""
+    """Add `index build`, `index import` and `index check`."""
     parser = subparsers.add_parser(
         "index", help="build or check the faiss index of retrieval.mode",
         description="faiss indexes over the KB embeddings of `qkvqa embed` (inner product on unit vectors).")
-    commands = parser.add_subparsers(dest="index_command", metavar="<build|check>", required=True)
+    commands = parser.add_subparsers(dest="index_command", metavar="<build|import|check>", required=True)
     build = commands.add_parser(
         "build", help="build the index from the KB embedding shards",
         description="Build, as a run, the index of retrieval.mode (image_to_summary: one vector per article; "
@@ -23,10 +24,23 @@ def register(subparsers) -> None:
                     "A manifest records mode, encoders, dim, count, KB checksum, factory and text source.")
     add_override_args(build)
     build.set_defaults(func=_build)
+    imported = commands.add_parser(
+        "import", help="adopt a foreign faiss index with its URL list (ReflectiVA's knn.index + knn.json)",
+        description="Adopt a faiss index built elsewhere as retrieval.index_dir of the config: each vector's URL "
+                    "(--urls: a JSON list, values[row][0] = URL) is mapped to its row in the config's KB store "
+                    "(data.kb_store); more than 1%% of URLs missing from the KB refuses the import. The config's "
+                    "encoders (components.image_encoder for the queries; components.text_encoder for "
+                    "image_to_summary) are recorded as the ones the index was built with, and checked at load time. "
+                    "Example: qkvqa index import --faiss knn.index --urls knn.json preset=infoseek_reflectiva_data")
+    imported.add_argument("--faiss", required=True, help="the foreign faiss index file (knn.index)")
+    imported.add_argument("--urls", required=True, help="its URL list (knn.json: values[row][0] = URL)")
+    add_override_args(imported)
+    imported.set_defaults(func=_import)
     check = commands.add_parser(
         "check", help="check that the index of a config matches its KB and encoders",
-        description="Load the config's index and print its manifest; a stale or mismatched index (KB checksum, "
-                    "count, dim, encoder, mode) fails with what differs and how to rebuild it.")
+        description="Load the config's index, re-hash its files against the sha256 in its manifest and print the "
+                    "manifest; a stale, mismatched (KB checksum, count, dim, encoder, mode) or corrupt index fails "
+                    "with what differs and how to rebuild it.")
     add_override_args(check)
     check.set_defaults(func=_check)
 
@@ -46,9 +60,29 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
-    from qkvqa.retrieval.retrieve import load_index_from_config
+def _import(args: argparse.Namespace) -> int:
+    from qkvqa.errors import ConfigError
+    from qkvqa.retrieval.embed import check_mode, datamodule_for
+    from qkvqa.retrieval.index import import_index
+    from qkvqa.retrieval.retrieve import expected_encoders
 
-    loaded = load_index_from_config(config_from_args(args))
-    print(json.dumps({"index_dir": str(loaded.path), **loaded.manifest}, indent=2))
+    cfg = config_from_args(args)
+    if not cfg.retrieval.index_dir:
+        raise ConfigError("retrieval.index_dir is not set: name the directory the imported index goes to "
+                          "(retrieval.index_dir=DIR), the one evaluations then read")
+    manifest = import_index(args.faiss, args.urls, cfg.retrieval.index_dir, kb_store=datamodule_for(cfg).kb_store(),
+                            mode=check_mode(cfg.retrieval.mode), encoders=expected_encoders(cfg))
+    print(json.dumps({"index_dir": cfg.retrieval.index_dir, "count": manifest["count"], "dim": manifest["dim"],
+                      "metric": manifest["metric"], "unmapped_vectors": manifest["imported"]["unmapped_vectors"]}))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from qkvqa.retrieval.index import verify_index_files
+    from qkvqa.retrieval.retrieve import load_index_from_config, rebuild_hint
+
+    cfg = config_from_args(args)
+    loaded = load_index_from_config(cfg)
+    hashed = verify_index_files(loaded.path, loaded.manifest, rebuild_hint(cfg), force=True)
+    print(json.dumps({"index_dir": str(loaded.path), "sha256_checked": hashed, **loaded.manifest}, indent=2))
     return 0

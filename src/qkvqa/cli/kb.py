@@ -1,4 +1,4 @@
-"""`qkvqa kb`: build a KB store from a KB JSON dict / JSONL, and show one of its articles."""
+"""`qkvqa kb`: build a KB store from a KB JSON dict / JSONL, check it against its source, show one of its articles."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import sys
 
 
 def register(subparsers) -> None:
-    """Add `kb build` and `kb show`."""
+    """Add `kb build`, `kb check` and `kb show`."""
     parser = subparsers.add_parser(
         "kb", help="build and inspect the SQLite KB store",
         description="Build a random-access KB store (SQLite) from an E-VQA / InfoSeek KB, streamed, and "
@@ -17,14 +17,26 @@ def register(subparsers) -> None:
     build = commands.add_parser(
         "build", help="stream a KB JSON dict or JSONL into a store directory",
         description="Stream a KB (JSON dict {url: entry} such as encyclopedic_kb_wiki.json, or JSONL with one "
-                    "{url: entry} object per line) into DIR/kb.sqlite, and write DIR/manifest.json (source, "
-                    "article count, URL checksum) and DIR/report.json (articles without images, excluded "
-                    "sections, malformed entries, duplicate keys).")
+                    "{url: entry} object per line) into DIR/kb.sqlite, and write DIR/manifest.json (source size, "
+                    "sha256 and sampled fingerprint, article count, URL checksum, the store's sha256) and "
+                    "DIR/report.json (articles without images, excluded sections, malformed entries, duplicate "
+                    "keys). Entries in ReflectiVA's Wiki100k layout ({url: {\"wikipedia_content\": text}}) are "
+                    "read too: their paragraphs become untitled sections.")
     build.add_argument("--source", required=True, help="KB file: .json (dict) or .jsonl")
     build.add_argument("--out", required=True, help="store directory (created; an old store is replaced at the end)")
     build.add_argument("--format", default="auto", choices=["auto", "json_dict", "jsonl"],
                        help="KB layout (default: from the suffix, .json or .jsonl)")
     build.set_defaults(func=_build)
+
+    check = commands.add_parser(
+        "check", help="check a store against its KB file and its own checksum",
+        description="Check that a store's KB file is the one it was built from (size and a sampled 4 MiB "
+                    "fingerprint; --full: the sha256 of every byte of the KB file and of kb.sqlite). A copied or "
+                    "touched KB file passes; another file or a flipped byte in the store fails naming the file.")
+    check.add_argument("--store", required=True, help="store directory written by `qkvqa kb build`")
+    check.add_argument("--source", help="the KB file (default: the path recorded at build time, when it exists)")
+    check.add_argument("--full", action="store_true", help="hash every byte of the KB file and of kb.sqlite")
+    check.set_defaults(func=_check)
 
     show = commands.add_parser(
         "show", help="print one article of a store as JSON",
@@ -41,6 +53,29 @@ def _build(args: argparse.Namespace) -> int:
 
     manifest = build_kb_store(args.source, args.out, kb_format=args.format)
     print(json.dumps({"store": args.out, "articles": manifest["articles"], "issues": manifest["issues"]}))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from qkvqa.data.kb import KBStore
+
+    started = time.time()
+    store = KBStore.open(args.store)
+    source = args.source or store.manifest["source"]["path"]
+    checked = {"store": args.store, "articles": len(store)}
+    if args.full:
+        store.check_store()
+        checked["store_sha256"] = "ok"
+    if Path(source).is_file():
+        store.check_source(source, full=args.full)
+        checked["source"] = {"path": str(source), "check": "sha256" if args.full else "size + sampled fingerprint"}
+    else:
+        checked["source"] = {"path": str(source), "check": "skipped: file not found"}
+    checked["seconds"] = round(time.time() - started, 3)
+    print(json.dumps(checked))
     return 0
 
 

@@ -10,6 +10,7 @@ from typing import Any, List, Optional
 
 from qkvqa.components.registry import ComponentSpec
 from qkvqa.data.config import DataConfig
+from qkvqa.data.protocols import PROTOCOLS
 
 
 @dataclass
@@ -252,7 +253,7 @@ EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 STOP_AFTER = ("generation", "filter")
 CHOICES = {
     "resume": ("never", "auto"), "task": ("train", "evaluate", "retrieve", "rerank"),
-    "data.dataset": ("evqa", "infoseek"),
+    "data.dataset": ("evqa", "infoseek"), "data.protocol": tuple(PROTOCOLS),
     "retrieval.mode": ("image_to_summary", "image_to_image"), "retrieval.two_hop_policy": ("exclude", "first", "any"),
     "retrieval.summary_source": ("lead_section", "summaries"),
     "qff.focus": FOCUS_MODES, "qff.gate": FOCUS_GATES, "qff.image_transform": IMAGE_TRANSFORMS,
@@ -286,6 +287,10 @@ def check_values(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
+    protocol = OmegaConf.select(cfg, "data.protocol")
+    if protocol is not None and PROTOCOLS[protocol].dataset not in ("any", OmegaConf.select(cfg, "data.dataset")):
+        raise ConfigError(f"data.protocol={protocol!r} is a {PROTOCOLS[protocol].dataset} protocol, but data.dataset is "
+                          f"{OmegaConf.select(cfg, 'data.dataset')!r}")
     for key, (low, high) in BOUNDS.items():
         value = OmegaConf.select(cfg, key)
         if value is None:

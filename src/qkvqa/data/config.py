@@ -20,6 +20,9 @@ class ImagesConfig:
     landmarks_root: Optional[str] = None
     landmarks_layout: str = "abc_sharded"        # abc_sharded (a/b/c/{id}.jpg) | flat
     infoseek_root: Optional[str] = None
+    # webdataset shards holding the InfoSeek query images as `{data_id}.img.jpg` (ReflectiVA's
+    # val-{0000..0014}.tar); when set, InfoSeek images are read from them instead of infoseek_root.
+    infoseek_shards: Optional[str] = None
     extensions: List[str] = field(default_factory=lambda: [".jpg", ".JPEG"])
     kb_image_csvs: List[str] = field(default_factory=list)   # OMGM title -> image CSVs (globs allowed)
     kb_image_root: Optional[str] = None                      # root the CSVs' img_path is relative to
@@ -42,8 +45,8 @@ class DataConfig:
     test_questions: Optional[str] = None         # InfoSeek: also the official infoseek_val.jsonl
     infoseek_references: Optional[str] = None    # infoseek_val.jsonl
     infoseek_qtypes: Optional[str] = None        # infoseek_val_qtype.jsonl
-    # Which published evaluation protocol the files are, named in every report: for InfoSeek
-    # `echosight_100k` (EchoSight's 100K KB and 71,335 val questions, the paper's) or another one.
+    # Which published evaluation protocol the files follow, named in every report (qkvqa.data.protocols):
+    # evqa_2m and echosight_100k (the paper's), reflectiva_wiki100k (ReAG, CC-VQA), or custom.
     protocol: Optional[str] = None
     # E-VQA 2_hop rows: null = the task decides (evaluation reads every row, the paper's headline "all";
     # training, mining and retrieval read single-hop rows); true / false force it.

@@ -1,8 +1,10 @@
-"""Image resolvers (iNaturalist, GLDv2, InfoSeek, KB article images) and a loader that counts every skipped image."""
+"""Image resolvers (iNaturalist, GLDv2, InfoSeek folders or shards, KB article images) and a loader that counts every
+skipped image."""
 from __future__ import annotations
 
 import csv
 import glob
+import io
 import json
 import os
 from collections import OrderedDict
@@ -14,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 from PIL import Image
 
 from qkvqa.data.config import ImagesConfig
+from qkvqa.data.shards import ShardIndex, shard_paths
 from qkvqa.errors import ConfigError, DataError
 from qkvqa.utils.io import atomic_write_json
 from qkvqa.utils.logging import get_logger, global_rank
@@ -30,6 +33,8 @@ LAYOUTS = {"inaturalist": ("id2name", "flat"), "landmarks": ("abc_sharded", "fla
 SKIPPED_IMAGES_FILE = "skipped_images.json"
 # Individual skips logged as warnings before only the counts are reported.
 MAX_LOGGED_SKIPS = 5
+# The members of a webdataset sample that hold its image, tried in order.
+SHARD_IMAGE_EXTENSIONS = ("img.jpg", "jpg", "jpeg", "png", "img.png")
 
 
 def _under(root: Optional[str | os.PathLike], path: Optional[str | os.PathLike]) -> Optional[Path]:
@@ -57,6 +62,24 @@ class QueryImageResolver:
         self.id2name_files = [p for p in [_under(root, config.inaturalist_id2name)] if p is not None]
         self.id2name_files += [_under(root, p) for p in config.inaturalist_id2name_extra]
         self._id2name: Optional[dict[str, str]] = None
+        self.data_root = root
+        self.shard_patterns = {"infoseek": config.infoseek_shards} if config.infoseek_shards else {}
+        self._shards: dict[str, ShardIndex] = {}
+
+    def shards(self, pattern: str | os.PathLike) -> ShardIndex:
+        """The index of the webdataset shards of `pattern` (relative to data.root), scanned once per pattern."""
+        key = str(pattern)
+        if key not in self._shards:
+            self._shards[key] = ShardIndex.from_pattern(pattern, self.data_root)
+        return self._shards[key]
+
+    def image_shards(self, dataset_name: str) -> Optional[ShardIndex]:
+        """The shards `dataset_name`'s query images are read from (data.images.infoseek_shards), or None."""
+        pattern = self.shard_patterns.get(dataset_name)
+        return None if pattern is None else self.shards(pattern)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_shards": {}}          # DataLoader workers rescan rather than copy the index
 
     def _root(self, dataset_name: str) -> Path:
         if dataset_name not in self.roots:
@@ -74,6 +97,9 @@ class QueryImageResolver:
         for q in questions:
             first.setdefault(q.dataset_name, q.image_id)
         for dataset_name, image_id in first.items():
+            if dataset_name in self.shard_patterns:
+                shard_paths(self.shard_patterns[dataset_name], self.data_root)   # DataError naming a missing shard
+                continue
             root = self._root(dataset_name)
             if not root.is_dir():
                 raise DataError(f"{root}: the {dataset_name} image folder (data.images.{dataset_name}_root) does not "
@@ -140,6 +166,9 @@ class ImageLoader:
 
     def load(self, dataset_name: str, image_id: str) -> Optional[Image.Image]:
         """The query image of `image_id` as RGB, or None (recorded as missing / corrupt)."""
+        shards = self.resolver.image_shards(dataset_name)
+        if shards is not None:
+            return self._load_from_shards(shards, dataset_name, image_id)
         candidates = self.resolver.candidates(dataset_name, image_id)
         path = next((p for p in candidates if p.is_file()), None)
         if path is None:
@@ -149,19 +178,30 @@ class ImageLoader:
             return None
         return self.load_file(path, image_id, dataset_name)
 
-    def load_file(self, path: Path, image_id: str, dataset_name: str) -> Optional[Image.Image]:
-        """Open `path` as RGB, or None (recorded as corrupt or missing)."""
+    def _load_from_shards(self, shards: ShardIndex, dataset_name: str, image_id: str) -> Optional[Image.Image]:
+        member = next((m for m in (shards.member(image_id, ext) for ext in SHARD_IMAGE_EXTENSIONS) if m), None)
+        if member is None:
+            self.record(SkippedImage(image_id, dataset_name, "missing", None,
+                                     f"no {'/'.join(SHARD_IMAGE_EXTENSIONS)} member in the {len(shards.shards)} shards"))
+            return None
+        return self.load_file(io.BytesIO(shards.read(member)), image_id, dataset_name,
+                              where=f"{member.shard}#{image_id}")
+
+    def load_file(self, path: Path | io.BytesIO, image_id: str, dataset_name: str,
+                  where: Optional[str] = None) -> Optional[Image.Image]:
+        """Open `path` (a file, or bytes named by `where`) as RGB, or None (recorded as corrupt or missing)."""
+        where = where or str(path)
         try:
             with Image.open(path) as image:
                 if min(image.size) < MIN_IMAGE_SIDE:
-                    self.record(SkippedImage(image_id, dataset_name, "too_small", str(path),
+                    self.record(SkippedImage(image_id, dataset_name, "too_small", where,
                                              f"{image.size[0]}x{image.size[1]} px; at least {MIN_IMAGE_SIDE} px a side"))
                     return None
                 return image.convert("RGB")
         except FileNotFoundError:
-            self.record(SkippedImage(image_id, dataset_name, "missing", str(path)))
+            self.record(SkippedImage(image_id, dataset_name, "missing", where))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            self.record(SkippedImage(image_id, dataset_name, "corrupt", str(path), f"{type(e).__name__}: {e}"))
+            self.record(SkippedImage(image_id, dataset_name, "corrupt", where, f"{type(e).__name__}: {e}"))
         return None
 
     def record(self, skip: SkippedImage) -> None:

@@ -1,4 +1,10 @@
-"""KB store: streams a KB JSON dict or JSONL into SQLite for random access by row id (KB order) or URL."""
+"""KB store: streams a KB JSON dict or JSONL into SQLite for random access by row id (KB order) or URL.
+
+Two entry layouts are read: the E-VQA / InfoSeek one (title, section_titles, section_texts, image
+fields) and ReflectiVA's Wiki100k one (`wikipedia_content`, one text per article; its paragraphs,
+split at blank lines, become untitled sections). The manifest records the source's size, sha256 and
+a sampled fingerprint, so a copied or touched KB file is still recognised (`check_source`).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +22,7 @@ import ijson
 from qkvqa.data.sections import (CandidateSection, candidate_sections, is_empty_section, is_excluded_section,
                                  section_string)
 from qkvqa.errors import DataError, StaleArtifactError
-from qkvqa.utils.io import atomic_write_json
+from qkvqa.utils.io import atomic_write_json, sha256_file
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
@@ -25,8 +31,12 @@ log = get_logger(__name__)
 STORE_FILE = "kb.sqlite"
 MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "report.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KB_FORMATS = ("json_dict", "jsonl")
+# The sampled fingerprint of a KB source: its size and SAMPLE_BLOCKS blocks of SAMPLE_BLOCK bytes at evenly
+# spaced offsets (the first and the last included): 4 MiB read, whatever the file's size.
+SAMPLE_BLOCKS = 64
+SAMPLE_BLOCK = 64 << 10
 QUERY_CHUNK = 10000          # row ids per SELECT ... IN (...): SQLite builds cap the number of bound parameters
 
 # The list fields of a KB entry (data-formats.md section 2.2), in storage order.
@@ -85,32 +95,46 @@ def detect_kb_format(path: str | os.PathLike) -> str:
 
 
 def iter_kb_source(path: str | os.PathLike, kb_format: str = "auto",
-                   on_bytes: Optional[Callable[[int], None]] = None) -> Iterator[tuple[str, Any, str]]:
+                   on_bytes: Optional[Callable[[int], None]] = None, digest: Any = None) -> Iterator[tuple[str, Any, str]]:
     """Stream (key, entry, position) from a KB JSON dict or JSONL file without loading it whole.
 
     `position` names where the entry is ("entry 12" or "line 12"). A truncated or malformed file
     raises DataError naming the file and the last good key or the bad line. `on_bytes(offset)` is
-    called now and then with the byte offset read so far (for progress bars).
+    called now and then with the byte offset read so far (for progress bars); `digest` (a hashlib
+    object) is fed every byte of the file, in order, while it streams.
     """
     kb_format = detect_kb_format(path) if kb_format == "auto" else kb_format
     if kb_format == "json_dict":
-        yield from _iter_json_dict(Path(path), on_bytes)
+        yield from _iter_json_dict(Path(path), on_bytes, digest)
     elif kb_format == "jsonl":
-        yield from _iter_jsonl(Path(path), on_bytes)
+        yield from _iter_jsonl(Path(path), on_bytes, digest)
     else:
         raise DataError(f"{path}: unknown KB format {kb_format!r}; expected one of {', '.join(KB_FORMATS)}")
 
 
-def _iter_json_dict(path: Path, on_bytes) -> Iterator[tuple[str, Any, str]]:
+class _HashingReader:
+    """A binary file's `read` that feeds what it returns to a digest (ijson only calls `read`)."""
+
+    def __init__(self, f, digest):
+        self.f, self.digest = f, digest
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.digest.update(data)
+        return data
+
+
+def _iter_json_dict(path: Path, on_bytes, digest=None) -> Iterator[tuple[str, Any, str]]:
     with open(path, "rb") as f:
         first = f.read(4096).lstrip()[:1]
         if first != b"{":
             what = "is empty" if not first else f"starts with {first.decode('latin-1')!r}"
             raise DataError(f"{path}: line 1: a KB JSON dict must start with '{{' but the file {what}")
         f.seek(0)
+        reader = f if digest is None else _HashingReader(f, digest)
         count, last_key = 0, None
         try:
-            for key, value in ijson.kvitems(f, "", use_float=True):
+            for key, value in ijson.kvitems(reader, "", use_float=True):
                 count += 1
                 last_key = key
                 if on_bytes is not None and count % 256 == 0:
@@ -120,15 +144,19 @@ def _iter_json_dict(path: Path, on_bytes) -> Iterator[tuple[str, Any, str]]:
             where = f"after entry {count} (key {last_key!r})" if count else "before the first entry"
             reason = " ".join(str(e).split())   # the parser's message spans several lines
             raise DataError(f"{path}: truncated or malformed KB JSON {where}, near byte {f.tell()}: {reason}") from e
+        if digest is not None:
+            _HashingReader(f, digest).read()          # whatever follows the closing brace
         if on_bytes is not None:
             on_bytes(f.tell())
 
 
-def _iter_jsonl(path: Path, on_bytes) -> Iterator[tuple[str, Any, str]]:
+def _iter_jsonl(path: Path, on_bytes, digest=None) -> Iterator[tuple[str, Any, str]]:
     with open(path, "rb") as f:
         offset = 0
         for lineno, line in enumerate(f, 1):
             offset += len(line)
+            if digest is not None:
+                digest.update(line)
             if on_bytes is not None and lineno % 256 == 0:
                 on_bytes(offset)
             if not line.strip():
@@ -146,12 +174,44 @@ def _iter_jsonl(path: Path, on_bytes) -> Iterator[tuple[str, Any, str]]:
             on_bytes(offset)
 
 
+def title_from_url(url: str) -> str:
+    """A Wikipedia URL's article title (`.../wiki/Blue_jay` -> `Blue jay`), or the URL itself."""
+    from urllib.parse import unquote
+
+    tail = url.rstrip("/").rsplit("/", 1)[-1]
+    return unquote(tail).replace("_", " ") or url
+
+
+def is_reflectiva_entry(value: Any) -> bool:
+    """ReflectiVA's Wiki100k layout: `wikipedia_content` (one text) instead of section lists."""
+    return isinstance(value, dict) and "wikipedia_content" in value and "section_texts" not in value
+
+
+def from_reflectiva_entry(key: str, value: dict) -> tuple[dict, list[str]]:
+    """The E-VQA-layout entry of a ReflectiVA one, and its problems: title from `wikipedia_title` or the URL,
+    the content's paragraphs (split at blank lines) as untitled sections, no images."""
+    problems = []
+    content = value["wikipedia_content"]
+    if not isinstance(content, str):
+        problems.append("wikipedia_content is not a string")
+        content = ""
+    title = value.get("wikipedia_title", value.get("title"))
+    if not isinstance(title, str) or not title.strip():
+        title = title_from_url(key)
+    paragraphs = [p.strip() for p in content.split("\n\n") if p.strip()] or [""]
+    return {"url": value.get("url", key), "title": title, "section_titles": [""] * len(paragraphs),
+            "section_texts": paragraphs, "image_urls": [], "image_reference_descriptions": [],
+            "image_section_indices": []}, problems
+
+
 def normalise_entry(key: str, value: Any) -> tuple[str, dict[str, list], list[str]]:
     """(title, list fields, problems) of one raw entry; anything malformed becomes an empty value plus a problem."""
     problems: list[str] = []
     if not isinstance(value, dict):
         problems.append(f"entry is a {type(value).__name__}, not an object")
         value = {}
+    if is_reflectiva_entry(value):
+        value, problems = from_reflectiva_entry(key, value)
     url = value.get("url", key)
     if url != key:
         problems.append(f"url field {url!r} differs from its key")
@@ -213,11 +273,14 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
     conn = sqlite3.connect(tmp_path)
     try:
         conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;" + _SCHEMA)
-        count, checksum = _fill_store(conn, source, kb_format, stat.st_size)
+        content = hashlib.sha256()
+        count, checksum, layouts = _fill_store(conn, source, kb_format, stat.st_size, content)
         counts = _issue_counts(conn)
         manifest = {
             "schema_version": SCHEMA_VERSION,
-            "source": {"path": str(source), "format": kb_format, "size": stat.st_size, "mtime": stat.st_mtime},
+            "source": {"path": str(source), "format": kb_format, "size": stat.st_size, "mtime": stat.st_mtime,
+                       "sha256": content.hexdigest(), "sample_sha256": sampled_fingerprint(source),
+                       "entry_layouts": layouts},
             "articles": count,
             "url_checksum": checksum,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -230,6 +293,8 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         conn.commit()
         _write_report(conn, out_dir / REPORT_FILE, manifest)
         conn.close()
+        manifest["store_sha256"] = sha256_file(tmp_path)
+        manifest["store_size"] = tmp_path.stat().st_size
         os.replace(tmp_path, out_dir / STORE_FILE)
     except BaseException:
         conn.close()
@@ -243,9 +308,27 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
     return manifest
 
 
-def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: int) -> tuple[int, str]:
-    """Insert every entry in file order; returns (article count, URL checksum)."""
+def sampled_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 of a file's size and SAMPLE_BLOCKS blocks of SAMPLE_BLOCK bytes at evenly spaced offsets (first and last
+    included): 4 MiB read whatever the size. Another KB version differs in size or in a sampled block; a
+    same-size edit confined to the unsampled bytes is the false accept `qkvqa kb check --full` rules out."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256(f"{size}\0".encode())
+    last = max(0, size - SAMPLE_BLOCK)
+    offsets = sorted({round(i * last / (SAMPLE_BLOCKS - 1)) for i in range(SAMPLE_BLOCKS)})
+    with open(path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            digest.update(f.read(SAMPLE_BLOCK))
+    return digest.hexdigest()
+
+
+def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: int,
+                content: Any) -> tuple[int, str, dict[str, int]]:
+    """Insert every entry in file order, feeding the file's bytes to `content`; returns (article count, URL
+    checksum, entries per layout)."""
     digest = hashlib.sha256()
+    layouts = {"evqa": 0, "reflectiva": 0}
     next_row = 0
     bar = progress(total=size, desc=f"kb build {source.name}", unit="B", unit_scale=True)
     done = [0]
@@ -255,9 +338,10 @@ def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: in
         done[0] = offset
 
     with bar:
-        for key, value, position in iter_kb_source(source, kb_format, on_bytes):
+        for key, value, position in iter_kb_source(source, kb_format, on_bytes, digest=content):
             if not isinstance(key, str) or not key:
                 raise DataError(f"{source}: {position}: empty KB key")
+            layouts["reflectiva" if is_reflectiva_entry(value) else "evqa"] += 1
             title, fields, problems = normalise_entry(key, value)
             body = json.dumps([fields[name] for name in LIST_FIELDS], ensure_ascii=False)
             issues = _entry_issues(key, title, fields, problems)
@@ -273,7 +357,7 @@ def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: in
                 issues.append(("duplicate_key", f"{position}: the last value wins at row {row_id}"))
             conn.executemany("INSERT INTO issues (kind, row_id, key, detail) VALUES (?, ?, ?, ?)",
                              [(kind, row_id, key, detail) for kind, detail in issues])
-    return next_row, "sha256:" + digest.hexdigest()
+    return next_row, "sha256:" + digest.hexdigest(), layouts
 
 
 def _issue_counts(conn: sqlite3.Connection) -> dict[str, int]:
@@ -324,17 +408,28 @@ class KBStore:
 
     @classmethod
     def open(cls, store_dir: str | os.PathLike, source: Optional[str | os.PathLike] = None) -> "KBStore":
-        """Open a store; with `source`, refuse it when that KB file changed since the build (size or mtime)."""
+        """Open a store; with `source`, refuse it when that KB file is not the one it was built from (`check_source`).
+        A kb.sqlite of another size than the build wrote, or one SQLite cannot read, is refused naming the file."""
         store_dir = Path(store_dir)
         manifest_path, db_path = store_dir / MANIFEST_FILE, store_dir / STORE_FILE
+        rebuild = f"rebuild the store with `qkvqa kb build --source KB.json --out {store_dir}`"
         for path in (manifest_path, db_path):
             if not path.is_file():
                 raise DataError(f"{path}: not found; build the store with `qkvqa kb build --source KB.json "
                                 f"--out {store_dir}`")
-        with open(manifest_path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        try:
+            with open(manifest_path, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{manifest_path}: unreadable manifest ({e}); {rebuild}") from None
+        if manifest.get("store_size") is not None and db_path.stat().st_size != manifest["store_size"]:
+            raise DataError(f"{db_path}: {db_path.stat().st_size} bytes, the build wrote {manifest['store_size']} "
+                            f"(truncated or replaced); {rebuild}")
         store = cls(store_dir, manifest)
-        (stored,) = store._connection().execute("SELECT value FROM meta WHERE key = 'manifest'").fetchone()
+        try:
+            (stored,) = store._connection().execute("SELECT value FROM meta WHERE key = 'manifest'").fetchone()
+        except (sqlite3.DatabaseError, TypeError) as e:
+            raise DataError(f"{db_path}: not a readable KB store ({e}); {rebuild}") from None
         stored = json.loads(stored)
         if (stored["articles"], stored["url_checksum"]) != (manifest["articles"], manifest["url_checksum"]):
             raise StaleArtifactError(f"{manifest_path} does not describe {db_path} (an interrupted rebuild?); "
@@ -343,15 +438,44 @@ class KBStore:
             store.check_source(source)
         return store
 
-    def check_source(self, source: str | os.PathLike) -> None:
-        """Raise StaleArtifactError when `source` is not the KB file this store was built from."""
-        stat = Path(source).stat()
+    def check_source(self, source: str | os.PathLike, full: bool = False) -> None:
+        """Raise StaleArtifactError when `source` is not the KB file this store was built from.
+
+        The content decides, not the mtime (a `cp -r` or `touch` keeps the store usable): the size and the
+        sampled fingerprint (4 MiB read), or with `full` the sha256 of every byte. A store built before
+        content hashes were recorded falls back to size and mtime.
+        """
+        path = Path(source)
+        size = path.stat().st_size
         built = self.manifest["source"]
-        if (stat.st_size, stat.st_mtime) != (built["size"], built["mtime"]):
-            raise StaleArtifactError(
-                f"KB store {self.store_dir} was built from {built['path']} ({built['size']} bytes, mtime "
-                f"{built['mtime']}) but {source} has {stat.st_size} bytes, mtime {stat.st_mtime}; rebuild it "
-                f"with `qkvqa kb build --source {source} --out {self.store_dir}`")
+        rebuild = f"rebuild it with `qkvqa kb build --source {source} --out {self.store_dir}`"
+        if size != built["size"]:
+            raise StaleArtifactError(f"KB store {self.store_dir} was built from {built['path']} ({built['size']} bytes) "
+                                     f"but {source} has {size} bytes: another KB file; {rebuild}")
+        if "sample_sha256" not in built:
+            if path.stat().st_mtime != built["mtime"]:
+                raise StaleArtifactError(
+                    f"KB store {self.store_dir} predates content hashes and {source} has another mtime than at the "
+                    f"build ({built['mtime']}); {rebuild} (the new store checks content, not mtime)")
+            return
+        if full:
+            found, wanted, what = sha256_file(path), built["sha256"], "sha256"
+        else:
+            found, wanted, what = sampled_fingerprint(path), built["sample_sha256"], "sampled fingerprint"
+        if found != wanted:
+            raise StaleArtifactError(f"KB store {self.store_dir} was built from another {source}: same size, but the "
+                                     f"{what} differs ({found[:12]} here, {wanted[:12]} at the build); {rebuild}")
+
+    def check_store(self) -> None:
+        """Raise DataError when kb.sqlite is not, byte for byte, the file the build wrote (sha256 in the manifest)."""
+        db_path = self.store_dir / STORE_FILE
+        wanted = self.manifest.get("store_sha256")
+        if wanted is None:
+            return
+        found = sha256_file(db_path)
+        if found != wanted:
+            raise DataError(f"{db_path}: corrupt (sha256 {found[:12]}, the build wrote {wanted[:12]}); rebuild the "
+                            f"store with `qkvqa kb build --source {self.manifest['source']['path']} --out {self.store_dir}`")
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._conn_pid != os.getpid():

@@ -1,4 +1,5 @@
-"""Question readers: E-VQA CSVs, EchoSight-style InfoSeek CSVs and the official InfoSeek JSONL files."""
+"""Question readers: E-VQA CSVs, EchoSight-style InfoSeek CSVs, the official InfoSeek JSONL files and ReflectiVA's
+webdataset query shards."""
 from __future__ import annotations
 
 import csv
@@ -308,3 +309,34 @@ def attach_infoseek_references(questions: list[Question], references: dict[str, 
     level("InfoSeek %s: %d of %d questions have a reference; %d references have no question", name,
           overlap["matched"], overlap["questions"], overlap["references_without_question"])
     return overlap
+
+
+QUESTION_MEMBER = "question"
+
+
+def read_webdataset_questions(shards, references: dict[str, InfoSeekReference], name: str = "") -> list[Question]:
+    """Questions of ReflectiVA's InfoSeek query shards (`__key__` = data_id, a `question` member, an `img.jpg` member),
+    in shard order, each joined with its official reference by data_id (None when it has none: the evaluation
+    refuses such a set before any model runs). A sample without a question member is a DataError naming it."""
+    questions = []
+    for key in shards.keys():
+        member = shards.member(key, QUESTION_MEMBER)
+        if member is None:
+            where = next(iter(shards.samples[key].values())).shard
+            raise DataError(f"{where}: sample {key!r} has no '{QUESTION_MEMBER}' member (found: "
+                            f"{', '.join(sorted(shards.samples[key]))}); these are not ReflectiVA query shards")
+        try:
+            text = shards.read(member).decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            raise DataError(f"{member.shard}: sample {key!r}: field 'question': not UTF-8 ({e})") from None
+        ref = references.get(key)
+        answers = list(ref.answer) if ref is not None else []
+        questions.append(Question(
+            data_id=key, question=text, answers=answers, raw_answer="|".join(answers),
+            question_type=ref.question_type if ref is not None else None, image_id=key, image_ids=[key],
+            dataset_name="infoseek", gold_urls=[], gold_title="", evidence_section_id=None,
+            evidence_section_title="", split=ref.data_split if ref is not None else "", source=f"{member.shard}#{key}",
+            reference=ref))
+    log.info("InfoSeek shards %s: %d questions in %d shards, %d with a reference", name, len(questions),
+             len(shards.shards), sum(q.reference is not None for q in questions))
+    return questions

@@ -120,6 +120,11 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
         notes.append(f"{scores['n_skipped']} questions could not be answered because their query image is missing "
                      f"or unreadable (listed in predictions.jsonl with `skipped`, in scores.json and in "
                      f"skipped_images.json). {counted}")
+    images = scores.get("qff_article_images") or {}
+    if images.get("without_image"):
+        notes.append(f"{images['without_image']} of the {images['ranked_articles']} ranked articles have no main image, "
+                     "so the QFF scored them 0 and only their stage-1 similarity ranked them (set "
+                     "data.images.kb_image_csvs to the title -> image CSVs).")
     if scores["dataset"] == "evqa" and not scores.get("two_hop_rows"):
         notes.append("data.include_two_hop=false: only single-hop rows were evaluated, so accuracy is the "
                      "single-hop figure, NOT comparable to the paper's headline over all 5,750 test rows.")
@@ -127,6 +132,17 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
 
 
 QUESTION_IDS = "question_ids.json"
+
+
+def ranked_articles_without_image(benchmark: Any, rows: Sequence[dict]) -> dict:
+    """How many distinct ranked articles have no main image (the QFF scores them 0, as OMGM does): a KB without
+    images (ReflectiVA's) and no title -> image CSVs make the QFF a no-op, which the report must say."""
+    urls = list(dict.fromkeys(a["url"] for r in rows for a in (r.get("ranking") or [])))
+    store, images = benchmark.kb_store(), benchmark.article_images()
+    missing = 0
+    for article in store.get_many([store.row_of(url) for url in urls if url in store]):
+        missing += images.main_image(article.title, article.image_urls) is None
+    return {"ranked_articles": len(urls), "without_image": missing}
 
 
 def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path]) -> dict:
@@ -155,12 +171,15 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
                             f"InfoSeek's overall score (the harmonic mean of both splits) would be 0; use "
                             f"data.sample_questions (a seeded random sample) instead of data.max_questions "
                             f"(the first rows), or evaluate the whole file")
-    from qkvqa.pipeline.protocol import PAPER_QUESTIONS
+    from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions
 
-    expected = PAPER_QUESTIONS.get((dataset, split))
-    log.info("evaluating %d %s %s questions from %s (%s)%s", len(questions), dataset, split, source,
-             ", ".join(f"{k} {v}" for k, v in out["per_question_type"].items()),
-             f"; the paper's set has {expected:,}" if expected and expected != len(questions) else "")
+    protocol = data.protocol or PAPER_PROTOCOLS.get(dataset)
+    expected = expected_questions(dataset, split, data.protocol)
+    out["protocol_questions"] = expected
+    log.info("evaluating %d %s %s questions from %s (%s); protocol %s%s", len(questions), dataset, split, source,
+             ", ".join(f"{k} {v}" for k, v in out["per_question_type"].items()), protocol,
+             "" if expected is None else f" has {expected:,}" + (" (the same count)" if expected == len(questions)
+                                                                  else " (a different count)"))
     return out
 
 
@@ -211,6 +230,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
         scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store())
+        if cfg.eval.filter == "qff":
+            scores["qff_article_images"] = ranked_articles_without_image(benchmark, rows)
         scores["retrieval_source"] = meta["source"]
         scores["duplicate_rows_dropped"] = store.duplicates()
         atomic_write_json(run_dir / "scores.json", scores)

@@ -12,10 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-# The paper's question counts (section 4.1): E-VQA test rows (single-hop and two-hop), InfoSeek val.
-PAPER_QUESTIONS = {("evqa", "test"): 5750, ("infoseek", "test"): 71335}
-# The paper's protocol per dataset (data.protocol): its KB and question files.
-PAPER_PROTOCOLS = {"evqa": "evqa_2m", "infoseek": "echosight_100k"}
+from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions, protocol_named
+
 TABLE6_SUBSET = 1000
 FINGERPRINT_BYTES = 4 << 20          # bytes read at each end of a weight file
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".json", ".model")
@@ -75,7 +73,9 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
         reasons.append("the experiment names no paper row (config key `paper`)")
     protocol, wanted = cfg.data.protocol, PAPER_PROTOCOLS.get(dataset)
     if protocol != wanted:
-        reasons.append(f"data.protocol is {protocol!r}, where the paper's {dataset} numbers use {wanted!r}")
+        peers = protocol_named(protocol)
+        reasons.append(f"data.protocol is {protocol!r}, where the paper's {dataset} numbers use {wanted!r}"
+                       + (f" (this run's numbers compare with {peers.comparable_to})" if peers else ""))
     tiny = [name for name in used if cfg.components[name].tiny]
     if tiny:
         reasons.append(f"tiny random components ({', '.join(tiny)})")
@@ -89,9 +89,10 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     else:
         if sample is not None:
             reasons.append(f"a random sample of {sample} questions (data.sample_questions)")
-        expected = PAPER_QUESTIONS.get((dataset, split))
+        expected = expected_questions(dataset, split, protocol)
         if expected is not None and scores["n_questions"] != expected:
-            reasons.append(f"{scores['n_questions']} questions, where the paper's {dataset} {split} set has {expected:,}")
+            reasons.append(f"{scores['n_questions']} questions, where the {protocol or wanted} {split} set has "
+                           f"{expected:,}")
     if scores.get("exclude_skipped") and scores["n_skipped"]:
         reasons.append(f"{scores['n_skipped']} unanswerable questions are left out (eval.exclude_skipped)")
     if dataset == "evqa" and not scores.get("two_hop_rows"):
@@ -112,13 +113,15 @@ def protocol_card(cfg: Any, scores: dict, kb: Any) -> dict:
     question_set = scores.get("question_set") or {}
     card = {
         "dataset": scores["dataset"], "protocol": cfg.data.protocol, "split": cfg.eval.split,
+        "protocol_kb": getattr(protocol_named(cfg.data.protocol), "kb", None),
+        "protocol_comparable_to": getattr(protocol_named(cfg.data.protocol), "comparable_to", None),
         "n_questions": scores["n_questions"],
         "n_unanswerable": scores["n_skipped"], "per_question_type": question_set.get("per_question_type"),
         "per_split": question_set.get("per_split"), "questions_file": question_set.get("file"),
         "kb": {"path": str(kb.store_dir), "articles": len(kb), "url_checksum": kb.url_checksum},
         "stage1": {"results_file": cfg.retrieval.results} if cfg.retrieval.results else {
             "mode": cfg.retrieval.mode, "summary_source": cfg.retrieval.summary_source if
-            cfg.retrieval.mode == "image_to_summary" else None, "index": cfg.retrieval.index_factory,
+            cfg.retrieval.mode == "image_to_summary" else None, "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory,
             "top_k": cfg.retrieval.top_k},
         "filter": {"kind": cfg.eval.filter, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
         if cfg.eval.filter == "qff" else {"kind": cfg.eval.filter},
@@ -158,6 +161,8 @@ def render_card(card: dict) -> str:
 
     lines = ["## Protocol", "", "| what | value |", "|---|---|",
              f"| dataset / protocol / split | {card['dataset']} / {cell(card['protocol'])} / {card['split']} |",
+             *([f"| protocol | {card['protocol_kb']}; its numbers compare with {card['protocol_comparable_to']} |"]
+               if card.get("protocol_kb") else []),
              f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, counted as wrong); "
              f"by type: {cell(card['per_question_type'])}"
              + (f"; by split: {cell(card['per_split'])}" if card.get("per_split") else "") + " |",

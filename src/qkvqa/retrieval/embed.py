@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
-from qkvqa.utils.io import atomic_write_json, read_json
+from qkvqa.utils.io import atomic_write_json, read_json, sha256_file
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
@@ -62,18 +62,14 @@ def embed_root(cfg) -> Path:
     return Path(cfg.retrieval.embed_dir or Path(cfg.paths.cache_dir) / "embeddings").expanduser()
 
 
-def _file_identity(path: Path) -> dict:
+def _file_identity(path: Path) -> dict | list:
+    """Path, size and mtime of a file; of each shard for a webdataset pattern (`val-{0000..0014}.tar`)."""
+    from qkvqa.data.shards import expand_braces, is_shard_pattern
+
+    if is_shard_pattern(path) and not path.is_file():
+        return [_file_identity(Path(name)) for name in expand_braces(str(path))]
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime}
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 of a file, read in 8 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 23), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -577,12 +573,14 @@ def query_images_identity(data) -> dict:
 
     images = data.images
     keys = ("inaturalist_root", "inaturalist_layout", "inaturalist_id2name", "inaturalist_id2name_extra",
-            "landmarks_root", "landmarks_layout", "infoseek_root", "extensions")
+            "landmarks_root", "landmarks_layout", "infoseek_root", "infoseek_shards", "extensions")
     out = {key: list(getattr(images, key)) if isinstance(getattr(images, key), (list, tuple)) else getattr(images, key)
            for key in keys}
     maps = [images.inaturalist_id2name, *images.inaturalist_id2name_extra]
     files = [resolve_data_path(data, name) for name in maps if name]
     out["id2name_files"] = [_file_identity(f) if f.is_file() else {"path": str(f), "missing": True} for f in files]
+    if images.infoseek_shards:
+        out["infoseek_shard_files"] = _file_identity(resolve_data_path(data, images.infoseek_shards))
     return out
 
 

@@ -188,6 +188,7 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
         text_source = {"summary_source": source["summary_source"], **({"summaries": source["summaries"]}
                                                                        if "summaries" in source else {})}
     manifest = {
+        "sha256": _file_hashes(out_dir),
         "format": INDEX_FORMAT, "mode": mode, "factory": factory, "metric": "inner_product", "dim": int(dim),
         "count": int(count), "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store),
                                     "store": str(kb_store.store_dir)},
@@ -199,6 +200,119 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
     log.info("index %s: %d vectors, dim %d, %s, %s, built in %.1fs", out_dir, count, dim, factory, mode,
              manifest["build_seconds"])
+    return manifest
+
+
+def _file_hashes(out_dir: Path) -> dict:
+    """sha256 of the index file and the row mapping, recorded in the manifest and checked at first load."""
+    from qkvqa.utils.io import sha256_file
+
+    return {INDEX_FILE: sha256_file(out_dir / INDEX_FILE), ROWS_FILE: sha256_file(out_dir / ROWS_FILE)}
+
+
+def verify_index_files(path: Path, manifest: dict, rebuild_hint: str, force: bool = False) -> list[str]:
+    """Check the index's files against the sha256 in its manifest (once per file version unless `force`; indexes
+    built before hashes were recorded are not checked); returns the names checked."""
+    from qkvqa.utils.io import verify_sha256_once
+
+    hashes = manifest.get("sha256") or {}
+    for name, wanted in hashes.items():
+        verify_sha256_once(path / name, wanted, "index file", f"rebuild the index: {rebuild_hint}", force=force)
+    return list(hashes)
+
+
+# An imported index may hold vectors whose URL is not in the KB store (they never match); above this share
+# the KB is another one than the index was built for, and the import is refused.
+MAX_UNMAPPED_SHARE = 0.01
+
+
+def read_url_list(path: Path, count: int) -> list[str]:
+    """The URL of every vector of a foreign index from its JSON list (`values[row][0]` = URL, ReflectiVA's knn.json;
+    a plain list of URLs is read too); DataError naming the file and the row otherwise."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: URL list not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: malformed JSON ({e}); expected a list with values[row][0] = URL") from None
+    if isinstance(values, dict) and all(str(k).isdigit() for k in values):
+        values = [values[k] for k in sorted(values, key=int)]
+    if not isinstance(values, list):
+        raise DataError(f"{path}: expected a JSON list with values[row][0] = URL, found a {type(values).__name__}")
+    if len(values) != count:
+        raise DataError(f"{path}: {len(values)} entries, but the index holds {count} vectors: not its URL list")
+    urls = []
+    for row, value in enumerate(values):
+        url = value[0] if isinstance(value, (list, tuple)) and value else value
+        if not isinstance(url, str) or not url:
+            raise DataError(f"{path}: row {row}: expected [URL, ...] or a URL, found {json.dumps(value)[:80]}")
+        urls.append(url)
+    return urls
+
+
+def import_index(index_file: str | os.PathLike, urls_file: str | os.PathLike, out_dir: str | os.PathLike, *,
+                 kb_store, mode: str, encoders: dict) -> dict:
+    """Adopt a foreign faiss index (ReflectiVA's knn.index with knn.json) as an index directory over `kb_store`.
+
+    Each vector's URL is mapped to its KB row; vectors whose URL the KB lacks map to -1 (never returned),
+    counted in the manifest, and more than MAX_UNMAPPED_SHARE of them refuse the import. `encoders` are the
+    identities the user declares the index was built with (the config's), checked at load time like a
+    built index's; the source files' sha256 are recorded. Returns the manifest.
+    """
+    import faiss
+
+    from qkvqa.utils.io import sha256_file
+
+    started = time.time()
+    index_file, urls_file, out_dir = Path(index_file), Path(urls_file), Path(out_dir)
+    if not index_file.is_file():
+        raise DataError(f"{index_file}: faiss index not found")
+    try:
+        index = faiss.read_index(str(index_file))
+    except RuntimeError as e:
+        raise DataError(f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); re-download it") from None
+    urls = read_url_list(urls_file, int(index.ntotal))
+    rows = np.full(len(urls), -1, dtype=np.int64)
+    unmapped = []
+    for vector, url in enumerate(progress(urls, desc="index import: URLs -> KB rows", unit="url")):
+        try:
+            rows[vector] = kb_store.row_of(url)
+        except KeyError:
+            unmapped.append(url)
+    if len(unmapped) > MAX_UNMAPPED_SHARE * len(urls):
+        raise DataError(f"{urls_file}: {len(unmapped)} of {len(urls)} URLs are not in the KB store {kb_store.store_dir} "
+                        f"(first: {unmapped[:3]}): the index was built over another KB; build the store from its KB")
+    if unmapped:
+        log.warning("%d of %d vectors of %s have a URL the KB lacks (first: %s); they are never returned",
+                    len(unmapped), len(urls), index_file, unmapped[:3])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
+    tmp = out_dir / f".{INDEX_FILE}.partial-{os.getpid()}"
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, out_dir / INDEX_FILE)
+    tmp_rows = out_dir / f".{ROWS_FILE}.partial-{os.getpid()}"
+    with open(tmp_rows, "wb") as f:
+        np.save(f, rows)
+    os.replace(tmp_rows, out_dir / ROWS_FILE)
+    metric = "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else f"faiss metric {index.metric_type}"
+    manifest = {
+        "sha256": _file_hashes(out_dir),
+        "format": INDEX_FORMAT, "mode": mode, "factory": f"imported ({type(faiss.downcast_index(index)).__name__})",
+        "metric": metric, "dim": int(index.d), "count": int(index.ntotal),
+        "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store), "store": str(kb_store.store_dir)},
+        "encoder": dict(encoders), "text_source": None,
+        "imported": {"index": {"path": str(index_file.resolve()), "sha256": sha256_file(index_file)},
+                     "urls": {"path": str(urls_file.resolve()), "sha256": sha256_file(urls_file)},
+                     "unmapped_vectors": len(unmapped), "unmapped_examples": unmapped[:5]},
+        "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": 0, "kb_skipped": {}, "gpu": False,
+        "faiss_version": faiss.__version__, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(time.time() - started, 3)}
+    atomic_write_json(out_dir / MANIFEST_FILE, manifest)
+    log.info("index %s: imported %d vectors (dim %d, %s) from %s; %d URLs not in the KB", out_dir, index.ntotal,
+             index.d, metric, index_file, len(unmapped))
     return manifest
 
 
@@ -243,7 +357,7 @@ class LoadedIndex:
         faiss.normalize_L2(queries)
         k = min(int(k), int(self.index.ntotal))
         scores, ids = self.index.search(queries, k)
-        rows = np.where(ids >= 0, self.vector_rows[np.clip(ids, 0, None)], -1)
+        rows = np.where(ids >= 0, self.vector_rows[np.clip(ids, 0, None)], -1)    # -1: padding or an unmapped vector
         return scores, rows
 
 
@@ -282,15 +396,27 @@ def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = 
     if mode is not None:
         check_mode(mode)
     diffs = index_differences(manifest, kb_store=kb_store, mode=mode, encoders=encoders)
-    index = faiss.read_index(str(path / manifest.get("index_file", INDEX_FILE)))
-    rows = np.load(path / manifest.get("row_mapping", ROWS_FILE))
+    if not diffs:
+        verify_index_files(path, manifest, rebuild_hint)
+    index_file, rows_file = path / manifest.get("index_file", INDEX_FILE), path / manifest.get("row_mapping", ROWS_FILE)
+    try:
+        index = faiss.read_index(str(index_file))
+    except RuntimeError as e:
+        raise DataError(f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); rebuild it: "
+                        f"{rebuild_hint}") from None
+    try:
+        rows = np.load(rows_file)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{rows_file}: unreadable row mapping ({e}); rebuild the index: {rebuild_hint}") from None
     if index.ntotal != manifest.get("count") or len(rows) != manifest.get("count"):
         diffs.append(f"vector count: manifest {manifest.get('count')}, {INDEX_FILE} {index.ntotal}, "
                      f"{ROWS_FILE} {len(rows)}")
     if index.d != manifest.get("dim"):
         diffs.append(f"dim: manifest {manifest.get('dim')}, {INDEX_FILE} {index.d}")
-    if len(rows) and (rows.min() < 0 or rows.max() >= len(kb_store)):
-        diffs.append(f"KB rows out of range: {ROWS_FILE} spans {rows.min()}..{rows.max()}, KB has {len(kb_store)}")
+    unmapped = int((manifest.get("imported") or {}).get("unmapped_vectors", 0))
+    if len(rows) and (int((rows < 0).sum()) != unmapped or rows.max() >= len(kb_store)):
+        diffs.append(f"KB rows out of range: {ROWS_FILE} spans {rows.min()}..{rows.max()} with {int((rows < 0).sum())} "
+                     f"unmapped (the manifest says {unmapped}), KB has {len(kb_store)}")
     if diffs:
         raise StaleArtifactError(f"index {path} does not match: " + "; ".join(diffs) + f". Rebuild it: {rebuild_hint}")
     if use_gpu and gpu_available():

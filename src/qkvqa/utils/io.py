@@ -1,6 +1,7 @@
 """Atomic writes and JSON helpers used by every stage that must never leave a half-written file."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -56,3 +57,36 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def sha256_file(path: str | os.PathLike, block: int = 8 << 20) -> str:
+    """sha256 (hex) of a whole file, read `block` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(block), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_sha256_once(path: str | os.PathLike, wanted: str, what: str, fix: str, force: bool = False) -> None:
+    """Check `path` against the sha256 its manifest records, once: a stamp beside it (`.NAME.verified`, holding the
+    hash, size and mtime) spares the re-hash until the file changes (`force`: hash anyway). DataError naming the file
+    and `fix` otherwise."""
+    from qkvqa.errors import DataError
+
+    path = Path(path)
+    stat = path.stat()
+    key = f"{wanted} {stat.st_size} {stat.st_mtime_ns}"
+    stamp = path.with_name(f".{path.name}.verified")
+    try:
+        if not force and stamp.read_text() == key:
+            return
+    except OSError:
+        pass
+    found = sha256_file(path)
+    if found != wanted:
+        raise DataError(f"{path}: corrupt {what} (sha256 {found[:12]}, its manifest records {wanted[:12]}); {fix}")
+    try:
+        atomic_write_text(stamp, key)
+    except OSError:
+        pass                           # a read-only directory: verified again next time
