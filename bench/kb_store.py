@@ -70,17 +70,24 @@ def child_json_load(source: str, articles: int) -> dict:
     return {"load_seconds": load_seconds, "access_seconds": access, "peak_rss_mb": _peak_rss_mb()}
 
 
-def child_store(store_dir: str, articles: int) -> dict:
-    """KB store: open (median of several), then random access by row id and by URL."""
+def child_store(store_dir: str, articles: int, source: str) -> dict:
+    """KB store: open (median of several) without and with the source check (sampled fingerprint), the full
+    sha256 check of the source, then random access by row id and by URL."""
     from qkvqa.data.kb import KBStore
 
-    opens = []
+    opens, checked = [], []
     for _ in range(OPEN_REPEATS):
         started = time.perf_counter()
         store = KBStore.open(store_dir)
         store.get(0)
         opens.append(time.perf_counter() - started)
         store.close()
+        started = time.perf_counter()
+        KBStore.open(store_dir, source=source).close()
+        checked.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    store.check_source(source, full=True)
+    full_check = time.perf_counter() - started
     rows = random.Random(1).sample(range(articles), min(ACCESSES, articles))
     started = time.perf_counter()
     for row in rows:
@@ -93,6 +100,7 @@ def child_store(store_dir: str, articles: int) -> dict:
         store.get_by_url(url)
     by_url = (time.perf_counter() - started) / len(urls)
     return {"open_seconds": sorted(opens)[len(opens) // 2], "access_seconds": by_row, "access_by_url_seconds": by_url,
+            "open_with_source_check_seconds": sorted(checked)[len(checked) // 2], "full_source_check_seconds": full_check,
             "peak_rss_mb": _peak_rss_mb()}
 
 
@@ -132,6 +140,8 @@ def _table(r: dict) -> str:
         ("per-article access (row id)", f"{s['access_seconds'] * 1e6:.0f} us", f"{j['access_seconds'] * 1e6:.2f} us",
          f"{r['ratios']['access_slowdown']:.0f}x slower"),
         ("per-article access (URL)", f"{s['access_by_url_seconds'] * 1e6:.0f} us", "-", "-"),
+        ("open + source check: sampled 4 MiB vs full sha256", f"{s['open_with_source_check_seconds'] * 1e3:.1f} ms",
+         f"{s['full_source_check_seconds']:.2f} s (full)", f"{r['ratios']['sampled_check_speedup']:.0f}x faster"),
     ]
     lines = [f"KB: {r['articles']} articles, {r['kb_json_mb']:.0f} MiB JSON; store {r['store_mb']:.0f} MiB; "
              f"interpreter floor {r['baseline']['peak_rss_mb']:.0f} MiB", "",
@@ -151,7 +161,7 @@ def main() -> None:
     if args.child:
         mode, *rest = args.child
         funcs = {"json_load": lambda: child_json_load(rest[0], int(rest[1])),
-                 "store": lambda: child_store(rest[0], int(rest[1])),
+                 "store": lambda: child_store(rest[0], int(rest[1]), rest[2]),
                  "build": lambda: child_build(rest[0], rest[1]), "baseline": child_baseline}
         print(json.dumps(funcs[mode]()))
         return
@@ -165,7 +175,7 @@ def main() -> None:
         print(f"wrote {source} ({source.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - started:.0f} s",
               file=sys.stderr)
         build = _run_child("build", str(source), str(store_dir))
-        store = _run_child("store", str(store_dir), str(args.articles))
+        store = _run_child("store", str(store_dir), str(args.articles), str(source))
         json_load = _run_child("json_load", str(source), str(args.articles))
         baseline = _run_child("baseline")
         result = {
@@ -175,7 +185,9 @@ def main() -> None:
             "build": build, "store": store, "json_load": json_load, "baseline": baseline,
             "ratios": {"peak_memory_reduction": json_load["peak_rss_mb"] / store["peak_rss_mb"],
                        "open_speedup": json_load["load_seconds"] / store["open_seconds"],
-                       "access_slowdown": store["access_seconds"] / json_load["access_seconds"]},
+                       "access_slowdown": store["access_seconds"] / json_load["access_seconds"],
+                       "sampled_check_speedup": store["full_source_check_seconds"]
+                       / store["open_with_source_check_seconds"]},
             "goals": {"peak_memory_reduction": 10, "open_speedup": 100},
             "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         }

@@ -81,7 +81,8 @@ def test_the_reflectiva_protocol_runs_from_its_own_files_and_says_whose_numbers_
         (root / name).symlink_to(REPO / "experiments" / name)
     (root / "refl.yaml").write_text(yaml.safe_dump({
         "presets": ["infoseek_reflectiva_data"], "task": "evaluate",
-        "data": {"root": str(refl["dir"]), "test_questions": SHARDS, "images": {"infoseek_shards": SHARDS},
+        "data": {"root": str(refl["dir"]), "test_questions": SHARDS,
+                 "images": {"infoseek_shards": SHARDS, "max_missing_fraction": 0.34},
                  "batch_size": 4},
         "components": {"image_encoder": tiny("evaclip_hf"), "text_encoder": tiny("evaclip_hf"),
                        "qformer": tiny("blip2_qff"), "reranker": tiny("bge_reranker"),

@@ -145,3 +145,21 @@ def test_a_tiny_query_image_is_a_counted_skip_of_that_question_only(tmp_path):
     assert loader.load("infoseek", "dot") is None and loader.load("infoseek", "strip") is None
     assert loader.load("infoseek", "fine").size == (40, 30)
     assert loader.counts() == {"missing": 0, "corrupt": 0, "too_small": 2}
+
+
+def test_more_missing_images_than_the_bound_stop_the_run_before_any_work(tmp_path):
+    """Issue 14 item 3: 10 of 18 images missing scored R@10 = 100 over the 8 found; now a run above the bound stops."""
+    from types import SimpleNamespace
+
+    from qkvqa.errors import DataError
+
+    (tmp_path / "imgs").mkdir()
+    questions = [SimpleNamespace(dataset_name="infoseek", image_id=f"oven_{i}") for i in range(20)]
+    for q in questions[2:]:
+        write_image(tmp_path / "imgs" / f"{q.image_id}.jpg")
+    config = ImagesConfig(infoseek_root="imgs", max_missing_fraction=0.1)
+    counts = QueryImageResolver(config, tmp_path).check_images(questions, "test")
+    assert counts == {"questions": 20, "missing": 2, "max_missing_fraction": 0.1}
+    (tmp_path / "imgs" / "oven_5.jpg").unlink()
+    with pytest.raises(DataError, match=r"3 of 20 test query images are missing \(15\.0%.*e\.g\. oven_0 \("):
+        QueryImageResolver(config, tmp_path).check_images(questions, "test")

@@ -287,7 +287,20 @@ def test_missing_unknown_duplicate_and_repeated_reference_rules():
     assert (coverage["n_missing"], coverage["n_unknown"], coverage["n_duplicated_ids"]) == (1, 1, 1)
     assert coverage["missing_ids"] == ["c"] and coverage["unknown_ids"] == ["zzz"]
     assert coverage["duplicated_ids"] == ["a"] and coverage["n_repeated_reference_lines"] == 1
+    assert coverage["n_conflicting_reference_ids"] == 1
     assert coverage["n_scored"]["unseen_question"]["string"] == 3
+
+
+def test_strict_refuses_a_reference_id_repeated_with_another_answer_or_type():
+    """Issue 14 item 5: the later line silently won; --strict now names the line, the id and the earlier line."""
+    preds, refs, qtypes = _files({"val_unseen_question": [("a", "String", ["x"], "x")],
+                                  "val_unseen_entity": [("e", "String", ["x"], "x")]})
+    same = refs + [_ref("a", ["x"])]                              # an identical repeat is harmless
+    assert evaluate(preds, same, qtypes, strict=True)["coverage"]["n_conflicting_reference_ids"] == 0
+    with pytest.raises(ValueError, match=r"references\[2\]: data_id a: repeated with another answer .* references\[0\]"):
+        evaluate(preds, refs + [_ref("a", ["y"])], qtypes, strict=True)
+    with pytest.raises(ValueError, match=r"data_id a: question_type 'Time', but an earlier line gives 'String'"):
+        evaluate(preds, refs, qtypes + [{"data_id": "a", "question_type": "Time"}], strict=True)
 
 
 def test_strict_raises_listing_ids_and_counts():

@@ -264,7 +264,7 @@ CHOICES = {
 }
 BOUNDS = {
     "data.batch_size": (1, None), "data.num_workers": (0, None), "data.max_questions": (1, None),
-    "data.sample_questions": (1, None),
+    "data.sample_questions": (1, None), "data.images.max_missing_fraction": (0.0, 1.0),
     "retrieval.top_k": (1, None), "retrieval.min_results_coverage": (0.0, 1.0), "retrieval.nprobe": (1, None), "retrieval.shard_size": (1, None),
     "retrieval.embed_batch_size": (1, None), "retrieval.search_batch_size": (1, None),
     "qff.alpha": (0.0, 1.0), "qff.num_negatives": (1, None), "qff.temperature": (1e-6, None),

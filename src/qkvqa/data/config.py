@@ -30,6 +30,9 @@ class ImagesConfig:
     # Local pixel store for KB `image_urls` (fallback when a title has no CSV image): the file of
     # https://host/a/b.jpg is {kb_image_url_store}/host/a/b.jpg (a `wget --force-directories` mirror).
     kb_image_url_store: Optional[str] = None
+    # The share of a split's query images that may be missing before any work starts; above it the run
+    # stops with the counts (a wrong root or a half-copied folder), below it each is a counted skip.
+    max_missing_fraction: float = 0.02
 
 
 @dataclass

@@ -90,6 +90,29 @@ class QueryImageResolver:
                               f"image")
         return root
 
+    def check_images(self, questions, split: str = "") -> dict:
+        """Before any work: the image roots exist (`check_roots`) and at most `max_missing_fraction` of the questions'
+        images are missing (existence only, no decoding); DataError with the counts and examples otherwise.
+        Returns {"questions", "missing", "max_missing_fraction"} for the run's report."""
+        self.check_roots(questions)
+        missing = []
+        for q in progress(questions, desc=f"check images {split}".strip(), unit="question"):
+            shards = self.image_shards(q.dataset_name)
+            if shards is not None:
+                found = any(shards.member(q.image_id, ext) for ext in SHARD_IMAGE_EXTENSIONS)
+            else:
+                found = self.resolve(q.dataset_name, q.image_id) is not None
+            if not found:
+                missing.append(q)
+        bound = float(self.config.max_missing_fraction)
+        if questions and len(missing) > bound * len(questions):
+            examples = ", ".join(f"{q.image_id} ({(self.candidates(q.dataset_name, q.image_id) or ['no path'])[0]})"
+                                 if q.dataset_name not in self.shard_patterns else q.image_id for q in missing[:3])
+            raise DataError(f"{len(missing)} of {len(questions)} {split} query images are missing "
+                            f"({100 * len(missing) / len(questions):.1f}%, more than data.images.max_missing_fraction="
+                            f"{bound}), e.g. {examples}: check data.images.*_root and data.root (or raise the bound)")
+        return {"questions": len(questions), "missing": len(missing), "max_missing_fraction": bound}
+
     def check_roots(self, questions) -> None:
         """Before any work: every image root the questions use is set and is a folder (one line naming the
         folder and an example id otherwise; a wrong root would turn every image into a counted skip)."""

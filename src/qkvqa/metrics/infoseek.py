@@ -13,6 +13,9 @@ from typing import Any, Optional, Sequence, Union
 from qkvqa.errors import DataError
 from qkvqa.metrics.coverage import check_coverage, coverage_report
 from qkvqa.metrics.inputs import Rows, field, is_skipped, load_rows
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 PUNCTUATION = frozenset(string.punctuation)
 ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -188,16 +191,27 @@ def harmonic_mean(first: float, second: float) -> float:
     return 2 / (1 / first + 1 / second)
 
 
-def _load_question_types(qtypes: Rows) -> dict[str, str]:
-    return {field(row, "data_id", where): field(row, "question_type", where)
-            for where, row in load_rows(qtypes, "question types")}
+def _load_question_types(qtypes: Rows, strict: bool = False) -> dict[str, str]:
+    """data_id -> question type, the last line winning (as the official scorer); `strict` refuses an id listed twice
+    with different types."""
+    qtype_of: dict[str, str] = {}
+    for where, row in load_rows(qtypes, "question types"):
+        qid, qtype = field(row, "data_id", where), field(row, "question_type", where)
+        if strict and qid in qtype_of and qtype_of[qid] != qtype:
+            raise DataError(f"{where}: data_id {qid}: question_type {qtype!r}, but an earlier line gives "
+                            f"{qtype_of[qid]!r} (--strict refuses a repeated id that disagrees; fix the file)")
+        qtype_of[qid] = qtype
+    return qtype_of
 
 
-def _load_references(references: Rows, qtype_of: dict[str, str]) -> tuple[dict[str, tuple], int]:
-    """data_id -> (prepared answer, split, kind), the last line of a repeated id winning; also the
-    number of repeated reference lines. Every reference id must have a question type."""
+def _load_references(references: Rows, qtype_of: dict[str, str],
+                     strict: bool = False) -> tuple[dict[str, tuple], int, list[str]]:
+    """data_id -> (prepared answer, split, kind), the last line of a repeated id winning; also the number of
+    repeated reference lines and the ids repeated with other answers or splits (`strict`: a DataError naming
+    the line). Every reference id must have a question type."""
     prepared: dict[str, tuple] = {}
-    repeated = 0
+    first_line: dict[str, str] = {}
+    repeated, conflicting = 0, []
     without_type = []
     for where, row in load_rows(references, "references"):
         qid = field(row, "data_id", where)
@@ -211,12 +225,24 @@ def _load_references(references: Rows, qtype_of: dict[str, str]) -> tuple[dict[s
             split = split_of(field(row, "data_split", where))
         except DataError as e:
             raise DataError(f"{where}: data_id {qid}: {e}") from None
-        repeated += qid in prepared
+        if qid in prepared:
+            repeated += 1
+            if prepared[qid] != (answer, split, kind):
+                if strict:
+                    raise DataError(f"{where}: data_id {qid}: repeated with another answer or split than at "
+                                    f"{first_line[qid]} (the official scorer silently keeps the last; --strict "
+                                    "refuses it: fix the file)")
+                conflicting.append(qid)
+        else:
+            first_line[qid] = where
         prepared[qid] = (answer, split, kind)
     if without_type:
         raise DataError(f"{len(without_type)} reference data_id(s) have no entry in the question-type file "
                         f"(first: {', '.join(without_type[:5])}); the official scorer raises KeyError here")
-    return prepared, repeated
+    if conflicting:
+        log.warning("InfoSeek references: %d data_ids repeat with other answers (first: %s); the last line wins, as "
+                    "in the official scorer (--strict refuses them)", len(conflicting), ", ".join(conflicting[:3]))
+    return prepared, repeated, conflicting
 
 
 def evaluate(predictions: Rows, references: Rows, qtypes: Rows, strict: bool = False) -> dict:
@@ -236,11 +262,13 @@ def evaluate(predictions: Rows, references: Rows, qtypes: Rows, strict: bool = F
 def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
                           strict: bool = False) -> tuple[dict, list[dict]]:
     """`evaluate`, plus one `{data_id, split, kind, correct}` row per scored prediction in prediction order."""
-    prepared, repeated_references = _load_references(references, _load_question_types(qtypes))
+    prepared, repeated_references, conflicting = _load_references(references, _load_question_types(qtypes, strict),
+                                                                  strict)
     prediction_rows = load_rows(predictions, "predictions")
     prediction_ids = [field(row, "data_id", where) for where, row in prediction_rows]
     coverage = coverage_report(prediction_ids, prepared)
     coverage["n_repeated_reference_lines"] = repeated_references
+    coverage["n_conflicting_reference_ids"] = len(conflicting)
     check_coverage(coverage, "InfoSeek", strict)
 
     details, skipped = [], 0

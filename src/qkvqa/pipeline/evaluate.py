@@ -203,7 +203,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     dataset, split = benchmark.config.dataset, cfg.eval.split
     questions = benchmark.questions(split)
     evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"))
-    benchmark.image_loader.resolver.check_roots(questions)
+    evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
         run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
         if rank_zero:

@@ -120,7 +120,7 @@ def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: 
     if cfg.retrieval.results:
         results, skipped, query_set = _read_for_split(cfg, dm, questions), [], None
     else:
-        dm.image_loader.resolver.check_roots(questions)
+        dm.image_loader.resolver.check_images(questions, split)
         results, skipped, query_set = _search_split(cfg, dm, split, questions, top_k, index, encoder)
     metrics = retrieval_metrics(results, questions, dataset=dm.config.dataset, top_k=top_k,
                                 two_hop_policy=cfg.retrieval.two_hop_policy)
