@@ -87,6 +87,27 @@ def test_immutable_change_on_resume_is_refused(run_root):
     assert "seed" in str(e.value)
 
 
+def test_a_run_stopped_by_bad_data_before_any_work_leaves_no_directory(run_root):
+    """Issue 14 item 10: every failed command left a run directory behind; one stopped by a user error before it
+    produced anything is removed, one that has produced something (or an existing run) is kept."""
+    from qkvqa.errors import DataError
+
+    class NoData(ToyDataModule):
+        def setup(self, stage=None):
+            raise DataError("data/x.csv: file not found")
+
+    clear_run_env()
+    with pytest.raises(DataError):
+        fit(_cfg(run_root, "run_id=nodata", "trainer.max_steps=1"), ToyRegressor(), NoData())
+    assert not (run_root / "nodata").exists()
+    clear_run_env()
+    fit(_cfg(run_root, "run_id=kept", "trainer.max_steps=1"), ToyRegressor(), ToyDataModule())
+    clear_run_env()
+    with pytest.raises(DataError):
+        fit(_cfg(run_root, "run_id=kept", "resume=auto", "trainer.max_steps=2"), ToyRegressor(), NoData())
+    assert json.loads((run_root / "kept" / "status.json").read_text())["state"] == "failed"
+
+
 def test_failed_run_is_marked_failed(run_root):
     class Broken(ToyRegressor):
         def training_step(self, batch, batch_idx):

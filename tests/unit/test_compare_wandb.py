@@ -111,3 +111,16 @@ def test_real_wandb_project_builds_a_table():
     rows = collect_wandb(os.environ["QKVQA_WANDB_TEST_PROJECT"])
     table = build_table(rows, "train/loss", "min")
     assert table.columns[:3] == ["run_id", "state", "experiment"] and len(table.records) == len(rows)
+
+
+def test_compare_wandb_without_a_login_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+    """Issue 14 item 7: a 30-line wandb traceback became one line (no API key: refused before any network call)."""
+    from qkvqa.cli.main import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))                   # no ~/.netrc, no saved key
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    assert main(["compare", str(tmp_path), "--wandb", "someone/project"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "wandb login" in err[0] and "qkvqa compare checkpoints" in err[0]

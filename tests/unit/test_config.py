@@ -167,3 +167,21 @@ def test_every_shipped_experiment_passes_the_value_checks():
     for name in list_experiments():
         compose(name, [], [])
     assert compose(None, [], ["cda.U=null", "cda.theta=null", "qff.dropout=null"]).cda.U is None
+
+
+def test_a_gpu_the_machine_lacks_is_one_config_error_before_any_work():
+    """Issue 14 item 7: trainer.accelerator=gpu without a GPU was Lightning's 30-line traceback."""
+    import torch
+
+    from qkvqa.config.load import compose
+    from qkvqa.errors import ConfigError
+    from qkvqa.run.trainer import check_hardware
+
+    cfg = compose("evqa_qff", ["cpu"], ["trainer.accelerator=gpu", "components.qformer.device=cuda:0"])
+    check_hardware(compose("evqa_qff", ["cpu"], []), ["qformer"])        # a CPU config passes anywhere
+    if torch.cuda.is_available():
+        check_hardware(cfg, ["qformer"])
+    else:
+        with pytest.raises(ConfigError, match=r"trainer.accelerator=gpu, components.qformer.device=cuda:0, but this "
+                                              r"machine has no CUDA GPU.*preset=cpu"):
+            check_hardware(cfg, ["qformer"])

@@ -28,6 +28,7 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)               # a config typo is reported before the torch import (seconds)
     import functools
 
     from omegaconf import OmegaConf
@@ -37,9 +38,9 @@ def _run(args: argparse.Namespace) -> int:
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.mining import mine_to_dir
     from qkvqa.qff.vit_cache import vision_fingerprint
-    from qkvqa.run.trainer import fit
+    from qkvqa.run.trainer import check_hardware, fit
 
-    cfg = config_from_args(args)
+    check_hardware(cfg, ["qformer"])
     # built on the CPU; the trainer moves it to each rank's device (no copy of the model on GPU 0 per rank)
     component = build_qff_component({**OmegaConf.to_container(cfg.components.qformer), "device": "cpu"}, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None

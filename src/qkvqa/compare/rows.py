@@ -151,9 +151,20 @@ def collect_wandb(path: str, api: Any = None, filters: Optional[dict] = None) ->
     if api is None:
         import wandb
 
-        api = wandb.Api()
+        from qkvqa.errors import ConfigError
+
+        try:
+            api = wandb.Api()
+            runs = list(api.runs(path, filters=filters))
+        except (wandb.errors.UsageError, wandb.errors.CommError, ValueError) as e:
+            reason = " ".join(str(e).split())[:200]
+            raise ConfigError(f"compare --wandb {path}: W&B refused ({reason}); run `wandb login` (or set WANDB_API_KEY) "
+                              f"and check ENTITY/PROJECT, or compare the local run records: qkvqa compare "
+                              f"checkpoints") from None
+    else:
+        runs = api.runs(path, filters=filters)
     rows = []
-    for run in api.runs(path, filters=filters):
+    for run in runs:
         summary = dict(run.summary.items())
         config = dict(run.config)
         rows.append(RunRow(

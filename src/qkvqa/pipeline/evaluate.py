@@ -199,6 +199,10 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.run.job import run_job
     from qkvqa.run.trainer import build_trainer, world_size_of
 
+    from qkvqa.pipeline.protocol import used_components
+    from qkvqa.run.trainer import check_hardware
+
+    check_hardware(cfg, used_components(cfg))
     benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
     dataset, split = benchmark.config.dataset, cfg.eval.split
     questions = benchmark.questions(split)

@@ -49,6 +49,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
     record = RunRecord(run.run_dir)
     ckpt, changes = prepare_resume(cfg, run) if run.is_rank_zero else (_child_ckpt(run), {})
     job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes)
+    fresh = not run.run_dir.exists()
     if run.is_rank_zero:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         record.write_config(cfg)
@@ -64,10 +65,33 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
     except BaseException as e:
         if run.is_rank_zero:
             record.finish("failed", f"{type(e).__name__}: {e}")
+            if fresh and _is_user_error(e):
+                _remove_if_empty(run.run_dir)
         raise
     else:
         if run.is_rank_zero:
             record.finish(job.final_state)
+
+
+# What a run directory holds before its job has produced anything (the run record and logger scaffolding).
+RECORD_ONLY = {"config.yaml", "status.json", "summary.json", "metrics.csv", "hparams.yaml", "wandb", "events"}
+
+
+def _is_user_error(error: BaseException) -> bool:
+    from qkvqa.errors import QkvqaError
+
+    return isinstance(error, QkvqaError)
+
+
+def _remove_if_empty(run_dir) -> None:
+    """Remove a run directory this invocation created when a user error (bad data, bad config) stopped it before it
+    wrote anything but its record: a failed command leaves no directory behind, so a fixed rerun starts clean."""
+    import shutil
+
+    left = [p.name for p in run_dir.iterdir()]
+    if all(name in RECORD_ONLY or name.startswith(".") for name in left):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        log.info("removed %s: the run stopped on an error before producing anything", run_dir)
 
 
 def _child_ckpt(run: RunContext) -> Optional[str]:

@@ -31,6 +31,27 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+def check_hardware(cfg: DictConfig, components: Iterable[str] = ()) -> None:
+    """Before any work: a GPU the config asks for (trainer.accelerator, a component's device) exists, else one
+    ConfigError line naming the key and the fix (Lightning's own error is a 30-line traceback, raised late)."""
+    import torch
+
+    from qkvqa.errors import ConfigError
+
+    if torch.cuda.is_available():
+        return
+    asked = [f"trainer.accelerator={cfg.trainer.accelerator}"] if cfg.trainer.accelerator in GPU_ACCELERATORS else []
+    asked += [f"components.{name}.device={cfg.components[name].device}" for name in components
+              if str(cfg.components[name].device or "").startswith("cuda")]
+    if asked:
+        raise ConfigError(f"{', '.join(asked)}, but this machine has no CUDA GPU (torch.cuda.is_available() is "
+                          f"False); run on a GPU node, or use preset=cpu (trainer.accelerator=cpu and "
+                          f"components.*.device=cpu)")
+
+
 def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> pl.Trainer:
     """A Trainer whose checkpoints, local log and W&B files all live in the run directory."""
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -76,6 +97,7 @@ def world_size_of(cfg: DictConfig) -> int:
 def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDataModule, command: str = "train",
         callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> dict:
     """Train `module` on `datamodule` as one run; resumes with `resume=auto`; returns the summary."""
+    check_hardware(cfg)
     with run_job(cfg, command, world_size_of(cfg)) as job:
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, callbacks, batch_size)
