@@ -77,6 +77,18 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert card["comparable"] is False and "no paper row" in because and "tiny random components" in because
     assert f"{len(rows)} questions" in because and "exact match only" in because
     assert "**comparable to paper (no paper row): no, because" in report
+    # Issue 14 item 4: the judge may change on a finished run, which is re-scored without regenerating.
+    answers = (run_dir / "predictions.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["score", "run", str(run_dir), "data.max_questions=3"]) == 2
+    assert "is not a scoring key" in capsys.readouterr().err
+    clear_run_env()
+    assert main(["score", "run", str(run_dir), "eval.judge=bem"]) == 0
+    rescored = json.loads((run_dir / "scores.json").read_text())
+    assert (run_dir / "predictions.jsonl").read_text() == answers
+    assert "BEM" in rescored["benchmark"]["label"] and rescored["protocol"]["judge"] != "EM only"
+    assert rescored["benchmark"]["all"]["n"] == scores["benchmark"]["all"]["n"]
+    assert rescored["benchmark"]["all"]["correct"] >= scores["benchmark"]["all"]["correct"]   # EM, then BEM
     # Recall after the QFF is computed on the same questions and articles: R@20 cannot change by re-ranking 20.
     assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
 
@@ -201,3 +213,18 @@ def test_a_filter_only_evaluation_ranks_every_question_and_answers_none(eval_env
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "eval/recall@1_after_filter" in summary and "eval/accuracy" not in summary
 
+
+
+@pytest.mark.slow
+def test_a_missing_judge_or_generator_stops_the_evaluation_before_stage_1(eval_env, monkeypatch, capsys):
+    """Issue 14 item 4: a missing BEM directory was found after every answer had been generated."""
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    for key in ("judge", "generator"):
+        clear_run_env()
+        capsys.readouterr()
+        started = time.time()
+        assert main(["evaluate", "experiment=world_eval", f"run_id=preflight_{key}", f"components.{key}.tiny=false",
+                     f"components.{key}.pretrained={eval_env['root']}/no_such_weights"]) == 2
+        err = capsys.readouterr().err
+        assert f"components.{key}:" in err and "no_such_weights" in err and time.time() - started < 60
+        assert not (eval_env["runs"] / f"preflight_{key}").exists()          # nothing ran, nothing left behind

@@ -1,4 +1,4 @@
-"""`qkvqa score infoseek|evqa`: official InfoSeek / E-VQA scores of a prediction file, as JSON plus a table."""
+"""`qkvqa score infoseek|evqa|run`: official InfoSeek / E-VQA scores of a prediction file or a finished evaluation run."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +28,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `score` command with its `infoseek` and `evqa` sub-commands."""
     parser = subparsers.add_parser("score", help="score predictions with the official InfoSeek / E-VQA rules",
                                    description="Score a prediction file with the official rules of a benchmark.")
-    sub = parser.add_subparsers(dest="score_command", metavar="<infoseek|evqa>", required=True)
+    sub = parser.add_subparsers(dest="score_command", metavar="<infoseek|evqa|run>", required=True)
+
+    run = sub.add_parser(
+        "run", help="re-score a finished `qkvqa evaluate` run (another judge) without regenerating",
+        description="Re-score the predictions of a finished evaluation run in place: its saved config, with the "
+                    "scoring keys changed by key=value overrides (eval.judge, components.judge, "
+                    "eval.exclude_skipped); the answers stay, the filter and the generator are not loaded. "
+                    "scores.json, report.md and summary.json are rewritten. Example:\n"
+                    "  qkvqa score run checkpoints/RUN eval.judge=bem components.judge.pretrained=weights/bem",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("run_dir", help="the run directory of `qkvqa evaluate` (holds config.yaml, predictions.jsonl)")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="scoring keys to change")
+    run.set_defaults(func=_score_run)
 
     infoseek = sub.add_parser("infoseek", help="official InfoSeek score", description=INFOSEEK_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,6 +72,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         command.add_argument("--per-question", metavar="PATH",
                              help="also write one JSON line per scored question to PATH")
     evqa.set_defaults(func=_score_evqa)
+
+
+def _score_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from qkvqa.config.load import from_saved
+    from qkvqa.config.schema import check_values
+    from qkvqa.errors import ConfigError, DataError
+    from qkvqa.pipeline.evaluate import QUESTION_IDS, run_evaluation
+    from qkvqa.pipeline.predictions import PredictionStore
+    from qkvqa.pipeline.scoring import flat_metrics
+    from qkvqa.utils.io import read_json
+
+    run_dir = Path(args.run_dir).expanduser().resolve()
+    for name in ("config.yaml", QUESTION_IDS):
+        if not (run_dir / name).is_file():
+            raise DataError(f"{run_dir / name}: not found; `qkvqa score run` re-scores a `qkvqa evaluate` run directory")
+    allowed = ("eval.judge", "components.judge", "eval.exclude_skipped")
+    for token in args.overrides:
+        if not token.split("=", 1)[0].lstrip("~+").startswith(allowed):
+            raise ConfigError(f"score run: {token!r} is not a scoring key; only {', '.join(allowed)} may change "
+                              "(anything else changes the answers: run `qkvqa evaluate` with another run_id)")
+    cfg = from_saved(run_dir / "config.yaml", args.overrides)
+    if cfg.task != "evaluate":
+        raise ConfigError(f"{run_dir}: a {cfg.task!r} run; `qkvqa score run` re-scores evaluation runs")
+    wanted = read_json(run_dir / QUESTION_IDS)["ids"]
+    left = [i for i in wanted if i not in PredictionStore(run_dir).done_ids()]
+    if left:
+        raise DataError(f"{run_dir}: {len(left)} of {len(wanted)} questions are not answered yet (first: {left[:3]}); "
+                        f"finish the run first: qkvqa evaluate experiment={cfg.experiment} run_id={run_dir.name} "
+                        "resume=auto")
+    # one process scores (a DDP run's predictions are already merged); the trainer keys may change on resume
+    cfg = OmegaConf.merge(cfg, {"resume": "auto", "run_id": run_dir.name, "paths": {"checkpoints_root": str(run_dir.parent)},
+                                "trainer": {"devices": 1, "num_nodes": 1, "strategy": "auto"}})
+    check_values(cfg)
+    scores = run_evaluation(cfg)
+    if scores:
+        print(json.dumps(flat_metrics(scores), indent=2))
+    return 0
 
 
 def _write_per_question(path: Optional[str], rows: list[dict]) -> None:

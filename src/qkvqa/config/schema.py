@@ -306,4 +306,6 @@ MUTABLE_ON_RESUME = (
     "trainer.enable_progress_bar", "trainer.val_check_interval", "trainer.limit_val_batches",
     "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.accelerator",
     "checkpoint.every_n_train_steps", "logger", "paths", "data.num_workers", "presets",
+    # scoring keys: a finished prediction set may be re-scored with another judge (`qkvqa score run RUN_DIR`)
+    "eval.judge", "components.judge", "eval.exclude_skipped",
 )

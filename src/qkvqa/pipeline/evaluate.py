@@ -183,6 +183,29 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
     return out
 
 
+def preflight(cfg: DictConfig, benchmark: Any) -> None:
+    """Before stage 1: the KB opens and every model the run will load has its weights (qff.checkpoint included),
+    so a missing judge or generator stops the run in seconds, not after hours of generation."""
+    import os
+
+    from qkvqa.components.registry import resolve_pretrained, spec_from_mapping
+    from qkvqa.errors import MissingWeightsError
+    from qkvqa.pipeline.protocol import used_components
+
+    benchmark.kb_store()
+    for name in used_components(cfg):
+        spec = spec_from_mapping(OmegaConf.to_container(cfg.components[name], resolve=True))
+        if not spec.tiny and not os.path.isfile(os.path.expanduser(str(spec.pretrained))):   # a .pth loads too
+            try:
+                resolve_pretrained(spec)
+            except MissingWeightsError as e:
+                raise MissingWeightsError(f"components.{name}: {e}") from None
+    checkpoint = cfg.qff.checkpoint if cfg.eval.filter == "qff" else None
+    if checkpoint and not Path(checkpoint).expanduser().exists():
+        raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or a "
+                                  ".ckpt file)")
+
+
 def run_evaluation(cfg: DictConfig) -> dict:
     """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
     import lightning.pytorch as pl
@@ -208,6 +231,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     questions = benchmark.questions(split)
     evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"))
     evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
+    preflight(cfg, benchmark)
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
         run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
         if rank_zero:
@@ -219,11 +243,16 @@ def run_evaluation(cfg: DictConfig) -> dict:
             log.info("resuming: %d questions already answered in %s", len(done), run_dir)
         # Every rank builds the components from the same RNG state (rank zero has just run stage 1).
         pl.seed_everything(cfg.seed, verbose=False)
-        pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
-        data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
         trainer = build_trainer(job)
-        trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset), datamodule=data,
-                        return_predictions=False)
+        if all(q.data_id in done for q in questions):
+            # A finished prediction set is re-scored without loading the filter or the generator (a new judge,
+            # `qkvqa score run RUN_DIR`): the scoring keys may change on resume, the answers stay.
+            log.info("every question of %s is answered: scoring only", run_dir)
+        else:
+            pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
+            data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
+            trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset), datamodule=data,
+                            return_predictions=False)
         if not (rank_zero and trainer.is_global_zero):
             return {}
         rows = store.merge([q.data_id for q in questions])
