@@ -94,3 +94,22 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(run_root, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert torch.load(run_root / "pre" / "last.ckpt", weights_only=True)["global_step"] == step + 3
     assert json.loads((run_root / "pre" / "status.json").read_text())["state"] == "finished"
+
+
+def test_a_flipped_or_truncated_last_ckpt_is_refused_on_resume_naming_the_file(run_root):
+    """Issue 14 item 6: a flipped last.ckpt resumed into a non-finite tensor and ended `finished`."""
+    from qkvqa.errors import DataError
+    from qkvqa.run.checkpoint_io import sidecar_of
+
+    _fit(run_root, None, "run_id=flip", "trainer.max_steps=3")
+    last = run_root / "flip" / "last.ckpt"
+    assert sidecar_of(last).read_text().strip()                  # written beside every checkpoint
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0x20                                  # one bit, inside the tensors
+    last.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"last\.ckpt: corrupt checkpoint \(sha256"):
+        _fit(run_root, None, "run_id=flip", "resume=auto", "trainer.max_steps=6")
+    sidecar_of(last).unlink()
+    last.write_bytes(bytes(data[:1000]))                          # truncated, and no sidecar to compare
+    with pytest.raises(DataError, match=r"last\.ckpt: unreadable checkpoint"):
+        _fit(run_root, None, "run_id=flip", "resume=auto", "trainer.max_steps=6")

@@ -227,3 +227,31 @@ def test_a_run_directory_as_qff_checkpoint_names_the_qff_folder_inside_it(tmp_pa
     (tmp_path / "status.json").write_text("{}")
     with pytest.raises(MissingWeightsError, match=f"{tmp_path / 'qff'}"):
         load_qff_component(compose(None, [], [f"qff.checkpoint={tmp_path}"]))
+
+
+def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_differs(tmp_path):
+    """Issue 14 item 6: a flipped model.safetensors changed R@10 in silence; a QFF trained with one image transform
+    was used with another."""
+    import json
+
+    from qkvqa.errors import DataError, StaleArtifactError
+
+    out = tiny(image_transform="squash").save_pretrained(tmp_path / "qff")
+    meta = json.loads((out / "qff_config.json").read_text())
+    assert meta["preprocessing"] == {"image_transform": "squash", "blip_text_preprocess": True}
+    spec = {"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}
+    with pytest.raises(StaleArtifactError, match=r"qff.image_transform: trained with 'squash', this config has "
+                                                 r"'targetpad'.*qff.image_transform='squash'"):
+        build_component({**spec, "options": {"image_transform": "targetpad"}})
+    build_component({**spec, "options": {"image_transform": "squash"}})
+    weights = out / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-7] ^= 0x10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"model\.safetensors: corrupt QFF weights \(sha256"):
+        build_component({**spec, "options": {"image_transform": "squash"}})
+    del meta["weights_sha256"]
+    (out / "qff_config.json").write_text(json.dumps(meta))
+    weights.write_bytes(bytes(data[:200]))
+    with pytest.raises(DataError, match=r"model\.safetensors: unreadable safetensors"):
+        build_component({**spec, "options": {"image_transform": "squash"}})

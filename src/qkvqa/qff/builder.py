@@ -43,7 +43,8 @@ class QFFComponent:
 
     def __init__(self, model, tokenizer, image_processor, *, focus: Optional[str] = None, max_text_tokens: int = 512,
                  question_max_tokens: int = 64, blip_text_preprocess: bool = True,
-                 score_direction: str = "question_to_section", section_batch_size: int = 64):
+                 score_direction: str = "question_to_section", section_batch_size: int = 64,
+                 image_transform: Optional[str] = None):
         from qkvqa.qff.scoring import SCORE_DIRECTIONS
 
         self.model = model
@@ -60,6 +61,11 @@ class QFFComponent:
         self.blip_text_preprocess = bool(blip_text_preprocess)
         self.score_direction = score_direction
         self.section_batch_size = int(section_batch_size)
+        self.image_transform = image_transform
+
+    def preprocessing(self) -> dict:
+        """The input preprocessing a trained QFF must be used with (recorded with its weights, checked on load)."""
+        return {"image_transform": self.image_transform, "blip_text_preprocess": self.blip_text_preprocess}
 
     @property
     def device(self):
@@ -156,7 +162,7 @@ class QFFComponent:
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the model (safetensors + qff_config.json) and tokenizer so that `pretrained: out_dir` rebuilds it."""
-        out_dir = self.model.save_pretrained(out_dir)
+        out_dir = self.model.save_pretrained(out_dir, preprocessing=self.preprocessing())
         self.tokenizer.save_pretrained(str(out_dir))
         return out_dir
 
@@ -278,6 +284,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     if not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
         model = QFFModel.from_checkpoint(ref, dtype=dtype, freeze_vit=options["freeze_vit"],
                                          gradient_checkpointing=options["gradient_checkpointing"])
+        _check_preprocessing(Path(ref), options)
         tokenizer = _load_tokenizer(ref, local_only=True)
     else:
         if spec.tiny:
@@ -295,7 +302,24 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size, options["image_transform"]), focus=focus,
                         max_text_tokens=options["max_text_tokens"], question_max_tokens=options["question_max_tokens"],
                         blip_text_preprocess=options["blip_text_preprocess"],
-                        score_direction=options["score_direction"], section_batch_size=options["section_batch_size"])
+                        score_direction=options["score_direction"], section_batch_size=options["section_batch_size"],
+                        image_transform=options["image_transform"])
+
+
+def _check_preprocessing(path: Path, options: dict) -> None:
+    """Refuse a trained QFF under other input preprocessing than it was trained with (its scores would shift in
+    silence); checkpoints written before the preprocessing was recorded are not checked."""
+    import json
+
+    from qkvqa.errors import StaleArtifactError
+    from qkvqa.qff.model import CHECKPOINT_CONFIG
+
+    trained = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8")).get("preprocessing") or {}
+    differs = [f"qff.{key}: trained with {value!r}, this config has {options[key]!r}"
+               for key, value in trained.items() if value is not None and options.get(key) != value]
+    if differs:
+        raise StaleArtifactError(f"{path}: {'; '.join(differs)}. Set the config to what the QFF was trained with "
+                                 f"(e.g. qff.{differs[0].split(':')[0][4:]}={trained[differs[0].split(':')[0][4:]]!r})")
 
 
 def build_qff_component(spec: ComponentSpec | Mapping[str, Any], qff: Any = None) -> QFFComponent:

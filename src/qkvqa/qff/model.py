@@ -299,11 +299,12 @@ class QFFModel(nn.Module):
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json`."""
+    def save_pretrained(self, out_dir: str | Path, preprocessing: Optional[dict] = None) -> Path:
+        """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json` (with the
+        weights' sha256, checked on load, and the input `preprocessing` the weights were trained with)."""
         from safetensors.torch import save_file
 
-        from qkvqa.utils.io import atomic_write_json
+        from qkvqa.utils.io import atomic_write_json, sha256_file
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -313,8 +314,8 @@ class QFFModel(nn.Module):
         tmp.replace(out_dir / CHECKPOINT_WEIGHTS)
         atomic_write_json(out_dir / CHECKPOINT_CONFIG, {
             "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus, "gate": self.gate,
-            "base_class": type(self.base).__name__,
-            "base_config": self.base.config.to_dict()})
+            "base_class": type(self.base).__name__, "weights_sha256": sha256_file(out_dir / CHECKPOINT_WEIGHTS),
+            "preprocessing": preprocessing, "base_config": self.base.config.to_dict()})
         return out_dir
 
     @classmethod
@@ -324,12 +325,28 @@ class QFFModel(nn.Module):
         from accelerate import init_empty_weights
         from safetensors.torch import load_file
 
+        from safetensors import SafetensorError
+
+        from qkvqa.errors import DataError
+        from qkvqa.utils.io import verify_sha256_once
+
         path = Path(path)
-        meta = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
+        try:
+            meta = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{path / CHECKPOINT_CONFIG}: unreadable ({e}); re-export the QFF (qkvqa train writes "
+                            "RUN/qff)") from None
         if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
             raise MissingWeightsError(f"{path / CHECKPOINT_CONFIG} is not a {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} "
                                       f"checkpoint config (got {meta.get('format')!r} v{meta.get('version')!r})")
-        state = load_file(str(path / CHECKPOINT_WEIGHTS))
+        if meta.get("weights_sha256"):
+            verify_sha256_once(path / CHECKPOINT_WEIGHTS, meta["weights_sha256"], "QFF weights",
+                               "copy the trained QFF again, or retrain it")
+        try:
+            state = load_file(str(path / CHECKPOINT_WEIGHTS))
+        except (SafetensorError, OSError) as e:
+            raise DataError(f"{path / CHECKPOINT_WEIGHTS}: unreadable safetensors ({e}); copy the trained QFF "
+                            "again, or retrain it") from None
         base_state = {k[len("base."):]: v for k, v in state.items() if k.startswith("base.")}
         with init_empty_weights():
             base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(meta["base_config"]))

@@ -68,7 +68,7 @@ def load_qff_component(cfg):
                                       f"inside it, {run_dir / 'qff'} (or one of its .ckpt files)")
     if not checkpoint or not str(checkpoint).endswith(".ckpt"):
         return build_qff_component(cfg.components.qformer, cfg.qff)
-    import torch
+    from qkvqa.run.checkpoint_io import load_torch_checkpoint
 
     path = Path(checkpoint).expanduser()
     if not path.is_file():
@@ -76,7 +76,7 @@ def load_qff_component(cfg):
     qff = OmegaConf.to_container(cfg.qff, resolve=True)
     qff["checkpoint"] = None
     component = build_qff_component(cfg.components.qformer, qff)
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = load_torch_checkpoint(path, map_location="cpu", weights_only=True)
     state = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
     result = component.model.load_state_dict(state, strict=False)
     frozen = saved.get("qff_frozen_vit")

@@ -10,6 +10,7 @@ from qkvqa.callbacks.preemption import PreemptionCheckpoint
 from qkvqa.callbacks.run_state import RunStateCallback
 from qkvqa.loggers.local import RunRecordLogger
 from qkvqa.loggers.wandb import log_run_files, make_wandb_logger, wandb_run_id
+from qkvqa.run.checkpoint_io import CheckedCheckpointIO
 from qkvqa.run.job import Job, run_job
 from qkvqa.utils.logging import get_logger
 
@@ -77,7 +78,7 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
                       callbacks=[*checkpoints, state, PreemptionCheckpoint(job.run.run_dir), *callbacks],
-                      **trainer_kwargs(cfg))
+                      plugins=[CheckedCheckpointIO()], **trainer_kwargs(cfg))
 
 
 def world_size_of(cfg: DictConfig) -> int:
