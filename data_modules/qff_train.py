@@ -342,7 +342,8 @@ class QFFTrainDataModule(KBVQADataModule):
     def pool_file(self, split: str) -> PoolFile:
         """The pools of `split`, read once."""
         if split not in self.pool_files:
-            self.pool_files[split] = PoolFile(self.pools_path(split), fallback=self._facts_source)
+            self.pool_files[split] = PoolFile(self.pools_path(split), fallback=self._facts_source,
+                                              kb_checksum=self.kb_store().url_checksum)
         return self.pool_files[split]
 
     def build_samples(self, split: str) -> list[SampleRef]:
@@ -400,10 +401,10 @@ class QFFTrainDataModule(KBVQADataModule):
         if self.settings.vit_cache is None:
             return None
         if self._feature_cache is None:
-            from qkvqa.qff.vit_cache import ViTFeatureCache
+            from qkvqa.qff.vit_cache import ViTFeatureCache, image_sources
 
             self._feature_cache = ViTFeatureCache.open(self.settings.vit_cache, self.settings.vision_fingerprint,
-                                                       self.needed_images())
+                                                       self.needed_images(), sources=image_sources(self.config))
         return self._feature_cache
 
     # ------------------------------------------------------------------ Lightning hooks

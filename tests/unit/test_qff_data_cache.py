@@ -13,6 +13,7 @@ from qkvqa.config.load import compose
 from qkvqa.errors import StaleArtifactError
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.vit_cache import (ViTFeatureCache, build_cache_from_config, env_shard_split, feature_shape,
+                                 image_sources,
                                  fill_cache, vision_fingerprint)
 from tests.helpers.qff_study import mine_world
 
@@ -33,7 +34,8 @@ def setup(world, tmp_path_factory):
 
 def write(path, setup, shard_size=16, **kwargs) -> ViTFeatureCache:
     _, component, fingerprint, needed, dm, _ = setup
-    cache = ViTFeatureCache.create(path, needed, fingerprint, feature_shape(component.model), shard_size)
+    cache = ViTFeatureCache.create(path, needed, fingerprint, feature_shape(component.model), shard_size,
+                                   sources=image_sources(dm.config))
     fill_cache(cache, component.model, component.image_processor, dm.collator().load_image, batch_size=8, **kwargs)
     return cache
 
@@ -65,7 +67,8 @@ def test_a_rerun_writes_only_the_missing_shards_and_processes_split_the_shards(s
     write(path, setup, shard_index=1, num_shards=2)
     stamps = {p.name: p.stat().st_mtime_ns for p in path.glob("shard-*.npy")}
     (path / "shard-00001.done.json").unlink()
-    rerun = ViTFeatureCache.create(path, setup[3], setup[2], feature_shape(setup[1].model), 16)
+    rerun = ViTFeatureCache.create(path, setup[3], setup[2], feature_shape(setup[1].model), 16,
+                                   sources=image_sources(setup[4].config))
     assert rerun.pending() == [1]
     write(path, setup)
     after = {p.name: p.stat().st_mtime_ns for p in path.glob("shard-*.npy")}
@@ -86,6 +89,21 @@ def test_a_cache_of_another_vit_or_another_image_set_is_refused(setup, tmp_path)
     with pytest.raises(StaleArtifactError, match="another image_set"):
         ViTFeatureCache.create(path, needed[1:], fingerprint, feature_shape(component.model), 16)
     assert ViTFeatureCache.open(path, fingerprint, needed[:5]).get(needed[0]).shape == feature_shape(component.model)
+
+
+def test_a_cache_read_from_other_image_roots_is_refused(setup, tmp_path):
+    """Issue 14 item 1: the same image ids under another data.images root are other pixels."""
+    _, component, fingerprint, needed, dm, _ = setup
+    sources = image_sources(dm.config)
+    ViTFeatureCache.create(tmp_path / "c", needed, fingerprint, feature_shape(component.model), 16, sources=sources)
+    moved = dataclasses.replace(dm.config, images=dataclasses.replace(dm.config.images, landmarks_root="elsewhere"))
+    with pytest.raises(StaleArtifactError, match="another sources"):
+        ViTFeatureCache.create(tmp_path / "c", needed, fingerprint, feature_shape(component.model), 16,
+                               sources=image_sources(moved))
+    write(tmp_path / "full", setup)
+    ViTFeatureCache.open(tmp_path / "full", fingerprint, needed, sources=sources)
+    with pytest.raises(StaleArtifactError, match=r"read from other images \(differing: query: data.root"):
+        ViTFeatureCache.open(tmp_path / "full", fingerprint, needed, sources=image_sources(moved))
 
 
 def test_the_fingerprint_changes_with_the_vit_weights_and_the_preprocessing(setup):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from qkvqa.errors import StaleArtifactError
+
 from qkvqa.data.images import ArticleImage, ArticleImageIndex, QueryImageResolver
 from qkvqa.data.config import ImagesConfig
 from qkvqa.data.kb import KBStore, build_kb_store
@@ -144,6 +146,12 @@ def test_mining_writes_omgm_layout_counts_drops_and_reads_back(kb, tmp_path):
     assert read.pool(questions[0], "imgA").positive.image == image_of("Gold heron")
     assert read.pool(questions[2], "imgA").positive.image == image_of("Red tower")
     assert read.ranking("imgA") == (tuple(top[:4]), (0.9, 0.8, 0.7, 0.6))
+    # Issue 14 item 1: the facts sidecar names the KB it was mined over; pools of another KB are refused
+    store = kb[0]
+    assert json.loads(side.read_text())["kb"] == {"url_checksum": store.url_checksum, "articles": len(store)}
+    PoolFile(pools_path, kb_checksum=store.url_checksum)
+    with pytest.raises(StaleArtifactError, match=r"hardneg_train\.articles\.json: mined over another KB.*qkvqa mine"):
+        PoolFile(pools_path, kb_checksum="sha256:another")
 
 
 def test_an_omgm_file_without_the_articles_sidecar_reads_facts_from_the_kb(kb, tmp_path):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from qkvqa.errors import DataError
+from qkvqa.errors import DataError, StaleArtifactError
 from qkvqa.utils.io import atomic_write_json, read_json
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
@@ -181,6 +181,7 @@ class MiningResult:
     pools: dict[str, dict]
     articles: dict[str, ArticleFacts]
     report: dict
+    kb: Optional[dict] = None            # {"url_checksum", "articles"} of the KB store the facts come from
 
 
 def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: ArticleFactsSource,
@@ -249,7 +250,9 @@ def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: Arti
     }
     log.info("mined %s: %d of %d samples kept; dropped %s", split or "pools", kept, mined,
              ", ".join(f"{r} {n}" for r, n in report["dropped_by_reason"].items() if n) or "none")
-    return MiningResult(pools, facts.known(), report)
+    store = getattr(facts, "store", None)
+    kb = {"url_checksum": store.url_checksum, "articles": len(store)} if store is not None else None
+    return MiningResult(pools, facts.known(), report, kb)
 
 
 def articles_path(pools_path: str | os.PathLike) -> Path:
@@ -264,9 +267,9 @@ def write_pools(path: str | os.PathLike, result: MiningResult) -> tuple[Path, Pa
     path = Path(path)
     atomic_write_json(path, result.pools, indent=None)
     side = articles_path(path)
-    atomic_write_json(side, {url: {"title": f.title, "image": f.image, "sections": list(f.sections),
-                                   "num_sections": f.num_sections}
-                             for url, f in sorted(result.articles.items())}, indent=None)
+    articles = {url: {"title": f.title, "image": f.image, "sections": list(f.sections), "num_sections": f.num_sections}
+                for url, f in sorted(result.articles.items())}
+    atomic_write_json(side, {"kb": result.kb, "articles": articles}, indent=None)
     return path, side
 
 
@@ -281,7 +284,8 @@ class PoolFile:
     the gold image as OMGM uses it.
     """
 
-    def __init__(self, path: str | os.PathLike, fallback: Optional[Callable[[], ArticleFactsSource]] = None):
+    def __init__(self, path: str | os.PathLike, fallback: Optional[Callable[[], ArticleFactsSource]] = None,
+                 kb_checksum: Optional[str] = None):
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"{self.path}: hard-negative pools not found; write them with `qkvqa mine`")
@@ -306,7 +310,15 @@ class PoolFile:
         self.has_facts = side.is_file()
         self._facts: dict[str, Optional[ArticleFacts]] = {}
         if self.has_facts:
-            for url, f in read_json(side).items():
+            facts = read_json(side)
+            kb = facts.get("kb") if "articles" in facts and "kb" in facts else None
+            facts = facts["articles"] if kb is not None or set(facts) == {"kb", "articles"} else facts
+            if kb_checksum is not None and kb and kb.get("url_checksum") != kb_checksum:
+                raise StaleArtifactError(
+                    f"{side}: mined over another KB (URL checksum {kb.get('url_checksum')}, {kb.get('articles')} "
+                    f"articles; the config's KB store has {kb_checksum}): its section indexes would point at other "
+                    f"sections. Mine again with `qkvqa mine`, or set qff.negatives to pools of this KB")
+            for url, f in facts.items():
                 self._facts[url] = ArticleFacts(url, f["title"], f["image"], tuple(int(i) for i in f["sections"]),
                                                 int(f["num_sections"]))
         self._fallback_factory = fallback

@@ -56,6 +56,17 @@ def vision_fingerprint(model, image_processor) -> str:
     return "blake2b:" + digest.hexdigest()
 
 
+def image_sources(data_config) -> dict:
+    """Where the cached images are read from (query-image roots, layouts and id2name files; KB image CSVs and
+    roots): the same ids under another root are other pixels, so a cache records this and refuses a change."""
+    from qkvqa.retrieval.embed import query_images_identity
+
+    images = data_config.images
+    return {"root": data_config.root, "query": query_images_identity(data_config),
+            "kb": {"kb_image_csvs": list(images.kb_image_csvs), "kb_image_root": images.kb_image_root,
+                   "kb_image_url_store": images.kb_image_url_store}}
+
+
 def image_set_checksum(image_ids: Sequence[str]) -> str:
     """sha256 of the image ids, one per line, in the given order."""
     digest = hashlib.sha256()
@@ -86,17 +97,18 @@ class ViTFeatureCache:
     # ------------------------------------------------------------------ creation
     @classmethod
     def create(cls, path: str | os.PathLike, image_ids: Iterable[str], fingerprint: str, feature_shape: Sequence[int],
-               shard_size: int) -> "ViTFeatureCache":
-        """Start (or reopen) a cache for `image_ids`; StaleArtifactError when the directory holds another cache."""
+               shard_size: int, sources: Optional[dict] = None) -> "ViTFeatureCache":
+        """Start (or reopen) a cache for `image_ids` read from `sources` (`image_sources`); StaleArtifactError when
+        the directory holds another cache."""
         path = Path(path)
         ids = sorted(set(image_ids))
         manifest = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "dtype": DTYPE,
                     "feature_shape": [int(d) for d in feature_shape], "shard_size": int(shard_size),
-                    "num_images": len(ids), "image_set": image_set_checksum(ids)}
+                    "num_images": len(ids), "image_set": image_set_checksum(ids), "sources": sources}
         if (path / "manifest.json").is_file():
             old = read_json(path / "manifest.json")
-            changed = [k for k in ("format", "fingerprint", "dtype", "feature_shape", "shard_size", "image_set")
-                       if old.get(k) != manifest[k]]
+            changed = [k for k in ("format", "fingerprint", "dtype", "feature_shape", "shard_size", "image_set",
+                                   "sources") if old.get(k) != manifest[k]]
             if changed:
                 raise StaleArtifactError(f"{path} holds a ViT feature cache with another {', '.join(changed)}; "
                                          f"delete it or set qff.vit_cache to another directory")
@@ -162,8 +174,10 @@ class ViTFeatureCache:
 
     # ------------------------------------------------------------------ reading
     @classmethod
-    def open(cls, path: str | os.PathLike, fingerprint: Optional[str], needed: Sequence[str]) -> "ViTFeatureCache":
-        """Open a complete cache for reading; StaleArtifactError unless it was written by this ViT and holds `needed`."""
+    def open(cls, path: str | os.PathLike, fingerprint: Optional[str], needed: Sequence[str],
+             sources: Optional[dict] = None) -> "ViTFeatureCache":
+        """Open a complete cache for reading; StaleArtifactError unless it was written by this ViT from `sources` and
+        holds `needed`."""
         path = Path(path)
         hint = "write it with `qkvqa cache-vit` (same experiment and overrides as the training run)"
         if not (path / "manifest.json").is_file():
@@ -176,6 +190,11 @@ class ViTFeatureCache:
             raise StaleArtifactError(f"{path}: the ViT cache was written by another vision model (fingerprint "
                                      f"{manifest.get('fingerprint', '?')[:19]}..., this model {fingerprint[:19]}...: "
                                      f"config, weights, dtype or preprocessing differ); delete it and {hint}")
+        if sources is not None and manifest.get("sources") != sources:
+            old = manifest.get("sources") or {}
+            differ = sorted(k for k in set(old) | set(sources) if old.get(k) != sources.get(k)) or ["(not recorded)"]
+            raise StaleArtifactError(f"{path}: the ViT cache was read from other images (differing: "
+                                     f"{', '.join(differ)}: data.root / data.images.*); delete it and {hint}")
         cache = cls(path, manifest, read_json(path / "images.json"))
         missing = [i for i in needed if i not in cache.position]
         if missing:
@@ -310,7 +329,7 @@ def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: 
     dm.prepare_data()
     needed = dm.needed_images()
     cache = ViTFeatureCache.create(cfg.qff.vit_cache, needed, fingerprint, feature_shape(model),
-                                   cfg.qff.vit_cache_shard_size)
+                                   cfg.qff.vit_cache_shard_size, sources=image_sources(dm.config))
     counts = fill_cache(cache, model, component.image_processor, dm.collator().load_image,
                         batch_size=cfg.qff.vit_cache_batch_size, num_workers=cfg.data.num_workers,
                         shard_index=shard_index, num_shards=num_shards)
