@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--runs", type=Path, default=Path("checkpoints"), help="the run root (default: checkpoints)")
     parser.add_argument("--entities", type=int, default=120, help="synthetic world size (default: 120)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="QFF training epochs (default: the demo experiments', 5); 1 is a quick look")
     parser.set_defaults(func=_demo)
 
 
@@ -27,5 +29,9 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("WANDB_MODE", "disabled")
     from qkvqa.demo.run import Demo
 
-    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed).run()
+    if args.epochs is not None and args.epochs < 1:
+        from qkvqa.errors import ConfigError
+
+        raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
+    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed, epochs=args.epochs).run()
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from qkvqa.demo.report import comparison_rows, markdown_table, plot_recall, plot_training
 from qkvqa.run.rundir import clear_run_env
@@ -50,8 +50,8 @@ def _cli(args: Sequence[str]) -> None:
 class Demo:
     """The demo's directories and stages."""
 
-    def __init__(self, out: Path, runs: Path, entities: int, seed: int):
-        self.out, self.runs, self.entities, self.seed = out, runs, entities, seed
+    def __init__(self, out: Path, runs: Path, entities: int, seed: int, epochs: Optional[int] = None):
+        self.out, self.runs, self.entities, self.seed, self.epochs = out, runs, entities, seed, epochs
         self.world = out / "world"
         self.common = [f"paths.world_dir={self.world}", f"paths.cache_dir={out / 'cache'}",
                        f"paths.checkpoints_root={runs}", f"seed={seed}"]
@@ -92,7 +92,8 @@ class Demo:
             if _finished(self.runs, run_id):
                 log.info("reusing trained QFF %s", run_id)
                 continue
-            _cli(["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common])
+            epochs = [f"trainer.max_epochs={self.epochs}"] if self.epochs else []
+            _cli(["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common, *epochs])
 
     def evaluate(self) -> dict[str, Path]:
         done = {}

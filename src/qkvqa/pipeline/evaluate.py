@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from qkvqa.errors import ConfigError, DataError
+from qkvqa.errors import ConfigError, DataError, StaleArtifactError
 from qkvqa.config.schema import EVAL_FILTERS as FILTERS, STOP_AFTER  # declared with the config
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
@@ -21,8 +21,10 @@ RETRIEVAL_META = "retrieval_meta.json"
 
 
 def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero: bool) -> tuple[dict[str, Retrieved], dict]:
-    """The split's stage-1 results and their metrics, computed once by rank zero and reused on restart."""
+    """The split's stage-1 results and their metrics, computed once by rank zero and reused on restart (the answers
+    already written used them), refused when the KB store changed since."""
     path, meta_path = run_dir / RETRIEVAL_FILE, run_dir / RETRIEVAL_META
+    kb = benchmark.kb_store().url_checksum
     if rank_zero and not (path.exists() and meta_path.exists()):
         from qkvqa.retrieval.retrieve import retrieve_split
 
@@ -31,8 +33,14 @@ def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero
         seconds = (time.perf_counter() - start) / max(len(result.results), 1)
         write_results(path, result.results)
         atomic_write_json(meta_path, {"seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
-                                      "metrics": result.metrics, "source": cfg.retrieval.results or "in-process"})
-    return read_results(path), json.loads(meta_path.read_text(encoding="utf-8"))
+                                      "metrics": result.metrics, "source": cfg.retrieval.results or "in-process",
+                                      "kb_url_checksum": kb})
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("kb_url_checksum", kb) != kb:
+        raise StaleArtifactError(f"{meta_path}: this run's stage-1 results and answers were made over another KB "
+                                 f"(URL checksum {meta['kb_url_checksum']}, the KB store now has {kb}); evaluate "
+                                 "again as a new run (another run_id)")
+    return read_results(path), meta
 
 
 def build_filter(cfg: DictConfig, benchmark: Any):
