@@ -172,3 +172,21 @@ def test_attaching_references_reports_the_overlap(tmp_path):
                        "references_without_question": 1}
     assert questions[1].reference.answer_eval == {"wikidata": 1.0, "range": [0.9, 1.1]}
     assert questions[2].reference is None
+
+
+def test_a_file_that_is_not_utf8_is_one_line_naming_the_file_and_the_line(tmp_path):
+    """Issue 14 item 6: a Latin-1 question file ended in a raw UnicodeDecodeError."""
+    from qkvqa.data.questions import read_evqa_csv, read_infoseek_references
+    from qkvqa.errors import DataError
+
+    good = tmp_path / "test.csv"
+    write_csv(good, [evqa_row(), evqa_row(question="Où niche-t-il ?")])
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(good.read_text(encoding="utf-8").encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin\.csv: line 3: not UTF-8 text.*iconv"):
+        read_evqa_csv(latin)
+    refs = tmp_path / "infoseek_val.jsonl"
+    refs.write_bytes(b'{"data_id": "a", "answer_eval": ["x"], "data_split": "val_unseen_question"}\n'
+                     b'{"data_id": "b", "answer_eval": ["caf\xe9"], "data_split": "val_unseen_question"}\n')
+    with pytest.raises(DataError, match=r"infoseek_val\.jsonl: line 2: not UTF-8 text"):
+        read_infoseek_references(refs)

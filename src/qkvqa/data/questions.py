@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from qkvqa.errors import DataError
+from qkvqa.utils.io import not_utf8
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -83,7 +84,10 @@ def _open_csv(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
         raise DataError(f"{path}: question file not found")
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
-        header = reader.fieldnames or []
+        try:
+            header = reader.fieldnames or []
+        except UnicodeDecodeError as e:
+            raise DataError(not_utf8(path, e)) from None
         missing = [name for name in required if name not in header]
         if missing:
             hints = []
@@ -105,6 +109,8 @@ def _open_csv(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
                 yield line, row
         except csv.Error as e:
             raise DataError(f"{path}: line {reader.line_num}: malformed CSV ({e})") from e
+        except UnicodeDecodeError as e:
+            raise DataError(not_utf8(path, e)) from None
 
 
 def _parse_section_id(path: Path, line: int, value: str) -> Optional[int]:
@@ -217,8 +223,12 @@ def _check_answer_eval(path: Path, line: int, value: Any) -> None:
 def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for line, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(not_utf8(path, e, line)) from None
             if not text.strip():
                 continue
             try:

@@ -36,12 +36,33 @@ def read_json(path: str | os.PathLike) -> Any:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: line {e.lineno}: malformed JSON ({e.msg})") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(not_utf8(path, e)) from None
+
+
+def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError, line: int | None = None) -> str:
+    """The one-line message for a text file that is not UTF-8, naming the line of the first bad byte (found by
+    re-reading the file when `line` is not known: a text reader decodes blocks, not lines)."""
+    if line is None:
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            data.decode("utf-8-sig")
+        except UnicodeDecodeError as whole:
+            error, line = whole, data.count(b"\n", 0, whole.start) + 1
+    where = f"line {line}: " if line is not None else ""
+    return (f"{path}: {where}not UTF-8 text (byte {error.object[error.start:error.start + 1]!r}); re-save it as "
+            f"UTF-8 (e.g. `iconv -f latin1 -t utf-8`)")
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """Yield (line number, object) for each non-empty line; a bad line raises naming file and line."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(not_utf8(path, e, lineno)) from None
             if not line.strip():
                 continue
             try:
