@@ -22,7 +22,7 @@ import ijson
 from qkvqa.data.sections import (CandidateSection, candidate_sections, is_empty_section, is_excluded_section,
                                  section_string)
 from qkvqa.errors import DataError, StaleArtifactError
-from qkvqa.utils.io import atomic_write_json, sha256_file
+from qkvqa.utils.io import atomic_write_json, mark_verified, sha256_file
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
@@ -296,6 +296,7 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         manifest["store_sha256"] = sha256_file(tmp_path)
         manifest["store_size"] = tmp_path.stat().st_size
         os.replace(tmp_path, out_dir / STORE_FILE)
+        mark_verified(out_dir / STORE_FILE, manifest["store_sha256"])
     except BaseException:
         conn.close()
         tmp_path.unlink(missing_ok=True)
@@ -425,6 +426,12 @@ class KBStore:
         if manifest.get("store_size") is not None and db_path.stat().st_size != manifest["store_size"]:
             raise DataError(f"{db_path}: {db_path.stat().st_size} bytes, the build wrote {manifest['store_size']} "
                             f"(truncated or replaced); {rebuild}")
+        if manifest.get("store_sha256"):
+            # SQLite has no page checksums: a flipped byte inside an article's text reads back without an error, so
+            # the first open of each file version re-hashes it (a stamp beside it spares later opens).
+            from qkvqa.utils.io import verify_sha256_once
+
+            verify_sha256_once(db_path, manifest["store_sha256"], "KB store", rebuild)
         store = cls(store_dir, manifest)
         try:
             (stored,) = store._connection().execute("SELECT value FROM meta WHERE key = 'manifest'").fetchone()
@@ -467,15 +474,13 @@ class KBStore:
                                      f"{what} differs ({found[:12]} here, {wanted[:12]} at the build); {rebuild}")
 
     def check_store(self) -> None:
-        """Raise DataError when kb.sqlite is not, byte for byte, the file the build wrote (sha256 in the manifest)."""
-        db_path = self.store_dir / STORE_FILE
-        wanted = self.manifest.get("store_sha256")
-        if wanted is None:
-            return
-        found = sha256_file(db_path)
-        if found != wanted:
-            raise DataError(f"{db_path}: corrupt (sha256 {found[:12]}, the build wrote {wanted[:12]}); rebuild the "
-                            f"store with `qkvqa kb build --source {self.manifest['source']['path']} --out {self.store_dir}`")
+        """Raise DataError when kb.sqlite is not, byte for byte, the file the build wrote (re-hashed every call)."""
+        from qkvqa.utils.io import verify_sha256_once
+
+        if self.manifest.get("store_sha256"):
+            verify_sha256_once(self.store_dir / STORE_FILE, self.manifest["store_sha256"], "KB store",
+                               f"rebuild the store with `qkvqa kb build --source {self.manifest['source']['path']} "
+                               f"--out {self.store_dir}`", force=True)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._conn_pid != os.getpid():

@@ -205,9 +205,12 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
 
 def _file_hashes(out_dir: Path) -> dict:
     """sha256 of the index file and the row mapping, recorded in the manifest and checked at first load."""
-    from qkvqa.utils.io import sha256_file
+    from qkvqa.utils.io import mark_verified, sha256_file
 
-    return {INDEX_FILE: sha256_file(out_dir / INDEX_FILE), ROWS_FILE: sha256_file(out_dir / ROWS_FILE)}
+    hashes = {name: sha256_file(out_dir / name) for name in (INDEX_FILE, ROWS_FILE)}
+    for name, sha in hashes.items():
+        mark_verified(out_dir / name, sha)
+    return hashes
 
 
 def verify_index_files(path: Path, manifest: dict, rebuild_hint: str, force: bool = False) -> list[str]:

@@ -96,18 +96,27 @@ def verify_sha256_once(path: str | os.PathLike, wanted: str, what: str, fix: str
     from qkvqa.errors import DataError
 
     path = Path(path)
-    stat = path.stat()
-    key = f"{wanted} {stat.st_size} {stat.st_mtime_ns}"
     stamp = path.with_name(f".{path.name}.verified")
     try:
-        if not force and stamp.read_text() == key:
+        if not force and stamp.read_text() == _stamp_key(path, wanted):
             return
     except OSError:
         pass
     found = sha256_file(path)
     if found != wanted:
         raise DataError(f"{path}: corrupt {what} (sha256 {found[:12]}, its manifest records {wanted[:12]}); {fix}")
+    mark_verified(path, wanted)
+
+
+def _stamp_key(path: Path, sha256: str) -> str:
+    stat = path.stat()
+    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def mark_verified(path: str | os.PathLike, sha256: str) -> None:
+    """Record that `path` (just written or just hashed) has `sha256`, so `verify_sha256_once` need not re-hash it."""
+    path = Path(path)
     try:
-        atomic_write_text(stamp, key)
+        atomic_write_text(path.with_name(f".{path.name}.verified"), _stamp_key(path, sha256))
     except OSError:
         pass                           # a read-only directory: verified again next time
