@@ -96,12 +96,24 @@ def _replace_one_image(root: Path, data: Optional[bytes], size: Optional[tuple] 
     from PIL import Image
 
     import csv
+    def landmark(row):
+        image_id = row["dataset_image_ids"].split("|")[0]
+        return root / "world/evqa/images/landmarks" / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
+
+    def readable(path):
+        try:
+            with Image.open(path) as image:
+                image.load()
+            return True
+        except OSError:
+            return False
+
     with open(root / "world/evqa/test.csv", newline="", encoding="utf-8") as f:
-        row = next(r for r in csv.DictReader(f) if r["dataset_name"] == "landmarks")
-    image_id = row["dataset_image_ids"].split("|")[0]
-    path = root / "world/evqa/images/landmarks" / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
+        path = next(landmark(r) for r in csv.DictReader(f) if r["dataset_name"] == "landmarks" and readable(landmark(r)))
     if size is not None:
         Image.new("RGB", size, (10, 200, 30)).save(path)
+    elif data is None:
+        path.unlink()
     else:
         path.write_bytes(data)
 
@@ -157,7 +169,8 @@ def faults() -> list[Fault]:
         Fault("questions_extra_field", "a test CSV row with one field too many", lambda r: _extra_field(r / "world/evqa/test.csv"), retrieve, "refused"),
         Fault("id2name_truncated", "the iNaturalist id2name JSON truncated", lambda r: _truncate(r / "world/evqa/val_id2name.json"), retrieve, "refused"),
         Fault("image_root_renamed", "the landmarks image folder renamed", lambda r: (r / "world/evqa/images/landmarks").rename(r / "world/evqa/images/landmarks_old"), retrieve, "refused"),
-        Fault("images_mostly_missing", "60% of the iNaturalist images deleted", lambda r: _drop_images(r, 0.6), retrieve, "refused"),
+        Fault("image_missing", "one query image deleted (under the bound)", lambda r: _replace_one_image(r, None), retrieve, "counted"),
+        Fault("images_mostly_missing", "every iNaturalist image deleted (a half-copied folder)", lambda r: _drop_images(r, 1.0), retrieve, "refused"),
         Fault("image_not_an_image", "one query image replaced by text bytes", lambda r: _replace_one_image(r, b"this is not a jpeg"), retrieve, "counted"),
         Fault("image_2px", "one query image 2x2 pixels", lambda r: _replace_one_image(r, None, (2, 2)), retrieve, "counted"),
         Fault("reference_conflict", "an InfoSeek reference id repeated with another answer, scored --strict", _conflicting_reference, score_strict, "refused"),

@@ -89,6 +89,15 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert "BEM" in rescored["benchmark"]["label"] and rescored["protocol"]["judge"] != "EM only"
     assert rescored["benchmark"]["all"]["n"] == scores["benchmark"]["all"]["n"]
     assert rescored["benchmark"]["all"]["correct"] >= scores["benchmark"]["all"]["correct"]   # EM, then BEM
+    # Issue 14 item 1: the stage-1 results kept in the run are refused once the KB has changed under them.
+    from qkvqa.pipeline.evaluate import RETRIEVAL_META
+
+    meta = json.loads((run_dir / RETRIEVAL_META).read_text())
+    (run_dir / RETRIEVAL_META).write_text(json.dumps({**meta, "kb_url_checksum": "sha256:another"}))
+    clear_run_env()
+    capsys.readouterr()
+    assert main(["score", "run", str(run_dir)]) == 2
+    assert "made over another KB" in capsys.readouterr().err
     # Recall after the QFF is computed on the same questions and articles: R@20 cannot change by re-ranking 20.
     assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from qkvqa.errors import DataError
 import yaml
 from omegaconf import OmegaConf
 
@@ -143,7 +145,21 @@ def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encod
     assert bad.set.path != good.set.path and len(bad.set.skipped()) > len(good.set.skipped())
     again = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)
     assert again.set.path == good.set.path and len(again.set.skipped()) == len(good.set.skipped())
+    # a query image mended (or damaged) in place, same path: another set, not the old rows
+    import shutil
+
+    shutil.copytree(Path(world["dir"]) / "evqa", tmp_path / "copy" / "evqa")
+    copied = world_cfg(world, tmp_path)
+    copied.data.root = str(tmp_path / "copy")
+    before = Embedder(copied, "query_images", "test").description()
+    from data_modules import build_data_module
+
+    dm = build_data_module(copied.data)
+    image = next(p for p in (dm.image_loader.resolver.resolve(q.dataset_name, q.image_id) for q in dm.questions("test"))
+                 if p is not None)
+    image.write_bytes(image.read_bytes() + b"\0")
+    assert Embedder(copied, "query_images", "test").description() != before
     no_map = world_cfg(world, tmp_path)
     no_map.data.images.inaturalist_id2name = "evqa/missing_id2name.json"
-    assert Embedder(no_map, "query_images", "test").description() != Embedder(
-        world_cfg(world, tmp_path), "query_images", "test").description()
+    with pytest.raises(DataError, match=r"missing_id2name\.json: id2name map not found"):
+        Embedder(no_map, "query_images", "test").description()      # once "worked" from the cache

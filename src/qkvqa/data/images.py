@@ -165,6 +165,25 @@ class QueryImageResolver:
         return next((path for path in self.candidates(dataset_name, image_id) if path.is_file()), None)
 
 
+def image_files_checksum(resolver: QueryImageResolver, keys: Iterable[tuple[str, str]]) -> str:
+    """sha256 over each (dataset, image id)'s resolved file, size and mtime (one stat per image; shard members by
+    their shard position): a query image replaced or mended in place changes it, so a cache keyed on it is not reused."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for dataset_name, image_id in keys:
+        shards = resolver.image_shards(dataset_name)
+        if shards is not None:
+            member = next((m for m in (shards.member(image_id, e) for e in SHARD_IMAGE_EXTENSIONS) if m), None)
+            entry = "missing" if member is None else f"{member.shard}:{member.offset}:{member.size}"
+        else:
+            path = resolver.resolve(dataset_name, image_id)
+            stat = path.stat() if path is not None else None
+            entry = "missing" if stat is None else f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+        digest.update(f"{dataset_name}\0{image_id}\0{entry}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class SkippedImage:
     """An image that could not be used: why, and which file was tried."""

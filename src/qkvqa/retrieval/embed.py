@@ -194,19 +194,29 @@ class KBImageSource:
 class QueryImageSource:
     """The unique query images of a split's questions, in first-appearance order."""
 
-    def __init__(self, questions: Sequence[Any], questions_file: Optional[Path], split: str, data_identity: dict):
+    def __init__(self, questions: Sequence[Any], questions_file: Optional[Path], split: str, data_identity: dict,
+                 resolver: Any = None):
         self.keys = list(dict.fromkeys((q.dataset_name, q.image_id) for q in questions))
         self.questions_file = questions_file
         self.split = split
         self.data_identity = data_identity
+        self.resolver = resolver
+        self._identity: Optional[dict] = None
 
     @property
     def rows(self) -> int:
         return len(self.keys)
 
     def identity(self) -> dict:
-        return {"split": self.split, "questions": _file_identity(self.questions_file) if self.questions_file else None,
-                "unique_images": len(self.keys), **self.data_identity}
+        """What the rows depend on, down to each image file's size and mtime (computed once: one stat per image)."""
+        from qkvqa.data.images import image_files_checksum
+
+        if self._identity is None:
+            files = image_files_checksum(self.resolver, self.keys) if self.resolver is not None else None
+            self._identity = {"split": self.split, "unique_images": len(self.keys), "image_files": files,
+                              "questions": _file_identity(self.questions_file) if self.questions_file else None,
+                              **self.data_identity}
+        return self._identity
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
         return [_Item(id=list(key), dataset_name=key[0], image_id=key[1]) for key in self.keys[start:stop]]
@@ -482,7 +492,8 @@ class Embedder:
                          "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
                          "include_two_hop": reads_two_hop(data, evaluation=False), "root": data.root,
                          "images": query_images_identity(data)}
-        return QueryImageSource(questions, self.dm.path(f"{self.split}_questions"), self.split, data_identity)
+        return QueryImageSource(questions, self.dm.path(f"{self.split}_questions"), self.split, data_identity,
+                                self.dm.image_loader.resolver)
 
     def description(self) -> dict:
         """Everything the vectors depend on (hashed into the set's directory name)."""
