@@ -1,10 +1,15 @@
-"""Lightning checkpoints with a sha256 sidecar: written after every save, checked before every load.
+"""Lightning checkpoints saved atomically beside their target, with a sha256 sidecar checked before every load.
 
-Why we own this: torch's zip reader does not check the bytes of a tensor, so a flipped byte in
-last.ckpt resumed into a non-finite weight and the run ended "finished". Each save first removes
-`NAME.sha256`, writes the checkpoint, then writes the sidecar; a kill in between leaves no sidecar
-(the checkpoint is then either complete and accepted, or truncated and refused by torch's reader),
-never a stale hash.
+Why we own this:
+- torch's zip reader does not check the bytes of a tensor, so a flipped byte in last.ckpt resumed
+  into a non-finite weight and the run ended "finished";
+- Lightning's fsspec save writes its temporary file in $TMPDIR and moves it, a copy when $TMPDIR is
+  another filesystem (the usual cluster layout): a kill during the copy left a 0-byte last.ckpt, and
+  each killed save leaked its temporary file.
+So each save removes `NAME.sha256`, writes `.NAME.partial-PID` in the target's directory, fsyncs it,
+renames it over the target (atomic on one filesystem) and then writes the sidecar. A kill leaves the
+previous checkpoint whole (a stale partial of a dead process is removed by the next save); a full
+disk leaves it whole too, and says so in one line.
 """
 from __future__ import annotations
 
@@ -18,6 +23,38 @@ from qkvqa.errors import DataError
 from qkvqa.utils.io import atomic_write_text, sha256_file
 
 SIDECAR_SUFFIX = ".sha256"
+
+
+def _alive(pid: str) -> bool:
+    """Whether the process that owns a partial file still runs (its name ends in the PID)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _discard(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (the directory entry), where the platform allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def sidecar_of(path: str | os.PathLike) -> Path:
@@ -58,8 +95,37 @@ class CheckedCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                         storage_options: Optional[Any] = None) -> None:
-        sidecar_of(path).unlink(missing_ok=True)
-        super().save_checkpoint(checkpoint, path, storage_options)
+        import torch
+
+        if storage_options is not None:
+            raise TypeError("CheckedCheckpointIO takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.partial-*"):
+            if not _alive(stale.name.rsplit("-", 1)[-1]):
+                stale.unlink(missing_ok=True)               # left by a killed save
+        sidecar = sidecar_of(path)
+        previous = sidecar.read_text() if sidecar.is_file() and path.is_file() else None
+        sidecar.unlink(missing_ok=True)
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as e:
+            _discard(tmp)
+            if previous is not None:
+                atomic_write_text(sidecar, previous)        # the previous checkpoint stays whole and checked
+            raise DataError(f"{path}: the checkpoint could not be saved ({e.strerror or e}); the previous one is "
+                            f"intact: free space on {path.parent} (or fix its permissions) and resume") from None
+        except BaseException:
+            _discard(tmp)
+            if previous is not None:
+                atomic_write_text(sidecar, previous)
+            raise
         atomic_write_text(sidecar_of(path), sha256_file(path) + "\n")
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Optional[Callable] = lambda storage, loc: storage,
