@@ -20,3 +20,15 @@ class MissingWeightsError(QkvqaError, FileNotFoundError):
 
 class StaleArtifactError(QkvqaError, RuntimeError):
     """An index, cache or run record does not match the data or config it is used with."""
+
+
+# The exit code of a run stopped by a signal (SIGTERM, SIGUSR1, SLURM preemption) after it saved its checkpoint:
+# 128 + SIGTERM, the shell's convention, so `train && evaluate` does not go on with a half-trained model and a SLURM
+# script can requeue on it (docs/training.md).
+EXIT_INTERRUPTED = 143
+
+
+class RunInterrupted(QkvqaError):
+    """A run stopped on a signal after saving its state; `resume=auto` continues it. Exits with EXIT_INTERRUPTED."""
+
+    exit_code = EXIT_INTERRUPTED

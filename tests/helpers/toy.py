@@ -88,4 +88,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from qkvqa.errors import RunInterrupted
+
+    try:
+        main(sys.argv[1:])
+    except RunInterrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

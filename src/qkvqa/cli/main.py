@@ -59,6 +59,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except _user_errors() as e:
+        from qkvqa.errors import RunInterrupted
+
+        if isinstance(e, RunInterrupted):
+            print(f"qkvqa {args.command}: interrupted: {e}", file=sys.stderr)
+            return e.exit_code
         print(f"qkvqa {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0 if rc is None else int(rc)

@@ -13,6 +13,31 @@ PARTS_DIR = "predictions.parts"
 MERGED = "predictions.jsonl"
 
 
+def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:
+    """Truncate an append-only JSONL file after its last newline (a row a kill tore mid-write); returns the bytes cut.
+    The torn row's question has no complete row, so it is answered again."""
+    if not path.is_file():
+        return 0
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        end = size
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            at = chunk.rfind(b"\n")
+            if at >= 0:
+                keep = start + at + 1
+                break
+            end = start
+        else:
+            keep = 0
+        if keep < size:
+            f.truncate(keep)
+            f.flush()
+    return size - keep
+
+
 class PredictionStore:
     """`<run_dir>/predictions.parts/rank{r}.jsonl` while running, `<run_dir>/predictions.jsonl` when merged.
 
@@ -29,8 +54,9 @@ class PredictionStore:
         return self.parts / f"rank{rank}.jsonl"
 
     def append(self, rank: int, rows: Iterable[dict]) -> None:
-        """Append answered rows of this rank."""
+        """Append answered rows of this rank (after cutting a row torn by a kill, which would glue onto the next)."""
         self.parts.mkdir(parents=True, exist_ok=True)
+        cut_torn_tail(self.part(rank))
         append_jsonl(self.part(rank), rows)
 
     def rows(self) -> list[dict]:

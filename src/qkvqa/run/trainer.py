@@ -98,6 +98,8 @@ def world_size_of(cfg: DictConfig) -> int:
 def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDataModule, command: str = "train",
         callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> dict:
     """Train `module` on `datamodule` as one run; resumes with `resume=auto`; returns the summary."""
+    from qkvqa.errors import RunInterrupted
+
     check_hardware(cfg)
     with run_job(cfg, command, world_size_of(cfg)) as job:
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -116,4 +118,8 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 "last_model_path": str(job.run.run_dir / "last.ckpt"),
                 **{k: float(v) for k, v in trainer.callback_metrics.items()}})
             log_run_files(job.run.run_dir)
-        return summary
+    if job.final_state == "interrupted":          # after run_job has recorded the state
+        raise RunInterrupted(f"run {job.run.run_id} stopped on a signal at step {trainer.global_step} and saved "
+                             f"{job.run.run_dir / 'last.ckpt'}; continue it with the same command plus "
+                             f"run_id={job.run.run_id} resume=auto")
+    return summary

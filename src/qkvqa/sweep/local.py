@@ -220,7 +220,9 @@ class LocalSweep:
     def _finish(self, manifest: Manifest, item: _Running) -> None:
         item.log_file.close()
         rc = item.proc.returncode
-        status = "finished" if rc == 0 else "failed"
+        from qkvqa.errors import EXIT_INTERRUPTED
+
+        status = "finished" if rc == 0 else "interrupted" if rc == EXIT_INTERRUPTED else "failed"
         run_state = RunRecord(manifest.trials[item.trial.trial_id]["run_dir"]).status().get("state")
         manifest.update_trial(item.trial.trial_id, status=status, returncode=rc, finished_at=now(), run_state=run_state,
                               duration_s=round(time.monotonic() - item.started, 3), pid=None)
