@@ -108,6 +108,26 @@ def test_a_run_stopped_by_bad_data_before_any_work_leaves_no_directory(run_root)
     assert json.loads((run_root / "kept" / "status.json").read_text())["state"] == "failed"
 
 
+def test_a_second_launch_into_a_run_directory_in_use_is_refused_naming_the_holder(run_root):
+    """Issue 15 item 6: two resume=auto launches of one run_id both trained into one directory."""
+    import os
+
+    from qkvqa.run.lock import RunLock
+
+    clear_run_env()
+    fit(_cfg(run_root, "run_id=locked", "trainer.max_steps=1"), ToyRegressor(), ToyDataModule())
+    held = RunLock.acquire(run_root / "locked")                  # another job holds it
+    try:
+        clear_run_env()
+        with pytest.raises(ConfigError, match=rf"locked is in use by PID {os.getpid()} on .*choose another run_id"):
+            fit(_cfg(run_root, "run_id=locked", "resume=auto", "trainer.max_steps=2"), ToyRegressor(), ToyDataModule())
+    finally:
+        held.release()
+    assert json.loads((run_root / "locked" / "status.json").read_text())["state"] == "finished"   # untouched
+    clear_run_env()
+    fit(_cfg(run_root, "run_id=locked", "resume=auto", "trainer.max_steps=2"), ToyRegressor(), ToyDataModule())
+
+
 def test_failed_run_is_marked_failed(run_root):
     class Broken(ToyRegressor):
         def training_step(self, batch, batch_idx):

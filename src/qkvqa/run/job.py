@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from qkvqa.config.load import to_plain
 from qkvqa.run.record import RunRecord
+from qkvqa.run.lock import RunLock
 from qkvqa.run.resume import prepare_resume
 from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.utils.logging import get_logger
@@ -47,11 +48,23 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
     run = resolve_run(cfg)
     _clear_stale_wandb_env(run)
     record = RunRecord(run.run_dir)
-    ckpt, changes = prepare_resume(cfg, run) if run.is_rank_zero else (_child_ckpt(run), {})
-    job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes)
     fresh = not run.run_dir.exists()
-    if run.is_rank_zero:
+    lock = None
+    if run.is_rank_zero:                      # one job per run directory (qkvqa.run.lock)
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = RunLock.acquire(run.run_dir)
+            ckpt, changes = prepare_resume(cfg, run)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            if fresh:
+                _remove_if_empty(run.run_dir)
+            raise
+    else:
+        ckpt, changes = _child_ckpt(run), {}
+    job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes)
+    if run.is_rank_zero:
         record.write_config(cfg)
         record.start(run.run_id, world_size, command,
                      {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None)
@@ -71,6 +84,9 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
     else:
         if run.is_rank_zero:
             record.finish(job.final_state)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 # What a run directory holds before its job has produced anything (the run record and logger scaffolding).
