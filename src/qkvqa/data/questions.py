@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from qkvqa.errors import DataError
-from qkvqa.utils.io import not_utf8
+from qkvqa.utils.io import iter_jsonl, not_utf8
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -223,21 +223,15 @@ def _check_answer_eval(path: Path, line: int, value: Any) -> None:
 def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    with open(path, "rb") as f:
-        for line, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(not_utf8(path, e, line)) from None
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {line}: malformed JSON ({e.msg})") from e
+    try:
+        for line, obj in iter_jsonl(path):
             if not isinstance(obj, dict):
                 raise DataError(f"{path}: line {line}: expected a JSON object, found {type(obj).__name__}")
             yield line, obj
+    except DataError:
+        raise
+    except ValueError as e:              # malformed JSON or not UTF-8, already naming the file and the line
+        raise DataError(str(e)) from None
 
 
 def read_infoseek_qtypes(path: str | os.PathLike) -> dict[str, str]:

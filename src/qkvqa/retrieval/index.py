@@ -176,13 +176,7 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)      # the manifest, written last, marks a complete index
-    tmp = out_dir / f".{INDEX_FILE}.partial-{os.getpid()}"
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out_dir / INDEX_FILE)
-    tmp_rows = out_dir / f".{ROWS_FILE}.partial-{os.getpid()}"
-    with open(tmp_rows, "wb") as f:
-        np.save(f, rows)
-    os.replace(tmp_rows, out_dir / ROWS_FILE)
+    _write_index_files(index, rows, out_dir)
     text_source = None
     if mode == "image_to_summary":
         text_source = {"summary_source": source["summary_source"], **({"summaries": source["summaries"]}
@@ -201,6 +195,19 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     log.info("index %s: %d vectors, dim %d, %s, %s, built in %.1fs", out_dir, count, dim, factory, mode,
              manifest["build_seconds"])
     return manifest
+
+
+def _write_index_files(index, rows: np.ndarray, out_dir: Path) -> None:
+    """Write index.faiss and vector_rows.npy, each to a partial file renamed into place (the manifest comes last)."""
+    import faiss
+
+    tmp = out_dir / f".{INDEX_FILE}.partial-{os.getpid()}"
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, out_dir / INDEX_FILE)
+    tmp_rows = out_dir / f".{ROWS_FILE}.partial-{os.getpid()}"
+    with open(tmp_rows, "wb") as f:
+        np.save(f, rows)
+    os.replace(tmp_rows, out_dir / ROWS_FILE)
 
 
 def _file_hashes(out_dir: Path) -> dict:
@@ -293,13 +300,7 @@ def import_index(index_file: str | os.PathLike, urls_file: str | os.PathLike, ou
                     len(unmapped), len(urls), index_file, unmapped[:3])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
-    tmp = out_dir / f".{INDEX_FILE}.partial-{os.getpid()}"
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out_dir / INDEX_FILE)
-    tmp_rows = out_dir / f".{ROWS_FILE}.partial-{os.getpid()}"
-    with open(tmp_rows, "wb") as f:
-        np.save(f, rows)
-    os.replace(tmp_rows, out_dir / ROWS_FILE)
+    _write_index_files(index, rows, out_dir)
     metric = "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else f"faiss metric {index.metric_type}"
     manifest = {
         "sha256": _file_hashes(out_dir),
