@@ -78,6 +78,11 @@ class QueryImageResolver:
         pattern = self.shard_patterns.get(dataset_name)
         return None if pattern is None else self.shards(pattern)
 
+    def shard_member(self, dataset_name: str, image_id: str):
+        """The shard member holding `image_id`'s image (the first of SHARD_IMAGE_EXTENSIONS), or None."""
+        shards = self.image_shards(dataset_name)
+        return next((m for m in (shards.member(image_id, ext) for ext in SHARD_IMAGE_EXTENSIONS) if m), None)
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_shards": {}}          # DataLoader workers rescan rather than copy the index
 
@@ -97,9 +102,8 @@ class QueryImageResolver:
         self.check_roots(questions)
         missing = []
         for q in progress(questions, desc=f"check images {split}".strip(), unit="question"):
-            shards = self.image_shards(q.dataset_name)
-            if shards is not None:
-                found = any(shards.member(q.image_id, ext) for ext in SHARD_IMAGE_EXTENSIONS)
+            if q.dataset_name in self.shard_patterns:
+                found = self.shard_member(q.dataset_name, q.image_id) is not None
             else:
                 found = self.resolve(q.dataset_name, q.image_id) is not None
             if not found:
@@ -172,9 +176,8 @@ def image_files_checksum(resolver: QueryImageResolver, keys: Iterable[tuple[str,
 
     digest = hashlib.sha256()
     for dataset_name, image_id in keys:
-        shards = resolver.image_shards(dataset_name)
-        if shards is not None:
-            member = next((m for m in (shards.member(image_id, e) for e in SHARD_IMAGE_EXTENSIONS) if m), None)
+        if dataset_name in resolver.shard_patterns:
+            member = resolver.shard_member(dataset_name, image_id)
             entry = "missing" if member is None else f"{member.shard}:{member.offset}:{member.size}"
         else:
             path = resolver.resolve(dataset_name, image_id)
@@ -221,7 +224,7 @@ class ImageLoader:
         return self.load_file(path, image_id, dataset_name)
 
     def _load_from_shards(self, shards: ShardIndex, dataset_name: str, image_id: str) -> Optional[Image.Image]:
-        member = next((m for m in (shards.member(image_id, ext) for ext in SHARD_IMAGE_EXTENSIONS) if m), None)
+        member = self.resolver.shard_member(dataset_name, image_id)
         if member is None:
             self.record(SkippedImage(image_id, dataset_name, "missing", None,
                                      f"no {'/'.join(SHARD_IMAGE_EXTENSIONS)} member in the {len(shards.shards)} shards"))

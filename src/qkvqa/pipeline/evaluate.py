@@ -146,7 +146,11 @@ def ranked_articles_without_image(benchmark: Any, rows: Sequence[dict]) -> dict:
     """How many distinct ranked articles have no main image (the QFF scores them 0, as OMGM does): a KB without
     images (ReflectiVA's) and no title -> image CSVs make the QFF a no-op, which the report must say."""
     urls = list(dict.fromkeys(a["url"] for r in rows for a in (r.get("ranking") or [])))
-    store, images = benchmark.kb_store(), benchmark.article_images()
+    store = benchmark.kb_store()
+    try:
+        images = benchmark.article_images()
+    except ConfigError:                  # no title -> image CSVs: every article is without its image
+        return {"ranked_articles": len(urls), "without_image": len(urls)}
     missing = 0
     for article in store.get_many([store.row_of(url) for url in urls if url in store]):
         missing += images.main_image(article.title, article.image_urls) is None
@@ -224,14 +228,11 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.loggers.wandb import log_run_files
     from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore
-    from qkvqa.pipeline.protocol import protocol_card
+    from qkvqa.pipeline.protocol import protocol_card, used_components
     from qkvqa.pipeline.report import render_report
     from qkvqa.pipeline.scoring import flat_metrics, score_run
     from qkvqa.run.job import run_job
-    from qkvqa.run.trainer import build_trainer, world_size_of
-
-    from qkvqa.pipeline.protocol import used_components
-    from qkvqa.run.trainer import check_hardware
+    from qkvqa.run.trainer import build_trainer, check_hardware, world_size_of
 
     check_hardware(cfg, used_components(cfg))
     benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
