@@ -162,3 +162,14 @@ def test_last_ckpt_stays_current_when_the_monitored_metric_stops_improving(run_r
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"] == 24
     best = [p.name for p in run_dir.glob("epoch*.ckpt")]
     assert best == ["epoch000-step0000008.ckpt"] and summary["best_model_path"].endswith(best[0])
+
+
+def test_a_metrics_row_torn_by_a_kill_is_ignored_when_read_and_cut_before_the_next_append(run_root):
+    """Issue 15 item 7: a torn last row crashed `qkvqa compare` or became a bogus metric."""
+    record = RunRecord(run_root / "torn")
+    record.append_metrics({"train/loss": 0.5}, step=1)
+    with open(record.metrics_path, "a", encoding="utf-8") as f:
+        f.write("1796.1,2,train/lo")                               # killed mid-write
+    assert [(r["step"], r["value"]) for r in record.read_metrics()] == [(1, 0.5)]
+    record.append_metrics({"train/loss": 0.25}, step=2)
+    assert [(r["step"], r["value"]) for r in record.read_metrics()] == [(1, 0.5), (2, 0.25)]

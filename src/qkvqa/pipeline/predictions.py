@@ -7,35 +7,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from qkvqa.errors import DataError
-from qkvqa.utils.io import append_jsonl, atomic_write_text
+from qkvqa.utils.io import append_jsonl, atomic_write_text, cut_torn_tail
 
 PARTS_DIR = "predictions.parts"
 MERGED = "predictions.jsonl"
-
-
-def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:
-    """Truncate an append-only JSONL file after its last newline (a row a kill tore mid-write); returns the bytes cut.
-    The torn row's question has no complete row, so it is answered again."""
-    if not path.is_file():
-        return 0
-    with open(path, "r+b") as f:
-        size = f.seek(0, 2)
-        end = size
-        while end > 0:
-            start = max(0, end - block)
-            f.seek(start)
-            chunk = f.read(end - start)
-            at = chunk.rfind(b"\n")
-            if at >= 0:
-                keep = start + at + 1
-                break
-            end = start
-        else:
-            keep = 0
-        if keep < size:
-            f.truncate(keep)
-            f.flush()
-    return size - keep
 
 
 class PredictionStore:

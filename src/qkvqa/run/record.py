@@ -15,7 +15,11 @@ from typing import Any, Mapping, Optional
 from omegaconf import DictConfig
 
 from qkvqa.config.load import to_yaml
-from qkvqa.utils.io import atomic_write_json, atomic_write_text, read_json
+from qkvqa.errors import DataError
+from qkvqa.utils.io import atomic_write_json, atomic_write_text, cut_torn_tail, read_json
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 METRICS_COLUMNS = ["time", "step", "name", "value"]
 STATES = ("running", "finished", "failed", "interrupted")
@@ -94,6 +98,7 @@ class RunRecord:
         """Append one row per metric to metrics.csv (long format; the file is never truncated)."""
         new = not self.metrics_path.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        cut_torn_tail(self.metrics_path)                 # a row a kill tore would glue onto the next one
         with open(self.metrics_path, "a", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             if new:
@@ -101,14 +106,24 @@ class RunRecord:
             t = f"{time.time():.3f}"
             for name, value in metrics.items():
                 writer.writerow([t, int(step), name, repr(float(value))])
+            f.flush()
 
     def read_metrics(self) -> list[dict]:
         """Every metrics.csv row as a dict with typed step and value."""
         if not self.metrics_path.exists():
             return []
         with open(self.metrics_path, newline="", encoding="utf-8") as f:
-            return [{"time": float(r["time"]), "step": int(r["step"]), "name": r["name"], "value": float(r["value"])}
-                    for r in csv.DictReader(f)]
+            raw = list(csv.DictReader(f))
+        rows = []
+        for i, r in enumerate(raw):
+            try:
+                rows.append({"time": float(r["time"]), "step": int(r["step"]), "name": r["name"],
+                             "value": float(r["value"])})
+            except (TypeError, ValueError, KeyError):
+                if i != len(raw) - 1:
+                    raise DataError(f"{self.metrics_path}: line {i + 2}: malformed metrics row {dict(r)}") from None
+                log.warning("%s: ignoring its last row, torn by a kill: %s", self.metrics_path, dict(r))
+        return rows
 
     def summary(self) -> dict:
         """The current summary.json contents (empty when absent)."""

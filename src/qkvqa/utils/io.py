@@ -120,3 +120,28 @@ def mark_verified(path: str | os.PathLike, sha256: str) -> None:
         atomic_write_text(path.with_name(f".{path.name}.verified"), _stamp_key(path, sha256))
     except OSError:
         pass                           # a read-only directory: verified again next time
+
+
+def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:
+    """Truncate an append-only line file (JSONL, CSV) after its last newline, cutting a row a kill tore mid-write, so
+    that the next append does not glue onto it; returns the bytes cut."""
+    if not path.is_file():
+        return 0
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        end = size
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            at = chunk.rfind(b"\n")
+            if at >= 0:
+                keep = start + at + 1
+                break
+            end = start
+        else:
+            keep = 0
+        if keep < size:
+            f.truncate(keep)
+            f.flush()
+    return size - keep
