@@ -82,9 +82,12 @@ def test_existing_run_is_never_overwritten(run_root):
 
 def test_immutable_change_on_resume_is_refused(run_root):
     _fit(_cfg(run_root, "run_id=imm", "trainer.max_steps=1"))
+    before = {name: (run_root / "imm" / name).read_bytes() for name in ("config.yaml", "status.json")}
     with pytest.raises(ConfigError) as e:
         _fit(_cfg(run_root, "run_id=imm", "resume=auto", "seed=5"))
     assert "seed" in str(e.value)
+    # a refused resume changes nothing in the run directory (issue 15 item 7): still `finished`, same config
+    assert {name: (run_root / "imm" / name).read_bytes() for name in before} == before
 
 
 def test_a_run_stopped_by_bad_data_before_any_work_leaves_no_directory(run_root):
