@@ -15,13 +15,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """Run `qkvqa demo` on a 24-entity world with one training epoch (what is asserted does not depend on training
+    """Run `qkvqa demo` on a 14-entity world with one training epoch (what is asserted does not depend on training
     length; under a minute on 2 cores)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         root = tmp_path_factory.mktemp("demo")
-        args = ["demo", "--dir", str(root / "work"), "--runs", str(root / "runs"), "--entities", "24", "--epochs", "1"]
+        args = ["demo", "--dir", str(root / "work"), "--runs", str(root / "runs"), "--entities", "14", "--epochs", "1"]
         assert main(args) == 0
         return root, args
     finally:
