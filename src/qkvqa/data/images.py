@@ -68,9 +68,9 @@ class QueryImageResolver:
 
     def shards(self, pattern: str | os.PathLike) -> ShardIndex:
         """The index of the webdataset shards of `pattern` (relative to data.root), scanned once per pattern."""
-        key = str(pattern)
+        key = str(_under(self.data_root, pattern))       # questions and images name the same shards once
         if key not in self._shards:
-            self._shards[key] = ShardIndex.from_pattern(pattern, self.data_root)
+            self._shards[key] = ShardIndex.from_pattern(key)
         return self._shards[key]
 
     def image_shards(self, dataset_name: str) -> Optional[ShardIndex]:
