@@ -156,3 +156,13 @@ def test_a_batch_whose_samples_were_all_dropped_is_skipped_and_counted(world, mi
                 and q["gold_urls"][0] not in {e["url"] for e in world["entities"] if e["image_mode"] == "none"})
     assert report["empty_batches"] == report["dropped_in_batches"] == users >= 1
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
+
+
+def test_a_run_past_an_explicit_schedule_is_refused_up_front(mined, capsys):
+    """Issue 15 item 9: a resume past qff.schedule_steps trained, then crashed in OneCycleLR over last.ckpt."""
+    clear_run_env()
+    capsys.readouterr()
+    assert main(["train", "experiment=demo/qff_per_layer", "run_id=past-schedule", *mined["overrides"], *QUIET,
+                 "qff.schedule_steps=4", "trainer.max_steps=6", "resume=auto"]) == 2
+    assert "runs past the OneCycle schedule of qff.schedule_steps=4" in capsys.readouterr().err
+    assert not (mined["work"] / "runs" / "past-schedule").exists()

@@ -29,6 +29,13 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)               # a config typo is reported before the torch import (seconds)
+    steps, schedule = cfg.trainer.max_steps, cfg.qff.schedule_steps
+    if schedule and steps and steps > schedule:
+        from qkvqa.errors import ConfigError
+
+        raise ConfigError(f"trainer.max_steps={steps} runs past the OneCycle schedule of qff.schedule_steps={schedule} "
+                          f"(it would crash at step {schedule + 1} after training, a resume included): train at most "
+                          f"{schedule} steps, or plan qff.schedule_steps >= {steps} in a new run")
     import functools
 
     from omegaconf import OmegaConf
