@@ -29,7 +29,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_modules.base import KBVQADataModule
-from data_modules.samplers import ResumableDataLoader, ResumableSampler, rank_and_world, trainer_batches_done
+from data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
+                                   rank_and_world, trainer_batches_done)
 from qkvqa.data.questions import Question, is_training_question
 from qkvqa.errors import ConfigError
 from qkvqa.qff.mining import (ArticleFactsSource, Candidate, PoolFile, SamplePool, image_key, image_paths_for)
@@ -433,6 +434,10 @@ class QFFTrainDataModule(KBVQADataModule):
                                    batch_size=self.config.batch_size, num_workers=self.config.num_workers,
                                    collate_fn=self.collator(), persistent_workers=False)
 
+    def train_batches_per_epoch(self, world_size: int) -> int:
+        """Training batches of one rank per epoch (counted without building the loader: qkvqa.run.steps)."""
+        return batches_per_epoch(len(self.build_samples("train")), self.config.batch_size, world_size)
+
     def val_dataloader(self) -> DataLoader:
         if "val" not in self.splits():
             return []
@@ -440,7 +445,7 @@ class QFFTrainDataModule(KBVQADataModule):
         dataset = self.dataset("val")
         sampler = ResumableSampler(len(dataset), seed=self.settings.seed, shuffle=False, rank=rank, world_size=world,
                                    pad=False)
-        return DataLoader(dataset, sampler=sampler, batch_size=self.config.batch_size,
+        return DataLoader(dataset, sampler=sampler, batch_size=self.config.batch_size, generator=private_generator(),
                           num_workers=self.config.num_workers, collate_fn=self.collator())
 
     def test_dataloader(self) -> DataLoader:

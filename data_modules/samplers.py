@@ -75,7 +75,7 @@ class ResumableDataLoader(DataLoader):
     def __init__(self, dataset: Any, sampler: ResumableSampler, batches_done: Callable[[], int], **kwargs: Any):
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed
         # run's dropout/noise would shift by one draw against the uninterrupted run.
-        kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed + 10_007 * sampler.rank))
+        kwargs.setdefault("generator", private_generator(sampler.seed + 10_007 * sampler.rank))
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.resumable_sampler = sampler
         self.batches_done = batches_done
@@ -96,6 +96,18 @@ class ResumableDataLoader(DataLoader):
                 f"has {(s.world_size, s.seed, s.num_samples)}. Resume with the same settings or from an end-of-epoch "
                 "checkpoint.")
         s.resume_from(state["epoch"], state["samples_done"])
+
+
+def batches_per_epoch(num_samples: int, batch_size: int, world_size: int = 1, pad: bool = True) -> int:
+    """Batches one rank sees in an epoch of a ResumableSampler (padded to the world size) and drop_last=False."""
+    per_rank = math.ceil(num_samples / world_size) if pad else num_samples // world_size
+    return math.ceil(per_rank / batch_size)
+
+
+def private_generator(seed: int = 0) -> torch.Generator:
+    """A DataLoader's own generator: creating its iterator then draws nothing from the global RNG, so a validation
+    that a resumed run skips or replays (Lightning fast-forwards one) leaves training's dropout draws unchanged."""
+    return torch.Generator().manual_seed(seed)
 
 
 def trainer_batches_done(trainer: Any) -> Callable[[], int]:

@@ -11,7 +11,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from data_modules.samplers import ResumableDataLoader, ResumableSampler, rank_and_world, trainer_batches_done
+from data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
+                                   rank_and_world, trainer_batches_done)
 
 
 class ToyDataset(Dataset):
@@ -32,12 +33,27 @@ class ToyDataset(Dataset):
 class ToyDataModule(pl.LightningDataModule):
     """Shuffled, rank-sharded, resumable training loader over ToyDataset."""
 
-    def __init__(self, n: int = 64, batch_size: int = 8, seed: int = 0):
+    def __init__(self, n: int = 64, batch_size: int = 8, seed: int = 0, val_n: int = 0):
         super().__init__()
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.n, self.batch_size, self.seed, self.val_n = n, batch_size, seed, val_n
 
     def setup(self, stage=None):
+        if os.environ.get("TOY_SETUP_FLAG"):              # data preparation that takes a while (signal tests)
+            open(os.environ["TOY_SETUP_FLAG"], "w").close()
+            time.sleep(float(os.environ.get("TOY_SETUP_SLEEP", "30")))
         self.ds = ToyDataset(self.n, seed=self.seed)
+        self.val_ds = ToyDataset(self.val_n, seed=self.seed + 1) if self.val_n else None
+
+    def train_batches_per_epoch(self, world_size: int) -> int:
+        return batches_per_epoch(self.n, self.batch_size, world_size)
+
+    def val_dataloader(self):
+        if self.val_ds is None:
+            return []
+        rank, world = rank_and_world(self.trainer)
+        sampler = ResumableSampler(len(self.val_ds), shuffle=False, rank=rank, world_size=world, pad=False)
+        return torch.utils.data.DataLoader(self.val_ds, sampler=sampler, batch_size=self.batch_size,
+                                           generator=private_generator())
 
     def train_dataloader(self):
         rank, world = rank_and_world(self.trainer)
@@ -48,7 +64,7 @@ class ToyDataModule(pl.LightningDataModule):
 class ToyRegressor(pl.LightningModule):
     """A linear model trained with AdamW + OneCycle, logging its loss each step."""
 
-    def __init__(self, dim: int = 8, lr: float = 0.05, total_steps: int = 100, fail_at_step: Optional[int] = None,
+    def __init__(self, dim: int = 8, lr: float = 0.05, total_steps: Optional[int] = 100, fail_at_step: Optional[int] = None,
                  seen_file: Optional[str] = None, step_sleep: float = 0.0):
         super().__init__()
         self.save_hyperparameters()
@@ -68,9 +84,16 @@ class ToyRegressor(pl.LightningModule):
                                     "ids": batch["idx"].tolist()}) + "\n")
         return loss
 
+    def validation_step(self, batch, batch_idx):
+        loss = torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
+        self.log("val/loss", loss, on_epoch=True, batch_size=len(batch["x"]))
+
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.hparams.lr, total_steps=self.hparams.total_steps)
+        from qkvqa.run.steps import optimizer_steps
+
+        total = self.hparams.total_steps or optimizer_steps(self.trainer)   # None: planned from the data, as the QFF
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.hparams.lr, total_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
@@ -82,9 +105,17 @@ def main(argv: list[str]) -> None:
 
     experiment, presets, rest = split_overrides(argv)
     cfg = compose(experiment, presets, rest)
-    module = ToyRegressor(seen_file=os.environ.get("TOY_SEEN_FILE"),
+    total = os.environ.get("TOY_TOTAL_STEPS", "100")
+    torch.manual_seed(cfg.seed)                   # the same initial weights as an in-process run of the test
+    module = ToyRegressor(seen_file=os.environ.get("TOY_SEEN_FILE"), total_steps=int(total) if total else None,
                           step_sleep=float(os.environ.get("TOY_STEP_SLEEP", "0")))
-    fit(cfg, module, ToyDataModule(), command="toy-train", batch_size=8)
+    callbacks = []
+    if os.environ.get("QKVQA_TEST_FAULT"):
+        from tests.helpers.faults import FaultInjector
+
+        callbacks.append(FaultInjector(os.environ["QKVQA_TEST_FAULT"]))
+    datamodule = ToyDataModule(n=int(os.environ.get("TOY_N", "64")), val_n=int(os.environ.get("TOY_VAL_N", "0")))
+    fit(cfg, module, datamodule, command="toy-train", batch_size=8, callbacks=callbacks)
 
 
 if __name__ == "__main__":

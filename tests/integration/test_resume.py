@@ -96,6 +96,25 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(run_root, tmp_path):
     assert json.loads((run_root / "pre" / "status.json").read_text())["state"] == "finished"
 
 
+@pytest.mark.slow
+def test_sigterm_during_data_preparation_marks_the_run_interrupted_and_exits_143(run_root, tmp_path):
+    """Issue 15 item 7: a signal before training (data preparation) left status.json at `running`."""
+    flag = tmp_path / "preparing"
+    cmd = [sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={run_root}", "run_id=prep", *BASE,
+           "trainer.max_steps=3"]
+    env = {**__import__("os").environ, "TOY_SETUP_FLAG": str(flag), "TOY_SETUP_SLEEP": "60"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not flag.exists():
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)                        # at once, not after the 60 s of preparation
+    assert proc.returncode == 143, out[-2000:]
+    status = json.loads((run_root / "prep" / "status.json").read_text())
+    assert status["state"] == "interrupted" and "SIGTERM" in status["error"], status
+    assert not (run_root / "prep" / "last.ckpt").exists()
+
+
 def test_a_flipped_or_truncated_last_ckpt_is_refused_on_resume_naming_the_file(run_root):
     """Issue 14 item 6: a flipped last.ckpt resumed into a non-finite tensor and ended `finished`."""
     from qkvqa.errors import DataError

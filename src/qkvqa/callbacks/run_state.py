@@ -14,6 +14,7 @@ from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 CHECKPOINT_KEY = "qkvqa"
+CHECKPOINT_FORMAT = 2
 
 
 class RunStateCallback(pl.Callback):
@@ -43,15 +44,26 @@ class RunStateCallback(pl.Callback):
             "mid_epoch": _epoch_position(trainer) == "mid",
             "epoch_position": _epoch_position(trainer),
             "rng": rng_state(),
+            # 2: saved by LastCheckpoint after a training batch or a validation, whose restart Lightning gets right
+            # itself; 1 (older runs): saved at an epoch end, whose loop counters need the patches below.
+            "format": CHECKPOINT_FORMAT,
         }
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """After a restart from an epoch's last batch, Lightning (2.6.6) closes that epoch but still treats the restart
+        as mid-epoch, so the next epoch would start uncounted and without `on_train_epoch_start` (a later resume then
+        read a half-done epoch as finished): start it as a new epoch."""
+        loop = trainer.fit_loop
+        if loop.restarted_mid_epoch and loop.epoch_progress.total.processed == loop.epoch_progress.total.started:
+            loop.reset_restart_stage()
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(CHECKPOINT_KEY, {})
         if "rng" in state:
             set_rng_state(state["rng"])
-        if state.get("epoch_position") == "mid":
+        if state.get("epoch_position") == "mid" and state.get("format", 1) < 2:
             _reopen_epoch(checkpoint)
-        elif state.get("epoch_position") == "end":
+        elif state.get("epoch_position") == "end" and state.get("format", 1) < 2:
             _close_epoch(checkpoint)
         saved = state.get("world_size")
         if saved is not None and saved != trainer.world_size:

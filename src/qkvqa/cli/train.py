@@ -29,6 +29,15 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)               # a config typo is reported before the torch import (seconds)
+    summary = train_qff(cfg)
+    if summary:
+        print(json.dumps({k: v for k, v in summary.items() if k.startswith(("val/", "qff/", "global_step",
+                                                                            "best_model", "last_model"))}))
+    return 0
+
+
+def train_qff(cfg, callbacks=()) -> dict:
+    """Train the QFF of `cfg` as one run (extra Lightning `callbacks` beside the export); the summary on rank zero."""
     steps, schedule = cfg.trainer.max_steps, cfg.qff.schedule_steps
     if schedule and steps and steps > schedule:
         from qkvqa.errors import ConfigError
@@ -54,9 +63,5 @@ def _run(args: argparse.Namespace) -> int:
     datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
                                     component.image_processor, miner=functools.partial(mine_to_dir, cfg))
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff, fingerprint))
-    summary = fit(cfg, module, datamodule, command="train", callbacks=[QFFExport(component, datamodule)],
-                  batch_size=cfg.data.batch_size)
-    if summary:
-        print(json.dumps({k: v for k, v in summary.items() if k.startswith(("val/", "qff/", "global_step",
-                                                                            "best_model", "last_model"))}))
-    return 0
+    return fit(cfg, module, datamodule, command="train", callbacks=[QFFExport(component, datamodule), *callbacks],
+               batch_size=cfg.data.batch_size)

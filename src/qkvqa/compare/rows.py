@@ -99,7 +99,7 @@ def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
     status = record.status()
     return RunRow(
         run_id=status.get("run_id") or config.get("run_id") or record.run_dir.name,
-        state=status.get("state"),
+        state=record.observed_state(),
         experiment=config.get("experiment"),
         config=flatten(config),
         summary=numeric_metrics(record.summary()),

@@ -7,16 +7,22 @@ from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
 from qkvqa.run.record import RunRecord
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 
 class RunRecordLogger(Logger):
     """Writes metrics to `<run_dir>/metrics.csv` (append-only) and final values to summary.json."""
 
-    def __init__(self, record: RunRecord, run_id: str):
+    def __init__(self, record: RunRecord, run_id: str, resumed: bool = False):
         super().__init__()
         self.record = record
         self._run_id = run_id
+        self._cut_pending = resumed        # a resumed run first drops the rows it is about to log again
         self._last: dict[str, float] = {}
+        self._step: Optional[int] = None
+        self._written: dict[str, float] = {}       # what this step already wrote: (step, name) stays unique
 
     @property
     def name(self) -> str:
@@ -46,8 +52,20 @@ class RunRecordLogger(Logger):
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         """Append the metrics of one step."""
         clean = {k: float(v) for k, v in metrics.items()}
+        if self._cut_pending and step is not None:
+            self._cut_pending = False
+            dropped = self.record.drop_metrics_from(step)
+            if dropped:
+                log.info("%s: dropped %d rows from step %d on, logged after the checkpoint this run resumed from",
+                         self.record.metrics_path, dropped, step)
+        step = step if step is not None else -1
+        if step != self._step:                     # Lightning repeats e.g. `epoch` in each call of one step
+            self._step, self._written = step, {}
+        clean = {k: v for k, v in clean.items() if self._written.get(k) != v}
+        self._written.update(clean)
         self._last.update(clean)
-        self.record.append_metrics(clean, step if step is not None else -1)
+        if clean:
+            self.record.append_metrics(clean, step)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from qkvqa.errors import ConfigError, StaleArtifactError
 from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
 from qkvqa.qff.scoring import late_interaction, rerank
+from qkvqa.run.steps import optimizer_steps
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -235,7 +236,7 @@ class QFFTrainer(pl.LightningModule):
     def configure_optimizers(self):
         s = self.settings
         optimizer = torch.optim.AdamW(self.parameter_groups(), lr=s.lr, betas=tuple(s.betas), eps=s.eps)
-        total = int(s.schedule_steps or max(int(self.trainer.estimated_stepping_batches), 1))
+        total = int(s.schedule_steps or optimizer_steps(self.trainer))
         if self._resumed_schedule_steps is not None and self._resumed_schedule_steps != total:
             raise ConfigError(f"the checkpoint's OneCycle schedule spans {self._resumed_schedule_steps} optimizer steps "
                               f"but this run plans {total}: a resumed run keeps its schedule, so train at most "

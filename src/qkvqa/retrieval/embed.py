@@ -225,16 +225,9 @@ class QueryImageSource:
 # ----------------------------------------------------------------------------------------- the set
 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, array)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from qkvqa.utils.io import atomic_write
+
+    atomic_write(path, lambda f: np.save(f, array))
 
 
 @dataclass

@@ -201,13 +201,15 @@ def _write_index_files(index, rows: np.ndarray, out_dir: Path) -> None:
     """Write index.faiss and vector_rows.npy, each to a partial file renamed into place (the manifest comes last)."""
     import faiss
 
-    tmp = out_dir / f".{INDEX_FILE}.partial-{os.getpid()}"
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out_dir / INDEX_FILE)
-    tmp_rows = out_dir / f".{ROWS_FILE}.partial-{os.getpid()}"
-    with open(tmp_rows, "wb") as f:
-        np.save(f, rows)
-    os.replace(tmp_rows, out_dir / ROWS_FILE)
+    from qkvqa.utils.io import atomic_write
+
+    def write_index(f) -> None:
+        writer = faiss.PyCallbackIOWriter(f.write)        # streamed: no in-memory copy of a large index
+        faiss.write_index(index, writer)
+        del writer                                        # flushes its buffer into f
+
+    atomic_write(out_dir / INDEX_FILE, write_index)
+    atomic_write(out_dir / ROWS_FILE, lambda f: np.save(f, rows))
 
 
 def _file_hashes(out_dir: Path) -> dict:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from qkvqa.errors import DataError
-from qkvqa.utils.io import atomic_write_text, sha256_file
+from qkvqa.utils.io import atomic_write, atomic_write_text, sha256_file
 
 SIDECAR_SUFFIX = ".sha256"
 
@@ -34,27 +34,6 @@ def _alive(pid: str) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _discard(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (the directory entry), where the platform allows it."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def sidecar_of(path: str | os.PathLike) -> Path:
@@ -107,22 +86,14 @@ class CheckedCheckpointIO(TorchCheckpointIO):
         sidecar = sidecar_of(path)
         previous = sidecar.read_text() if sidecar.is_file() and path.is_file() else None
         sidecar.unlink(missing_ok=True)
-        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
         try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            atomic_write(path, lambda f: torch.save(checkpoint, f))
         except OSError as e:
-            _discard(tmp)
             if previous is not None:
                 atomic_write_text(sidecar, previous)        # the previous checkpoint stays whole and checked
             raise DataError(f"{path}: the checkpoint could not be saved ({e.strerror or e}); the previous one is "
                             f"intact: free space on {path.parent} (or fix its permissions) and resume") from None
         except BaseException:
-            _discard(tmp)
             if previous is not None:
                 atomic_write_text(sidecar, previous)
             raise

@@ -9,6 +9,7 @@ from typing import Iterator, Optional
 from omegaconf import DictConfig
 
 from qkvqa.config.load import to_plain
+from qkvqa.errors import RunInterrupted
 from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
 from qkvqa.run.resume import prepare_resume
@@ -70,10 +71,11 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
                      {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None)
         log.info("run %s -> %s", run.run_id, run.run_dir)
     try:
-        yield job
-    except KeyboardInterrupt:
+        with interrupt_on_signals(run.run_id):
+            yield job
+    except (KeyboardInterrupt, RunInterrupted) as e:
         if run.is_rank_zero:
-            record.finish("interrupted", "KeyboardInterrupt")
+            record.finish("interrupted", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         raise
     except BaseException as e:
         if run.is_rank_zero:
@@ -87,6 +89,30 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
     finally:
         if lock is not None:
             lock.release()
+
+
+@contextmanager
+def interrupt_on_signals(run_id: str) -> Iterator[None]:
+    """SIGTERM/SIGUSR1 outside the training loop (data preparation, evaluation) stop the job at once with
+    RunInterrupted, so its record says `interrupted` and it exits 143; inside `fit`, LastCheckpoint takes the
+    signals over for the time of training (it saves and stops after the batch), then hands them back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with the same "
+                             f"command plus run_id={run_id} resume=auto")
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # What a run directory holds before its job has produced anything (the run record and logger scaffolding).

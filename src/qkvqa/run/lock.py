@@ -52,6 +52,22 @@ class RunLock:
             self.fd = -1
 
 
+def is_held(run_dir: str | os.PathLike) -> bool:
+    """Whether a live process holds the run directory's lock (a `running` status without one is a killed run)."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)                     # closing drops the shared lock taken to test
+    return False
+
+
 def _holder(fd: int) -> dict:
     try:
         os.lseek(fd, 0, os.SEEK_SET)

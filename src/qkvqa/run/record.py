@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -73,6 +74,14 @@ class RunRecord:
         """The current status.json contents (empty when absent)."""
         return read_json(self.status_path) if self.status_path.exists() else {}
 
+    def observed_state(self) -> Optional[str]:
+        """The status's state, except that a `running` run whose directory lock no live process holds is `killed`
+        (SIGKILL, the OOM killer or a lost node leave no chance to write the record)."""
+        from qkvqa.run.lock import is_held
+
+        state = self.status().get("state")
+        return "killed" if state == "running" and not is_held(self.run_dir) else state
+
     def start(self, run_id: str, world_size: int, command: str, extra: Optional[Mapping[str, Any]] = None) -> None:
         """Mark the run as running; a restart appends to `attempts` instead of starting over."""
         status = self.status()
@@ -92,7 +101,17 @@ class RunRecord:
             raise ValueError(f"unknown run state {state!r}")
         status = self.status()
         status.update({"state": state, "updated_at": _now(), "finished_at": _now(), "error": error})
-        atomic_write_json(self.status_path, status)
+        try:
+            atomic_write_json(self.status_path, status)
+        except OSError as e:
+            # A full disk (often what failed the run) has no room for a second file: overwrite the file in place,
+            # compact, so it fits in the blocks status.json already holds, and never stays `running`.
+            log.warning("%s: %s; rewriting it in place", self.status_path, e.strerror or e)
+            status["error"] = (error or "")[:300] or None
+            text = json.dumps(status, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+            with open(self.status_path, "r+b") as f:
+                f.write(text)
+                f.truncate()
 
     def append_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Append one row per metric to metrics.csv (long format; the file is never truncated)."""
@@ -107,6 +126,26 @@ class RunRecord:
             for name, value in metrics.items():
                 writer.writerow([t, int(step), name, repr(float(value))])
             f.flush()
+
+    def drop_metrics_from(self, step: int) -> int:
+        """Remove the metrics.csv rows of `step` and later (logged after the checkpoint a resume starts from, so logged
+        again by the resumed run); returns how many went. Keeps (step, name) unique across resumes."""
+        if not self.metrics_path.exists():
+            return 0
+        cut_torn_tail(self.metrics_path)
+        with open(self.metrics_path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            return 0
+        header, body = rows[0], rows[1:]
+        kept = [r for r in body if not (len(r) == len(METRICS_COLUMNS) and r[1].lstrip("-").isdigit()
+                                        and int(r[1]) >= step)]
+        if len(kept) == len(body):
+            return 0
+        out = io.StringIO()
+        csv.writer(out).writerows([header, *kept])
+        atomic_write_text(self.metrics_path, out.getvalue())
+        return len(body) - len(kept)
 
     def read_metrics(self) -> list[dict]:
         """Every metrics.csv row as a dict with typed step and value."""

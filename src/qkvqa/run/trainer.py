@@ -6,7 +6,7 @@ from typing import Any, Iterable, Optional
 import lightning.pytorch as pl
 from omegaconf import DictConfig
 
-from qkvqa.callbacks.preemption import PreemptionCheckpoint
+from qkvqa.callbacks.last_checkpoint import LastCheckpoint
 from qkvqa.callbacks.run_state import RunStateCallback
 from qkvqa.loggers.local import RunRecordLogger
 from qkvqa.loggers.wandb import log_run_files, make_wandb_logger, wandb_run_id
@@ -59,26 +59,23 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
 
     cfg = job.cfg
     ck = cfg.checkpoint
-    checkpoints = [ModelCheckpoint(
-        dirpath=str(job.run.run_dir), filename="epoch{epoch:03d}-step{step:07d}", monitor=ck.monitor, mode=ck.mode,
-        save_top_k=ck.save_top_k if ck.monitor else (1 if ck.save_top_k else 0), save_last=not ck.monitor,
-        every_n_train_steps=ck.every_n_train_steps, save_on_exception=ck.save_on_exception and not ck.monitor,
-        auto_insert_metric_name=False, enable_version_counter=False)]
-    if ck.monitor:
-        # A monitored ModelCheckpoint refreshes last.ckpt only when it also saves a top-k checkpoint, so
-        # last.ckpt (what resume reads) would fall behind once the metric stops improving: an unmonitored
-        # second callback keeps it current.
+    # last.ckpt is LastCheckpoint's alone (why: its docstring); ModelCheckpoint keeps the top-k (monitored) or the
+    # latest periodic checkpoint (unmonitored) under their own names.
+    checkpoints: list[pl.Callback] = [LastCheckpoint(job.run.run_dir, ck.every_n_train_steps, ck.save_on_exception)]
+    if ck.save_top_k:
         checkpoints.append(ModelCheckpoint(
-            dirpath=str(job.run.run_dir), save_top_k=0, save_last=True, every_n_train_steps=ck.every_n_train_steps,
-            save_on_exception=ck.save_on_exception, enable_version_counter=False))
+            dirpath=str(job.run.run_dir), filename="epoch{epoch:03d}-step{step:07d}", monitor=ck.monitor,
+            mode=ck.mode, save_top_k=ck.save_top_k if ck.monitor else 1, save_last=False,
+            every_n_train_steps=ck.every_n_train_steps, save_on_exception=False, auto_insert_metric_name=False,
+            enable_version_counter=False))
     wandb_logger = make_wandb_logger(cfg, job.run, job.plain_config)
-    loggers = [RunRecordLogger(job.record, job.run.run_id)] + ([wandb_logger] if wandb_logger else [])
+    loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.ckpt_path is not None)] + ([wandb_logger] if wandb_logger else [])
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
     # qkvqa DataModules shard across ranks themselves (data_modules.samplers), which keeps mid-epoch
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
-                      callbacks=[*checkpoints, state, PreemptionCheckpoint(job.run.run_dir), *callbacks],
-                      plugins=[CheckedCheckpointIO()], **trainer_kwargs(cfg))
+                      callbacks=[*checkpoints, state, *callbacks],
+                      plugins=[CheckedCheckpointIO()], enable_checkpointing=bool(ck.save_top_k), **trainer_kwargs(cfg))
 
 
 def world_size_of(cfg: DictConfig) -> int:
@@ -105,8 +102,8 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, callbacks, batch_size)
         trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
-        preemption = next(cb for cb in trainer.callbacks if isinstance(cb, PreemptionCheckpoint))
-        if preemption.preempted:
+        last = next(cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint))
+        if last.preempted:
             job.final_state = "interrupted"
         summary: dict = {}
         if job.run.is_rank_zero and trainer.is_global_zero:

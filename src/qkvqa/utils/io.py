@@ -4,24 +4,56 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """The temporary file an atomic write of `path` goes to: beside it (one filesystem), named by this process."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.partial-{os.getpid()}")
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename durable (the directory entry), where the platform allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
+    """Call `write(f)` on a partial file beside `path`, fsync it (`durable`), and rename it over `path`: a kill or a
+    full disk leaves the previous file whole, never a torn one; the partial file is removed on any failure."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = partial_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write text to a temporary file beside `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), durable=False)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:

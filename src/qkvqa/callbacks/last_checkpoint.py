@@ -1,0 +1,148 @@
+"""Own `last.ckpt`: saved every N steps, after each validation in training, at epoch ends and the last step, on a signal.
+
+Why not Lightning's `ModelCheckpoint(save_last=True)` (Lightning 2.6.6, pinned; issue 15):
+- a monitored ModelCheckpoint writes last.ckpt only in a hook where it also saved a top-k checkpoint,
+  so with `checkpoint.monitor` set no last.ckpt existed until training ended, and a kill lost everything;
+- after a preemption save, Lightning's epoch end overwrote last.ckpt with an "epoch completed" state,
+  and the resumed run ended at once, its remaining steps never trained;
+- with `every_n_train_steps` not dividing the total, the finished run's last.ckpt was stale.
+So this callback is the only writer of last.ckpt; ModelCheckpoint keeps the top-k files only.
+
+Saves happen only where Lightning's own restart logic (2.6.6) resumes exactly: after a training batch
+(an epoch's last one included, never in `on_train_epoch_end`, whose restart counted an epoch twice),
+or, when a validation follows the batch, at that validation's end: a kill during the validation
+then replays it from the previous save, and a resume from the saved state skips it, so each
+validation is logged once.
+"""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _validation_follows(trainer: pl.Trainer) -> bool:
+    """Whether Lightning runs validation right after the current training batch (its own decision, asked early)."""
+    loop = trainer.fit_loop.epoch_loop
+    if loop._skip_next_val or not trainer.enable_validation or not sum(trainer.num_val_batches):
+        return False
+    return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+class LastCheckpoint(pl.Callback):
+    """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1 it finishes the batch,
+    saves on every rank's agreement and stops training; `preempted` tells the caller to mark the run interrupted."""
+
+    def __init__(self, run_dir: str | Path, every_n_train_steps: Optional[int] = None, save_on_exception: bool = True):
+        self.path = Path(run_dir) / "last.ckpt"
+        self.every_n_train_steps = every_n_train_steps
+        self.save_on_exception = save_on_exception
+        self.received: Optional[int] = None
+        self.preempted = False
+        self._after_validation = False
+        self._saved_step: Optional[int] = None
+        self._started = False
+        self._previous: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ saving
+    def _save(self, trainer: pl.Trainer, why: str) -> None:
+        trainer.save_checkpoint(str(self.path))
+        self._saved_step = trainer.global_step
+        log.debug("saved %s at step %d (%s)", self.path, trainer.global_step, why)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx) -> None:
+        if self.preempted:
+            return
+        if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            self.preempted = True
+            log.warning("received %s: saving %s at step %d and stopping",
+                        signal.Signals(self.received or signal.SIGTERM).name, self.path, trainer.global_step)
+            self._save(trainer, "signal")
+            trainer.should_stop = True
+            # Lightning would validate before stopping; under a preemption deadline that is time the job may not have.
+            trainer.fit_loop.epoch_loop._skip_next_val = True
+            return
+        if _validation_follows(trainer):
+            self._after_validation = True
+            return
+        step, every = trainer.global_step, self.every_n_train_steps
+        if step == self._saved_step:
+            return                                   # accumulating: no optimizer step since the last save
+        if every and step % every == 0:
+            self._save(trainer, f"every {every} steps")
+        elif trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._save(trainer, "epoch end")
+        elif trainer.max_steps != -1 and step >= trainer.max_steps:
+            self._save(trainer, "last step")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._after_validation and not trainer.sanity_checking and not self.preempted:
+            self._after_validation = False
+            self._save(trainer, "after validation")
+
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """Keep the work of a failed run: save unless nothing changed since the last save (or a signal saved it)."""
+        self._restore_signals()
+        if (not self.save_on_exception or not self._started or self.preempted or trainer.sanity_checking
+                or trainer.global_step == self._saved_step or isinstance(exception, KeyboardInterrupt)):
+            return
+        try:
+            self._save(trainer, f"{type(exception).__name__}")
+        except Exception as e:                       # e.g. the disk that failed the run: keep the previous save
+            log.warning("could not save %s after %s: %s", self.path, type(exception).__name__, e)
+
+    # ------------------------------------------------------------------ signals
+    def _handler(self, signum, frame) -> None:
+        self.received = signum
+        # Lightning's own SIGTERM handler would raise mid-step; ours stops after the batch instead.
+        # Other handlers (Lightning's SLURM auto-requeue on SIGUSR1) still run.
+        previous = self._previous.get(signum)
+        if signum != signal.SIGTERM and callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
+            previous(signum, frame)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # From here on the state is the restored one (or a fresh start): nothing before it may be saved over last.ckpt.
+        self._saved_step = trainer.global_step
+        self._started = True
+        for sig in SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handler)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.preempted and trainer.global_step != self._saved_step:
+            self._save(trainer, "training end")      # a stop no batch-end rule foresaw (early stopping, max_time)
+        self._restore_signals()
+
+    def _restore_signals(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    # ------------------------------------------------------------------ prediction (`qkvqa evaluate`)
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Lightning's own SIGTERM handler only sets a flag that prediction never reads, so a preempted evaluation
+        ran on and exited 0: here a signal stops it after the batch whose answers are stored."""
+        for sig in SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handler)
+
+    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx,
+                             dataloader_idx: int = 0) -> None:
+        if self.received is not None:
+            from qkvqa.errors import RunInterrupted
+
+            name = signal.Signals(self.received).name
+            self.received = None
+            raise RunInterrupted(f"evaluation stopped on {name} after batch {batch_idx} (its answers are stored); "
+                                 f"continue it with the same command and resume=auto")
+
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_signals()

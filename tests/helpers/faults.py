@@ -1,0 +1,69 @@
+"""Faults injected into a training process at an exact point: a signal after a step, during validation, mid-save.
+
+`QKVQA_TEST_FAULT=KIND@WHERE:N`, KIND one of sigkill | sigterm | sigusr1:
+- `train:N`  the signal arrives as training step N+1 begins (N optimizer steps done);
+- `val:N`    during the first validation batch once N steps are done;
+- `save:N`   during the N-th checkpoint write (1-based): half the bytes written, then the signal.
+The signal is the real one, sent to this process by the kernel (os.kill); nothing is simulated.
+"""
+from __future__ import annotations
+
+import io
+import os
+import signal
+
+import lightning.pytorch as pl
+import torch
+
+SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
+
+
+def parse(spec: str) -> tuple[int, str, int]:
+    kind, rest = spec.split("@")
+    where, n = rest.split(":")
+    if kind not in SIGNALS or where not in ("train", "val", "save"):
+        raise ValueError(f"bad fault spec {spec!r}")
+    return SIGNALS[kind], where, int(n)
+
+
+class FaultInjector(pl.Callback):
+    """Sends the signal of its spec at the spec's point, once."""
+
+    def __init__(self, spec: str):
+        self.sig, self.where, self.n = parse(spec)
+        self.fired = False
+        if self.where == "save":
+            self._arm_save()
+
+    def _fire(self) -> None:
+        if not self.fired:
+            self.fired = True
+            os.kill(os.getpid(), self.sig)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.where == "train" and trainer.global_step == self.n:
+            self._fire()
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.where == "val" and not trainer.sanity_checking and trainer.global_step >= self.n:
+            self._fire()
+
+    def _arm_save(self) -> None:
+        real_save = torch.save
+        count = {"saves": 0}
+        injector = self
+
+        def save(obj, f, *args, **kwargs):
+            count["saves"] += 1
+            if count["saves"] != injector.n or not hasattr(f, "write"):
+                return real_save(obj, f, *args, **kwargs)
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            f.write(data[: len(data) // 2])
+            f.flush()
+            injector._fire()
+            if injector.sig != signal.SIGKILL:          # a handled signal: the write completes
+                f.write(data[len(data) // 2:])
+
+        torch.save = save
