@@ -176,6 +176,19 @@ def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_pr
                 "eval/answer_in_context", "eval/accuracy"):
         assert s1[key] == s2[key], key
     assert json.loads((runs / "two_ranks" / "status.json").read_text())["world_size"] == 2
+    # The same under torchrun, all ranks started at once and no run_id (issue 16 item 3): one run directory named
+    # by the launch, ranks >= 1 wait for rank 0's stage 1, each question answered once, the same rankings.
+    before = set(runs.iterdir())
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only",
+                               "preset=ddp_cpu_sim"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-3000:]
+    (run_dir,) = set(runs.iterdir()) - before
+    ids = [json.loads(line)["data_id"] for p in (run_dir / "predictions.parts").glob("rank*.jsonl")
+           for line in p.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) and sorted(ids) == sorted(_expected_ids(world))
+    assert {q: r["ranking"] for q, r in one.items() if "ranking" in r} == \
+        {r["data_id"]: r["ranking"] for r in _rows(run_dir) if "ranking" in r}
 
 
 def _split_sorted_infoseek(world, tmp_path) -> str:

@@ -111,7 +111,9 @@ def references(tmp_path_factory):
     for shape in SHAPES:
         seen = root / f"{shape}.jsonl"
         _fit_here(root, shape, shape, seen)
-        out[shape] = {"ckpt": torch.load(root / shape / "last.ckpt", weights_only=True), "order": _order(seen),
+        ckpt = torch.load(root / shape / "last.ckpt", weights_only=True)
+        assert ckpt["global_step"] == MAX_STEPS          # current at the end, whatever every_n_train_steps (item 5)
+        out[shape] = {"ckpt": ckpt, "order": _order(seen),
                       "metrics": {(r["step"], r["name"]): r["value"] for r in RunRecord(root / shape).read_metrics()}}
     return out
 

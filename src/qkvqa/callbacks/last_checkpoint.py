@@ -87,12 +87,18 @@ class LastCheckpoint(pl.Callback):
             self._after_validation = False
             self._save(trainer, "after validation")
 
-
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """Keep the work of a failed run: save unless nothing changed since the last save (or a signal saved it)."""
         self._restore_signals()
         if (not self.save_on_exception or not self._started or self.preempted or trainer.sanity_checking
                 or trainer.global_step == self._saved_step or isinstance(exception, KeyboardInterrupt)):
+            return
+        if trainer.world_size > 1:
+            # A save waits in a barrier for every rank, and the other ranks may not be on this exception path: the
+            # run would hang until SIGKILL. The last regular save stays the one to resume from.
+            log.warning("not saving %s after %s on %d ranks (a save would wait for ranks that are not failing); "
+                        "resume continues from step %s", self.path, type(exception).__name__, trainer.world_size,
+                        self._saved_step)
             return
         try:
             self._save(trainer, f"{type(exception).__name__}")
@@ -101,12 +107,11 @@ class LastCheckpoint(pl.Callback):
 
     # ------------------------------------------------------------------ signals
     def _handler(self, signum, frame) -> None:
+        # The one preemption mechanism: Lightning's SIGTERM handler would raise mid-step, and its SLURM handler
+        # (SIGUSR1) saved hpc_ckpt_N inside the signal handler and requeued the job while this callback saved
+        # last.ckpt a step later. Lightning's is switched off (run.trainer: SLURMEnvironment(auto_requeue=False));
+        # the requeue after a SIGUSR1 save is `qkvqa.run.slurm.requeue`.
         self.received = signum
-        # Lightning's own SIGTERM handler would raise mid-step; ours stops after the batch instead.
-        # Other handlers (Lightning's SLURM auto-requeue on SIGUSR1) still run.
-        previous = self._previous.get(signum)
-        if signum != signal.SIGTERM and callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
-            previous(signum, frame)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # From here on the state is the restored one (or a fresh start): nothing before it may be saved over last.ckpt.

@@ -56,6 +56,14 @@ class RunStateCallback(pl.Callback):
         loop = trainer.fit_loop
         if loop.restarted_mid_epoch and loop.epoch_progress.total.processed == loop.epoch_progress.total.started:
             loop.reset_restart_stage()
+        if trainer.world_size > 1:
+            # Every rank must continue from the same checkpoint; a mismatch would otherwise surface as a gloo/NCCL
+            # collective mismatch or a hang, or train on with wrongly combined gradients.
+            steps = trainer.strategy.all_gather(torch.tensor([trainer.global_step], device=pl_module.device))
+            steps = sorted({int(v) for v in steps.flatten().tolist()})
+            if len(steps) > 1:
+                raise RuntimeError(f"the ranks start training at different steps {steps}: they resumed from different "
+                                   "checkpoints; resume every rank from the same last.ckpt (run_id=... resume=auto)")
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(CHECKPOINT_KEY, {})

@@ -158,6 +158,8 @@ class EvalConfig:
     # generation (default): the whole pipeline; filter: stop after the article filter, for filter-only
     # studies (Figure 5's alpha sweep: single-hop article R@1 after the filter), with no CDA or generator.
     stop_after: str = "generation"
+    # Under torchrun/srun, ranks >= 1 wait this long for rank zero's stage-1 results (the barrier after stage 1).
+    stage1_wait_s: float = 7200.0
 
 
 @dataclass
@@ -264,7 +266,7 @@ CHOICES = {
 }
 BOUNDS = {
     "data.batch_size": (1, None), "data.num_workers": (0, None), "data.max_questions": (1, None),
-    "data.sample_questions": (1, None), "data.images.max_missing_fraction": (0.0, 1.0),
+    "data.sample_questions": (1, None), "data.images.max_missing_fraction": (0.0, 1.0), "eval.stage1_wait_s": (1.0, None),
     "retrieval.top_k": (1, None), "retrieval.min_results_coverage": (0.0, 1.0), "retrieval.nprobe": (1, None), "retrieval.shard_size": (1, None),
     "retrieval.embed_batch_size": (1, None), "retrieval.search_batch_size": (1, None),
     "qff.alpha": (0.0, 1.0), "qff.num_negatives": (1, None), "qff.temperature": (1e-6, None),

@@ -7,6 +7,7 @@ import glob
 import io
 import json
 import os
+import stat
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +46,9 @@ def _under(root: Optional[str | os.PathLike], path: Optional[str | os.PathLike])
     return path if path.is_absolute() or root is None else Path(root).expanduser() / path
 
 
+MISSING = "missing"          # the file entry of an image that is not on disk
+
+
 class QueryImageResolver:
     """Maps (dataset_name, image_id) to candidate files, per the configured layout (data-formats.md section 4)."""
 
@@ -65,6 +69,7 @@ class QueryImageResolver:
         self.data_root = root
         self.shard_patterns = {"infoseek": config.infoseek_shards} if config.infoseek_shards else {}
         self._shards: dict[str, ShardIndex] = {}
+        self._entries: dict[tuple[str, str], str] = {}    # file_entry, one stat per image and process
 
     def shards(self, pattern: str | os.PathLike) -> ShardIndex:
         """The index of the webdataset shards of `pattern` (relative to data.root), scanned once per pattern."""
@@ -102,11 +107,7 @@ class QueryImageResolver:
         self.check_roots(questions)
         missing = []
         for q in progress(questions, desc=f"check images {split}".strip(), unit="question"):
-            if q.dataset_name in self.shard_patterns:
-                found = self.shard_member(q.dataset_name, q.image_id) is not None
-            else:
-                found = self.resolve(q.dataset_name, q.image_id) is not None
-            if not found:
+            if self.file_entry(q.dataset_name, q.image_id) == MISSING:
                 missing.append(q)
         bound = float(self.config.max_missing_fraction)
         if questions and len(missing) > bound * len(questions):
@@ -168,6 +169,28 @@ class QueryImageResolver:
         """The first existing candidate file, or None."""
         return next((path for path in self.candidates(dataset_name, image_id) if path.is_file()), None)
 
+    def file_entry(self, dataset_name: str, image_id: str) -> str:
+        """`path:size:mtime` of an image's file (a shard member: `shard:offset:size`), or MISSING; one stat per image
+        and process: the start-up check and the caches' identity (`image_files_checksum`) share it."""
+        key = (dataset_name, image_id)
+        entry = self._entries.get(key)
+        if entry is None:
+            if dataset_name in self.shard_patterns:
+                member = self.shard_member(dataset_name, image_id)
+                entry = MISSING if member is None else f"{member.shard}:{member.offset}:{member.size}"
+            else:
+                entry = MISSING
+                for path in self.candidates(dataset_name, image_id):
+                    try:
+                        st = path.stat()
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        entry = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+                        break
+            self._entries[key] = entry
+        return entry
+
 
 def image_files_checksum(resolver: QueryImageResolver, keys: Iterable[tuple[str, str]]) -> str:
     """sha256 over each (dataset, image id)'s resolved file, size and mtime (one stat per image; shard members by
@@ -176,13 +199,7 @@ def image_files_checksum(resolver: QueryImageResolver, keys: Iterable[tuple[str,
 
     digest = hashlib.sha256()
     for dataset_name, image_id in keys:
-        if dataset_name in resolver.shard_patterns:
-            member = resolver.shard_member(dataset_name, image_id)
-            entry = "missing" if member is None else f"{member.shard}:{member.offset}:{member.size}"
-        else:
-            path = resolver.resolve(dataset_name, image_id)
-            stat = path.stat() if path is not None else None
-            entry = "missing" if stat is None else f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+        entry = resolver.file_entry(dataset_name, image_id)
         digest.update(f"{dataset_name}\0{image_id}\0{entry}\n".encode())
     return "sha256:" + digest.hexdigest()
 

@@ -34,13 +34,55 @@ def make_wandb_logger(cfg: DictConfig, run: RunContext, plain_config: dict):
     from lightning.pytorch.loggers import WandbLogger
 
     finish_active_run()
-    (run.run_dir / "wandb").parent.mkdir(parents=True, exist_ok=True)
+    if run.is_rank_zero:                # other ranks only join the record rank zero writes
+        run.run_dir.mkdir(parents=True, exist_ok=True)
     kwargs: dict = dict(project=wcfg.project, entity=wcfg.entity, group=wcfg.group, tags=list(wcfg.tags) or None,
                         save_dir=str(run.run_dir), name=run.run_id, mode=mode, config=plain_config,
                         resume="allow", log_model=False)
     if not run.launched_by_sweep:
         kwargs["id"] = run.run_id      # under a sweep the agent's run id is used (and equals run_id)
-    return WandbLogger(**{k: v for k, v in kwargs.items() if v is not None})
+    return _tolerant(WandbLogger)(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+_TOLERANT: dict = {}
+
+
+def _tolerant(base: type) -> type:
+    """WandbLogger whose calls cannot fail the run: when the W&B service is gone (SLURM signals every process of
+    the job step, and wandb-core exits on SIGTERM), rank zero's next W&B call raised ConnectionResetError, and the
+    exception path then waited in a DDP barrier the other ranks never reached, until SIGKILL. Here the first
+    failure logs one warning and W&B stops; the local run record goes on (sync the offline files later)."""
+    if base in _TOLERANT:
+        return _TOLERANT[base]
+
+    class TolerantWandbLogger(base):
+        _broken = False
+
+        def _guard(self, name: str, *args, **kwargs):
+            if self._broken:
+                return None
+            try:
+                return getattr(super(), name)(*args, **kwargs)
+            except Exception as e:                   # the service died or the network went: never fail the run
+                self._broken = True
+                log.warning("W&B stopped (%s: %s); the local run record in %s goes on", type(e).__name__, e,
+                            self.save_dir)
+                return None
+
+        def log_metrics(self, *args, **kwargs):
+            return self._guard("log_metrics", *args, **kwargs)
+
+        def log_hyperparams(self, *args, **kwargs):
+            return self._guard("log_hyperparams", *args, **kwargs)
+
+        def after_save_checkpoint(self, *args, **kwargs):
+            return self._guard("after_save_checkpoint", *args, **kwargs)
+
+        def finalize(self, *args, **kwargs):
+            return self._guard("finalize", *args, **kwargs)
+
+    _TOLERANT[base] = TolerantWandbLogger
+    return TolerantWandbLogger
 
 
 def wandb_run_id(logger: Optional[object]) -> Optional[str]:
@@ -74,10 +116,13 @@ def log_run_files(run_dir: str | os.PathLike) -> list[str]:
     from qkvqa.run.record import RunRecord
 
     run_dir = Path(run_dir)
-    run.summary.update(RunRecord(run_dir).summary())
     saved = []
-    for name in RUN_FILES:
-        if (run_dir / name).is_file():
-            run.save(str(run_dir / name), base_path=str(run_dir), policy="now")
-            saved.append(name)
+    try:
+        run.summary.update(RunRecord(run_dir).summary())
+        for name in RUN_FILES:
+            if (run_dir / name).is_file():
+                run.save(str(run_dir / name), base_path=str(run_dir), policy="now")
+                saved.append(name)
+    except Exception as e:                           # a dead W&B service must not fail a finished job
+        log.warning("W&B: could not save the run files (%s: %s); they are in %s", type(e).__name__, e, run_dir)
     return saved

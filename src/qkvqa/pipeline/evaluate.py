@@ -35,12 +35,34 @@ def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero
         atomic_write_json(meta_path, {"seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
                                       "metrics": result.metrics, "source": cfg.retrieval.results or "in-process",
                                       "kb_url_checksum": kb})
+    if not rank_zero:
+        _wait_for_rank_zero(meta_path, run_dir, float(cfg.eval.stage1_wait_s))
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("kb_url_checksum", kb) != kb:
         raise StaleArtifactError(f"{meta_path}: this run's stage-1 results and answers were made over another KB "
                                  f"(URL checksum {meta['kb_url_checksum']}, the KB store now has {kb}); evaluate "
                                  "again as a new run (another run_id)")
     return read_results(path), meta
+
+
+def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
+    """Ranks >= 1 started by torchrun or srun with rank zero wait here until its stage-1 results exist (the barrier
+    after stage 1: the process group is not up yet), stopping early when rank zero's record says it ended."""
+    from qkvqa.run.record import RunRecord
+
+    deadline, next_log = time.monotonic() + timeout_s, time.monotonic() + 60
+    while not path.exists():
+        state = RunRecord(run_dir).status().get("state")
+        if state in ("failed", "interrupted"):
+            raise StaleArtifactError(f"{path}: rank zero ended ({state}) before writing the stage-1 results; see "
+                                     f"{run_dir / 'status.json'}")
+        if time.monotonic() > deadline:
+            raise StaleArtifactError(f"{path}: rank zero wrote no stage-1 results within eval.stage1_wait_s="
+                                     f"{timeout_s:g} s; raise it for a long stage 1, or check rank zero's log")
+        if time.monotonic() > next_log:
+            log.warning("waiting for rank zero's stage-1 results (%s)", path)
+            next_log = time.monotonic() + 60
+        time.sleep(0.5)
 
 
 def build_filter(cfg: DictConfig, benchmark: Any):
@@ -145,7 +167,12 @@ QUESTION_IDS = "question_ids.json"
 def ranked_articles_without_image(benchmark: Any, rows: Sequence[dict]) -> dict:
     """How many distinct ranked articles have no main image (the QFF scores them 0, as OMGM does): a KB without
     images (ReflectiVA's) and no title -> image CSVs make the QFF a no-op, which the report must say."""
-    urls = list(dict.fromkeys(a["url"] for r in rows for a in (r.get("ranking") or [])))
+    return articles_without_image(benchmark, [a["url"] for r in rows for a in (r.get("ranking") or [])])
+
+
+def articles_without_image(benchmark: Any, urls: Sequence[str]) -> dict:
+    """{ranked_articles, without_image} over the distinct `urls` (KB articles whose main image is not found)."""
+    urls = list(dict.fromkeys(urls))
     store = benchmark.kb_store()
     try:
         images = benchmark.article_images()
@@ -155,6 +182,16 @@ def ranked_articles_without_image(benchmark: Any, rows: Sequence[dict]) -> dict:
     for article in store.get_many([store.row_of(url) for url in urls if url in store]):
         missing += images.main_image(article.title, article.image_urls) is None
     return {"ranked_articles": len(urls), "without_image": missing}
+
+
+def warn_articles_without_image(benchmark: Any, retrieved: dict, top_k: int) -> None:
+    """Before the QFF runs (hours on a full split): say when stage 1's articles lack the main image it scores by."""
+    counts = articles_without_image(benchmark, [u for r in retrieved.values() for u in r.urls[:top_k]])
+    if counts["without_image"]:
+        share = counts["without_image"] / max(counts["ranked_articles"], 1)
+        log.warning("%d of the %d stage-1 articles (%.0f%%) have no main image: the QFF scores them 0, so only their "
+                    "stage-1 similarity ranks them; set data.images.kb_image_csvs to the title -> image CSVs",
+                    counts["without_image"], counts["ranked_articles"], 100 * share)
 
 
 def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path]) -> dict:
@@ -247,6 +284,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
             atomic_write_json(run_dir / QUESTION_IDS, {**evaluated, "ids": [q.data_id for q in questions]})
         store = PredictionStore(run_dir)
         retrieved, meta = stage1(cfg, benchmark, split, run_dir, rank_zero)
+        if cfg.eval.filter == "qff" and rank_zero:
+            warn_articles_without_image(benchmark, retrieved, int(cfg.retrieval.top_k))
         done = store.done_ids()
         if done:
             log.info("resuming: %d questions already answered in %s", len(done), run_dir)

@@ -137,6 +137,9 @@ def _remove_if_empty(run_dir) -> None:
 
 
 def _child_ckpt(run: RunContext) -> Optional[str]:
-    """DDP children re-run the command: they resume from the same last.ckpt rank zero chose."""
-    status = RunRecord(run.run_dir).status()
-    return status.get("resumed_from") if status.get("state") == "running" else None
+    """DDP ranks >= 1 resume from the checkpoint rank zero resumes from, found the same way from the same file
+    (`last.ckpt`, which nothing writes before training starts on every rank), never from status.json: rank zero
+    may not have rewritten it yet when a child starts (torchrun, srun), and a child then started from scratch
+    beside a resumed rank zero. `RunStateCallback` checks at train start that every rank holds the same step."""
+    last = run.run_dir / "last.ckpt"
+    return str(last) if run.resumed and last.is_file() else None

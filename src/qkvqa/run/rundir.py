@@ -6,6 +6,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig
 
@@ -33,8 +34,43 @@ class RunContext:
 
 def new_run_id(experiment: str) -> str:
     """A fresh, sortable, human-readable id: `<YYYYmmdd-HHMMSS>-<experiment>-<4 hex>`."""
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in experiment.replace("/", "-"))[:40]
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(experiment)}-{secrets.token_hex(2)}"
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text.replace("/", "-"))[:limit]
+
+
+def launcher_run_id(experiment: str) -> Optional[str]:
+    """The run id a launcher implies when no run_id is given, the same on every rank (or None outside one):
+    - SLURM: `<job name>-<job id>-<experiment>` (the job id survives a requeue, so a requeued job resumes its own
+      run; two jobs with one name no longer share a directory; the experiment keeps `train && evaluate` in one job
+      apart);
+    - torchrun: `<experiment>-<rendezvous id>` when the launch has one, else an id rank 0 makes and hands to the
+      other ranks through torchrun's own store (its agents keep it up before the process group exists)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and os.environ.get("SLURM_PROCID") is not None:
+        return f"{_slug(os.environ.get('SLURM_JOB_NAME') or 'job')}-{job}-{_slug(experiment)}"
+    if os.environ.get("TORCHELASTIC_RUN_ID") is None:
+        return None
+    rendezvous = os.environ["TORCHELASTIC_RUN_ID"]
+    if rendezvous and rendezvous != "none":
+        return f"{_slug(experiment)}-{_slug(rendezvous, 36)}"
+    return _agreed_through_agent_store(experiment)
+
+
+def _agreed_through_agent_store(experiment: str, timeout_s: float = 300.0) -> str:
+    """Rank 0 publishes a new id under a key of this launch (restart count included); the others wait for it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    key = f"qkvqa/run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if global_rank() == 0:
+        store.set(key, new_run_id(experiment))
+    return store.get(key).decode()
 
 
 def validate_run_id(run_id: str) -> str:
@@ -48,7 +84,8 @@ def resolve_run(cfg: DictConfig) -> RunContext:
     """Decide the run id and directory, the same on every DDP rank, and export them for child ranks.
 
     Order: a DDP child reads QKVQA_RUN_ID/QKVQA_RUN_DIR exported by rank 0; else `run_id` from the
-    config; else WANDB_RUN_ID when a W&B sweep agent launched us (WANDB_SWEEP_ID set); else a new id.
+    config; else WANDB_RUN_ID when a W&B sweep agent launched us (WANDB_SWEEP_ID set); else the id the
+    launcher implies (`launcher_run_id`: SLURM, torchrun); else a new id.
     """
     root = Path(cfg.paths.checkpoints_root)
     inherited = os.environ.get(ENV_RUN_ID)
@@ -64,7 +101,7 @@ def resolve_run(cfg: DictConfig) -> RunContext:
         elif sweep:
             run_id = os.environ["WANDB_RUN_ID"]
         else:
-            run_id = new_run_id(cfg.experiment)
+            run_id = launcher_run_id(cfg.experiment) or new_run_id(cfg.experiment)
         run_dir = root / validate_run_id(run_id)
     run_dir = run_dir.resolve()
     resumed = (run_dir / "config.yaml").exists()

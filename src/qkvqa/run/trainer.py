@@ -12,6 +12,7 @@ from qkvqa.loggers.local import RunRecordLogger
 from qkvqa.loggers.wandb import log_run_files, make_wandb_logger, wandb_run_id
 from qkvqa.run.checkpoint_io import CheckedCheckpointIO
 from qkvqa.run.job import Job, run_job
+from qkvqa.run.slurm import requeue, slurm_plugins
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -75,7 +76,7 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
                       callbacks=[*checkpoints, state, *callbacks],
-                      plugins=[CheckedCheckpointIO()], enable_checkpointing=bool(ck.save_top_k), **trainer_kwargs(cfg))
+                      plugins=[CheckedCheckpointIO(), *slurm_plugins()], enable_checkpointing=bool(ck.save_top_k), **trainer_kwargs(cfg))
 
 
 def world_size_of(cfg: DictConfig) -> int:
@@ -116,6 +117,8 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 **{k: float(v) for k, v in trainer.callback_metrics.items()}})
             log_run_files(job.run.run_dir)
     if job.final_state == "interrupted":          # after run_job has recorded the state
+        if job.run.is_rank_zero and trainer.is_global_zero:
+            requeue(last.received)                # SIGUSR1 before a SLURM time limit: the job comes back
         raise RunInterrupted(f"run {job.run.run_id} stopped on a signal at step {trainer.global_step} and saved "
                              f"{job.run.run_dir / 'last.ckpt'}; continue it with the same command plus "
                              f"run_id={job.run.run_id} resume=auto")

@@ -128,12 +128,14 @@ def verify_sha256_once(path: str | os.PathLike, wanted: str, what: str, fix: str
     from qkvqa.errors import DataError
 
     path = Path(path)
-    stamp = path.with_name(f".{path.name}.verified")
-    try:
-        if not force and stamp.read_text() == _stamp_key(path, wanted):
-            return
-    except OSError:
-        pass
+    if not force:
+        key = _stamp_key(path, wanted)
+        for stamp in _stamp_files(path):
+            try:
+                if stamp.read_text() == key:
+                    return
+            except OSError:
+                pass
     found = sha256_file(path)
     if found != wanted:
         raise DataError(f"{path}: corrupt {what} (sha256 {found[:12]}, its manifest records {wanted[:12]}); {fix}")
@@ -145,13 +147,24 @@ def _stamp_key(path: Path, sha256: str) -> str:
     return f"{sha256} {stat.st_size} {stat.st_mtime_ns}"
 
 
+def _stamp_files(path: Path) -> list[Path]:
+    """Where the stamp of `path` may live: beside it, else (a read-only directory, a shared KB) in the user's cache,
+    `$QKVQA_STAMP_DIR` or `~/.cache/qkvqa/verified`, named by a hash of the file's absolute path."""
+    fallback = Path(os.environ.get("QKVQA_STAMP_DIR") or Path.home() / ".cache" / "qkvqa" / "verified")
+    name = hashlib.sha1(str(path.resolve()).encode()).hexdigest()
+    return [path.with_name(f".{path.name}.verified"), fallback / name]
+
+
 def mark_verified(path: str | os.PathLike, sha256: str) -> None:
     """Record that `path` (just written or just hashed) has `sha256`, so `verify_sha256_once` need not re-hash it."""
     path = Path(path)
-    try:
-        atomic_write_text(path.with_name(f".{path.name}.verified"), _stamp_key(path, sha256))
-    except OSError:
-        pass                           # a read-only directory: verified again next time
+    key = _stamp_key(path, sha256)
+    for stamp in _stamp_files(path):
+        try:
+            atomic_write_text(stamp, key)
+            return
+        except OSError:
+            continue                   # a read-only directory: the user's cache, else verified again next time
 
 
 def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:

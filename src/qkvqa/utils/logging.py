@@ -9,10 +9,23 @@ _CONFIGURED = False
 
 
 def global_rank() -> int:
-    """The global rank of this process, from the launcher's environment (0 when not distributed)."""
-    for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
+    """The global rank of this process, from the launcher's environment (0 when not distributed).
+
+    SLURM_PROCID counts only when SLURM started several tasks: under `salloc` + `srun -n1`, Lightning spawns
+    its own children, which inherit SLURM_PROCID=0 and carry their rank in LOCAL_RANK (with NODE_RANK and
+    LOCAL_WORLD_SIZE on several nodes; without LOCAL_WORLD_SIZE the value is non-zero exactly when the true rank
+    is); reading SLURM_PROCID first made every child write the run record."""
+    env = os.environ
+    if env.get("RANK", "").isdigit():
+        return int(env["RANK"])
+    if env.get("SLURM_PROCID", "").isdigit() and int(env.get("SLURM_NTASKS", "1") or 1) > 1:
+        return int(env["SLURM_PROCID"])
+    if env.get("LOCAL_RANK", "").isdigit():
+        per_node = int(env["LOCAL_WORLD_SIZE"]) if env.get("LOCAL_WORLD_SIZE", "").isdigit() else 0
+        node = int(env["NODE_RANK"]) if env.get("NODE_RANK", "").isdigit() else 0
+        return node * per_node + int(env["LOCAL_RANK"]) if per_node else (int(env["LOCAL_RANK"]) or (1 if node else 0))
+    if env.get("SLURM_PROCID", "").isdigit():
+        return int(env["SLURM_PROCID"])
     return 0
 
 

@@ -1,0 +1,64 @@
+"""Rank and run identity from the launcher's environment: SLURM, torchrun, Lightning's own children (issue 16)."""
+from __future__ import annotations
+
+import pytest
+
+from qkvqa.run.rundir import launcher_run_id
+from qkvqa.utils.logging import global_rank
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID",
+               "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture
+def launch(monkeypatch):
+    for key in LAUNCH_VARS:
+        monkeypatch.delenv(key, raising=False)
+    return lambda **env: [monkeypatch.setenv(k, str(v)) for k, v in env.items()]
+
+
+@pytest.mark.parametrize("env,rank", [
+    ({}, 0),
+    ({"RANK": 3, "LOCAL_RANK": 1, "SLURM_PROCID": 0}, 3),                   # torchrun inside a SLURM job
+    ({"SLURM_PROCID": 5, "SLURM_NTASKS": 8}, 5),                             # srun started every task
+    ({"SLURM_PROCID": 0, "SLURM_NTASKS": 1, "LOCAL_RANK": 1}, 1),            # salloc + srun -n1: Lightning's child
+    ({"SLURM_PROCID": 0, "SLURM_NTASKS": 1}, 0),
+    ({"LOCAL_RANK": 1, "NODE_RANK": 1, "LOCAL_WORLD_SIZE": 2}, 3),
+    ({"LOCAL_RANK": 0, "NODE_RANK": 1}, 1),                                 # not rank zero, whatever the size
+])
+def test_global_rank_reads_the_launcher_that_started_this_process(launch, env, rank):
+    launch(**env)
+    assert global_rank() == rank
+
+
+def test_slurm_names_the_run_by_job_name_id_and_experiment(launch):
+    assert launcher_run_id("evqa_qff") is None
+    launch(SLURM_JOB_ID=4711, SLURM_JOB_NAME="qff train", SLURM_PROCID=1, SLURM_NTASKS=2)
+    assert launcher_run_id("demo/qff_per_layer") == "qff-train-4711-demo-qff_per_layer"
+
+
+def test_torchrun_names_the_run_by_its_rendezvous_id(launch):
+    launch(TORCHELASTIC_RUN_ID="c0ffee-42", RANK=1)
+    assert launcher_run_id("evqa_qff") == "evqa_qff-c0ffee-42"
+
+
+def test_only_a_sigusr1_save_inside_a_slurm_job_requeues_it():
+    import signal
+
+    from qkvqa.run.slurm import requeue_command
+
+    job = {"SLURM_JOB_ID": "4711"}
+    assert requeue_command(signal.SIGUSR1, job) == ["scontrol", "requeue", "4711"]
+    assert requeue_command(signal.SIGUSR1, {**job, "SLURM_ARRAY_JOB_ID": "90", "SLURM_ARRAY_TASK_ID": "3"}) == \
+        ["scontrol", "requeue", "90_3"]
+    assert requeue_command(signal.SIGTERM, job) is None          # preemption: SLURM requeues a --requeue job itself
+    assert requeue_command(signal.SIGUSR1, {}) is None            # not in a SLURM job
+
+
+def test_lightning_requeues_nothing_itself_under_slurm(launch):
+    from qkvqa.run.slurm import slurm_plugins
+
+    assert slurm_plugins() == []
+    launch(SLURM_JOB_ID=4711, SLURM_NTASKS=2, SLURM_NTASKS_PER_NODE=2, SLURM_PROCID=0, SLURM_JOB_NAME="train")
+    (env,) = slurm_plugins()
+    assert env.auto_requeue is False
