@@ -80,9 +80,9 @@ class CheckedCheckpointIO(TorchCheckpointIO):
             raise TypeError("CheckedCheckpointIO takes no storage_options")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.partial-*"):
+        for stale in path.parent.glob(".*.partial-*"):       # any killed save's, a top-k file's included
             if not _alive(stale.name.rsplit("-", 1)[-1]):
-                stale.unlink(missing_ok=True)               # left by a killed save
+                stale.unlink(missing_ok=True)
         sidecar = sidecar_of(path)
         previous = sidecar.read_text() if sidecar.is_file() and path.is_file() else None
         sidecar.unlink(missing_ok=True)
