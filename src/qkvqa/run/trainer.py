@@ -70,7 +70,9 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
             every_n_train_steps=ck.every_n_train_steps, save_on_exception=False, auto_insert_metric_name=False,
             enable_version_counter=False))
     wandb_logger = make_wandb_logger(cfg, job.run, job.plain_config)
-    loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.run.resumed)]   # rows of a lost attempt go too + ([wandb_logger] if wandb_logger else [])
+    # resumed: a run continued in its directory (from last.ckpt or from scratch) first drops the rows it logs again
+    loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.run.resumed)] + ([wandb_logger] if wandb_logger
+                                                                                        else [])
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
     # qkvqa DataModules shard across ranks themselves (data_modules.samplers), which keeps mid-epoch
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
