@@ -16,7 +16,7 @@ EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
 
-.PHONY: help install test test-fast test-gpu lint train sweep compare demo bench clean clean-runs
+.PHONY: help install slurm test test-fast test-gpu lint train sweep compare demo bench clean clean-runs
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -29,7 +29,10 @@ $(STAMP): setup.cfg setup.py pyproject.toml
 
 install: $(STAMP) ## create .venv with the pinned set and qkvqa in editable mode (idempotent)
 
-test: install ## the suite CI runs: everything but gpu and online tests (ddp and slow included)
+slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing when present)
+	bash .ci/install_slurm.sh
+
+test: install slurm ## the suite CI runs: everything but gpu and online tests (ddp, slurm and slow included)
 	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online" $(PYTEST_FLAGS)
 
 test-fast: install ## the quick loop: no slow, ddp or gpu tests
