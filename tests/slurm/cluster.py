@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Optional
 
 
+LAUNCH_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "WANDB_RUN_ID", "WANDB_SWEEP_ID", "CUDA_VISIBLE_DEVICES"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -29,7 +33,11 @@ class SlurmCluster:
         self.host = socket.gethostname().split(".")[0]
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = self.root / "slurm.conf"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        # Jobs inherit the submitting environment (sbatch --export=ALL): leave out what earlier tests in this process
+        # (Lightning, torchrun, a run) set, or a job's ranks would read another launch's rank and address.
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_", "PL_", "QKVQA_RUN"))}
+        self.env["SLURM_CONF"] = str(self.conf)
 
     # ------------------------------------------------------------------ set-up
     def _write_config(self) -> None:

@@ -12,7 +12,7 @@ import torch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 24                  # 64 samples, batch 8 on 2 ranks: 4 steps an epoch
+STEPS = 16                  # 64 samples, batch 8 on 2 ranks: 4 steps an epoch
 
 
 def _script(root: Path, name: str, seen: Path, sleep: float) -> Path:
@@ -55,7 +55,7 @@ def test_sbatch_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
     assert reference["global_step"] == STEPS
 
     seen = tmp_path / "seen.jsonl"
-    job = _submit(slurm, _script(tmp_path, "preempted", seen, 0.3))
+    job = _submit(slurm, _script(tmp_path, "preempted", seen, 0.25))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and _rows(seen) < 2 * 6:             # both ranks past step 6: mid-epoch 2
         time.sleep(0.2)
