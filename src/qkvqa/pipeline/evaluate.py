@@ -51,9 +51,15 @@ def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
     from qkvqa.run.record import RunRecord
 
     deadline, next_log = time.monotonic() + timeout_s, time.monotonic() + 60
+    attempts = len(RunRecord(run_dir).status().get("attempts", []))
+    this_attempt = False
     while not path.exists():
-        state = RunRecord(run_dir).status().get("state")
-        if state in ("failed", "interrupted"):
+        status = RunRecord(run_dir).status()
+        state = status.get("state")
+        # A resumed run's status.json holds the previous attempt's end until rank zero starts this attempt: only an
+        # end recorded once this attempt started counts.
+        this_attempt = this_attempt or state == "running" or len(status.get("attempts", [])) > attempts
+        if state in ("failed", "interrupted") and this_attempt:
             raise StaleArtifactError(f"{path}: rank zero ended ({state}) before writing the stage-1 results; see "
                                      f"{run_dir / 'status.json'}")
         if time.monotonic() > deadline:
