@@ -32,3 +32,7 @@ class RunInterrupted(QkvqaError):
     """A run stopped on a signal after saving its state; `resume=auto` continues it. Exits with EXIT_INTERRUPTED."""
 
     exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, message: str = "", signum: "int | None" = None):
+        super().__init__(message)
+        self.signum = signum                # the signal that stopped the run (SIGUSR1 requeues a SLURM job)

@@ -25,10 +25,13 @@ from qkvqa.run.job import run_job
 
 experiment, presets, rest = split_overrides(sys.argv[1:])
 cfg = compose(experiment, presets, rest)
-print("ENV", json.dumps({k: os.environ.get(k) for k in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID", "WANDB_MODE")}))
+print("ENV", json.dumps({k: os.environ.get(k) for k in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID", "WANDB_MODE",
+                                                         "CUDA_VISIBLE_DEVICES")}))
 with run_job(cfg, "fake") as job:
     if cfg.qff.alpha == 0.4:
+        start = time.time()
         time.sleep(float(os.environ.get("JOB_SLEEP_S", "0")))
+        print("SLEPT", json.dumps([start, time.time()]))
     if cfg.qff.alpha > 0.95:
         raise RuntimeError("alpha out of range for this job")
     score = cfg.qff.alpha + cfg.seed / 10
@@ -148,8 +151,9 @@ def test_trials_get_no_leaked_run_identity(make_sweep, run_root, monkeypatch):
     assert not {"WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID"} & set(trial_env(os.environ))
     result = LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), checkpoints_root=run_root).run()
     line = next(l for l in (result.sweep_dir / "logs" / "t000.log").read_text().splitlines() if l.startswith("ENV "))
-    assert json.loads(line[4:]) == {"WANDB_RUN_ID": None, "WANDB_SWEEP_ID": None, "QKVQA_RUN_ID": None,
-                                    "WANDB_MODE": "disabled"}
+    env = json.loads(line[4:])
+    assert {k: env[k] for k in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID", "WANDB_MODE")} == {
+        "WANDB_RUN_ID": None, "WANDB_SWEEP_ID": None, "QKVQA_RUN_ID": None, "WANDB_MODE": "disabled"}
     assert os.environ["WANDB_RUN_ID"] == "stale"              # the runner's own environment is untouched
 
 
@@ -178,3 +182,32 @@ def test_runner_lock(tmp_path):
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 2 ** 22 + 12345, "host": socket.gethostname()}))
     with RunnerLock(tmp_path):                              # a dead runner's lock is taken over
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_gpus_per_trial_shares_the_pool_without_overlap(make_sweep, run_root, monkeypatch):
+    """8 GPUs' worth of pool in small: 4 devices, 2 per trial, so 2 trials at a time, each on its own pair."""
+    monkeypatch.setenv("JOB_SLEEP_S", "1.5")
+    path = make_sweep({"qff.alpha": {"value": 0.4}, "seed": {"values": [1, 2, 3, 4]}})
+    assert main(["sweep", str(path), "--checkpoints-root", str(run_root), "--gpus", "0,1,2,3",
+                 "--gpus-per-trial", "2"]) == 0                     # --parallel follows from the pool: 2
+    manifest = _manifest(run_root)
+    seen = {}
+    for tid, t in manifest.trials.items():
+        text = (manifest.sweep_dir / t["log"]).read_text()
+        env = json.loads(text.split("ENV ", 1)[1].splitlines()[0])
+        window = json.loads(text.split("SLEPT ", 1)[1].splitlines()[0])
+        gpus = env["CUDA_VISIBLE_DEVICES"].split(",")
+        assert len(set(gpus)) == 2 and set(gpus) <= {"0", "1", "2", "3"} and t["gpus"] == gpus
+        seen[tid] = (set(gpus), window)
+    overlapping = [(a, b) for a in seen for b in seen if a < b
+                   and seen[a][1][0] < seen[b][1][1] and seen[b][1][0] < seen[a][1][1]]
+    assert overlapping                                               # two trials did run at once
+    for a, b in overlapping:
+        assert not seen[a][0] & seen[b][0], (a, b, seen[a][0], seen[b][0])
+
+
+def test_gpus_per_trial_larger_than_the_pool_is_one_clear_error(make_sweep, run_root, capsys):
+    path = make_sweep({"seed": {"values": [1]}})
+    assert main(["sweep", str(path), "--checkpoints-root", str(run_root), "--gpus", "0", "--gpus-per-trial", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "--gpus-per-trial 2 needs 2 GPUs but 1 is available" in err and "--gpus" in err

@@ -144,10 +144,10 @@ class LastCheckpoint(pl.Callback):
         if self.received is not None:
             from qkvqa.errors import RunInterrupted
 
-            name = signal.Signals(self.received).name
-            self.received = None
-            raise RunInterrupted(f"evaluation stopped on {name} after batch {batch_idx} (its answers are stored); "
-                                 f"continue it with the same command and resume=auto")
+            received, self.received = self.received, None
+            raise RunInterrupted(f"evaluation stopped on {signal.Signals(received).name} after batch {batch_idx} (its "
+                                 f"answers are stored); continue it with the same command and resume=auto",
+                                 signum=received)
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_signals()

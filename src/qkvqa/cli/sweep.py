@@ -14,7 +14,16 @@ keys, command). One file drives both backends:
       inherited. CHECKPOINTS/sweeps/<sweep>/ holds sweep_manifest.json, logs/tNNN.log and, at the
       end, comparison.csv / comparison.md sorted by metric.goal. A rerun skips finished trials
       (failed ones too unless --retry-failed). grid and random only; random needs --count.
+      --gpus-per-trial N gives each trial N devices of the pool (--gpus, else CUDA_VISIBLE_DEVICES,
+      else every GPU) through CUDA_VISIBLE_DEVICES, so 8 one-GPU trials share an 8-GPU node.
+  --backend slurm: submits the trials that are not done and not queued as one `sbatch --array` job,
+      one trial per task (`srun`, so --sbatch-arg=--ntasks-per-node=4 makes a 4-rank DDP trial);
+      --parallel N throttles the array (%N), --gpus-per-trial N asks --gres=gpu:N, --sbatch-arg adds
+      any sbatch option. Run directories, run ids and W&B runs are named as with local. A rerun
+      reads back each task (squeue, then the trial's status.json) and submits only unfinished
+      trials; --wait waits for the array and writes the comparison.
   --backend wandb: creates the sweep on the W&B server and runs `wandb agent` (needs a login).
+      --dry-run prints the agent commands; docs/training.md has an sbatch recipe for agents.
 
 The command must pass the parameters with ${args_no_hyphens}, e.g.
   command: [${env}, ${interpreter}, -m, qkvqa.cli, evaluate, experiment=evqa_qff, ${args_no_hyphens}]
@@ -26,10 +35,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("sweep", help="run a hyperparameter sweep (offline runner or wandb agent)",
                                    description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_file", metavar="SWEEP.yaml", help="sweep file, e.g. experiments/sweeps/alpha_sweep.yaml")
-    parser.add_argument("--backend", choices=["local", "wandb"], default="local",
-                        help="local: offline subprocess runner (default); wandb: W&B sweep + `wandb agent`")
-    parser.add_argument("--parallel", type=int, default=1, metavar="N",
-                        help="trials (local) or agents (wandb) running at once (default 1)")
+    parser.add_argument("--backend", choices=["local", "slurm", "wandb"], default="local",
+                        help="local: offline subprocess runner (default); slurm: a SLURM job array; "
+                             "wandb: W&B sweep + `wandb agent`")
+    parser.add_argument("--parallel", type=int, metavar="N",
+                        help="trials (local; default 1, or as many as the GPUs allow with --gpus-per-trial), "
+                             "array tasks at once (slurm; default no limit) or agents (wandb; default 1)")
+    parser.add_argument("--gpus-per-trial", type=int, default=0, metavar="N",
+                        help="GPUs each trial gets (local: CUDA_VISIBLE_DEVICES from the pool; slurm: --gres=gpu:N)")
+    parser.add_argument("--gpus", metavar="LIST",
+                        help="local: the device pool, e.g. 0,1,2,3 (default CUDA_VISIBLE_DEVICES, else all GPUs)")
+    parser.add_argument("--sbatch-arg", action="append", default=[], metavar="OPT",
+                        help="slurm: an sbatch option for the array, repeatable, e.g. --sbatch-arg=--partition=gpu "
+                             "--sbatch-arg=--time=04:00:00")
+    parser.add_argument("--wait", action="store_true",
+                        help="slurm: wait until no task of the sweep is queued or running, then write the comparison")
+    parser.add_argument("--wait-timeout", type=float, metavar="S", help="slurm --wait: give up after S seconds")
     parser.add_argument("--count", type=int, metavar="N",
                         help="number of trials: the first N grid points, or N random draws (split between agents)")
     parser.add_argument("--seed", type=int, metavar="S",
@@ -58,20 +79,34 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace, spec) -> int:
-    from qkvqa.sweep.local import LocalSweep
+    from qkvqa.sweep.local import LocalSweep, gpu_pool
+    from qkvqa.sweep.slurm_array import SlurmSweep
 
-    sweep = LocalSweep(spec, checkpoints_root=args.checkpoints_root, sweep_dir=args.sweep_dir, parallel=args.parallel,
-                       count=args.count, seed=args.seed, retry_failed=args.retry_failed)
+    common = dict(checkpoints_root=args.checkpoints_root, sweep_dir=args.sweep_dir, count=args.count, seed=args.seed,
+                  retry_failed=args.retry_failed, gpus_per_trial=args.gpus_per_trial)
+    if args.backend == "slurm":
+        sweep = SlurmSweep(spec, parallel=args.parallel, sbatch_args=args.sbatch_arg, **common)
+    else:
+        gpus = args.gpus.split(",") if args.gpus else None
+        parallel = args.parallel or (len(gpu_pool(gpus, args.gpus_per_trial)) // args.gpus_per_trial
+                                     if args.gpus_per_trial else 1)
+        sweep = LocalSweep(spec, parallel=parallel, gpus=gpus, **common)
     if args.dry_run:
         print(f"sweep {spec.name}: {spec.method}, {len(sweep.trials)} trial(s), seed {sweep.seed}, "
               f"sweep dir {sweep.sweep_dir}")
-        for trial, action in sweep.plan():
+        plan = sweep.plan()
+        for trial, action in plan:
             print(f"{trial.trial_id}  {action:<16} {shlex.join(sweep.argv(trial))}")
+        if args.backend == "slurm":
+            print(f"--- array script ({shlex.join(['sbatch', *args.sbatch_arg])}):")
+            print(sweep.script([t.index for t, action in plan if action == "run"]))
         return 0
-    result = sweep.run()
+    result = sweep.run(wait=args.wait, timeout_s=args.wait_timeout) if args.backend == "slurm" else sweep.run()
     failed = [tid for tid, t in result.manifest.trials.items() if t["status"] == "failed"]
+    live = sum(t["status"] in ("queued", "running") for t in result.manifest.trials.values())
     print(f"sweep {spec.name}: {result.count('finished')} finished, {len(failed)} failed, "
-          f"{len(result.skipped)} skipped; manifest {result.manifest.path}; comparison {result.comparison}")
+          f"{len(result.skipped)} skipped{f', {live} queued or running on SLURM' if live else ''}; "
+          f"manifest {result.manifest.path}; comparison {result.comparison}")
     for tid in failed:
         print(f"  failed {tid}: {result.sweep_dir / result.manifest.trials[tid]['log']}", file=sys.stderr)
     return 1 if failed else 0
@@ -86,8 +121,9 @@ def _run_wandb(args: argparse.Namespace, spec) -> int:
     if args.dry_run:
         project, entity = resolve_project(spec, args.project, args.entity)
         print(json.dumps(wandb_sweep_config(spec, project, entity), indent=2))
-        for cmd in agent_commands(sweep_path(entity, project, args.sweep_id or "<sweep id>"), args.parallel, args.count):
+        for cmd in agent_commands(sweep_path(entity, project, args.sweep_id or "<sweep id>"), args.parallel or 1,
+                                  args.count):
             print(shlex.join(cmd))
         return 0
-    return run_wandb_sweep(spec, project=args.project, entity=args.entity, parallel=args.parallel,
+    return run_wandb_sweep(spec, project=args.project, entity=args.entity, parallel=args.parallel or 1,
                            count=args.count, sweep_id=args.sweep_id)

@@ -14,6 +14,7 @@ from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
 from qkvqa.run.resume import prepare_resume
 from qkvqa.run.rundir import RunContext, resolve_run
+from qkvqa.run.slurm import requeue
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -29,6 +30,7 @@ class Job:
     ckpt_path: Optional[str] = None
     resume_changes: dict = field(default_factory=dict)
     final_state: str = "finished"       # set to "interrupted" by a job that stopped on a signal
+    received_signal: Optional[int] = None   # that signal (SIGUSR1 inside a SLURM job: the job is requeued at the end)
 
     @property
     def plain_config(self) -> dict:
@@ -70,10 +72,12 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
         record.start(run.run_id, world_size, command,
                      {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None)
         log.info("run %s -> %s", run.run_id, run.run_dir)
+    received = None
     try:
         with interrupt_on_signals(run.run_id):
             yield job
     except (KeyboardInterrupt, RunInterrupted) as e:
+        received = getattr(e, "signum", None)
         if run.is_rank_zero:
             record.finish("interrupted", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         raise
@@ -84,11 +88,14 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
                 _remove_if_empty(run.run_dir)
         raise
     else:
+        received = job.received_signal if job.final_state == "interrupted" else None
         if run.is_rank_zero:
             record.finish(job.final_state)
     finally:
         if lock is not None:
             lock.release()
+        if received is not None and run.is_rank_zero:
+            requeue(received)                  # SIGUSR1 before a SLURM time limit: the job comes back (state recorded)
 
 
 @contextmanager
@@ -105,7 +112,7 @@ def interrupt_on_signals(run_id: str) -> Iterator[None]:
 
     def stop(signum, frame):
         raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with the same "
-                             f"command plus run_id={run_id} resume=auto")
+                             f"command plus run_id={run_id} resume=auto", signum=signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:

@@ -12,7 +12,7 @@ from qkvqa.loggers.local import RunRecordLogger
 from qkvqa.loggers.wandb import log_run_files, make_wandb_logger, wandb_run_id
 from qkvqa.run.checkpoint_io import CheckedCheckpointIO
 from qkvqa.run.job import Job, run_job
-from qkvqa.run.slurm import requeue, slurm_plugins
+from qkvqa.run.slurm import slurm_plugins
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -107,7 +107,7 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
         trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
         last = next(cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint))
         if last.preempted:
-            job.final_state = "interrupted"
+            job.final_state, job.received_signal = "interrupted", last.received
         summary: dict = {}
         if job.run.is_rank_zero and trainer.is_global_zero:
             ckpt_cb = trainer.checkpoint_callback
@@ -118,9 +118,7 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 "last_model_path": str(job.run.run_dir / "last.ckpt"),
                 **{k: float(v) for k, v in trainer.callback_metrics.items()}})
             log_run_files(job.run.run_dir)
-    if job.final_state == "interrupted":          # after run_job has recorded the state
-        if job.run.is_rank_zero and trainer.is_global_zero:
-            requeue(last.received)                # SIGUSR1 before a SLURM time limit: the job comes back
+    if job.final_state == "interrupted":          # after run_job has recorded the state (and requeued on SIGUSR1)
         raise RunInterrupted(f"run {job.run.run_id} stopped on a signal at step {trainer.global_step} and saved "
                              f"{job.run.run_dir / 'last.ckpt'}; continue it with the same command plus "
                              f"run_id={job.run.run_id} resume=auto")

@@ -114,11 +114,27 @@ def _should_run(entry: dict, retry_failed: bool) -> bool:
     return entry["status"] != "finished" and (entry["status"] != "failed" or retry_failed)
 
 
+def gpu_pool(gpus: Optional[list[str]], per_trial: int, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The devices trials share: `--gpus`, else CUDA_VISIBLE_DEVICES, else every GPU torch sees."""
+    if per_trial < 0:
+        raise ConfigError(f"--gpus-per-trial must be 0 or more, got {per_trial}")
+    pool = list(gpus) if gpus else [g for g in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if not pool:
+        import torch
+
+        pool = [str(i) for i in range(torch.cuda.device_count())]
+    if len(pool) < per_trial:
+        raise ConfigError(f"--gpus-per-trial {per_trial} needs {per_trial} GPUs but {len(pool) or 'none'} "
+                          f"{'is' if len(pool) == 1 else 'are'} available ({','.join(pool) or 'no CUDA device'}); "
+                          f"give the devices with --gpus 0,1,... or lower --gpus-per-trial")
+    return [g.strip() for g in pool]
+
+
 class _Running:
     """A launched trial: its process and open log file."""
 
-    def __init__(self, trial: Trial, proc: subprocess.Popen, log_file: Any, started: float):
-        self.trial, self.proc, self.log_file, self.started = trial, proc, log_file, started
+    def __init__(self, trial: Trial, proc: subprocess.Popen, log_file: Any, started: float, gpus: list[str]):
+        self.trial, self.proc, self.log_file, self.started, self.gpus = trial, proc, log_file, started, gpus
 
 
 class LocalSweep:
@@ -127,9 +143,13 @@ class LocalSweep:
     def __init__(self, spec: SweepSpec, *, checkpoints_root: str | os.PathLike = "checkpoints",
                  sweep_dir: Optional[str | os.PathLike] = None, parallel: int = 1, count: Optional[int] = None,
                  seed: Optional[int] = None, retry_failed: bool = False, cwd: Optional[str | os.PathLike] = None,
-                 interpreter: str = sys.executable, poll_s: float = 0.2):
+                 interpreter: str = sys.executable, poll_s: float = 0.2, gpus_per_trial: int = 0,
+                 gpus: Optional[list[str]] = None):
         if parallel < 1:
             raise ConfigError(f"--parallel must be at least 1, got {parallel}")
+        # Each running trial holds `gpus_per_trial` devices of the pool (CUDA_VISIBLE_DEVICES), never another's.
+        self.gpus_per_trial = gpus_per_trial
+        self.free_gpus = gpu_pool(gpus, gpus_per_trial) if gpus_per_trial else []
         self.spec = spec
         self.root = Path(checkpoints_root)
         self.sweep_dir = Path(sweep_dir) if sweep_dir else self.root / "sweeps" / spec.name
@@ -183,7 +203,7 @@ class LocalSweep:
         bar = progress(total=len(todo), desc=f"sweep {self.spec.name}", unit="trial")
         try:
             while queue or running:
-                while queue and len(running) < self.parallel:
+                while queue and len(running) < self.parallel and len(self.free_gpus) >= self.gpus_per_trial:
                     running.append(self._start(manifest, queue.pop(0)))
                 for item in [r for r in running if r.proc.poll() is not None]:
                     running.remove(item)
@@ -210,15 +230,21 @@ class LocalSweep:
         attempt = entry["attempts"] + 1
         log_file.write(f"=== {now()} attempt {attempt}: {shlex.join(argv)}\n")
         log_file.flush()
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=trial_env(os.environ), stdout=log_file,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        env = trial_env(os.environ)
+        gpus = [self.free_gpus.pop(0) for _ in range(self.gpus_per_trial)]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
         manifest.update_trial(trial.trial_id, status="running", attempts=attempt, argv=argv, started_at=now(),
-                              finished_at=None, returncode=None, pid=proc.pid)
-        log.info("trial %s started (pid %d): %s", trial.trial_id, proc.pid, " ".join(trial.overrides))
-        return _Running(trial, proc, log_file, time.monotonic())
+                              finished_at=None, returncode=None, pid=proc.pid, gpus=gpus or None)
+        log.info("trial %s started (pid %d%s): %s", trial.trial_id, proc.pid, f", GPUs {','.join(gpus)}" if gpus else "",
+                 " ".join(trial.overrides))
+        return _Running(trial, proc, log_file, time.monotonic(), gpus)
 
     def _finish(self, manifest: Manifest, item: _Running) -> None:
         item.log_file.close()
+        self.free_gpus += item.gpus
         rc = item.proc.returncode
         from qkvqa.errors import EXIT_INTERRUPTED
 

@@ -1,0 +1,198 @@
+"""The SLURM sweep backend: a sweep's unfinished trials submitted with `sbatch` as one job array, one trial per task.
+
+The runner plans the trials exactly as the local runner does (same run ids, `resume=auto`, W&B group), records each
+trial's command in `sweep_manifest.json`, writes the array script under `<sweep dir>/slurm/` and submits it. Each
+task runs `srun python -m qkvqa.sweep.array_task <sweep dir>`, which starts the trial of its array index. A rerun
+first settles what happened to the tasks it submitted (still queued or running in `squeue`, else the trial's own run
+record: finished, failed, or anything else = interrupted), then submits only the trials that are not done and not
+queued. SLURM schedules; qkvqa only submits and reads back.
+"""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from qkvqa.errors import ConfigError, QkvqaError
+from qkvqa.run.record import RunRecord
+from qkvqa.sweep.command import render_args
+from qkvqa.sweep.local import LocalSweep, SweepResult, Trial, _open_manifest, _should_run
+from qkvqa.sweep.manifest import Manifest, RunnerLock, now
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
+LIVE = ("queued", "running")          # manifest states of a trial whose array task SLURM still holds
+
+
+def array_spec(indices: Sequence[int], parallel: Optional[int]) -> str:
+    """`--array` value: the trial indices, `%N` when at most N may run at once."""
+    return ",".join(str(i) for i in indices) + (f"%{parallel}" if parallel else "")
+
+
+def render_array_script(name: str, sweep_dir: Path, indices: Sequence[int], *, cwd: Path, interpreter: str,
+                        parallel: Optional[int] = None, gpus_per_trial: int = 0) -> str:
+    """The batch script of one submission: one trial per array task, launched with `srun` (so a trial with
+    `--ntasks-per-node` > 1 in the sbatch arguments runs as DDP), requeueable, one log per task across attempts."""
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={name}",
+             f"#SBATCH --array={array_spec(indices, parallel)}",
+             f"#SBATCH --output={sweep_dir.resolve()}/logs/slurm-%A_%a.out",
+             "#SBATCH --open-mode=append",
+             "#SBATCH --requeue"]
+    if gpus_per_trial:
+        lines.append(f"#SBATCH --gres=gpu:{gpus_per_trial}")
+    lines += ["# written by `qkvqa sweep --backend slurm`: each task runs the trial whose index is SLURM_ARRAY_TASK_ID;",
+              "# the trials' commands are in sweep_manifest.json next to this folder",
+              f"cd {shlex.quote(str(cwd))}",
+              "export PYTHONUNBUFFERED=1",
+              f"srun {shlex.quote(interpreter)} -m qkvqa.sweep.array_task {shlex.quote(str(sweep_dir.resolve()))}", ""]
+    return "\n".join(lines)
+
+
+def _slurm_command(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise ConfigError(f"--backend slurm needs `{name}` on PATH: run the sweep on a SLURM login node "
+                          f"(or use --backend local)")
+    return path
+
+
+def live_tasks(job_ids: set[str], timeout_s: float = 60.0) -> dict[tuple[str, int], str]:
+    """(array job id, task index) -> SLURM state (PENDING, RUNNING, ...) of every task `squeue` still lists."""
+    if not job_ids:
+        return {}
+    done = subprocess.run([_slurm_command("squeue"), "-h", "-r", "-o", "%F|%K|%T"], capture_output=True, text=True,
+                          timeout=timeout_s)
+    if done.returncode != 0:
+        raise QkvqaError(f"squeue failed ({done.stderr.strip()[:300]}); the sweep cannot tell which trials still run: "
+                         f"rerun when the controller answers")
+    live = {}
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0] in job_ids and parts[1].isdigit():
+            live[(parts[0], int(parts[1]))] = parts[2]
+    return live
+
+
+class SlurmSweep(LocalSweep):
+    """Submits a sweep's unfinished trials as a SLURM job array and reads back what they did."""
+
+    def __init__(self, spec, *, sbatch_args: Sequence[str] = (), gpus_per_trial: int = 0,
+                 parallel: Optional[int] = None, **kwargs):
+        super().__init__(spec, parallel=1, **kwargs)
+        self.parallel = parallel            # the array's throttle (%N); None: as many as SLURM grants
+        self.sbatch_args = list(sbatch_args)
+        self.gpus_per_trial = gpus_per_trial
+
+    def reconcile(self, manifest: Manifest) -> None:
+        """Settle the trials this backend submitted: live in squeue, else what the trial's run record says."""
+        submitted = {tid: e for tid, e in manifest.trials.items() if e.get("status") in LIVE and e.get("slurm_job")}
+        live = live_tasks({e["slurm_job"] for e in submitted.values()})
+        for tid, entry in submitted.items():
+            state = live.get((entry["slurm_job"], entry["index"]))
+            if state is not None:
+                entry["status"] = "queued" if state == "PENDING" else "running"
+                continue
+            run_state = RunRecord(entry["run_dir"]).status().get("state")
+            status = {"finished": "finished", "failed": "failed", None: "pending"}.get(run_state, "interrupted")
+            entry.update(status=status, run_state=run_state, finished_at=now())
+        manifest.save()
+
+    def plan(self) -> list[tuple[Trial, str]]:
+        """(trial, action) without submitting: run, or skip (finished / failed / queued / running)."""
+        manifest = Manifest.load(self.sweep_dir)
+        if manifest is not None:
+            self.reconcile(manifest)
+        out = []
+        for trial in self.trials:
+            entry = manifest.trials.get(trial.trial_id) if manifest else None
+            runs = entry is None or (_should_run(entry, self.retry_failed) and entry["status"] not in LIVE)
+            out.append((trial, "run" if runs else f"skip ({entry['status']})"))
+        return out
+
+    def script(self, indices: Sequence[int]) -> str:
+        """The batch script that would be submitted for these trial indices."""
+        return render_array_script(self.spec.name, self.sweep_dir, indices, cwd=self.cwd,
+                                   interpreter=self.interpreter, parallel=self.parallel,
+                                   gpus_per_trial=self.gpus_per_trial)
+
+    def sbatch_argv(self, script_path: Path) -> list[str]:
+        return [_slurm_command("sbatch"), "--parsable", *self.sbatch_args, str(script_path)]
+
+    def run(self, wait: bool = False, timeout_s: Optional[float] = None, poll_s: float = 5.0) -> SweepResult:
+        """Submit every trial that is not done and not queued (one array); with `wait`, wait until SLURM holds none
+        of the sweep's tasks, then write the comparison of the finished trials."""
+        _slurm_command("sbatch")
+        with RunnerLock(self.sweep_dir):
+            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root)
+            self.reconcile(manifest)
+            todo = [t for t in self.trials if _should_run(manifest.trials[t.trial_id], self.retry_failed)
+                    and manifest.trials[t.trial_id]["status"] not in LIVE]
+            skipped = [t.trial_id for t in self.trials if t not in todo]
+            if skipped:
+                log.info("sweep %s: not submitting %d trial(s): %s", self.spec.name, len(skipped),
+                         ", ".join(f"{tid} ({manifest.trials[tid]['status']})" for tid in skipped))
+            if todo:
+                self._submit(manifest, todo)
+        if wait:
+            self.wait(timeout_s, poll_s)
+            manifest = Manifest.load(self.sweep_dir)
+        result = SweepResult(self.sweep_dir, manifest, [t.trial_id for t in todo], skipped)
+        result.comparison = self.write_comparison(manifest)
+        return result
+
+    def _submit(self, manifest: Manifest, todo: list[Trial]) -> str:
+        # The commands go into the manifest before sbatch: a task may start before sbatch returns.
+        for trial in todo:
+            if "${args_json_file}" in self.spec.command:
+                path = self.sweep_dir / "logs" / f"{trial.trial_id}.args.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(render_args(trial.params)["args_json"][0])
+            manifest.trials[trial.trial_id]["argv"] = self.argv(trial)
+        manifest.save()
+        n = len(manifest.data.get("submissions", [])) + 1
+        script_path = self.sweep_dir / "slurm" / f"submit-{n:03d}.sbatch"
+        script_path.parent.mkdir(parents=True, exist_ok=True)
+        (self.sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
+        script_path.write_text(self.script([t.index for t in todo]))
+        argv = self.sbatch_argv(script_path)
+        done = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise QkvqaError(f"sbatch refused the sweep's array ({done.stderr.strip()[:400]}); nothing was submitted; "
+                             f"fix the --sbatch-arg options or the partition and rerun")
+        job = done.stdout.strip().split(";")[0]
+        for trial in todo:
+            entry = manifest.trials[trial.trial_id]
+            entry.update(status="queued", backend="slurm", slurm_job=job, attempts=entry["attempts"] + 1,
+                         started_at=now(), finished_at=None, returncode=None, run_state=None,
+                         log=f"logs/slurm-{job}_{trial.index}.out")
+        manifest.data.setdefault("submissions", []).append(
+            {"job": job, "trials": [t.trial_id for t in todo], "script": str(script_path.relative_to(self.sweep_dir)),
+             "sbatch": argv, "submitted_at": now()})
+        manifest.save()
+        log.info("sweep %s: submitted %d trial(s) as SLURM array job %s (%s)", self.spec.name, len(todo), job,
+                 array_spec([t.index for t in todo], self.parallel))
+        return job
+
+    def wait(self, timeout_s: Optional[float] = None, poll_s: float = 5.0) -> None:
+        """Poll squeue (every `poll_s`) until none of the sweep's tasks is queued or running; logs progress."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last = None
+        while True:
+            with RunnerLock(self.sweep_dir):
+                manifest = Manifest.load(self.sweep_dir)
+                self.reconcile(manifest)
+            counts = {s: sum(e["status"] == s for e in manifest.trials.values())
+                      for s in ("queued", "running", "finished", "failed", "interrupted")}
+            if counts != last:
+                log.info("sweep %s: %s", self.spec.name, ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+                last = counts
+            if not counts["queued"] and not counts["running"]:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise QkvqaError(f"sweep {self.spec.name}: trials still queued or running after {timeout_s:g} s; "
+                                 f"rerun the sweep later to read back the rest")
+            time.sleep(poll_s)
