@@ -1,122 +1,181 @@
-"""Question focus against no focus: train tiny QFFs (focus per_layer and none) over several seeds on one synthetic
-world and score section and article R@1 on its val + test questions, overall and on the multi-entity ones.
+"""Does question focus help? Paired-seed study of the QFF focus variants against focus `none`, on two worlds.
 
-Each (focus, seed) run is its own process with one intra-op thread, `--parallel` at a time; the world,
-stand-in stage 1 and scoring are the learning test's (tests/helpers/qff_study.py). Writes
-bench/out/<name>.json and .md. The headline setting (about 25 minutes for six seeds on 2 cores):
+For each world (`controlled`: `qkvqa synth --world focus` trained with preset=focus_world; `default`: the demo's
+world) the study writes the world, the learning test's stand-in stage 1 and pools (tests/helpers/qff_study.py), then
+trains every (variant, seed) as its own `qkvqa train` process with one intra-op thread, `--parallel` at a time, and
+scores each model's section R@1 (evidence section above its 15 negatives) and article R@1 after fusion on the val +
+test questions. Per variant it reports the paired per-seed difference against `none` with its mean and a 95 %
+t-interval, and per run the focus gates and the focus blocks' gradient norm over training (from metrics.csv).
 
-    python bench/qff_focus.py --same-category-groups --entities 60 --epochs 20 --seeds 0 1 2 3 4 5
+    python bench/qff_focus.py                                   # the study: both worlds, 8 seeds (about 1 h on 2 cores)
+    python bench/qff_focus.py --worlds controlled --seeds 0 1 --variants per_layer none   # a quick look
+    python bench/qff_focus.py --lr 1e-5                         # the paper's base lr (OneCycle scaled to the run)
+
+Writes bench/out/<name>.json (for each world and variant: overrides, per-seed figures, gates, and
+diff_vs_none.{section_r1, article_r1, multi_section_r1, multi_article_r1} = {mean, ci95_low, ci95_high, n_seeds})
+and bench/out/<name>.md. Trained runs under --work are reused, so an interrupted study continues.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
-from statistics import mean
+from statistics import mean, stdev
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "bench" / "out"
 
-from tests.helpers.qff_study import EXPERIMENTS, evaluate, final_gates, prepare, run_id, train  # noqa: E402
+from tests.helpers.qff_study import VARIANTS, evaluate_many, final_gates, prepare, run_id, train  # noqa: E402
+
+# world name -> (generate_world options, overrides every run of that world gets)
+WORLDS = {
+    "controlled": ({"facts_per_section": 3, "same_category_groups": True}, ["preset=focus_world"]),
+    "default": ({}, []),
+}
+DEFAULT_VARIANTS = {"controlled": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10", "input"],
+                    "default": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10"]}
+METRICS = ("section_r1", "article_r1")
+# two-sided 95 % quantiles of Student's t by degrees of freedom
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+        25: 2.060, 30: 2.042}
 
 
-def run_study(args: argparse.Namespace) -> list[dict]:
-    """Prepare the world, train every (focus, seed) and score each model (the untrained one once per seed)."""
-    work = Path(args.work)
+def t975(df: int) -> float:
+    """The 97.5 % quantile of Student's t with `df` degrees of freedom (table; the next lower tabulated df)."""
+    if df >= 31:
+        return 1.96 + 2.4 / df
+    return T975[max(k for k in T975 if k <= df)]
+
+
+def interval(values: list[float]) -> dict:
+    """Mean and 95 % t-interval of paired differences."""
+    n = len(values)
+    m = mean(values)
+    half = t975(n - 1) * stdev(values) / math.sqrt(n) if n > 1 else float("nan")
+    return {"mean": round(m, 2), "ci95_low": round(m - half, 2), "ci95_high": round(m + half, 2), "n_seeds": n,
+            "per_seed": [round(v, 2) for v in values]}
+
+
+def trajectories(run_dir: Path, points: int = 5) -> dict:
+    """train/gate and train/focus_grad_norm at `points` evenly spaced logged steps (first to last)."""
+    import csv
+
+    series: dict[str, list[tuple[int, float]]] = {}
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("name") in ("train/gate", "train/focus_grad_norm") and row.get("value") not in (None, ""):
+                series.setdefault(row["name"], []).append((int(float(row["step"])), float(row["value"])))
+    out = {}
+    for name, rows in series.items():
+        rows.sort()
+        picks = sorted({round(i * (len(rows) - 1) / (points - 1)) for i in range(points)})
+        out[name.split("/", 1)[1]] = [[rows[i][0], round(rows[i][1], 4)] for i in picks]
+    return out
+
+
+def study_world(world: str, args: argparse.Namespace) -> dict:
+    """Train and score every (variant, seed) of one world; returns its section of the study's JSON."""
+    options, world_overrides = WORLDS[world]
+    variants = args.variants or DEFAULT_VARIANTS[world]
+    if "none" not in variants:
+        variants = ["none", *variants]
+    work = Path(args.work) / world
     work.mkdir(parents=True, exist_ok=True)
-    overrides, multi = prepare(work, args.entities, args.extra, facts_per_section=args.facts_per_section,
-                               same_category_groups=args.same_category_groups)
-    jobs = [(focus, seed) for seed in args.seeds for focus in args.modes]
-    done = [job for job in jobs if (work / "runs" / run_id(*job) / "qff" / "model.safetensors").exists()]
-    if done:
-        print(f"reusing {len(done)} trained runs under {work / 'runs'}: {done}")
-    codes = train(work, overrides, [job for job in jobs if job not in done], args.epochs, parallel=args.parallel,
-                  threads=args.threads)
+    extra = [*world_overrides, *([f"qff.lr={args.lr:.2e}"] if args.lr else []), *args.extra]
+    overrides, multi = prepare(work, args.entities, extra, **options)
+    jobs = [(variant, seed) for seed in args.seeds for variant in variants]
+    todo = [job for job in jobs if not (work / "runs" / run_id(*job) / "qff" / "model.safetensors").exists()]
+    print(f"[{world}] {len(jobs) - len(todo)} of {len(jobs)} runs already trained; training {len(todo)}", flush=True)
+    started = time.time()
+    codes = train(work, overrides, todo, args.epochs, parallel=args.parallel, threads=args.threads)
     failed = [job for job, code in codes.items() if code != 0]
     if failed:
-        raise SystemExit(f"training failed for {failed}; see {work}/log_<focus>_<seed>.txt")
-    results = []
-    for focus, seed in jobs:
-        model_dir = work / "runs" / run_id(focus, seed) / "qff"
-        result = {"focus": focus, "seed": seed, "gates": final_gates(model_dir),
-                  "trained": evaluate(focus, model_dir, overrides, work, multi, seed)}
-        if focus == args.modes[0]:
-            result["untrained"] = evaluate(focus, None, overrides, work, multi, seed)
-        results.append(result)
-    return results
+        raise SystemExit(f"training failed for {failed}; see {work}/log_<variant>_<seed>.txt")
+    print(f"[{world}] trained in {time.time() - started:.0f} s; scoring", flush=True)
+    score_jobs = {(v, s): (v, work / "runs" / run_id(v, s) / "qff", s) for v, s in jobs}
+    score_jobs[("untrained", 0)] = ("per_layer", None, 0)
+    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel)
+    section: dict = {"options": options, "overrides": overrides, "untrained": scored[("untrained", 0)],
+                     "questions": scored[("untrained", 0)]["all"]["n"],
+                     "multi_entity_questions": scored[("untrained", 0)]["multi"]["n"], "variants": {}}
+    for variant in variants:
+        experiment, variant_overrides = VARIANTS[variant]
+        entry = {"experiment": experiment, "overrides": [*world_overrides, *variant_overrides],
+                 "per_seed": {s: scored[(variant, s)] for s in args.seeds},
+                 "gates": {s: final_gates(work / "runs" / run_id(variant, s) / "qff") for s in args.seeds},
+                 "trajectories": {s: trajectories(work / "runs" / run_id(variant, s)) for s in args.seeds}}
+        if variant != "none":
+            entry["diff_vs_none"] = {
+                f"{prefix}{metric}": interval([scored[(variant, s)][group][metric] - scored[("none", s)][group][metric]
+                                               for s in args.seeds])
+                for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
+        entry["mean"] = {f"{prefix}{metric}": round(mean(scored[(variant, s)][group][metric] for s in args.seeds), 2)
+                         for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
+        section["variants"][variant] = entry
+    return section
 
 
-def summarise(results: list[dict]) -> dict:
-    """Mean and spread over seeds per focus mode, and the per-seed paired differences per_layer - none."""
-    table = {}
-    for focus in EXPERIMENTS:
-        runs = [r for r in results if r["focus"] == focus]
-        table[focus] = {f"{group}_{metric}": [r["trained"][group][metric] for r in runs]
-                        for group in ("all", "multi") for metric in ("section_r1", "article_r1")}
-    untrained = [r["untrained"] for r in results if "untrained" in r]
-    table["untrained"] = {f"{group}_{metric}": [u[group][metric] for u in untrained]
-                          for group in ("all", "multi") for metric in ("section_r1", "article_r1")}
-    seeds = sorted({r["seed"] for r in results if r["focus"] == "none"} & {r["seed"] for r in results
-                                                                           if r["focus"] == "per_layer"})
-    by = {(r["focus"], r["seed"]): r["trained"] for r in results}
-    table["per_layer_minus_none"] = {
-        f"{group}_{metric}": [by[("per_layer", s)][group][metric] - by[("none", s)][group][metric] for s in seeds]
-        for group in ("all", "multi") for metric in ("section_r1", "article_r1")}
-    return table
-
-
-def markdown(summary: dict, meta: dict) -> str:
-    cols = ["all_section_r1", "all_article_r1", "multi_section_r1", "multi_article_r1"]
-    lines = [f"{meta['entities']} entities, facts_per_section {meta['facts_per_section']}, seeds {meta['seeds']}, "
-             f"{meta['epochs']} epochs, {meta['questions']} val+test questions ({meta['multi']} multi-entity); "
-             f"overrides {meta['extra'] or 'none'}. Mean over seeds (min-max).", "",
-             "| model | section R@1 | article R@1 | multi-entity section R@1 | multi-entity article R@1 |",
-             "|---|---|---|---|---|"]
-    for name, row in summary.items():
-        cells = [f"{mean(row[c]):+.1f} ({min(row[c]):+.1f}..{max(row[c]):+.1f})" if name == "per_layer_minus_none"
-                 else f"{mean(row[c]):.1f} ({min(row[c]):.1f}-{max(row[c]):.1f})" for c in cols if row[c]]
-        if cells:
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def run(args: argparse.Namespace) -> int:
-    started = time.time()
-    results = run_study(args)
-    summary = summarise(results)
-    meta = {"entities": args.entities, "facts_per_section": args.facts_per_section, "seeds": args.seeds,
-            "same_category_groups": args.same_category_groups, "epochs": args.epochs, "extra": args.extra,
-            "threads": args.threads,
-            "multi": results[0]["trained"]["multi"]["n"], "questions": results[0]["trained"]["all"]["n"],
-            "wall_seconds": round(time.time() - started)}
-    text = markdown(summary, meta)
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": results}, indent=1))
-    (out / f"{args.name}.md").write_text(text)
-    return 0
+def markdown(study: dict) -> str:
+    meta = study["meta"]
+    lines = [f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}; "
+             f"paired difference against focus none, mean [95 % CI] over seeds, in points.", ""]
+    for world, section in study["worlds"].items():
+        lines += [f"**{world}** world ({section['questions']} val + test questions, {section['multi_entity_questions']}"
+                  f" multi-entity; untrained section R@1 {section['untrained']['all']['section_r1']:.1f}, article R@1 "
+                  f"{section['untrained']['all']['article_r1']:.1f})", "",
+                  "| variant | overrides | section R@1 | Δ section R@1 | article R@1 | Δ article R@1 | "
+                  "Δ multi-entity section R@1 | mean tanh(gate) at the end |", "|---|---|---|---|---|---|---|---|"]
+        for variant, entry in section["variants"].items():
+            def cell(metric: str) -> str:
+                d = entry.get("diff_vs_none", {}).get(metric)
+                return "–" if d is None else f"{d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]"
+            gates = [mean(abs(g) for g in gs) for gs in entry["gates"].values() if gs]
+            lines.append(f"| {variant} | {' '.join(entry['overrides']) or '–'} | {entry['mean']['section_r1']:.1f} | "
+                         f"{cell('section_r1')} | {entry['mean']['article_r1']:.1f} | {cell('article_r1')} | "
+                         f"{cell('multi_section_r1')} | {f'{mean(gates):.3f}' if gates else '–'} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", default="/tmp/qff_focus", help="scratch directory (world, pools, cache, runs)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n", 2)[2])
+    parser.add_argument("--worlds", nargs="+", default=list(WORLDS), choices=list(WORLDS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
+                        help="variants to compare with none (default per world: " +
+                             "; ".join(f"{w}: {' '.join(v)}" for w, v in DEFAULT_VARIANTS.items()) + ")")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     parser.add_argument("--entities", type=int, default=60)
-    parser.add_argument("--facts-per-section", type=int, default=1, help="see `qkvqa synth --help`")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--modes", nargs="+", default=list(EXPERIMENTS), choices=list(EXPERIMENTS))
-    parser.add_argument("--same-category-groups", action="store_true",
-                        help="multi-entity images of one category; questions name the kind word")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--lr", type=float, help="base learning rate (default: the demo's 2e-3)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
+    parser.add_argument("--work", default="/tmp/qff_focus_study", help="scratch directory (worlds, pools, runs)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    started = time.time()
+    study = {"meta": {"entities": args.entities, "epochs": args.epochs, "seeds": args.seeds, "lr": args.lr,
+                      "threads": args.threads, "extra": args.extra}, "worlds": {}}
+    for world in args.worlds:
+        study["worlds"][world] = study_world(world, args)
+    study["meta"]["wall_seconds"] = round(time.time() - started)
+    text = markdown(study)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(study, indent=1))
+    (out / f"{args.name}.md").write_text(text)
+    return 0
 
 
 if __name__ == "__main__":

@@ -27,10 +27,27 @@ from qkvqa.retrieval.results import Retrieved, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = {"per_layer": "demo/qff_per_layer", "none": "demo/qff_none"}
+# The study's variants: name -> (experiment, overrides). The first two are the learning test's EXPERIMENTS.
+VARIANTS = {
+    "per_layer": ("demo/qff_per_layer", []),
+    "none": ("demo/qff_none", []),
+    "input": ("demo/qff_per_layer", ["qff.focus=input"]),
+    "per_layer_gate_none": ("demo/qff_per_layer", ["qff.gate=none"]),                # the paper's plain residual
+    "per_layer_open": ("demo/qff_per_layer", ["qff.gate_init=0.5"]),                 # tanh 0.46 at step 0
+    "per_layer_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),         # new blocks and gates 10x lr
+}
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.enable_progress_bar=false",
             "trainer.deterministic=true"]
+
+
+def compose_run(experiment: str, tokens: Sequence[str]):
+    """compose() of an experiment with command-line tokens, `preset=NAME` ones included (as `qkvqa train` reads them)."""
+    from qkvqa.config.cli import split_overrides
+
+    _, presets, rest = split_overrides(list(tokens))
+    return compose(experiment, presets, rest)
 
 
 def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0, shuffled: bool = False) -> dict[str, Retrieved]:
@@ -84,7 +101,7 @@ def prepare(work: Path, entities: int, extra: Sequence[str] = (), **world_option
                  f"components.qformer.options.vocab_texts=[{world_words(world)}]",
                  f"qff.vit_cache={work / 'vit_cache'}", *extra]
     # every val image, so that each seed's validation subset (qff.max_val_samples) finds its features
-    assert build_cache_from_config(compose(EXPERIMENTS["per_layer"], [], [*overrides, "qff.max_val_samples=null"]))[
+    assert build_cache_from_config(compose_run(EXPERIMENTS["per_layer"], [*overrides, "qff.max_val_samples=null"]))[
         "complete"]
     multi = {f"{split}/{q['data_id']}" for split, file in EVAL_SPLITS.items() for q in world["questions"][file]
              if len(q["image_entities"]) > 1}
@@ -98,7 +115,7 @@ def run_id(focus: str, seed: int) -> str:
 
 def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]], epochs: int,
           parallel: int = 2, threads: int = 1) -> dict[tuple[str, int], int]:
-    """`qkvqa train` for each (focus, seed), `parallel` processes of `threads` intra-op threads at a time;
+    """`qkvqa train` for each (variant, seed) (VARIANTS), `parallel` processes of `threads` intra-op threads at a time;
     returns each job's exit code."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), WANDB_MODE="disabled",
                HF_HUB_OFFLINE="1",
@@ -110,8 +127,9 @@ def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]],
         while pending and len(running) < parallel:
             focus, seed = pending.pop(0)
             log = open(work / f"log_{focus}_{seed}.txt", "w")
-            cmd = [sys.executable, "-m", "qkvqa.cli.main", "train", f"experiment={EXPERIMENTS[focus]}",
-                   f"run_id={run_id(focus, seed)}", *overrides, f"seed={seed}", f"trainer.max_epochs={epochs}",
+            experiment, extra = VARIANTS[focus]
+            cmd = [sys.executable, "-m", "qkvqa.cli.main", "train", f"experiment={experiment}",
+                   f"run_id={run_id(focus, seed)}", *overrides, *extra, f"seed={seed}", f"trainer.max_epochs={epochs}",
                    *TRAINING]
             running.append(((focus, seed), subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         job, proc, log = running.pop(0)
@@ -170,7 +188,8 @@ def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], w
     try:
         hits, component = {}, None
         for split, file in EVAL_SPLITS.items():
-            cfg = compose(EXPERIMENTS[focus], [], [*overrides, f"seed={seed}", f"data.val_questions={file}",
+            experiment, extra = VARIANTS[focus]
+            cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}", f"data.val_questions={file}",
                                                    f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
                                                    f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
                                                    "qff.max_val_samples=null",   # every question, whatever the seed

@@ -144,9 +144,14 @@ def test_multi_entity_images_show_entities_of_different_categories(world):
 
 @pytest.fixture(scope="module")
 def variant(tmp_path_factory) -> dict:
-    """A world with dense sections (3 facts each) and same-category multi-entity images."""
+    """The named focus world (`qkvqa synth --world focus`): dense sections (3 facts each), same-category images."""
+    import json
+
+    from qkvqa.cli.main import main
+
     out = tmp_path_factory.mktemp("variant") / "world"
-    manifest = generate_world(out, entities=36, seed=0, facts_per_section=3, same_category_groups=True)
+    assert main(["synth", "--out", str(out), "--entities", "36", "--world", "focus"]) == 0
+    manifest = json.loads((out / "world.json").read_text())
     return dict(manifest, dir=str(out))
 
 

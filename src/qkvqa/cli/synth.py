@@ -17,10 +17,14 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, help="output directory (an old world there is replaced)")
     parser.add_argument("--entities", type=int, default=240, help="number of entities / KB articles (default 240)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same bytes")
-    parser.add_argument("--facts-per-section", type=int, default=1,
-                        help="1 (default): each fact in its own titled section; k > 1: an article's facts shuffled "
+    parser.add_argument("--world", choices=["default", "focus"], default="default",
+                        help="default: the demo's world; focus: the world where question focus is needed (3 facts "
+                             "per generic section and same-category groups; train it with preset=focus_world, "
+                             "docs/training.md). The two switches below override its choices")
+    parser.add_argument("--facts-per-section", type=int,
+                        help="1 (default world): each fact in its own titled section; k > 1: an article's facts shuffled "
                              "into generic sections of k facts each, so only the text says where a fact is")
-    parser.add_argument("--same-category-groups", action="store_true",
+    parser.add_argument("--same-category-groups", action="store_true", default=None,
                         help="multi-entity images show 2-3 entities of one category and questions name the kind "
                              "('this heron'), so only the article text tells which entity is asked about")
     parser.add_argument("--no-store", action="store_true", help="do not build the KB store under kb/store")
@@ -28,11 +32,15 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from qkvqa.data.synth import generate_world
+    from qkvqa.data.synth import WORLDS, generate_world
 
+    options = dict(WORLDS[args.world])
+    if args.facts_per_section is not None:
+        options["facts_per_section"] = args.facts_per_section
+    if args.same_category_groups is not None:
+        options["same_category_groups"] = args.same_category_groups
     manifest = generate_world(args.out, entities=args.entities, seed=args.seed, build_store=not args.no_store,
-                              facts_per_section=args.facts_per_section,
-                              same_category_groups=args.same_category_groups)
+                              **options)
     print(json.dumps({"out": args.out, "counts": manifest["counts"],
                       "data_configs": [f"{args.out}/data_evqa.yaml", f"{args.out}/data_infoseek.yaml"]}))
     return 0

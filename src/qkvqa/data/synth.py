@@ -767,6 +767,12 @@ def _prepare_out_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+# Named worlds (`qkvqa synth --world NAME`): generate_world options. `focus` is the world where the section encoding
+# must know the question (docs/training.md, "A world where question focus is needed"): sections of 3 facts in
+# generic sections, and multi-entity images of one category whose questions name the kind word.
+WORLDS = {"default": {}, "focus": {"facts_per_section": 3, "same_category_groups": True}}
+
+
 def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: int = DEFAULT_SEED,
                    build_store: bool = True, facts_per_section: int = 1, same_category_groups: bool = False) -> dict:
     """Write a synthetic world to `out_dir` (see the module docstring) and return its manifest (world.json).

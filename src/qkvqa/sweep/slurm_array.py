@@ -87,7 +87,7 @@ class SlurmSweep(LocalSweep):
         self.sbatch_args = list(sbatch_args)
         self.gpus_per_trial = gpus_per_trial
 
-    def reconcile(self, manifest: Manifest) -> None:
+    def reconcile(self, manifest: Manifest, save: bool = True) -> None:
         """Settle the trials this backend submitted: live in squeue, else what the trial's run record says."""
         submitted = {tid: e for tid, e in manifest.trials.items() if e.get("status") in LIVE and e.get("slurm_job")}
         live = live_tasks({e["slurm_job"] for e in submitted.values()})
@@ -99,13 +99,14 @@ class SlurmSweep(LocalSweep):
             run_state = RunRecord(entry["run_dir"]).status().get("state")
             status = {"finished": "finished", "failed": "failed", None: "pending"}.get(run_state, "interrupted")
             entry.update(status=status, run_state=run_state, finished_at=now())
-        manifest.save()
+        if save:
+            manifest.save()
 
     def plan(self) -> list[tuple[Trial, str]]:
         """(trial, action) without submitting: run, or skip (finished / failed / queued / running)."""
         manifest = Manifest.load(self.sweep_dir)
         if manifest is not None:
-            self.reconcile(manifest)
+            self.reconcile(manifest, save=False)          # a dry run writes nothing
         out = []
         for trial in self.trials:
             entry = manifest.trials.get(trial.trial_id) if manifest else None
