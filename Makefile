@@ -32,8 +32,14 @@ install: $(STAMP) ## create .venv with the pinned set and qkvqa in editable mode
 slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing when present)
 	bash .ci/install_slurm.sh
 
+# The real-SLURM tests spend most of their time waiting on the cluster (requeue delays, time-limit signals), so
+# `make test` runs them in a second pytest alongside the rest and prints their log at the end; both must pass.
+SLURM_LOG := $(VENV)/slurm-tests.log
 test: install slurm ## the suite CI runs: everything but gpu and online tests (ddp, slow and the real-SLURM ones included)
-	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online" --durations=15 $(PYTEST_FLAGS)
+	@$(TEST_ENV) $(PY) -m pytest -m "slurm and not gpu and not online" $(PYTEST_FLAGS) > $(SLURM_LOG) 2>&1 & slurm=$$!; \
+	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online and not slurm" --durations=25 $(PYTEST_FLAGS); rc=$$?; \
+	wait $$slurm; src=$$?; echo "=== the SLURM tests, run alongside (exit $$src; $(SLURM_LOG)):"; cat $(SLURM_LOG); \
+	[ $$rc -eq 0 ] && [ $$src -eq 0 ]
 
 test-slurm: install slurm ## the real-SLURM tests (installs the Debian packages; starts and stops its own cluster)
 	$(TEST_ENV) $(PY) -m pytest -m slurm $(PYTEST_FLAGS)

@@ -28,17 +28,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _launch(root: Path, seen: Path, *overrides: str, fault: str = "", out=subprocess.PIPE,
+            **env_extra: str) -> list[subprocess.Popen]:
+    """Start the toy run with two torchrun agents (node ranks 0 and 1), each in its own session."""
+    port = _free_port()
+    env = {**os.environ, "TOY_SEEN_FILE": str(seen), "OMP_NUM_THREADS": "1", "QKVQA_TEST_FAULT": fault, **env_extra}
+    return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                              f"--node_rank={rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                              "--max_restarts=0", "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}",
+                              *BASE, *overrides],
+                             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+            for rank in (0, 1)]
+
+
 def _torchrun(root: Path, seen: Path, *overrides: str, fault: str = "") -> list[subprocess.CompletedProcess]:
     """Launch the toy run with two torchrun agents (node ranks 0 and 1) and wait for both, bounded."""
-    port = _free_port()
-    env = {**os.environ, "TOY_SEEN_FILE": str(seen), "OMP_NUM_THREADS": "1", "QKVQA_TEST_FAULT": fault}
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-                                f"--node_rank={rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
-                                "--max_restarts=0", "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}",
-                                *BASE, *overrides],
-                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-              for rank in (0, 1)]
+    agents = _launch(root, seen, *overrides, fault=fault)
     done = []
     try:
         for agent in agents:
@@ -142,3 +148,44 @@ def test_a_preempted_two_rank_run_with_wandb_on_stops_in_seconds_and_resumes(tmp
     final = torch.load(run_dir / "last.ckpt", weights_only=True)
     assert final["global_step"] == step + 2
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
+def test_killed_torchrun_agents_take_their_workers_with_them_and_the_relaunch_resumes(tmp_path):
+    """Issue 16 item 7: SIGKILL to the two agents alone once left both workers training in the agents' sessions.
+    Now each worker gets SIGTERM when its agent dies (qkvqa.run.agent), saves after its batch and exits."""
+    import time
+
+    import psutil
+
+    root, seen = tmp_path / "runs", tmp_path / "seen.jsonl"
+    log = open(tmp_path / "agents.log", "w")             # a file, not a pipe: nobody reads once the agents die
+    agents = _launch(root, seen, "run_id=orphan", out=log, TOY_STEP_SLEEP="0.3")
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and (not seen.exists() or len(seen.read_text().splitlines()) < 2 * 4):
+            time.sleep(0.2)
+        assert seen.exists() and len(seen.read_text().splitlines()) >= 8, (tmp_path / "agents.log").read_text()[-3000:]
+        workers = [child for agent in agents for child in psutil.Process(agent.pid).children(recursive=True)]
+        assert len(workers) >= 2
+        for agent in agents:
+            agent.kill()                                  # the agent process only, by its PID
+            agent.wait(timeout=30)
+        gone, alive = psutil.wait_procs(workers, timeout=90)
+        assert not alive, f"workers still running after their agents died: {alive}"
+    finally:
+        log.close()
+        for agent in agents:
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    run_dir = root / "orphan"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "interrupted", status
+    step = torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"]
+    assert 4 <= step < STEPS
+    resumed = _torchrun(root, seen, "run_id=orphan", "resume=auto")
+    assert all(a.returncode == 0 for a in resumed), resumed[0].stdout[-3000:] + resumed[1].stdout[-3000:]
+    assert torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"] == STEPS
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "finished" and len(status["attempts"]) == 2

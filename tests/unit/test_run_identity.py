@@ -62,3 +62,21 @@ def test_lightning_requeues_nothing_itself_under_slurm(launch):
     launch(SLURM_JOB_ID=4711, SLURM_NTASKS=2, SLURM_NTASKS_PER_NODE=2, SLURM_PROCID=0, SLURM_JOB_NAME="train")
     (env,) = slurm_plugins()
     assert env.auto_requeue is False
+
+
+def test_a_run_never_joins_a_wandb_service_another_process_started(monkeypatch):
+    """A WANDB_SERVICE inherited from the submitting process (a test, a notebook) once made a requeued job's rank 0
+    join that service, which still held the first attempt's stream: "run ID ... is in use" (SLURM time-limit test)."""
+    import os
+    from types import SimpleNamespace
+
+    from qkvqa.run.job import _clear_stale_wandb_env
+
+    run = SimpleNamespace(launched_by_sweep=False)
+    monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/tmp/wandb-elsewhere.sock")
+    _clear_stale_wandb_env(run)
+    assert "WANDB_SERVICE" not in os.environ
+    own = f"3-{os.getpid()}-tcp-localhost-40000"                     # the service this process started itself
+    monkeypatch.setenv("WANDB_SERVICE", own)
+    _clear_stale_wandb_env(run)
+    assert os.environ["WANDB_SERVICE"] == own

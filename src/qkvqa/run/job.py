@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from qkvqa.config.load import to_plain
 from qkvqa.errors import RunInterrupted
+from qkvqa.run.agent import stop_with_the_agent
 from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
 from qkvqa.run.resume import prepare_resume
@@ -39,7 +40,15 @@ class Job:
 
 
 def _clear_stale_wandb_env(run: RunContext) -> None:
-    """A leftover WANDB_RUN_ID/WANDB_SWEEP_ID must not hijack a run a sweep did not launch."""
+    """A leftover WANDB_RUN_ID/WANDB_SWEEP_ID must not hijack a run a sweep did not launch, and no run talks to a W&B
+    service it did not start: WANDB_SERVICE, inherited from whatever process used W&B before submitting the job (a
+    notebook, a test, a runner), points at that process's service, which may be on another host or gone, and which
+    still holds the stream of a previous attempt of this run after a requeue ("run ID ... is in use"). The service
+    this process started itself (W&B's token `<version>-<starting pid>-...` names our pid) is kept."""
+    token = os.environ.get("WANDB_SERVICE", "")
+    parts = token.split("-")
+    if token and not (len(parts) > 2 and parts[1] == str(os.getpid())):
+        os.environ.pop("WANDB_SERVICE", None)
     if not run.launched_by_sweep:
         for key in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME"):
             os.environ.pop(key, None)
@@ -48,6 +57,7 @@ def _clear_stale_wandb_env(run: RunContext) -> None:
 @contextmanager
 def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]:
     """Open the run record (rank zero writes it), yield the job, then mark it finished or failed."""
+    stop_with_the_agent()                     # a torchrun worker whose agent dies saves and stops (qkvqa.run.agent)
     run = resolve_run(cfg)
     _clear_stale_wandb_env(run)
     record = RunRecord(run.run_dir)

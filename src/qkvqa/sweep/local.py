@@ -21,7 +21,8 @@ from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
 # A trial is one fresh run: nothing of the runner's own run identity or W&B sweep may reach it.
-LEAKED_ENV = ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_SWEEP_PARAM_PATH", "QKVQA_RUN_ID", "QKVQA_RUN_DIR")
+LEAKED_ENV = ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_SWEEP_PARAM_PATH", "WANDB_SERVICE", "QKVQA_RUN_ID",
+              "QKVQA_RUN_DIR")
 
 
 @dataclass
