@@ -35,9 +35,11 @@ from tests.helpers.qff_study import VARIANTS, evaluate_many, final_gates, prepar
 WORLDS = {
     "controlled": ({"facts_per_section": 3, "same_category_groups": True}, ["preset=focus_world"]),
     "default": ({}, []),
+    "same_category": ({"same_category_groups": True}, []),        # the learning test's world
 }
 DEFAULT_VARIANTS = {"controlled": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10", "input"],
-                    "default": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10"]}
+                    "default": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10"],
+                    "same_category": ["none", "per_layer"]}
 METRICS = ("section_r1", "article_r1")
 # two-sided 95 % quantiles of Student's t by degrees of freedom
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -148,7 +150,9 @@ def markdown(study: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n", 2)[2])
-    parser.add_argument("--worlds", nargs="+", default=list(WORLDS), choices=list(WORLDS))
+    parser.add_argument("--worlds", nargs="+", default=["controlled", "default"], choices=list(WORLDS),
+                        help="controlled (--world focus + preset=focus_world), default, same_category (the learning "
+                             "test's world); default: controlled default")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
                         help="variants to compare with none (default per world: " +
                              "; ".join(f"{w}: {' '.join(v)}" for w, v in DEFAULT_VARIANTS.items()) + ")")
@@ -163,18 +167,24 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
     args = parser.parse_args(argv)
-    started = time.time()
-    study = {"meta": {"entities": args.entities, "epochs": args.epochs, "seeds": args.seeds, "lr": args.lr,
-                      "threads": args.threads, "extra": args.extra}, "worlds": {}}
-    for world in args.worlds:
-        study["worlds"][world] = study_world(world, args)
-    study["meta"]["wall_seconds"] = round(time.time() - started)
-    text = markdown(study)
-    print(text)
+    meta = {"entities": args.entities, "epochs": args.epochs, "seeds": args.seeds, "lr": args.lr,
+            "threads": args.threads, "extra": args.extra}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(study, indent=1))
-    (out / f"{args.name}.md").write_text(text)
+    path = out / f"{args.name}.json"
+    # Worlds studied by an earlier call with the same settings stay in the file (one world per call is fine).
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    same = {k: v for k, v in previous.get("meta", {}).items() if k in meta} == meta
+    study = {"meta": meta, "worlds": dict(previous.get("worlds", {})) if same else {},
+             "wall_seconds": dict(previous.get("wall_seconds", {})) if same else {}}
+    for world in args.worlds:
+        started = time.time()
+        study["worlds"][world] = study_world(world, args)
+        study["wall_seconds"][world] = round(time.time() - started)
+        text = markdown(study)
+        path.write_text(json.dumps(study, indent=1))             # after every world: a stopped study keeps its part
+        (out / f"{args.name}.md").write_text(text)
+    print(text)
     return 0
 
 
