@@ -65,16 +65,12 @@ def interval(values: list[float]) -> dict:
 
 def trajectories(run_dir: Path, points: int = 5) -> dict:
     """train/gate and train/focus_grad_norm at `points` evenly spaced logged steps (first to last)."""
-    import csv
+    from qkvqa.run.record import RunRecord
 
     series: dict[str, list[tuple[int, float]]] = {}
-    path = run_dir / "metrics.csv"
-    if not path.exists():
-        return {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("name") in ("train/gate", "train/focus_grad_norm") and row.get("value") not in (None, ""):
-                series.setdefault(row["name"], []).append((int(float(row["step"])), float(row["value"])))
+    for row in RunRecord(run_dir).read_metrics():
+        if row["name"] in ("train/gate", "train/focus_grad_norm"):
+            series.setdefault(row["name"], []).append((row["step"], row["value"]))
     out = {}
     for name, rows in series.items():
         rows.sort()

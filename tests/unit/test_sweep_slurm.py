@@ -8,7 +8,7 @@ import pytest
 
 from qkvqa.sweep.array_task import trial_command
 from qkvqa.sweep.manifest import Manifest
-from qkvqa.sweep.slurm_array import array_spec, render_array_script
+from qkvqa.sweep.slurm_array import array_spec, render_array_script, settled_status
 
 
 def test_the_array_script_runs_one_trial_per_task_under_srun(tmp_path):
@@ -35,3 +35,11 @@ def test_a_task_finds_its_trial_by_array_index_or_says_why_not(tmp_path):
         trial_command(tmp_path, 2)
     with pytest.raises(SystemExit, match="no sweep_manifest.json"):
         trial_command(tmp_path / "elsewhere", 0)
+
+
+def test_a_task_that_left_the_queue_is_settled_from_its_run_record():
+    assert settled_status("finished", True) == "finished" and settled_status("failed", True) == "failed"
+    assert settled_status("running", True) == "interrupted"           # killed: no chance to write its end
+    assert settled_status("interrupted", True) == "interrupted"
+    assert settled_status(None, False) == "pending"                   # cancelled while pending: submit it again
+    assert settled_status(None, True) == "failed"                     # started, died before its run: visible

@@ -23,7 +23,7 @@ keys, command). One file drives both backends:
       reads back each task (squeue, then the trial's status.json) and submits only unfinished
       trials; --wait waits for the array and writes the comparison.
   --backend wandb: creates the sweep on the W&B server and runs `wandb agent` (needs a login).
-      --dry-run prints the agent commands; docs/training.md has an sbatch recipe for agents.
+      --dry-run prints the agent commands; docs/sweeps.md has an sbatch recipe for agents.
 
 The command must pass the parameters with ${args_no_hyphens}, e.g.
   command: [${env}, ${interpreter}, -m, qkvqa.cli, evaluate, experiment=evqa_qff, ${args_no_hyphens}]
@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace, spec) -> int:
-    from qkvqa.sweep.local import LocalSweep, gpu_pool
+    from qkvqa.sweep.local import LocalSweep
     from qkvqa.sweep.slurm_array import SlurmSweep
 
     common = dict(checkpoints_root=args.checkpoints_root, sweep_dir=args.sweep_dir, count=args.count, seed=args.seed,
@@ -87,10 +87,7 @@ def _run_local(args: argparse.Namespace, spec) -> int:
     if args.backend == "slurm":
         sweep = SlurmSweep(spec, parallel=args.parallel, sbatch_args=args.sbatch_arg, **common)
     else:
-        gpus = args.gpus.split(",") if args.gpus else None
-        parallel = args.parallel or (len(gpu_pool(gpus, args.gpus_per_trial)) // args.gpus_per_trial
-                                     if args.gpus_per_trial else 1)
-        sweep = LocalSweep(spec, parallel=parallel, gpus=gpus, **common)
+        sweep = LocalSweep(spec, parallel=args.parallel, gpus=args.gpus.split(",") if args.gpus else None, **common)
     if args.dry_run:
         print(f"sweep {spec.name}: {spec.method}, {len(sweep.trials)} trial(s), seed {sweep.seed}, "
               f"sweep dir {sweep.sweep_dir}")

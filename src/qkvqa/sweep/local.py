@@ -142,15 +142,18 @@ class LocalSweep:
     """Runs a sweep's trials as subprocesses and keeps `sweep_manifest.json` current."""
 
     def __init__(self, spec: SweepSpec, *, checkpoints_root: str | os.PathLike = "checkpoints",
-                 sweep_dir: Optional[str | os.PathLike] = None, parallel: int = 1, count: Optional[int] = None,
+                 sweep_dir: Optional[str | os.PathLike] = None, parallel: Optional[int] = 1, count: Optional[int] = None,
                  seed: Optional[int] = None, retry_failed: bool = False, cwd: Optional[str | os.PathLike] = None,
                  interpreter: str = sys.executable, poll_s: float = 0.2, gpus_per_trial: int = 0,
                  gpus: Optional[list[str]] = None):
-        if parallel < 1:
-            raise ConfigError(f"--parallel must be at least 1, got {parallel}")
-        # Each running trial holds `gpus_per_trial` devices of the pool (CUDA_VISIBLE_DEVICES), never another's.
+        # Each running trial holds `gpus_per_trial` devices of the pool (CUDA_VISIBLE_DEVICES), never another's;
+        # without --parallel as many trials run as the pool has room for (1 without GPUs per trial).
         self.gpus_per_trial = gpus_per_trial
         self.free_gpus = gpu_pool(gpus, gpus_per_trial) if gpus_per_trial else []
+        if parallel is None:
+            parallel = len(self.free_gpus) // gpus_per_trial if gpus_per_trial else 1
+        if parallel < 1:
+            raise ConfigError(f"--parallel must be at least 1, got {parallel}")
         self.spec = spec
         self.root = Path(checkpoints_root)
         self.sweep_dir = Path(sweep_dir) if sweep_dir else self.root / "sweeps" / spec.name
@@ -167,6 +170,13 @@ class LocalSweep:
     def argv(self, trial: Trial) -> list[str]:
         """The command line of a trial."""
         return trial_argv(self.spec, trial, self.interpreter, self.sweep_dir / "logs" / f"{trial.trial_id}.args.json")
+
+    def write_args_file(self, trial: Trial) -> None:
+        """The trial's `${args_json_file}` (its swept values as JSON), when the command uses that macro."""
+        if "${args_json_file}" in self.spec.command:
+            path = self.sweep_dir / "logs" / f"{trial.trial_id}.args.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render_args(trial.params)["args_json"][0])
 
     def plan(self) -> list[tuple[Trial, str]]:
         """(trial, action) for every trial without running anything: run, or skip (finished / failed)."""
@@ -225,8 +235,7 @@ class LocalSweep:
         argv = self.argv(trial)
         log_path = self.sweep_dir / entry["log"]
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        if "${args_json_file}" in self.spec.command:
-            (log_path.parent / f"{trial.trial_id}.args.json").write_text(render_args(trial.params)["args_json"][0])
+        self.write_args_file(trial)
         log_file = open(log_path, "a", encoding="utf-8")
         attempt = entry["attempts"] + 1
         log_file.write(f"=== {now()} attempt {attempt}: {shlex.join(argv)}\n")

@@ -18,7 +18,6 @@ from typing import Optional, Sequence
 
 from qkvqa.errors import ConfigError, QkvqaError
 from qkvqa.run.record import RunRecord
-from qkvqa.sweep.command import render_args
 from qkvqa.sweep.local import LocalSweep, SweepResult, Trial, _open_manifest, _should_run
 from qkvqa.sweep.manifest import Manifest, RunnerLock, now
 from qkvqa.utils.logging import get_logger
@@ -77,6 +76,21 @@ def live_tasks(job_ids: set[str], timeout_s: float = 60.0) -> dict[tuple[str, in
     return live
 
 
+def settled_status(run_state: Optional[str], task_log_exists: bool) -> str:
+    """The manifest status of a trial whose task SLURM no longer holds, from its run record's state. Without a run
+    record the task was cancelled while pending (no task log: `pending`, submitted again) or started and died before
+    the trial got going, e.g. a bad interpreter path (`failed`, with the task's log to read; not resubmitted for
+    ever)."""
+    if run_state is None:
+        return "failed" if task_log_exists else "pending"
+    return {"finished": "finished", "failed": "failed"}.get(run_state, "interrupted")
+
+
+def _submittable(entry: Optional[dict], retry_failed: bool) -> bool:
+    """A trial to submit: never planned, or not finished, not failed (unless retried) and not held by SLURM."""
+    return entry is None or (_should_run(entry, retry_failed) and entry["status"] not in LIVE)
+
+
 class SlurmSweep(LocalSweep):
     """Submits a sweep's unfinished trials as a SLURM job array and reads back what they did."""
 
@@ -97,7 +111,10 @@ class SlurmSweep(LocalSweep):
                 entry["status"] = "queued" if state == "PENDING" else "running"
                 continue
             run_state = RunRecord(entry["run_dir"]).status().get("state")
-            status = {"finished": "finished", "failed": "failed", None: "pending"}.get(run_state, "interrupted")
+            status = settled_status(run_state, (self.sweep_dir / entry["log"]).exists())
+            if run_state is None and status == "failed":
+                log.warning("sweep %s: trial %s ended before its run started; see %s", self.spec.name, tid,
+                            self.sweep_dir / entry["log"])
             entry.update(status=status, run_state=run_state, finished_at=now())
         if save:
             manifest.save()
@@ -110,8 +127,7 @@ class SlurmSweep(LocalSweep):
         out = []
         for trial in self.trials:
             entry = manifest.trials.get(trial.trial_id) if manifest else None
-            runs = entry is None or (_should_run(entry, self.retry_failed) and entry["status"] not in LIVE)
-            out.append((trial, "run" if runs else f"skip ({entry['status']})"))
+            out.append((trial, "run" if _submittable(entry, self.retry_failed) else f"skip ({entry['status']})"))
         return out
 
     def script(self, indices: Sequence[int]) -> str:
@@ -130,8 +146,7 @@ class SlurmSweep(LocalSweep):
         with RunnerLock(self.sweep_dir):
             manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root)
             self.reconcile(manifest)
-            todo = [t for t in self.trials if _should_run(manifest.trials[t.trial_id], self.retry_failed)
-                    and manifest.trials[t.trial_id]["status"] not in LIVE]
+            todo = [t for t in self.trials if _submittable(manifest.trials[t.trial_id], self.retry_failed)]
             skipped = [t.trial_id for t in self.trials if t not in todo]
             if skipped:
                 log.info("sweep %s: not submitting %d trial(s): %s", self.spec.name, len(skipped),
@@ -148,10 +163,7 @@ class SlurmSweep(LocalSweep):
     def _submit(self, manifest: Manifest, todo: list[Trial]) -> str:
         # The commands go into the manifest before sbatch: a task may start before sbatch returns.
         for trial in todo:
-            if "${args_json_file}" in self.spec.command:
-                path = self.sweep_dir / "logs" / f"{trial.trial_id}.args.json"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(render_args(trial.params)["args_json"][0])
+            self.write_args_file(trial)
             manifest.trials[trial.trial_id]["argv"] = self.argv(trial)
         manifest.save()
         n = len(manifest.data.get("submissions", [])) + 1
