@@ -1,6 +1,9 @@
 """A deterministic toy regression task used to test the run machinery (records, resume, DDP)."""
 from __future__ import annotations
 
+from qkvqa.utils.stop_signals import hold_stop_signal
+
+hold_stop_signal()                     # as `qkvqa`'s main does, before the heavy imports below  # noqa: E402
 import json
 import os
 import sys

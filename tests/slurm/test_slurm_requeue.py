@@ -67,6 +67,14 @@ def reference(slurm, tmp_path_factory) -> tuple[dict, dict]:
     return ckpt, _order(seen)
 
 
+def _told(slurm, root: Path, run_dir: Path) -> str:
+    """What a failed assertion shows: the run record, the tail of every job output under `root`, the daemons' logs."""
+    parts = [f"--- {run_dir / 'status.json'}\n" + ((run_dir / "status.json").read_text()
+                                                   if (run_dir / "status.json").exists() else "(none)")]
+    parts += [f"--- {out.name}\n" + out.read_text()[-6000:] for out in sorted(root.glob("*.out"))]
+    return "\n".join(parts + [slurm.logs()])
+
+
 def _wait_state(run_dir: Path, leave: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     state = leave
@@ -102,12 +110,13 @@ def test_sbatch_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
     assert _rows(seen) >= 12, slurm.logs()
     slurm.run("scancel", "--signal=USR1", job)
     run_dir = tmp_path / "runs" / f"preempted-{job}-base"
-    assert _wait_state(run_dir, "running", 120) == "interrupted"
+    assert _wait_state(run_dir, "running", 120) == "interrupted", _told(slurm, tmp_path, run_dir)
     print(f"interrupted at {time.monotonic() - t0:.0f} s")
     stopped_at = torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"]
     assert 6 <= stopped_at < STEPS
     slurm.requeue_now(job)
-    assert slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300) == "COMPLETED", slurm.logs()
+    state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
+    assert state == "COMPLETED", _told(slurm, tmp_path, run_dir)
     print(f"requeued job done at {time.monotonic() - t0:.0f} s")
     assert int(slurm.job_field(job, "Restarts") or 0) == 1                  # requeued once, by qkvqa
     assert [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("preempted")] == [run_dir.name]
@@ -129,13 +138,14 @@ def test_time_limit_signal_with_wandb_on_saves_in_seconds_requeues_and_resumes(s
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (run_dir / "status.json").exists():
         time.sleep(0.2)
-    assert _wait_state(run_dir, "running", 200) == "interrupted", slurm.logs()
+    assert _wait_state(run_dir, "running", 200) == "interrupted", _told(slurm, tmp_path, run_dir)
     waited = time.monotonic() - t0
     saved = run_dir / "last.ckpt"
     stopped_at = torch.load(saved, weights_only=True)["global_step"] if saved.exists() else 0
     assert stopped_at < STEPS, stopped_at
     slurm.requeue_now(job)
-    assert slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300) == "COMPLETED", slurm.logs()
+    state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
+    assert state == "COMPLETED", _told(slurm, tmp_path, run_dir)
     print(f"interrupted at {waited:.0f} s (step {stopped_at}), requeued job done at {time.monotonic() - t0:.0f} s")
     assert int(slurm.job_field(job, "Restarts") or 0) == 1
     _assert_resumed_like(reference, ref_order, run_dir, seen)

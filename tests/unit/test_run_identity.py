@@ -80,3 +80,64 @@ def test_a_run_never_joins_a_wandb_service_another_process_started(monkeypatch):
     monkeypatch.setenv("WANDB_SERVICE", own)
     _clear_stale_wandb_env(run)
     assert os.environ["WANDB_SERVICE"] == own
+
+
+def test_a_sigusr1_during_start_up_is_held_and_stops_the_run_as_interrupted(tmp_path):
+    """SLURM's SIGUSR1 (time limit, scancel --signal) that lands during imports once killed the job outright, with no
+    run record and no requeue (the time-limit SLURM test on a loaded machine): it is held from the command's first
+    line and the run stops at once, `interrupted`, when it starts."""
+    import json
+    import os
+    import signal
+
+    import pytest
+
+    from qkvqa.config.load import compose
+    from qkvqa.errors import RunInterrupted
+    from qkvqa.run.job import run_job
+    from qkvqa.utils.stop_signals import hold_stop_signal
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        hold_stop_signal()
+        os.kill(os.getpid(), signal.SIGUSR1)                          # delivered now, held, the process lives
+        cfg = compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=early"])
+        with pytest.raises(RunInterrupted, match="SIGUSR1"):
+            with run_job(cfg, "test"):
+                pytest.fail("the run went on after a held SIGUSR1")
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert json.loads((tmp_path / "early" / "status.json").read_text())["state"] == "interrupted"
+
+
+def test_an_error_a_stop_signal_causes_is_recorded_as_an_interruption(tmp_path):
+    """A library that fails because of the stop (the W&B service died of the same SIGUSR1, the next W&B call raised
+    ConnectionResetError; a library re-raised our RunInterrupted as its own error) once left the run `failed`,
+    unrequeued: the run record says `interrupted`, and RunInterrupted carries the signal on."""
+    import json
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    from qkvqa.config.load import compose
+    from qkvqa.errors import RunInterrupted
+    from qkvqa.run.job import run_job
+    from qkvqa.utils.stop_signals import stop_signal_received
+
+    cfg = compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=wrapped"])
+    with pytest.raises(RunInterrupted, match="then ConnectionResetError") as stopped:
+        with run_job(cfg, "test"):
+            try:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                time.sleep(5)
+            except RunInterrupted as e:
+                raise ConnectionResetError("the service is gone") from e
+    assert stopped.value.signum == signal.SIGUSR1
+    status = json.loads((tmp_path / "wrapped" / "status.json").read_text())
+    assert status["state"] == "interrupted" and "SIGUSR1" in status["error"], status
+    assert stop_signal_received() is None                              # the next run in this process starts clean
+    with run_job(compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=next"]), "test"):
+        pass
+    assert json.loads((tmp_path / "next" / "status.json").read_text())["state"] == "finished"

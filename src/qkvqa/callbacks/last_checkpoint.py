@@ -23,6 +23,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.stop_signals import note_stop_signal
 
 log = get_logger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -112,6 +113,7 @@ class LastCheckpoint(pl.Callback):
         # last.ckpt a step later. Lightning's is switched off (run.trainer: SLURMEnvironment(auto_requeue=False));
         # the requeue after a SIGUSR1 save is `qkvqa.run.slurm.requeue`.
         self.received = signum
+        note_stop_signal(signum)              # the run record says `interrupted` whatever fails next (run.job)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # From here on the state is the restored one (or a fresh start): nothing before it may be saved over last.ckpt.

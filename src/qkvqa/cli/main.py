@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse argv and run the chosen command; returns the process exit code."""
+    from qkvqa.utils.stop_signals import hold_stop_signal
+
+    hold_stop_signal()                    # a SIGUSR1 during start-up stops the run cleanly later, not the process now
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -17,6 +18,7 @@ from qkvqa.run.resume import prepare_resume
 from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.run.slurm import requeue
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.stop_signals import forget_stop_signals, note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
 
@@ -92,6 +94,13 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
             record.finish("interrupted", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         raise
     except BaseException as e:
+        received = stop_signal_received()
+        if received is not None:              # the stop made something fail on its way out (qkvqa.utils.stop_signals)
+            name = signal.Signals(received).name
+            if run.is_rank_zero:
+                record.finish("interrupted", f"stopped on {name}, then {type(e).__name__}: {e}")
+            raise RunInterrupted(f"run {run.run_id} stopped on {name} (then {type(e).__name__}: {e}); continue it "
+                                 f"with the same command plus run_id={run.run_id} resume=auto", signum=received) from e
         if run.is_rank_zero:
             record.finish("failed", f"{type(e).__name__}: {e}")
             if fresh and _is_user_error(e):
@@ -102,6 +111,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
         if run.is_rank_zero:
             record.finish(job.final_state)
     finally:
+        forget_stop_signals()
         if lock is not None:
             lock.release()
         if received is not None and run.is_rank_zero:
@@ -121,11 +131,15 @@ def interrupt_on_signals(run_id: str) -> Iterator[None]:
         return
 
     def stop(signum, frame):
+        note_stop_signal(signum)
         raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with the same "
                              f"command plus run_id={run_id} resume=auto", signum=signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
+        held = stop_signal_received()     # arrived during start-up (qkvqa.utils.stop_signals): stop now
+        if held is not None:
+            stop(held, None)
         yield
     finally:
         for sig, handler in previous.items():

@@ -1,0 +1,40 @@
+"""The stop signal (SIGTERM, SIGUSR1) a command has received: held from its first line, read when the run ends.
+
+SIGUSR1 kills a Python process by default. SLURM sends it before a time limit (`--signal=USR1@N`) and on
+`scancel --signal=USR1`; one that lands during the seconds of imports and config before qkvqa's run installs its
+handler (`qkvqa.run.job.interrupt_on_signals`) used to kill the job outright, unrequeued, with no run record. From
+the first line of a command the signal is remembered instead; the run then stops at once as `interrupted` (and
+requeues under SLURM). SIGTERM keeps its default until then: a command stopped that early has nothing to save.
+
+Every stop handler (start-up, `interrupt_on_signals`, `LastCheckpoint`) notes the signal here, so the run record
+says `interrupted` (and the job requeues) also when the signal made a library fail instead of stopping cleanly:
+the W&B service, for one, is in the job step and dies of the same signal, and the next W&B call then raises.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Optional
+
+_received: list[int] = []      # the stop signals this process received (since the last `forget_stop_signals`)
+
+
+def note_stop_signal(signum: int) -> None:
+    """Remember that `signum` asked this process to stop (safe inside a signal handler)."""
+    _received.append(signum)
+
+
+def hold_stop_signal() -> None:
+    """Remember a SIGUSR1 from now on (main thread only) instead of dying of it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, lambda signum, frame: note_stop_signal(signum))
+
+
+def stop_signal_received() -> Optional[int]:
+    """The last stop signal received, if any."""
+    return _received[-1] if _received else None
+
+
+def forget_stop_signals() -> None:
+    """Start afresh (a run has ended and acted on its signal)."""
+    _received.clear()
