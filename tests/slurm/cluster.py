@@ -151,13 +151,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             time.sleep(0.5)
         raise RuntimeError(f"job {job_id} still {state or 'unknown'} after {timeout_s:g} s; logs: {self.logs()}")
 
-    def requeue_now(self, job_id: str, timeout_s: float = 120.0) -> None:
+    def requeue_now(self, job_id: str, timeout_s: float = 120.0, time_limit: Optional[str] = None) -> None:
         """Make a requeued job eligible now instead of after SLURM's begin delay (about 120 s; `scontrol update`, as
-        an admin may). slurmd refuses to launch a job whose credential was revoked in the same second (the kill of the
-        previous attempt: "Job credential revoked"), so the new start time lies 3 s after the job is pending again."""
+        an admin may), with a new `time_limit` if given. slurmd refuses to launch a job whose credential was revoked
+        in the same second (the kill of the previous attempt: "Job credential revoked"), so the new start time lies
+        3 s after the job is pending again."""
         self.wait_job(job_id, ("PENDING",), timeout_s)
         time.sleep(3.0)
-        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now",
+                 *([f"TimeLimit={time_limit}"] if time_limit else []))
 
     def logs(self) -> str:
         out = []

@@ -143,7 +143,9 @@ def test_time_limit_signal_with_wandb_on_saves_in_seconds_requeues_and_resumes(s
     saved = run_dir / "last.ckpt"
     stopped_at = torch.load(saved, weights_only=True)["global_step"] if saved.exists() else 0
     assert stopped_at < STEPS, stopped_at
-    slurm.requeue_now(job)
+    # The continuation gets a longer limit: a second time-limit signal (30-60 s into the attempt) would otherwise
+    # stop a requeued attempt that starts slowly on a loaded machine, and this test checks one requeue.
+    slurm.requeue_now(job, time_limit="10")
     state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
     assert state == "COMPLETED", _told(slurm, tmp_path, run_dir)
     print(f"interrupted at {waited:.0f} s (step {stopped_at}), requeued job done at {time.monotonic() - t0:.0f} s")

@@ -141,3 +141,25 @@ def test_an_error_a_stop_signal_causes_is_recorded_as_an_interruption(tmp_path):
     with run_job(compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=next"]), "test"):
         pass
     assert json.loads((tmp_path / "next" / "status.json").read_text())["state"] == "finished"
+
+
+def test_a_sigusr1_while_python_shuts_down_after_the_work_does_not_kill_the_process():
+    """A requeued SLURM attempt that finished just before its own time-limit SIGUSR1 died of the signal while the
+    interpreter shut down (Python resets handlers to the default there) and SLURM marked the finished job FAILED."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", """
+import sys, time
+from qkvqa.utils.stop_signals import hold_stop_signal
+hold_stop_signal()
+class ShutsDownSlowly:                        # its finaliser runs after Python has reset the signal handlers
+    def __del__(self):
+        print("shutting down", flush=True)
+        time.sleep(3)
+keep = ShutsDownSlowly()
+"""], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "shutting down"
+    child.send_signal(signal.SIGUSR1)
+    assert child.wait(timeout=60) == 0

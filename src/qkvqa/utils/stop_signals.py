@@ -9,9 +9,14 @@ requeues under SLURM). SIGTERM keeps its default until then: a command stopped t
 Every stop handler (start-up, `interrupt_on_signals`, `LastCheckpoint`) notes the signal here, so the run record
 says `interrupted` (and the job requeues) also when the signal made a library fail instead of stopping cleanly:
 the W&B service, for one, is in the job step and dies of the same signal, and the next W&B call then raises.
+
+A SIGUSR1 after the command's work is done (a requeued attempt that finished just before its own time-limit
+signal) must not kill the process either: Python puts back the default handlers while it shuts down, so the
+process died of it after a finished run and SLURM marked the job FAILED. At exit the signal is ignored.
 """
 from __future__ import annotations
 
+import atexit
 import signal
 import threading
 from typing import Optional
@@ -25,9 +30,17 @@ def note_stop_signal(signum: int) -> None:
 
 
 def hold_stop_signal() -> None:
-    """Remember a SIGUSR1 from now on (main thread only) instead of dying of it."""
+    """Remember a SIGUSR1 from now on (main thread only) instead of dying of it, up to the process's exit."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda signum, frame: note_stop_signal(signum))
+        atexit.unregister(_ignore_late_stop_signal)
+        atexit.register(_ignore_late_stop_signal)     # registered first, so it runs last of the exit handlers
+
+
+def _ignore_late_stop_signal() -> None:
+    """The work is done: a SIGUSR1 from here on has nothing to stop (and the interpreter's shutdown would reset
+    the handler to the default, which kills)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def stop_signal_received() -> Optional[int]:
