@@ -93,6 +93,7 @@ def test_step_falls_back_to_wandb_step_without_lightning_step():
     assert row.best("acc", "max") == (0.7, 1) and row.experiment == "base"
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_cli_reads_a_wandb_project(monkeypatch, capsys):
     import wandb
 

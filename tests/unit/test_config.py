@@ -120,6 +120,7 @@ def test_list_experiments(exp_root):
     assert list_experiments(exp_root) == ["ablations/no_focus", "needs_preset"]
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_repository_experiments_all_compose(experiments_root):
     names = list_experiments(experiments_root)
     for name in names:
@@ -163,6 +164,7 @@ def test_values_out_of_their_declared_range_are_refused_when_composed(override, 
     assert message in str(error.value)
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_every_shipped_experiment_passes_the_value_checks():
     for name in list_experiments():
         compose(name, [], [])

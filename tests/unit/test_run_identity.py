@@ -157,7 +157,7 @@ hold_stop_signal()
 class ShutsDownSlowly:                        # its finaliser runs after Python has reset the signal handlers
     def __del__(self):
         print("shutting down", flush=True)
-        time.sleep(3)
+        time.sleep(1.5)
 keep = ShutsDownSlowly()
 """], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "shutting down"

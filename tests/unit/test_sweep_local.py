@@ -59,6 +59,7 @@ def _manifest(run_root, name="fake"):
     return Manifest.load(run_root / "sweeps" / name)
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_grid_trials_run_in_parallel_and_are_compared(make_sweep, run_root):
     path = make_sweep({"qff.alpha": {"values": [0.2, 0.6]}, "seed": {"values": [1, 2]}})
     result = LocalSweep(load_sweep(path), checkpoints_root=run_root, parallel=2).run()
@@ -79,6 +80,7 @@ def test_grid_trials_run_in_parallel_and_are_compared(make_sweep, run_root):
     assert "| best score (maximize) |" in (result.sweep_dir / "comparison.md").read_text()
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_failed_trial_is_recorded_and_only_retried_on_request(make_sweep, run_root, capsys):
     path = make_sweep({"qff.alpha": {"values": [0.5, 1.0]}})
     args = ["sweep", str(path), "--checkpoints-root", str(run_root), "--parallel", "2"]
@@ -157,6 +159,7 @@ def test_trials_get_no_leaked_run_identity(make_sweep, run_root, monkeypatch):
     assert os.environ["WANDB_RUN_ID"] == "stale"              # the runner's own environment is untouched
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_seeded_random_sweep_plans_the_same_trials(make_sweep, run_root, capsys):
     path = make_sweep({"qff.alpha": {"min": 0.0, "max": 0.9}, "seed": {"min": 0, "max": 99}}, name="rnd",
                       method="random")
@@ -184,6 +187,7 @@ def test_runner_lock(tmp_path):
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_gpus_per_trial_shares_the_pool_without_overlap(make_sweep, run_root, monkeypatch):
     """8 GPUs' worth of pool in small: 4 devices, 2 per trial, so 2 trials at a time, each on its own pair."""
     monkeypatch.setenv("JOB_SLEEP_S", "1.5")
