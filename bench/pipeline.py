@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import yaml
 
     from qkvqa.cli.main import main as qkvqa
-    from qkvqa.data.synth import generate_world
+    from qkvqa.synth.world import generate_world
     from qkvqa.run.rundir import clear_run_env
 
     with tempfile.TemporaryDirectory(prefix="qkvqa-bench-pipeline-") as tmp:

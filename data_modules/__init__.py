@@ -17,5 +17,10 @@ def build_data_module(config) -> KBVQADataModule:
     return DATA_MODULES[config.dataset](config)
 
 
+def datamodule_for(cfg) -> KBVQADataModule:
+    """The DataModule of a run config's `data:` section (KB store, article images, questions, query image loader)."""
+    return build_data_module(cfg.data)
+
+
 __all__ = ["DATA_MODULES", "EVQADataModule", "InfoSeekDataModule", "KBVQADataModule", "QuestionImageDataset",
-           "build_data_module", "collate_samples"]
+           "build_data_module", "collate_samples", "datamodule_for"]

@@ -8,7 +8,7 @@ from typing import Optional
 
 from PIL import Image
 
-from qkvqa.data.synth import EVQA_COLUMNS
+from qkvqa.synth.world import EVQA_COLUMNS
 
 
 def kb_entry(url: str, title: str, sections: Optional[list[tuple[str, str]]] = None,

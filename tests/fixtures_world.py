@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qkvqa.data.synth import generate_world
+from qkvqa.synth.world import generate_world
 
 SMALL_WORLD_ENTITIES = 36
 

@@ -93,8 +93,8 @@ def world_words(world: dict) -> str:
 def prepare(work: Path, entities: int, extra: Sequence[str] = (), **world_options) -> tuple[list[str], set[str]]:
     """World, stand-in stage 1, pools and ViT cache under `work`; returns the overrides every run shares and
     the ids ("split/data_id") of the val + test questions whose image shows several entities."""
-    from qkvqa.data.synth import generate_world
-    from qkvqa.qff.vit_cache import build_cache_from_config
+    from qkvqa.cli.cache_vit import build_cache_from_config
+    from qkvqa.synth.world import generate_world
 
     world = dict(generate_world(work / "world", entities=entities, seed=0, **world_options), dir=str(work / "world"))
     overrides = [*mine_world(world, work, splits=("train", "val", "test"), shuffled=True),

@@ -14,8 +14,8 @@ from qkvqa.data.images import ImageLoader, QueryImageResolver
 from qkvqa.data.kb import KBStore, build_kb_store
 from qkvqa.data.questions import (read_evqa_csv, read_infoseek_csv, read_infoseek_jsonl_questions,
                                   read_infoseek_references)
-from qkvqa.data.synth import DENSE_SECTION_TITLES, generate_world
 from qkvqa.errors import DataError
+from qkvqa.synth.world import DENSE_SECTION_TITLES, generate_world
 from tests.fixtures_world import make_world
 
 STOPWORDS = {"this", "what", "which", "does", "with", "that", "from", "have", "been", "when", "where", "many",

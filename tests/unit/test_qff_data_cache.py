@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from data_modules.qff_train import QFFTrainDataModule, settings_from_config
+from qkvqa.cli.cache_vit import build_cache_from_config
 from qkvqa.config.load import compose
 from qkvqa.errors import StaleArtifactError
 from qkvqa.qff.builder import build_qff_component
-from qkvqa.qff.vit_cache import (ViTFeatureCache, build_cache_from_config, env_shard_split, feature_shape,
+from qkvqa.qff.vit_cache import (ViTFeatureCache, env_shard_split, feature_shape,
                                  image_sources,
                                  fill_cache, vision_fingerprint)
 from tests.helpers.qff_study import mine_world

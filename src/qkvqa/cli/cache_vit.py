@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Optional
 
 from qkvqa.config.cli import add_override_args, config_from_args
 
@@ -31,7 +33,7 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.errors import ConfigError
-    from qkvqa.qff.vit_cache import build_cache_from_config, env_shard_split
+    from qkvqa.qff.vit_cache import env_shard_split
     from qkvqa.run.job import run_job
 
     if (args.shard_index is None) != (args.num_shards is None):
@@ -48,3 +50,43 @@ def _run(args: argparse.Namespace) -> int:
         job.record.update_summary({f"vit_cache/{k}": v for k, v in result.items()})
     print(json.dumps({"run_dir": str(job.run.run_dir), **result}))
     return 0
+
+
+def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: Optional[int] = None,
+                            pools_dir: Optional[Path] = None) -> dict:
+    """`qkvqa cache-vit`: write the features of every image the config's training (and validation) samples need.
+
+    Pools that the config does not name are mined into `pools_dir` first, as `qkvqa train` would. It lives here,
+    above both the cache (`qkvqa.qff.vit_cache`) and the training DataModule that reads it, as `train_qff` does.
+    """
+    import dataclasses
+    import functools
+
+    from data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.errors import StaleArtifactError
+    from qkvqa.qff.builder import build_qff_component
+    from qkvqa.qff.mining import mine_to_dir
+    from qkvqa.qff.vit_cache import (ViTFeatureCache, env_shard_split, feature_shape, fill_cache, image_sources,
+                                     vision_fingerprint)
+
+    if not cfg.qff.vit_cache:
+        raise StaleArtifactError("qff.vit_cache is not set: name the directory the ViT features go to")
+    if shard_index is None or num_shards is None:
+        shard_index, num_shards = env_shard_split()
+    component = build_qff_component(cfg.components.qformer, cfg.qff)     # device auto: this rank's GPU
+    model = component.model.eval()
+    fingerprint = vision_fingerprint(model, component.image_processor)
+    settings = dataclasses.replace(settings_from_config(cfg, component, fingerprint), vit_cache=None)
+    dm = QFFTrainDataModule(cfg.data, settings, component.tokenizer, component.image_processor,
+                            miner=functools.partial(mine_to_dir, cfg), pools_dir=pools_dir)
+    dm.prepare_data()
+    needed = dm.needed_images()
+    cache = ViTFeatureCache.create(cfg.qff.vit_cache, needed, fingerprint, feature_shape(model),
+                                   cfg.qff.vit_cache_shard_size, sources=image_sources(dm.config))
+    counts = fill_cache(cache, model, component.image_processor, dm.collator().load_image,
+                        batch_size=cfg.qff.vit_cache_batch_size, num_workers=cfg.data.num_workers,
+                        shard_index=shard_index, num_shards=num_shards)
+    done = sum(cache.done_record(i) is not None for i in range(cache.num_shards))
+    return {**counts, "cache": str(cache.path), "images_total": len(cache.image_ids), "shards_total": cache.num_shards,
+            "shards_done": done, "complete": done == cache.num_shards, "shard_index": shard_index,
+            "num_shards": num_shards}

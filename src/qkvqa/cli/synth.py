@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from qkvqa.data.synth import WORLDS, generate_world
+    from qkvqa.synth.world import WORLDS, generate_world
 
     options = dict(WORLDS[args.world])
     if args.facts_per_section is not None:

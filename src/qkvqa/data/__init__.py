@@ -1,1 +1,1 @@
-"""The data layer: KB store, section strings, question readers, image resolvers, synthetic world."""
+"""The data layer: KB store, section strings, question readers, image resolvers, published protocols."""

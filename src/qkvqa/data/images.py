@@ -204,6 +204,34 @@ def image_files_checksum(resolver: QueryImageResolver, keys: Iterable[tuple[str,
     return "sha256:" + digest.hexdigest()
 
 
+def file_identity(path: Path) -> dict | list:
+    """Path, size and mtime of a file; of each shard for a webdataset pattern (`val-{0000..0014}.tar`)."""
+    from qkvqa.data.shards import expand_braces, is_shard_pattern
+
+    if is_shard_pattern(path) and not path.is_file():
+        return [file_identity(Path(name)) for name in expand_braces(str(path))]
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime": st.st_mtime}
+
+
+def query_images_identity(data) -> dict:
+    """The query-image settings of a DataConfig with each configured file's size and mtime (an id2name map
+    that changes, or does not exist, changes the identity); the query-image embeddings and the ViT cache record it."""
+    from qkvqa.data.config import resolve_data_path
+
+    images = data.images
+    keys = ("inaturalist_root", "inaturalist_layout", "inaturalist_id2name", "inaturalist_id2name_extra",
+            "landmarks_root", "landmarks_layout", "infoseek_root", "infoseek_shards", "extensions")
+    out = {key: list(getattr(images, key)) if isinstance(getattr(images, key), (list, tuple)) else getattr(images, key)
+           for key in keys}
+    maps = [images.inaturalist_id2name, *images.inaturalist_id2name_extra]
+    files = [resolve_data_path(data, name) for name in maps if name]
+    out["id2name_files"] = [file_identity(f) if f.is_file() else {"path": str(f), "missing": True} for f in files]
+    if images.infoseek_shards:
+        out["infoseek_shard_files"] = file_identity(resolve_data_path(data, images.infoseek_shards))
+    return out
+
+
 @dataclass(frozen=True)
 class SkippedImage:
     """An image that could not be used: why, and which file was tried."""

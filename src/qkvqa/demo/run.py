@@ -71,7 +71,7 @@ class Demo:
             if world.get("seed") == self.seed and world["counts"]["entities"] == self.entities:
                 log.info("reusing the synthetic world in %s", self.world)
                 return
-        from qkvqa.data.synth import generate_world
+        from qkvqa.synth.world import generate_world
 
         generate_world(self.world, entities=self.entities, seed=self.seed)
 

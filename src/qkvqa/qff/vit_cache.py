@@ -59,7 +59,7 @@ def vision_fingerprint(model, image_processor) -> str:
 def image_sources(data_config) -> dict:
     """Where the cached images are read from (query-image roots, layouts and id2name files; KB image CSVs and
     roots): the same ids under another root are other pixels, so a cache records this and refuses a change."""
-    from qkvqa.retrieval.embed import query_images_identity
+    from qkvqa.data.images import query_images_identity
 
     images = data_config.images
     return {"root": data_config.root, "query": query_images_identity(data_config),
@@ -301,39 +301,3 @@ def feature_shape(model) -> tuple[int, int]:
     """`[P, D]` of the ViT's last hidden state (patches + class token, hidden size)."""
     config = model.base.config.vision_config
     return (config.image_size // config.patch_size) ** 2 + 1, config.hidden_size
-
-
-def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: Optional[int] = None,
-                            pools_dir: Optional[Path] = None) -> dict:
-    """`qkvqa cache-vit`: write the features of every image the config's training (and validation) samples need.
-
-    Pools that the config does not name are mined into `pools_dir` first, as `qkvqa train` would.
-    """
-    import dataclasses
-    import functools
-
-    from data_modules.qff_train import QFFTrainDataModule, settings_from_config
-    from qkvqa.qff.builder import build_qff_component
-    from qkvqa.qff.mining import mine_to_dir
-
-    if not cfg.qff.vit_cache:
-        raise StaleArtifactError("qff.vit_cache is not set: name the directory the ViT features go to")
-    if shard_index is None or num_shards is None:
-        shard_index, num_shards = env_shard_split()
-    component = build_qff_component(cfg.components.qformer, cfg.qff)     # device auto: this rank's GPU
-    model = component.model.eval()
-    fingerprint = vision_fingerprint(model, component.image_processor)
-    settings = dataclasses.replace(settings_from_config(cfg, component, fingerprint), vit_cache=None)
-    dm = QFFTrainDataModule(cfg.data, settings, component.tokenizer, component.image_processor,
-                            miner=functools.partial(mine_to_dir, cfg), pools_dir=pools_dir)
-    dm.prepare_data()
-    needed = dm.needed_images()
-    cache = ViTFeatureCache.create(cfg.qff.vit_cache, needed, fingerprint, feature_shape(model),
-                                   cfg.qff.vit_cache_shard_size, sources=image_sources(dm.config))
-    counts = fill_cache(cache, model, component.image_processor, dm.collator().load_image,
-                        batch_size=cfg.qff.vit_cache_batch_size, num_workers=cfg.data.num_workers,
-                        shard_index=shard_index, num_shards=num_shards)
-    done = sum(cache.done_record(i) is not None for i in range(cache.num_shards))
-    return {**counts, "cache": str(cache.path), "images_total": len(cache.image_ids), "shards_total": cache.num_shards,
-            "shards_done": done, "complete": done == cache.num_shards, "shard_index": shard_index,
-            "num_shards": num_shards}

@@ -62,16 +62,6 @@ def embed_root(cfg) -> Path:
     return Path(cfg.retrieval.embed_dir or Path(cfg.paths.cache_dir) / "embeddings").expanduser()
 
 
-def _file_identity(path: Path) -> dict | list:
-    """Path, size and mtime of a file; of each shard for a webdataset pattern (`val-{0000..0014}.tar`)."""
-    from qkvqa.data.shards import expand_braces, is_shard_pattern
-
-    if is_shard_pattern(path) and not path.is_file():
-        return [_file_identity(Path(name)) for name in expand_braces(str(path))]
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime}
-
-
 # --------------------------------------------------------------------------------------------- sources
 
 @dataclass
@@ -209,12 +199,12 @@ class QueryImageSource:
 
     def identity(self) -> dict:
         """What the rows depend on, down to each image file's size and mtime (computed once: one stat per image)."""
-        from qkvqa.data.images import image_files_checksum
+        from qkvqa.data.images import file_identity, image_files_checksum
 
         if self._identity is None:
             files = image_files_checksum(self.resolver, self.keys) if self.resolver is not None else None
             self._identity = {"split": self.split, "unique_images": len(self.keys), "image_files": files,
-                              "questions": _file_identity(self.questions_file) if self.questions_file else None,
+                              "questions": file_identity(self.questions_file) if self.questions_file else None,
                               **self.data_identity}
         return self._identity
 
@@ -456,12 +446,15 @@ class Embedder:
         self.cfg = cfg
         self.kind = kind
         self.split = split or cfg.retrieval.split
+        from data_modules import datamodule_for
+
         self.dm = datamodule if datamodule is not None else datamodule_for(cfg)
         self.encoder_spec = cfg.components.text_encoder if kind == "kb_text" else cfg.components.image_encoder
         self.source = self._source()
 
     def _source(self):
         from qkvqa.data.config import reads_two_hop, resolve_data_path
+        from qkvqa.data.images import query_images_identity
 
         data = self.dm.config
         if self.kind == "kb_text":
@@ -568,31 +561,6 @@ class Embedder:
         if skipped:
             log.info("shard %d: %d images skipped (%s)", i, len(skipped),
                      ", ".join(f"{s['reason']} {s['image_id']}" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
-
-
-def query_images_identity(data) -> dict:
-    """The query-image settings of a DataConfig with each configured file's size and mtime (an id2name map
-    that changes, or does not exist, changes the identity)."""
-    from qkvqa.data.config import resolve_data_path
-
-    images = data.images
-    keys = ("inaturalist_root", "inaturalist_layout", "inaturalist_id2name", "inaturalist_id2name_extra",
-            "landmarks_root", "landmarks_layout", "infoseek_root", "infoseek_shards", "extensions")
-    out = {key: list(getattr(images, key)) if isinstance(getattr(images, key), (list, tuple)) else getattr(images, key)
-           for key in keys}
-    maps = [images.inaturalist_id2name, *images.inaturalist_id2name_extra]
-    files = [resolve_data_path(data, name) for name in maps if name]
-    out["id2name_files"] = [_file_identity(f) if f.is_file() else {"path": str(f), "missing": True} for f in files]
-    if images.infoseek_shards:
-        out["infoseek_shard_files"] = _file_identity(resolve_data_path(data, images.infoseek_shards))
-    return out
-
-
-def datamodule_for(cfg):
-    """The DataModule of `cfg.data` (KB store, article images, questions, query image loader)."""
-    from data_modules import build_data_module
-
-    return build_data_module(cfg.data)
 
 
 def _build_encoder(spec):

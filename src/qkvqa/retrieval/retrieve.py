@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from qkvqa.errors import ConfigError, StaleArtifactError
-from qkvqa.retrieval.embed import Embedder, EmbeddingSet, check_mode, datamodule_for, kb_set_kind
+from qkvqa.retrieval.embed import Embedder, EmbeddingSet, check_mode, kb_set_kind
 from qkvqa.retrieval.index import LoadedIndex, build_index, factory_slug, load_index, search_articles
 from qkvqa.retrieval.results import Retrieved, check_coverage_of, read_results
 from qkvqa.utils.logging import get_logger
@@ -45,6 +45,8 @@ def index_dir_for(cfg, kb_set_path: Path) -> Path:
 
 def build_index_from_config(cfg, datamodule=None) -> tuple[Path, dict]:
     """Build the index of `retrieval.mode` over the config's (complete) KB embedding set; (index dir, manifest)."""
+    from data_modules import datamodule_for
+
     dm = datamodule if datamodule is not None else datamodule_for(cfg)
     embedder = Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm)
     path = embedder.set_path()
@@ -61,6 +63,8 @@ def build_index_from_config(cfg, datamodule=None) -> tuple[Path, dict]:
 
 def load_index_from_config(cfg, datamodule=None) -> LoadedIndex:
     """The config's index, checked against its KB store, mode and encoders (StaleArtifactError otherwise)."""
+    from data_modules import datamodule_for
+
     dm = datamodule if datamodule is not None else datamodule_for(cfg)
     if cfg.retrieval.index_dir:
         index_dir = Path(cfg.retrieval.index_dir).expanduser()
@@ -112,6 +116,8 @@ def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: 
     is read instead and only scored. `encoder` is the image encoder to reuse for query images.
     """
     split = split or cfg.retrieval.split
+    from data_modules import datamodule_for
+
     dm = datamodule if datamodule is not None else datamodule_for(cfg)
     questions = dm.questions(split)
     top_k = int(cfg.retrieval.top_k)

@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from qkvqa.data.synth_render import PALETTE, PATTERNS, Signature, encode, render
+from qkvqa.synth.render import PALETTE, PATTERNS, Signature, encode, render
 from qkvqa.errors import DataError
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
