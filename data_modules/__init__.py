@@ -1,7 +1,7 @@
 """LightningDataModules of qkvqa: E-VQA and InfoSeek evaluation questions with their query images."""
-from data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
-from data_modules.evqa import EVQADataModule
-from data_modules.infoseek import InfoSeekDataModule
+from qkvqa.data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
+from qkvqa.data_modules.evqa import EVQADataModule
+from qkvqa.data_modules.infoseek import InfoSeekDataModule
 
 DATA_MODULES = {"evqa": EVQADataModule, "infoseek": InfoSeekDataModule}
 

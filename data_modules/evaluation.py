@@ -7,8 +7,8 @@ from typing import Iterable, Optional
 import lightning as L
 from torch.utils.data import DataLoader
 
-from data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
-from data_modules.samplers import ResumableSampler, rank_and_world
+from qkvqa.data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
+from qkvqa.data_modules.samplers import ResumableSampler, rank_and_world
 
 
 class EvaluationDataModule(L.LightningDataModule):

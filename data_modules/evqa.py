@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data_modules.base import KBVQADataModule
 from qkvqa.data.config import reads_two_hop
 from qkvqa.data.questions import Question, read_evqa_csv
+from qkvqa.data_modules.base import KBVQADataModule
 
 
 class EVQADataModule(KBVQADataModule):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from data_modules.base import KBVQADataModule
 from qkvqa.data.questions import (InfoSeekReference, Question, attach_infoseek_references,
                                   read_infoseek_csv, read_infoseek_jsonl_questions, read_infoseek_references,
                                   read_webdataset_questions)
 from qkvqa.data.shards import is_shard_pattern
+from qkvqa.data_modules.base import KBVQADataModule
 from qkvqa.errors import ConfigError
 
 

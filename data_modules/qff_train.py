@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from data_modules.base import KBVQADataModule
-from data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
-                                   rank_and_world, trainer_batches_done)
 from qkvqa.data.questions import Question, is_training_question
+from qkvqa.data_modules.base import KBVQADataModule
+from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
+                                         rank_and_world, trainer_batches_done)
 from qkvqa.errors import ConfigError
 from qkvqa.qff.mining import (ArticleFactsSource, Candidate, PoolFile, SamplePool, image_key, image_paths_for)
 from qkvqa.utils.logging import get_logger
@@ -283,7 +283,7 @@ class QFFTrainDataModule(KBVQADataModule):
     def __init__(self, config, settings: QFFDataSettings, tokenizer, image_processor=None,
                  miner: Optional[Callable[[str, Path], Path]] = None, pools_dir: Optional[Path] = None):
         super().__init__(config)
-        from data_modules import DATA_MODULES
+        from qkvqa.data_modules import DATA_MODULES
 
         if self.config.dataset not in DATA_MODULES:
             raise ConfigError(f"data.dataset: {self.config.dataset!r} is not one of {', '.join(DATA_MODULES)}")

@@ -151,7 +151,7 @@ def final_gates(model_dir: Path) -> Optional[list[float]]:
 
 def score(component, cfg) -> dict[str, tuple[float, float]]:
     """(section hit, article hit after fusion) per question of cfg's validation split."""
-    from data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
 
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff)).eval()

@@ -14,8 +14,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
-                                   rank_and_world, trainer_batches_done)
+from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
+                                         rank_and_world, trainer_batches_done)
 
 
 class ToyDataset(Dataset):

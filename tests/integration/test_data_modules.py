@@ -10,8 +10,8 @@ import torch
 import yaml
 from PIL import Image
 
-from data_modules import EVQADataModule, InfoSeekDataModule, build_data_module
 from qkvqa.data.questions import read_evqa_csv
+from qkvqa.data_modules import EVQADataModule, InfoSeekDataModule, build_data_module
 from qkvqa.errors import ConfigError
 from tests.fixtures_world import make_world
 

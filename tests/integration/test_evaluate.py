@@ -224,7 +224,7 @@ def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(w
 
 
 def test_a_seeded_question_sample_is_random_in_file_order_and_repeatable(world):
-    from data_modules import build_data_module
+    from qkvqa.data_modules import build_data_module
 
     config = yaml_data(world, "infoseek")
     everything = [q.data_id for q in build_data_module(config).questions("test")]

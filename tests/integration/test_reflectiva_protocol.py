@@ -143,7 +143,7 @@ def test_the_reflectiva_protocol_runs_from_its_own_files_and_says_whose_numbers_
 
 
 def test_reflectiva_shards_read_as_questions_with_their_references_and_images(world, tmp_path):
-    from data_modules import build_data_module
+    from qkvqa.data_modules import build_data_module
 
     refl = reflectiva_world(world, tmp_path / "reflectiva")
     dm = build_data_module({"dataset": "infoseek", "protocol": "reflectiva_wiki100k", "root": str(refl["dir"]),

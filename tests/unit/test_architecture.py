@@ -6,7 +6,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # import name of each source tree (setup.py's package_dir)
-ROOTS = {"qkvqa": REPO / "src" / "qkvqa", "data_modules": REPO / "data_modules"}
+ROOTS = {"qkvqa": REPO / "src" / "qkvqa", "qkvqa.data_modules": REPO / "data_modules"}
 
 
 def modules() -> dict[str, Path]:
@@ -99,6 +99,6 @@ def test_the_filter_stage_does_not_reach_into_stage_one_embedding():
 
 
 def test_the_data_layer_imports_neither_the_synthetic_world_nor_the_datamodules():
-    assert not {t for t in imports_of("qkvqa.data") if t.startswith(("qkvqa.synth", "data_modules", "qkvqa.qff"))}
+    assert not {t for t in imports_of("qkvqa.data") if t.startswith(("qkvqa.synth", "qkvqa.data_modules", "qkvqa.qff"))}
     assert not {t for t in imports_of("qkvqa.synth") if not t.startswith(("qkvqa.synth", "qkvqa.data", "qkvqa.errors",
                                                                            "qkvqa.utils"))}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PIL import Image
 
-from data_modules.base import SAMPLE_KEYS, collate_samples
+from qkvqa.data_modules.base import SAMPLE_KEYS, collate_samples
 
 
 def _sample(data_id: str, image) -> dict:

@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from data_modules.qff_train import (EpochTaggedSampler, QFFTrainDataModule, article_image_id, query_image_id,
-                                    settings_from_config)
 from qkvqa.config.load import compose
+from qkvqa.data_modules.qff_train import (EpochTaggedSampler, QFFTrainDataModule, article_image_id, query_image_id,
+                                          settings_from_config)
 from qkvqa.qff.builder import build_qff_component
 from tests.helpers.qff_study import SPLIT_FILES, mine_world
 

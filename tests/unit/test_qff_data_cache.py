@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from data_modules.qff_train import QFFTrainDataModule, settings_from_config
 from qkvqa.cli.cache_vit import build_cache_from_config
 from qkvqa.config.load import compose
+from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
 from qkvqa.errors import StaleArtifactError
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.vit_cache import (ViTFeatureCache, env_shard_split, feature_shape,

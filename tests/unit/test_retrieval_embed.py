@@ -152,7 +152,7 @@ def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encod
     copied = world_cfg(world, tmp_path)
     copied.data.root = str(tmp_path / "copy")
     before = Embedder(copied, "query_images", "test").description()
-    from data_modules import build_data_module
+    from qkvqa.data_modules import build_data_module
 
     dm = build_data_module(copied.data)
     image = next(p for p in (dm.image_loader.resolver.resolve(q.dataset_name, q.image_id) for q in dm.questions("test"))

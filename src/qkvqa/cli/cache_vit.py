@@ -62,7 +62,7 @@ def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: 
     import dataclasses
     import functools
 
-    from data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.errors import StaleArtifactError
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.mining import mine_to_dir

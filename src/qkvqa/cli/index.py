@@ -62,7 +62,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     from qkvqa.errors import ConfigError
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
     from qkvqa.retrieval.embed import check_mode
     from qkvqa.retrieval.index import import_index
     from qkvqa.retrieval.retrieve import expected_encoders

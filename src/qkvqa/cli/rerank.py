@@ -35,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
 
     args.overrides = expand_shorthands(args.overrides)
     cfg = config_from_args(args)
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
 
     with run_job(cfg, "rerank") as job:
         datamodule = datamodule_for(cfg)

@@ -49,7 +49,7 @@ def train_qff(cfg, callbacks=()) -> dict:
 
     from omegaconf import OmegaConf
 
-    from data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFExport, QFFTrainer, QFFTrainSettings
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.mining import mine_to_dir

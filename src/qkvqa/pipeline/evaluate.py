@@ -265,9 +265,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
     """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
     import lightning.pytorch as pl
 
-    from data_modules import build_data_module
-    from data_modules.evaluation import EvaluationDataModule
     from qkvqa.data.config import data_config_from_dict, for_evaluation
+    from qkvqa.data_modules import build_data_module
+    from qkvqa.data_modules.evaluation import EvaluationDataModule
     from qkvqa.loggers.wandb import log_run_files
     from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore

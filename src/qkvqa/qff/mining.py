@@ -367,7 +367,7 @@ def mine_split(cfg, split: Optional[str] = None, datamodule=None) -> MiningResul
     The results are `retrieval.results` when set (OMGM or EchoSight layout), else retrieved now from
     the config's index (`qkvqa.retrieval.retrieve.retrieve_split`).
     """
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
     from qkvqa.retrieval.retrieve import retrieve_split
 
     split = split or cfg.retrieval.split

@@ -107,7 +107,7 @@ class QFFReranker:
     @classmethod
     def from_config(cls, cfg, datamodule=None, component=None) -> "QFFReranker":
         """A reranker with the config's KB, article images, `qff.alpha`, `retrieval.top_k` and QFF (`qff.checkpoint`)."""
-        from data_modules import datamodule_for
+        from qkvqa.data_modules import datamodule_for
 
         dm = datamodule if datamodule is not None else datamodule_for(cfg)
         component = component if component is not None else load_qff_component(cfg)
@@ -160,7 +160,7 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
     Stage-1 results are `retrieval.results` when set, else retrieved now (`retrieve_split`). A question
     whose query image is missing keeps its stage-1 order (QFF 0 everywhere) and is counted.
     """
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
     from qkvqa.retrieval.results import Retrieved
     from qkvqa.retrieval.retrieve import retrieve_split
 

@@ -7,7 +7,7 @@ Layout of a cache directory (`qff.vit_cache`):
     shard-00000.npy         float16 [n, P, D], written through np.lib.format.open_memmap to a temp file, then renamed
     shard-00000.done.json   written last: rows, bytes, the ids that could not be read (zero rows) and why
 
-Image ids are `query/{dataset_name}/{image_id}` and `article/{stored path}` (data_modules.qff_train).
+Image ids are `query/{dataset_name}/{image_id}` and `article/{stored path}` (qkvqa.data_modules.qff_train).
 A rerun skips the shards whose done record matches the .npy on disk, so an interrupted pass resumes.
 Several processes split the shards (`shard_index` / `num_shards`: process p writes shards i with
 i % num_shards == p); under torchrun / SLURM the rank and world size are read from the environment.

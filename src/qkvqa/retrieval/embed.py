@@ -446,7 +446,7 @@ class Embedder:
         self.cfg = cfg
         self.kind = kind
         self.split = split or cfg.retrieval.split
-        from data_modules import datamodule_for
+        from qkvqa.data_modules import datamodule_for
 
         self.dm = datamodule if datamodule is not None else datamodule_for(cfg)
         self.encoder_spec = cfg.components.text_encoder if kind == "kb_text" else cfg.components.image_encoder

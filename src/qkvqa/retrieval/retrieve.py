@@ -45,7 +45,7 @@ def index_dir_for(cfg, kb_set_path: Path) -> Path:
 
 def build_index_from_config(cfg, datamodule=None) -> tuple[Path, dict]:
     """Build the index of `retrieval.mode` over the config's (complete) KB embedding set; (index dir, manifest)."""
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
 
     dm = datamodule if datamodule is not None else datamodule_for(cfg)
     embedder = Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm)
@@ -63,7 +63,7 @@ def build_index_from_config(cfg, datamodule=None) -> tuple[Path, dict]:
 
 def load_index_from_config(cfg, datamodule=None) -> LoadedIndex:
     """The config's index, checked against its KB store, mode and encoders (StaleArtifactError otherwise)."""
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
 
     dm = datamodule if datamodule is not None else datamodule_for(cfg)
     if cfg.retrieval.index_dir:
@@ -116,7 +116,7 @@ def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: 
     is read instead and only scored. `encoder` is the image encoder to reuse for query images.
     """
     split = split or cfg.retrieval.split
-    from data_modules import datamodule_for
+    from qkvqa.data_modules import datamodule_for
 
     dm = datamodule if datamodule is not None else datamodule_for(cfg)
     questions = dm.questions(split)

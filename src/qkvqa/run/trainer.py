@@ -74,7 +74,7 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.run.resumed)] + ([wandb_logger] if wandb_logger
                                                                                         else [])
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
-    # qkvqa DataModules shard across ranks themselves (data_modules.samplers), which keeps mid-epoch
+    # qkvqa DataModules shard across ranks themselves (qkvqa.data_modules.samplers), which keeps mid-epoch
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
                       callbacks=[*checkpoints, state, *callbacks],
