@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from qkvqa.config.cli import add_override_args, config_from_args
+from qkvqa.config.cli import add_config_dir_arg, add_override_args, config_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,7 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_override_args(show)
     show.set_defaults(func=_show)
     lister = sub.add_parser("list", help="list experiments and presets",
-                            description="List experiments/*.yaml and experiments/presets/*.yaml.")
+                            description="List the experiments (NAME.yaml) and presets (presets/NAME.yaml) of the\n"
+                                        "--config-dir directories, $QKVQA_CONFIG_PATH and the main experiments\n"
+                                        "directory (the checkout's experiments/, or the copy installed with qkvqa);\n"
+                                        "names found outside the main directory show where they come from.",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_dir_arg(lister)
     lister.set_defaults(func=_list)
 
 
@@ -29,13 +34,13 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from qkvqa.config.load import experiments_dir, list_experiments
+    from qkvqa.config.load import experiment_sources, experiments_dir, preset_sources
 
-    root = experiments_dir()
-    print("experiments:")
-    for name in list_experiments(root):
-        print(f"  {name}")
+    root, search = experiments_dir(), args.config_dir
+    print(f"experiments (main directory {root}):")
+    for name, directory in experiment_sources(root, search).items():
+        print(f"  {name}" + ("" if directory == root else f"  ({directory})"))
     print("presets:")
-    for path in sorted((root / "presets").glob("*.yaml")):
-        print(f"  {path.stem}")
+    for name, path in preset_sources(root, search).items():
+        print(f"  {name}" + ("" if path.parent.parent == root else f"  ({path.parent.parent})"))
     return 0

@@ -1,4 +1,12 @@
-"""Compose a run config: schema defaults, experiments/base/*.yaml, presets, the experiment, overrides."""
+"""Compose a run config: schema defaults, experiments/base/*.yaml, presets, the experiment, overrides.
+
+Where configs are found. The main experiments directory (`experiments_dir`) holds `base/`, which is always
+merged: $QKVQA_EXPERIMENTS, else ./experiments when it has base/, else the checkout's top-level experiments/, else
+the copy an installed wheel carries (`qkvqa/experiments/`). Experiments and presets are looked up first in the
+search path, `--config-dir DIR` (repeatable) then $QKVQA_CONFIG_PATH (directories separated by `:`), each laid out
+like experiments/ (NAME.yaml, presets/NAME.yaml), then in the main directory; the first match wins.
+`experiment=path/to/file.yaml` (any value ending in .yaml or .yml) reads that file wherever it is.
+"""
 from __future__ import annotations
 
 import difflib
@@ -17,27 +25,113 @@ from qkvqa.errors import ConfigError
 _NULL_WORDS = {"None"}          # Python None as a W&B sweep renders it; YAML null words parse already
 
 
-def experiments_dir() -> Path:
-    """The experiments/ directory: $QKVQA_EXPERIMENTS, else ./experiments, else the repository's."""
-    env = os.environ.get("QKVQA_EXPERIMENTS")
-    if env:
-        return Path(env)
-    cwd = Path.cwd() / "experiments"
-    if (cwd / "base").is_dir():
-        return cwd
+CONFIG_PATH_ENV = "QKVQA_CONFIG_PATH"
+EXPERIMENT_SUFFIXES = (".yaml", ".yml")
+_NOT_EXPERIMENTS = ("base", "presets", "sweeps")
+
+
+def checkout_experiments() -> Path:
+    """The top-level experiments/ of the checkout this module runs from (absent in an installed wheel)."""
     return Path(__file__).resolve().parents[3] / "experiments"
 
 
-def list_experiments(root: Optional[Path] = None) -> list[str]:
-    """Names of every experiment YAML (relative, without .yaml), excluding base/, presets/ and sweeps/."""
-    root = root or experiments_dir()
+def packaged_experiments() -> Path:
+    """The copy of experiments/ that `pip install .` puts inside the package (setup.py), `qkvqa/experiments/`."""
+    return Path(__file__).resolve().parents[1] / "experiments"
+
+
+def experiments_dir() -> Path:
+    """The main experiments directory: $QKVQA_EXPERIMENTS, else ./experiments (with base/), else the checkout's,
+    else the installed package's (see the module docstring)."""
+    env = os.environ.get("QKVQA_EXPERIMENTS")
+    if env:
+        return Path(env).expanduser()
+    for candidate in (Path.cwd() / "experiments", checkout_experiments(), packaged_experiments()):
+        if (candidate / "base").is_dir():
+            return candidate
+    return checkout_experiments()
+
+
+def config_search_path(config_dirs: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """The directories searched before the main one: `config_dirs` (--config-dir), then $QKVQA_CONFIG_PATH; each
+    must exist."""
+    env = [part for part in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if part.strip()]
+    dirs = []
+    for source, entries in (("--config-dir", config_dirs), (f"${CONFIG_PATH_ENV}", env)):
+        for entry in entries:
+            path = Path(entry).expanduser()
+            if not path.is_dir():
+                raise ConfigError(f"{source} {entry}: no such directory; give a directory laid out like experiments/ "
+                                  "(NAME.yaml, presets/NAME.yaml)")
+            if path not in dirs:
+                dirs.append(path)
+    return dirs
+
+
+def _roots(root: Optional[Path], search: Optional[Sequence[str | os.PathLike]]) -> list[Path]:
+    """Search path then main directory; `search` None reads $QKVQA_CONFIG_PATH only."""
+    main = Path(root) if root else experiments_dir()
+    return [d for d in config_search_path(search or ()) if d != main] + [main]
+
+
+def is_experiment_file(experiment: str) -> bool:
+    """`experiment=` names a file (it ends in .yaml / .yml) rather than an experiment of the search path."""
+    return str(experiment).endswith(EXPERIMENT_SUFFIXES)
+
+
+def _names_in(root: Path) -> list[str]:
     names = []
-    for path in sorted(root.rglob("*.yaml")):
+    for path in sorted(root.rglob("*.yaml")) if root.is_dir() else []:
         rel = path.relative_to(root)
-        if rel.parts[0] in ("base", "presets", "sweeps"):
-            continue
-        names.append(str(rel.with_suffix("")))
+        if rel.parts[0] not in _NOT_EXPERIMENTS:
+            names.append(str(rel.with_suffix("")))
     return names
+
+
+def experiment_sources(root: Optional[Path] = None,
+                       search: Optional[Sequence[str | os.PathLike]] = None) -> dict[str, Path]:
+    """Every experiment name (relative, without .yaml) -> the directory it is read from (first match wins)."""
+    found: dict[str, Path] = {}
+    for directory in _roots(root, search):
+        for name in _names_in(directory):
+            found.setdefault(name, directory)
+    return dict(sorted(found.items()))
+
+
+def list_experiments(root: Optional[Path] = None, search: Optional[Sequence[str | os.PathLike]] = None) -> list[str]:
+    """Names of every experiment YAML (relative, without .yaml), excluding base/, presets/ and sweeps/."""
+    return list(experiment_sources(root, search))
+
+
+def preset_sources(root: Optional[Path] = None,
+                   search: Optional[Sequence[str | os.PathLike]] = None) -> dict[str, Path]:
+    """Every preset name -> its file (first match over the search path, then the main directory)."""
+    found: dict[str, Path] = {}
+    for directory in _roots(root, search):
+        for path in sorted((directory / "presets").glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
+
+
+def find_experiment(experiment: str, root: Optional[Path] = None,
+                    search: Optional[Sequence[str | os.PathLike]] = None) -> Path:
+    """The YAML file of `experiment=`: a file path as given, else NAME.yaml of the first directory that has it."""
+    if is_experiment_file(experiment):
+        path = Path(experiment).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"experiment={experiment}: no such file (a value ending in .yaml is read as a path; "
+                              "give an existing file, or a NAME from `qkvqa config list`)")
+        return path.resolve()
+    roots = _roots(root, search)
+    for directory in roots:
+        path = directory / f"{experiment}.yaml"
+        if path.is_file():
+            return path
+    names = list_experiments(root, search)
+    near = difflib.get_close_matches(experiment, names, n=3)
+    where = " or ".join(str(d) for d in roots)
+    raise ConfigError(f"no experiment {experiment!r} in {where}" + (f"; did you mean {near}?" if near else
+                      f". Available: {', '.join(names)}"))
 
 
 def schema_keys(node: Any = Config, prefix: str = "") -> list[str]:
@@ -160,8 +254,9 @@ class _unlocked:
 
 
 def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overrides: Iterable[str] = (),
-            root: Optional[Path] = None) -> DictConfig:
-    """Build the resolved, validated config of a run (merge order documented in the module docstring)."""
+            root: Optional[Path] = None, search: Optional[Sequence[str | os.PathLike]] = None) -> DictConfig:
+    """Build the resolved, validated config of a run (merge order and config search in the module docstring);
+    `search` are --config-dir directories, searched before $QKVQA_CONFIG_PATH."""
     root = Path(root) if root else experiments_dir()
     cfg = OmegaConf.structured(Config)
     base_dir = root / "base"
@@ -169,24 +264,23 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
         cfg = _merge(cfg, _load_yaml(path), str(path))
     exp_cfg = None
     if experiment:
-        exp_path = root / f"{experiment}.yaml"
-        if not exp_path.is_file():
-            near = difflib.get_close_matches(experiment, list_experiments(root), n=3)
-            raise ConfigError(f"no experiment {experiment!r} in {root}" + (f"; did you mean {near}?" if near else
-                              f". Available: {', '.join(list_experiments(root))}"))
+        exp_path = find_experiment(experiment, root, search)
+        if is_experiment_file(experiment):
+            experiment = str(exp_path)            # absolute: the run record and rerun hints work from anywhere
         exp_cfg = _load_yaml(exp_path)
         # An experiment may name presets it needs; command-line presets come after them, in the order typed
         # (one the experiment also names moves to its typed place, so that it wins over the ones before it).
         exp_presets = list(exp_cfg.pop("presets", []) or [])
         presets = [p for p in exp_presets if p not in presets] + list(presets)
+    known = preset_sources(root, search) if presets else {}
     for name in presets:
-        path = root / "presets" / f"{name}.yaml"
-        if not path.is_file():
-            available = sorted(p.stem for p in (root / "presets").glob("*.yaml"))
-            raise ConfigError(f"no preset {name!r} in {root / 'presets'}; available: {available}")
+        path = known.get(name)
+        if path is None:
+            where = " or ".join(str(d / "presets") for d in _roots(root, search))
+            raise ConfigError(f"no preset {name!r} in {where}; available: {sorted(known)}")
         cfg = _merge(cfg, _load_yaml(path), str(path))
     if exp_cfg is not None:
-        cfg = _merge(cfg, exp_cfg, str(root / f"{experiment}.yaml"))
+        cfg = _merge(cfg, exp_cfg, str(exp_path))
         cfg.experiment = experiment
     cfg.presets = list(presets)
     for token in overrides:

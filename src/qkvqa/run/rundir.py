@@ -38,6 +38,8 @@ def new_run_id(experiment: str) -> str:
 
 
 def _slug(text: str, limit: int = 40) -> str:
+    if text.endswith((".yaml", ".yml")):           # experiment=path/to/file.yaml: the file's name, not its folders
+        text = Path(text).stem
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in text.replace("/", "-"))[:limit]
 
 
