@@ -117,6 +117,20 @@ def test_a_lightning_checkpoint_reranks_like_the_exported_qff(straight, mined, w
     assert len(a.urls) == 5 and a.best_section() is not None
 
 
+def test_qff_trainer_load_from_checkpoint_rebuilds_the_trained_model(straight):
+    from qkvqa.models.qff_module import QFFTrainer
+    from qkvqa.qff.model import QFFModel
+
+    module = QFFTrainer.load_from_checkpoint(straight / "last.ckpt", map_location="cpu")
+    exported = QFFModel.from_checkpoint(straight / "qff")          # the weights `qkvqa train` exported at the end
+    state = module.model.state_dict()
+    assert state.keys() == exported.state_dict().keys()
+    for key, value in exported.state_dict().items():
+        assert torch.equal(state[key], value), key
+    assert module.settings.vision_fingerprint == torch.load(straight / "last.ckpt", weights_only=True)[
+        "qff_frozen_vit"]["fingerprint"]
+
+
 def test_an_interrupted_run_resumes_mid_epoch_to_the_same_weights(straight, mined):
     common = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.deterministic=true",
               "qff.schedule_steps=4"]             # the schedule of the uninterrupted run

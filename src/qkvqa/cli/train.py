@@ -58,10 +58,13 @@ def train_qff(cfg, callbacks=()) -> dict:
 
     check_hardware(cfg, ["qformer"])
     # built on the CPU; the trainer moves it to each rank's device (no copy of the model on GPU 0 per rank)
-    component = build_qff_component({**OmegaConf.to_container(cfg.components.qformer), "device": "cpu"}, cfg.qff)
+    qformer = {**OmegaConf.to_container(cfg.components.qformer, resolve=True), "device": "cpu"}
+    component = build_qff_component(qformer, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
     datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
                                     component.image_processor, miner=functools.partial(mine_to_dir, cfg))
-    module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff, fingerprint))
+    # the spec travels in each checkpoint's hyper-parameters: QFFTrainer.load_from_checkpoint(path) rebuilds the model
+    module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff, fingerprint),
+                        model_spec={"qformer": qformer, "qff": OmegaConf.to_container(cfg.qff, resolve=True)})
     return fit(cfg, module, datamodule, command="train", callbacks=[QFFExport(component, datamodule), *callbacks],
                batch_size=cfg.data.batch_size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkvqa.errors import ConfigError, StaleArtifactError
+from qkvqa.errors import ConfigError, MissingWeightsError, StaleArtifactError
 from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
 from qkvqa.qff.scoring import late_interaction, rerank
 from qkvqa.run.steps import optimizer_steps
@@ -85,11 +85,62 @@ def freeze_outside_objective(model) -> list[str]:
     return frozen
 
 
-class QFFTrainer(pl.LightningModule):
-    """Contrastive training of a `QFFModel` (see the module docstring)."""
+def model_architecture(model) -> dict:
+    """A `model_spec` that rebuilds `model`'s shape (weights from a checkpoint): base config, focus, gate, switches."""
+    return {"architecture": {"base_config": model.base.config.to_dict(), "focus": model.focus, "gate": model.gate,
+                             "freeze_vit": model.freeze_vit, "gradient_checkpointing": model.gradient_checkpointing}}
 
-    def __init__(self, model, settings: QFFTrainSettings):
+
+def rebuild_model(spec: dict, settings: QFFTrainSettings) -> tuple[nn.Module, Optional[str]]:
+    """The QFFModel a `model_spec` describes, and the fingerprint of its frozen ViT (None unless the settings record
+    one): `{"qformer", "qff"}` builds the component (its ViT weights included), `{"architecture"}` only the shape."""
+    if "qformer" in spec:
+        from qkvqa.qff.builder import build_qff_component
+        from qkvqa.qff.vit_cache import vision_fingerprint
+
+        component = build_qff_component({**spec["qformer"], "device": "cpu"}, spec.get("qff"))
+        fingerprint = (vision_fingerprint(component.model, component.image_processor)
+                       if settings.vision_fingerprint is not None else None)
+        return component.model, fingerprint
+    if settings.vision_fingerprint is not None:
+        raise MissingWeightsError("this QFFTrainer checkpoint leaves the frozen ViT out and records no components.qformer "
+                                  "spec to rebuild it from: pass model= (build_qff_component(cfg.components.qformer, "
+                                  "cfg.qff).model) to load_from_checkpoint")
+    from transformers import Blip2Config, Blip2ForImageTextRetrieval
+
+    from qkvqa.qff.model import QFFModel
+
+    arch = spec["architecture"]
+    base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(arch["base_config"]))
+    return QFFModel(base, focus=arch["focus"], freeze_vit=arch["freeze_vit"], gate=arch["gate"],
+                    gradient_checkpointing=arch["gradient_checkpointing"]), None
+
+
+class QFFTrainer(pl.LightningModule):
+    """Contrastive training of a `QFFModel` (see the module docstring).
+
+    `QFFTrainer.load_from_checkpoint(path)` works without arguments: the checkpoint's hyper-parameters hold the
+    settings and a `model_spec` (plain values, so `weights_only` loading still works) that rebuilds the model.
+    """
+
+    def __init__(self, model=None, settings: QFFTrainSettings | dict | None = None, model_spec: Optional[dict] = None):
+        """`model`: the QFFModel to train; `settings`: its QFFTrainSettings (or their dict). `model_spec`
+        (`{"qformer": components.qformer, "qff": the qff section}`, plain dicts; `qkvqa train` passes it) is recorded
+        so that a checkpoint rebuilds the model, its frozen ViT included, and that ViT is checked against the
+        checkpoint's; without it the model's architecture is recorded. `model=None` rebuilds from `model_spec`."""
         super().__init__()
+        if settings is None:
+            raise ConfigError("QFFTrainer needs settings: QFFTrainer(model, QFFTrainSettings.from_config(cfg.qff))")
+        if not isinstance(settings, QFFTrainSettings):
+            settings = QFFTrainSettings(**{**settings, "betas": tuple(settings.get("betas", (0.9, 0.98)))})
+        if model_spec is None and model is None:
+            raise ConfigError("QFFTrainer needs a model, or a model_spec to build it from")
+        model_spec = model_spec if model_spec is not None else model_architecture(model)
+        self.save_hyperparameters({"settings": asdict(settings), "model_spec": model_spec}, logger=False)
+        if model is None:
+            model, fingerprint = rebuild_model(model_spec, settings)
+            if fingerprint is not None:     # on_load_checkpoint compares it with the checkpoint's
+                settings = replace(settings, vision_fingerprint=fingerprint)
         self.model = model.train()                 # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
         self.settings = settings
         freeze_outside_objective(model)
