@@ -21,13 +21,14 @@ RUNS ?= checkpoints
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): setup.cfg setup.py pyproject.toml
+# setup.cfg gives compatible ranges; constraints.txt pins the one verified set, which the install uses exactly
+$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=70" wheel
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv with the pinned set and qkvqa in editable mode (idempotent)
+install: $(STAMP) ## create .venv with the pinned set (constraints.txt) and qkvqa in editable mode (idempotent)
 
 slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing when present)
 	bash .ci/install_slurm.sh
