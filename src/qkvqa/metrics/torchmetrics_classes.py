@@ -1,8 +1,8 @@
 """torchmetrics Metrics keyed by question id, so a question the padded DistributedSampler repeats counts once.
 
 Lightning's `validate` / `test` use a DistributedSampler that pads the dataset to a multiple of the
-world size by repeating samples, and torchmetrics' sync does not remove the repeats (framework.md
-section 4). These metrics store one (question key, value) pair per update as `cat` list states; after
+world size by repeating samples, and torchmetrics' sync does not remove the repeats (pytorch/pytorch#25162,
+Lightning-AI/pytorch-lightning#2398). These metrics store one (question key, value) pair per update as `cat` list states; after
 the gather, `compute` keeps the first value of each key (rank 0's copy comes first in the gathered
 order), so every question counts exactly once. `assert_question_ids` checks that the gathered
 questions are exactly the dataset's.
