@@ -21,11 +21,13 @@ def test_qff_training_runs_on_two_cpu_ranks_as_one_run(world, tmp_path):
     overrides = mine_world(world, tmp_path)
     cmd = [sys.executable, "-m", "qkvqa.cli", "train", "experiment=demo/qff_per_layer", *overrides,
            "trainer.devices=2", "trainer.accelerator=cpu", "trainer.strategy=ddp", "trainer.max_steps=3",
-           "trainer.val_check_interval=3", "qff.max_val_samples=7", "trainer.enable_progress_bar=false",
-           "trainer.num_sanity_val_steps=0"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+           "trainer.val_check_interval=3", "qff.max_val_samples=7", "trainer.num_sanity_val_steps=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "QKVQA_PROGRESS": "lines"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # progress lines come from rank 0 alone, and Lightning has nothing to say about sync_dist
+    assert proc.stderr.count("qkvqa.progress] train: 3/3 steps (100%)") == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("qkvqa.progress] validate at step 3: ") == 1 and "sync_dist" not in proc.stderr
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1, runs
     run_dir = runs[0]

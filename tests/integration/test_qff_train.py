@@ -47,7 +47,7 @@ def test_train_writes_the_run_record_checkpoints_and_the_trained_qff(trained, mi
     assert status["state"] == "finished" and status["command"] == "train"
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["global_step"] == 6 and 0 <= summary["val/article_r1"] <= 100
-    assert {"val/section_r1", "val/stage1_article_r1", "val/loss", "train/loss_step", "train/gate"} <= set(summary)
+    assert {"val/section_r1", "val/stage1_article_r1", "val/loss", "train/loss", "train/epoch_loss", "train/gate"} <= set(summary)
     assert Path(summary["best_model_path"]).is_file() and summary["best_model_path"] != str(trained / "last.ckpt")
     ckpt = torch.load(trained / "last.ckpt", weights_only=True)
     assert ckpt["qkvqa"]["config"]["qff"]["focus"] == "per_layer" and ckpt["qkvqa"]["world_size"] == 1
@@ -55,8 +55,11 @@ def test_train_writes_the_run_record_checkpoints_and_the_trained_qff(trained, mi
     assert not any(k.startswith("model.base.vision_model.") for k in ckpt["state_dict"])
     assert any(k.startswith("model.q_xattn.") for k in ckpt["state_dict"]) and "qff_frozen_vit" in ckpt
     names = {row.split(",")[2] for row in (trained / "metrics.csv").read_text().splitlines()[1:]}
-    assert {"train/loss_step", "train/acc1", "train/pos_sim", "train/temperature", "train/samples_per_s",
-            "train/gate", "train/gate_layer0", "train/focus_grad_norm", "val/article_r1"} <= names
+    assert {"train/loss", "train/acc1", "train/pos_sim", "train/temperature", "train/samples_per_s",
+            "train/gate", "train/gate_layer0", "train/focus_grad_norm", "train/grad_norm", "train/lr/qformer",
+            "train/lr/focus_blocks", "val/article_r1"} <= names
+    assert not {"train/loss_step", "train/loss_epoch"} & names
+    assert 0 <= summary["train/acc1"] <= 100 and summary["train/grad_norm"] > 0      # rates in percent
     samples = json.loads((trained / "qff_samples.json").read_text())
     assert samples["samples"]["train"]["kept"] > 0 and samples["empty_batches"] == 0
 

@@ -1,8 +1,10 @@
-"""W&B in offline mode with the toy task: W&B id = run id across resumes, sweep values logged with their types."""
+"""W&B in offline mode with the toy task: W&B id = run id and step across resumes, typed sweep values, run metadata."""
 from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -87,6 +89,20 @@ def logged_config(offline_dir: Path) -> dict:
     return config
 
 
+def leet(offline_dir: Path, *flags: str) -> list[dict]:
+    """An offline run as W&B's own reader prints it: `wandb leet inspect --json` (one JSON object per record, or
+    the run's state with --summary)."""
+    done = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", *flags,
+                           str(offline_dir)], capture_output=True, text=True, timeout=120, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()] if not flags else \
+        [json.loads(done.stdout)]
+
+
+def history(offline_dir: Path) -> list[dict]:
+    """The history rows of an offline run (W&B's `_step` and the logged values), in logging order."""
+    return [r["history"]["item"] for r in leet(offline_dir) if r.get("type") == "history"]
+
+
 def _offline_dirs(run_dir: Path) -> list[Path]:
     """The offline run folders of a run dir, after the active W&B run has flushed them (wandb.finish)."""
     import wandb
@@ -108,6 +124,12 @@ def test_offline_run_dirs_carry_the_run_id_across_resumes(run_root, wandb_offlin
     assert sorted(p.name for p in run_root.iterdir()) == ["wb"]
     steps = [r["step"] for r in RunRecord(run_root / "wb").read_metrics() if r["name"] == "train/loss"]
     assert steps == [0, 1, 2, 3]                           # the local record holds everything too
+    # W&B's own step is Lightning's: the resumed segment continues at step 2 instead of restarting at 0, so
+    # `wandb sync` of both segments into run `wb` keeps both (wandb/wandb#5865)
+    first, second = (history(d) for d in dirs)
+    assert [r["_step"] for r in first if "train/loss" in r] == [0, 1]
+    assert [r["_step"] for r in second if "train/loss" in r] == [2, 3]
+    assert all(r["_step"] == r["trainer/global_step"] for r in first + second if "trainer/global_step" in r)
 
 
 @pytest.mark.slow
@@ -155,3 +177,18 @@ def test_manual_resume_is_not_hijacked_by_a_leaked_sweep(run_root, wandb_offline
     monkeypatch.setenv("WANDB_SWEEP_ID", "oldsweep")
     _fit(run_root, "run_id=manual", "trainer.max_steps=1")
     assert [d.name.rsplit("-", 1)[-1] for d in _offline_dirs(run_root / "manual")] == ["manual"]
+
+
+@pytest.mark.slow
+def test_the_wandb_run_carries_job_type_notes_tags_the_learning_rate_and_relative_paths(run_root, wandb_offline):
+    _fit(run_root, "run_id=meta", "trainer.max_steps=2", "notes=why this run", "tags=[study]",
+         "logger.wandb.tags=[toy]")
+    log_run_files(run_root / "meta")
+    (state,) = leet(_offline_dirs(run_root / "meta")[0], "--summary")
+    assert state["notes"] == "why this run" and state["tags"] == ["toy", "study"]
+    runs = [r["run"] for r in leet(_offline_dirs(run_root / "meta")[0]) if r.get("type") == "run"]
+    assert runs and runs[0]["job_type"] == "train"
+    summary = state["summary"]
+    assert summary["last_model_path"] == "last.ckpt"                    # relative to the run directory
+    assert json.loads((run_root / "meta" / "summary.json").read_text())["last_model_path"].startswith("/")
+    assert "train/loss" in summary and any(k.startswith("lr-") or k.startswith("train/lr") for k in summary)

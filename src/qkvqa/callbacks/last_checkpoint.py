@@ -54,7 +54,7 @@ class LastCheckpoint(pl.Callback):
 
     # ------------------------------------------------------------------ saving
     def _save(self, trainer: pl.Trainer, why: str) -> None:
-        trainer.save_checkpoint(str(self.path))
+        trainer.save_checkpoint(str(self.path), weights_only=False)   # the full state (explicit: Lightning logs a default)
         self._saved_step = trainer.global_step
         log.debug("saved %s at step %d (%s)", self.path, trainer.global_step, why)
 

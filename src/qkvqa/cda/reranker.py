@@ -88,16 +88,22 @@ class FlagEmbeddingReranker(Reranker):
 
 
 def _silence_flag_progress_bars() -> None:
-    """FlagReranker draws two tqdm bars per call with more pairs than a batch; the pipeline calls it once per
-    question, so the bars would flood the log. Its module-level `tqdm` is replaced by a disabled one."""
+    """FlagReranker draws two bars per call with at least a batch of pairs ("pre tokenize" from `trange`, "Compute
+    Scores" from `tqdm`); the pipeline calls it once per question, so an evaluation printed a bar per question.
+    FlagEmbedding 1.4.2 has no switch for them: `compute_score` and the constructor take none, and each bar is built
+    with `disable=len(pairs) < batch_size` passed explicitly, which overrides tqdm's TQDM_DISABLE default. So both
+    names its scoring module imported are replaced, in that module only, by disabled bars (the per-question loop has
+    its own progress lines); tests/integration/test_evaluate.py checks that no bar is left in an evaluation's output."""
     import FlagEmbedding.inference.reranker.encoder_only.base as flag_base
-    from tqdm import tqdm
+    from tqdm import tqdm, trange
 
-    def quiet_tqdm(*args, **kwargs):
-        kwargs["disable"] = True
-        return tqdm(*args, **kwargs)
+    def quiet(bar):
+        def make(*args, **kwargs):
+            kwargs["disable"] = True
+            return bar(*args, **kwargs)
+        return make
 
-    flag_base.tqdm = quiet_tqdm
+    flag_base.tqdm, flag_base.trange = quiet(tqdm), quiet(trange)
 
 
 class NativeReranker(Reranker):

@@ -182,7 +182,8 @@ class TrainerConfig:
     limit_val_batches: Optional[float] = None
     num_sanity_val_steps: int = 0
     deterministic: bool = False
-    enable_progress_bar: bool = True
+    enable_progress_bar: bool = True             # progress of fit / predict: a bar or lines by logger.progress.mode
+    enable_model_summary: bool = False           # Lightning's parameter table; off: one qkvqa log line at fit start
     detect_anomaly: bool = False
     fast_dev_run: bool = False
 
@@ -208,13 +209,27 @@ class WandbConfig:
     group: Optional[str] = None
     tags: List[str] = field(default_factory=list)
     mode: Optional[str] = None                   # online | offline | disabled; null follows WANDB_MODE
+    eval_table: bool = True                      # evaluations log the per-question results as the table `eval/predictions`
+    eval_table_images: bool = False              # ... with each question's query image (larger runs)
+
+
+@dataclass
+class ProgressConfig:
+    """Progress of long loops (training, prediction, embed, mine, rerank, ...); see qkvqa.utils.progress."""
+
+    # auto: bars when stdout and stderr are terminals, else plain lines (a SLURM log, `> log.txt`) |
+    # bar | lines | off; null follows QKVQA_PROGRESS (0 = off, 1 = auto, bar, lines), else auto
+    mode: Optional[str] = None
+    every_s: float = 30.0                        # lines: one at least this often (0: only at the fractions)
+    every_fraction: float = 0.1                  # lines: and at each such fraction of a loop of known length (0: none)
 
 
 @dataclass
 class LoggerConfig:
-    """Loggers: W&B plus the local run record."""
+    """Loggers: W&B plus the local run record, and the progress display."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress: ProgressConfig = field(default_factory=ProgressConfig)
 
 
 @dataclass
@@ -253,6 +268,7 @@ CDA_MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
 TOP1_SECTION_BY = ("qff", "bge", "fused")
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 STOP_AFTER = ("generation", "filter")
+PROGRESS_MODES = ("auto", "bar", "lines", "off")         # qkvqa.utils.progress.MODES
 CHOICES = {
     "resume": ("never", "auto"), "task": ("train", "evaluate", "retrieve", "rerank"),
     "data.dataset": ("evqa", "infoseek"), "data.protocol": tuple(PROTOCOLS),
@@ -263,6 +279,7 @@ CHOICES = {
     "cda.mode": CDA_MODES, "cda.top1_section_by": TOP1_SECTION_BY,
     "eval.filter": EVAL_FILTERS, "eval.judge": ("bem", "em_only"), "eval.context": ("cda", "mllm_filter"),
     "eval.stop_after": STOP_AFTER, "generation.backend": ("hf", "vllm"), "checkpoint.mode": ("max", "min"),
+    "logger.progress.mode": PROGRESS_MODES,
 }
 BOUNDS = {
     "data.batch_size": (1, None), "data.num_workers": (0, None), "data.max_questions": (1, None),
@@ -276,6 +293,7 @@ BOUNDS = {
     "cda.U": (1, None), "cda.theta": (0.0, None), "cda.chunk_tokens": (1, None), "cda.K1": (1, None),
     "cda.K2": (0, None), "cda.reranker_batch_size": (1, None), "cda.reranker_max_length": (1, None),
     "generation.max_new_tokens": (1, None), "generation.batch_size": (1, None), "generation.filter_top_n": (1, None),
+    "logger.progress.every_s": (0.0, None), "logger.progress.every_fraction": (0.0, 1.0),
 }
 
 
@@ -305,7 +323,7 @@ def check_values(cfg: Any) -> None:
 # Keys that may change when a run resumes; any other change is refused (torchtune's policy).
 MUTABLE_ON_RESUME = (
     "resume", "notes", "tags", "trainer.max_steps", "trainer.max_epochs", "trainer.log_every_n_steps",
-    "trainer.enable_progress_bar", "trainer.val_check_interval", "trainer.limit_val_batches",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.val_check_interval", "trainer.limit_val_batches",
     "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.accelerator",
     "checkpoint.every_n_train_steps", "logger", "paths", "data.num_workers", "presets",
     # scoring keys: a finished prediction set may be re-scored with another judge (`qkvqa score run RUN_DIR`)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from qkvqa.config.load import to_plain
 from qkvqa.run.rundir import RunContext
 from qkvqa.utils.logging import get_logger
 
@@ -25,23 +28,61 @@ def wandb_mode(cfg: DictConfig) -> str:
     return "offline"
 
 
-def make_wandb_logger(cfg: DictConfig, run: RunContext, plain_config: dict):
-    """A WandbLogger for this run, or None when W&B is disabled."""
+# Config values that are data, not settings: a tiny model's word list (components.*.options.vocab_texts) ran to
+# thousands of words in every W&B config. They stay in config.yaml and the checkpoints; W&B gets a short stand-in.
+BULK_KEYS = ("vocab_texts",)
+MAX_LIST_ITEMS = 64
+
+
+def compact_config(plain: Any) -> Any:
+    """The config as W&B (and `qkvqa compare`) show it: BULK_KEYS and lists longer than MAX_LIST_ITEMS replaced by
+    "<N items: see config.yaml>"; every other value, with its type, unchanged."""
+    if isinstance(plain, dict):
+        return {k: (_stand_in(v) if k in BULK_KEYS and isinstance(v, (list, tuple)) else compact_config(v))
+                for k, v in plain.items()}
+    if isinstance(plain, (list, tuple)):
+        return _stand_in(plain) if len(plain) > MAX_LIST_ITEMS else [compact_config(v) for v in plain]
+    return plain
+
+
+def _stand_in(values: Any) -> str:
+    return f"<{len(values)} items: see config.yaml>"
+
+
+def job_type(command: str) -> str:
+    """The W&B job_type of a qkvqa command: its first word (train, evaluate, embed, index, mine, rerank, ...)."""
+    return (command or "run").split()[0]
+
+
+def run_settings(cfg: DictConfig, run: RunContext, command: str) -> dict:
+    """The wandb.init arguments every qkvqa W&B run shares: project, entity, group, job_type, top-level notes and
+    tags (joined with logger.wandb.tags), the compact config, the run directory, the mode."""
     wcfg = cfg.logger.wandb
-    mode = wandb_mode(cfg)
-    if not wcfg.enabled or mode == "disabled":
+    tags = list(dict.fromkeys([*wcfg.tags, *cfg.tags])) or None
+    kwargs: dict = dict(project=wcfg.project, entity=wcfg.entity, group=wcfg.group, tags=tags, notes=cfg.notes or None,
+                        job_type=job_type(command), name=run.run_id, mode=wandb_mode(cfg),
+                        config=compact_config(to_plain(cfg)), resume="allow")
+    if not run.launched_by_sweep:
+        kwargs["id"] = run.run_id      # under a sweep the agent's run id is used (and equals run_id)
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def make_wandb_logger(cfg: DictConfig, run: RunContext, command: str = "train"):
+    """A WandbLogger for this run (job_type `command`), or None when W&B is disabled."""
+    if not cfg.logger.wandb.enabled or wandb_mode(cfg) == "disabled":
         return None
     from lightning.pytorch.loggers import WandbLogger
 
     finish_active_run()
     if run.is_rank_zero:                # other ranks only join the record rank zero writes
         run.run_dir.mkdir(parents=True, exist_ok=True)
-    kwargs: dict = dict(project=wcfg.project, entity=wcfg.entity, group=wcfg.group, tags=list(wcfg.tags) or None,
-                        save_dir=str(run.run_dir), name=run.run_id, mode=mode, config=plain_config,
-                        resume="allow", log_model=False)
-    if not run.launched_by_sweep:
-        kwargs["id"] = run.run_id      # under a sweep the agent's run id is used (and equals run_id)
-    return _tolerant(WandbLogger)(**{k: v for k, v in kwargs.items() if v is not None})
+    logger = _tolerant(WandbLogger)(save_dir=str(run.run_dir), log_model=False, **run_settings(cfg, run, command))
+    # Lightning 2.6.6 always passes anonymous=None to wandb.init, which W&B 0.31 answers with "The anonymous setting
+    # has no effect" on every run; the unset value is dropped (its init arguments are the private `_wandb_init`)
+    init = getattr(logger, "_wandb_init", None)
+    if isinstance(init, dict) and init.get("anonymous", False) is None:
+        del init["anonymous"]
+    return logger
 
 
 _TOLERANT: dict = {}
@@ -54,9 +95,11 @@ def _tolerant(base: type) -> type:
     failure logs one warning and W&B stops; the local run record goes on (sync the offline files later)."""
     if base in _TOLERANT:
         return _TOLERANT[base]
+    from lightning.pytorch.utilities import rank_zero_only
 
     class TolerantWandbLogger(base):
         _broken = False
+        _skipped_steps = 0
 
         def _guard(self, name: str, *args, **kwargs):
             if self._broken:
@@ -69,8 +112,37 @@ def _tolerant(base: type) -> type:
                             self.save_dir)
                 return None
 
-        def log_metrics(self, *args, **kwargs):
-            return self._guard("log_metrics", *args, **kwargs)
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None):
+            if step is None:
+                return self._guard("log_metrics", metrics)
+            return self._guard_call(self._log_at_step, metrics, int(step))
+
+        def _log_at_step(self, metrics, step: int) -> None:
+            """Log with W&B's own step equal to Lightning's (not only the `trainer/global_step` column): an offline
+            run resumed from a checkpoint starts a new offline segment whose `_step` would restart at 0, and
+            syncing it into the same run then hid a segment (wandb/wandb#5865). Steps W&B has already passed
+            (an online resume re-doing the steps after the checkpoint; exact resume makes them the same values) are
+            skipped with one note; metrics.csv holds them."""
+            current = int(getattr(self.experiment, "step", 0) or 0)
+            if step < current:
+                if not self._skipped_steps:
+                    log.info("W&B: this run already has steps up to %d (the attempt before this resume); steps "
+                             "below it are not logged to W&B again (metrics.csv has them)", current - 1)
+                self._skipped_steps += 1
+                return
+            self.experiment.log({**metrics, "trainer/global_step": step}, step=step)
+
+        def _guard_call(self, fn, *args, **kwargs):
+            if self._broken:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:                   # the service died or the network went: never fail the run
+                self._broken = True
+                log.warning("W&B stopped (%s: %s); the local run record in %s goes on", type(e).__name__, e,
+                            self.save_dir)
+                return None
 
         def log_hyperparams(self, *args, **kwargs):
             return self._guard("log_hyperparams", *args, **kwargs)
@@ -118,11 +190,125 @@ def log_run_files(run_dir: str | os.PathLike) -> list[str]:
     run_dir = Path(run_dir)
     saved = []
     try:
-        run.summary.update(RunRecord(run_dir).summary())
+        run.summary.update(relative_paths(RunRecord(run_dir).summary(), run_dir))
         for name in RUN_FILES:
             if (run_dir / name).is_file():
-                run.save(str(run_dir / name), base_path=str(run_dir), policy="now")
+                # a copy inside the W&B run's files directory: saving a file from outside it made W&B symlink it
+                # and warn "Symlinked 1 file ..." on every run
+                copy = Path(run.dir) / name
+                shutil.copyfile(run_dir / name, copy)
+                run.save(str(copy), base_path=str(run.dir), policy="now")
                 saved.append(name)
     except Exception as e:                           # a dead W&B service must not fail a finished job
         log.warning("W&B: could not save the run files (%s: %s); they are in %s", type(e).__name__, e, run_dir)
     return saved
+
+
+def relative_paths(summary: dict, run_dir: str | os.PathLike) -> dict:
+    """The summary with every path inside the run directory written relative to it (`last.ckpt`, `qff`), as a W&B
+    user reads it on another machine; other values unchanged."""
+    root = os.path.realpath(run_dir)
+
+    def rel(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: rel(v) for k, v in value.items()}
+        if isinstance(value, str) and os.path.isabs(value):
+            path = os.path.realpath(value)
+            if path == root or path.startswith(root + os.sep):
+                return os.path.relpath(path, root)
+        return value
+    return rel(summary)
+
+
+# Commands whose job is not a Lightning Trainer (train and evaluate log through WandbLogger): their W&B run is opened
+# by run_job around the job, with the same settings, and carries the summary and files at the end.
+OWN_RUN_COMMANDS = ("embed", "index build", "mine", "rerank", "retrieve", "cache-vit")
+
+
+@contextmanager
+def job_run(cfg: DictConfig, run: RunContext, command: str) -> Iterator[None]:
+    """A W&B run around a non-Lightning job (OWN_RUN_COMMANDS) on rank zero, finished with its exit status; nothing
+    for other commands or with W&B disabled. A W&B failure is one warning: the job and its record go on."""
+    if command not in OWN_RUN_COMMANDS or not run.is_rank_zero or not cfg.logger.wandb.enabled \
+            or wandb_mode(cfg) == "disabled":
+        yield
+        return
+    import wandb
+
+    finish_active_run()
+    try:
+        wrun = wandb.init(dir=str(run.run_dir), **run_settings(cfg, run, command))
+    except Exception as e:
+        log.warning("W&B: could not start the run (%s: %s); the local run record in %s goes on", type(e).__name__, e,
+                    run.run_dir)
+        yield
+        return
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        try:
+            if not failed:
+                log_run_files(run.run_dir)
+            wrun.finish(exit_code=1 if failed else 0)
+        except Exception as e:                       # a dead W&B service must not fail a finished job
+            log.warning("W&B: could not finish the run (%s: %s)", type(e).__name__, e)
+
+
+TABLE_COLUMNS = ["id", "question", "gold_answer", "prediction", "correct", "gold_rank_before_filter",
+                 "gold_rank_after_filter", "context_tokens"]
+
+
+def gold_rank(urls: Sequence[str], gold: Sequence[str]) -> Optional[int]:
+    """1-based rank of the first gold URL in `urls`, None when no gold article is ranked."""
+    for rank, url in enumerate(urls, 1):
+        if url in gold:
+            return rank
+    return None
+
+
+def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict) -> list[list]:
+    """One row per question of the split, in TABLE_COLUMNS order (a skipped question: empty prediction, the reason in
+    `prediction`, its correctness as scored)."""
+    by_id = {r["data_id"]: r for r in rows}
+    out = []
+    for q in questions:
+        row = by_id.get(q.data_id, {})
+        if q.reference is not None:                  # InfoSeek: the official answer_eval list (or numeric range)
+            gold = q.reference.answer_eval
+            gold = " | ".join(map(str, gold)) if isinstance(gold, list) else str(gold)
+        else:
+            gold = " | ".join(q.answers)
+        before = retrieved.get(q.data_id)
+        prediction = row.get("prediction", "")
+        if row.get("skipped"):
+            prediction = f"<skipped: {row['skipped']}>"
+        out.append([q.data_id, q.question, gold, prediction, correct.get(q.data_id),
+                    gold_rank(before.urls if before is not None else [], q.gold_urls),
+                    gold_rank([a["url"] for a in row.get("ranking") or []], q.gold_urls) if row else None,
+                    row.get("context_tokens")])
+    return out
+
+
+def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict,
+                          images: Any = None, key: str = "eval/predictions") -> bool:
+    """Log the per-question results of an evaluation as a wandb.Table into the active run (rank zero); with `images`
+    (the benchmark's image loader) a column of query images. False when no W&B run is active."""
+    wandb = sys.modules.get("wandb")
+    run = wandb.run if wandb is not None else None
+    if run is None:
+        return False
+    data = predictions_table_rows(rows, questions, retrieved, correct)
+    columns = list(TABLE_COLUMNS)
+    try:
+        if images is not None:
+            columns.append("image")
+            for values, q in zip(data, questions):
+                image = images.load(q.dataset_name, q.image_id)
+                values.append(wandb.Image(image) if image is not None else None)
+        run.log({key: wandb.Table(columns=columns, data=data)})
+    except Exception as e:                           # a dead W&B service must not fail a finished evaluation
+        log.warning("W&B: could not log %s (%s: %s); predictions.jsonl has every row", key, type(e).__name__, e)
+        return False
+    return True

@@ -240,9 +240,12 @@ class QFFTrainer(pl.LightningModule):
         loss = self.contrastive_loss(logits)
         b = batch["size"]
         with torch.no_grad():
-            self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=b)
+            # train/loss per step; train/epoch_loss the epoch's mean over every rank's batches
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=b)
+            self.log("train/epoch_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=b)
             self.log("train/pos_sim", (logits[:, 0] * self.temperature).mean(), on_step=True, batch_size=b)
-            self.log("train/acc1", (logits.argmax(dim=1) == 0).float().mean(), on_step=True, prog_bar=True,
+            # rates in percent, as val/* and eval/* (docs/training.md)
+            self.log("train/acc1", 100.0 * (logits.argmax(dim=1) == 0).float().mean(), on_step=True, prog_bar=True,
                      batch_size=b)
             self.log("train/temperature", self.temperature, on_step=True, batch_size=b)
             gates = self.model.gate_values()
@@ -278,7 +281,12 @@ class QFFTrainer(pl.LightningModule):
         return [g for g in groups if g["params"]]
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Log the gradient norm of the new focus blocks (zero while a tanh gate is still closed)."""
+        """Log the L2 norm of all gradients (before clipping) and of the new focus blocks' (zero while a tanh gate is
+        still closed)."""
+        every = [p.grad.detach() for p in self.parameters() if p.grad is not None]
+        if every:
+            self.log("train/grad_norm", torch.nn.utils.get_total_norm(every, foreach=True).float(), on_step=True,
+                     on_epoch=False)
         blocks, _ = self.model.focus_parameters()
         grads = [p.grad.detach().float().norm() for p in blocks if p.grad is not None]
         if grads:
@@ -298,7 +306,8 @@ class QFFTrainer(pl.LightningModule):
                                                         total_steps=total,
                                                         pct_start=s.pct_start, div_factor=s.div_factor,
                                                         cycle_momentum=False)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # LearningRateMonitor logs each group's rate as train/lr/<group name> (qformer, focus_blocks, ...)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -339,13 +348,16 @@ class QFFTrainer(pl.LightningModule):
         return fused_hits, stage1_hits
 
     def on_validation_epoch_end(self) -> None:
-        """Log the per-question metrics, gathered over ranks once (no per-step collective), in percent."""
+        """Log the per-question metrics, gathered over ranks once (no per-step collective), in percent.
+
+        Each value is already the same on every rank (PerQuestionMean gathers before it computes), so the sync
+        Lightning asks for is a max over equal values: the value unchanged, exactly (a mean over 3 ranks could round)."""
         for name, metric, scale in (("val/loss", self.val_loss, 1.0), ("val/section_r1", self.val_section_r1, 100.0),
                                     ("val/article_r1", self.val_article_r1, 100.0),
                                     ("val/stage1_article_r1", self.val_stage1_r1, 100.0)):
             value = metric.compute()
             if not torch.isnan(value):
-                self.log(name, scale * value.float(), prog_bar=name == "val/article_r1")
+                self.log(name, scale * value.float(), prog_bar=name == "val/article_r1", sync_dist=True, reduce_fx="max")
             metric.reset()
 
     # ------------------------------------------------------------------ checkpoints

@@ -268,13 +268,14 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.data.config import data_config_from_dict, for_evaluation
     from qkvqa.data_modules import build_data_module
     from qkvqa.data_modules.evaluation import EvaluationDataModule
-    from qkvqa.loggers.wandb import log_run_files
+    from qkvqa.loggers.wandb import log_predictions_table, log_run_files
     from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore
     from qkvqa.pipeline.protocol import protocol_card, used_components
     from qkvqa.pipeline.report import render_report
-    from qkvqa.pipeline.scoring import flat_metrics, score_run
+    from qkvqa.pipeline.scoring import PER_QUESTION_KEY, flat_metrics, score_run
     from qkvqa.run.job import run_job
+    from qkvqa.run.lightning_noise import srun_hint_only_when_useful
     from qkvqa.run.trainer import build_trainer, check_hardware, world_size_of
 
     check_hardware(cfg, used_components(cfg))
@@ -305,8 +306,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
         else:
             pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
             data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
-            trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset), datamodule=data,
-                            return_predictions=False)
+            with srun_hint_only_when_useful(world_size_of(cfg)):
+                trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset), datamodule=data,
+                                return_predictions=False)
         if not (rank_zero and trainer.is_global_zero):
             return {}
         rows = store.merge([q.data_id for q in questions])
@@ -314,6 +316,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         scores = score_run(dataset, rows, questions, retrieved, judge, int(cfg.retrieval.top_k),
                            cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped,
                            stop_after=cfg.eval.stop_after)
+        correct = scores.pop(PER_QUESTION_KEY)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
         scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store())
@@ -328,6 +331,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
         flat = flat_metrics(scores)
         for logger in trainer.loggers:
             logger.log_metrics(flat, step=0)
+        if cfg.logger.wandb.eval_table:
+            log_predictions_table(rows, questions, retrieved, correct,
+                                  benchmark.image_loader if cfg.logger.wandb.eval_table_images else None)
         job.record.update_summary({**flat, "report": str(run_dir / "report.md"), "protocol": scores["protocol"]})
         log_run_files(run_dir)
         log.info("report: %s", run_dir / "report.md")

@@ -10,6 +10,7 @@ from qkvqa.retrieval.results import Retrieved
 from qkvqa.retrieval.retrieve import retrieval_metrics
 
 STAGES = ("retrieve", "filter", "select", "generate")     # select: CDA or MLLM filtering
+PER_QUESTION_KEY = "_per_question_correct"
 
 
 def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
@@ -103,6 +104,8 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
         "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered if generated]),
         "seconds_per_question": {s: _mean([r["seconds"].get(s, 0.0) for r in answered]) for s in STAGES},
     }
+    # {data_id: the official scorer's 0/1 (BEM's score)} for the per-question W&B table; not part of scores.json
+    out[PER_QUESTION_KEY] = per_question
     if dataset == "evqa":
         from qkvqa.metrics.retrieval import evidence_section_recall
 

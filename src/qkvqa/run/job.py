@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from qkvqa.config.load import to_plain
 from qkvqa.errors import RunInterrupted
+from qkvqa.loggers.wandb import job_run
 from qkvqa.run.agent import stop_with_the_agent
 from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
@@ -18,6 +19,7 @@ from qkvqa.run.resume import prepare_resume
 from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.run.slurm import requeue
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.progress import progress_settings
 from qkvqa.utils.stop_signals import forget_stop_signals, note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
@@ -34,6 +36,7 @@ class Job:
     resume_changes: dict = field(default_factory=dict)
     final_state: str = "finished"       # set to "interrupted" by a job that stopped on a signal
     received_signal: Optional[int] = None   # that signal (SIGUSR1 inside a SLURM job: the job is requeued at the end)
+    command: str = ""                   # the qkvqa command running it (train, evaluate, embed, ...): the W&B job_type
 
     @property
     def plain_config(self) -> dict:
@@ -78,7 +81,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
             raise
     else:
         ckpt, changes = _child_ckpt(run), {}
-    job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes)
+    job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes, command=command)
     if run.is_rank_zero:
         record.write_config(cfg)
         record.start(run.run_id, world_size, command,
@@ -86,7 +89,8 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
         log.info("run %s -> %s", run.run_id, run.run_dir)
     received = None
     try:
-        with interrupt_on_signals(run.run_id):
+        with interrupt_on_signals(run.run_id), progress_settings(**cfg.logger.progress), \
+                job_run(cfg, run, command):     # the W&B run of a job without a Trainer (embed, index, mine, ...)
             yield job
     except (KeyboardInterrupt, RunInterrupted) as e:
         received = getattr(e, "signum", None)

@@ -20,7 +20,7 @@ log = get_logger(__name__)
 _TRAINER_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_epochs", "max_steps",
                  "accumulate_grad_batches", "gradient_clip_val", "log_every_n_steps", "val_check_interval",
                  "check_val_every_n_epoch", "limit_train_batches", "limit_val_batches", "num_sanity_val_steps",
-                 "deterministic", "enable_progress_bar", "detect_anomaly", "fast_dev_run")
+                 "deterministic", "enable_progress_bar", "enable_model_summary", "detect_anomaly", "fast_dev_run")
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -54,10 +54,26 @@ def check_hardware(cfg: DictConfig, components: Iterable[str] = ()) -> None:
                           f"components.*.device=cpu)")
 
 
+def progress_callbacks(cfg: DictConfig) -> tuple[bool, list[pl.Callback]]:
+    """(Lightning's bar on?, callbacks) for trainer.enable_progress_bar and logger.progress: a bar on a terminal, plain
+    lines (`ProgressLines`) in a file, where Lightning's bar shows nothing until fit ends; nothing with mode off."""
+    from qkvqa.callbacks.progress_lines import FitStartNote, ProgressLines
+    from qkvqa.utils.progress import progress_mode
+
+    mode = progress_mode() if cfg.trainer.enable_progress_bar else "off"
+    note: list[pl.Callback] = [] if cfg.trainer.enable_model_summary else [FitStartNote()]
+    if mode == "lines":
+        return False, [ProgressLines(cfg.logger.progress.every_s, cfg.logger.progress.every_fraction), *note]
+    return mode == "bar", note
+
+
 def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> pl.Trainer:
     """A Trainer whose checkpoints, local log and W&B files all live in the run directory."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from qkvqa.run.lightning_noise import quiet_lightning, srun_hint_only_when_useful
+
+    quiet_lightning()
     cfg = job.cfg
     ck = cfg.checkpoint
     # last.ckpt is LastCheckpoint's alone (why: its docstring); ModelCheckpoint keeps the top-k (monitored) or the
@@ -69,16 +85,19 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
             mode=ck.mode, save_top_k=ck.save_top_k if ck.monitor else 1, save_last=False,
             every_n_train_steps=ck.every_n_train_steps, save_on_exception=False, auto_insert_metric_name=False,
             enable_version_counter=False))
-    wandb_logger = make_wandb_logger(cfg, job.run, job.plain_config)
+    wandb_logger = make_wandb_logger(cfg, job.run, command=job.command or "train")
     # resumed: a run continued in its directory (from last.ckpt or from scratch) first drops the rows it logs again
     loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.run.resumed)] + ([wandb_logger] if wandb_logger
                                                                                         else [])
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
+    bar, shown = progress_callbacks(cfg)
     # qkvqa DataModules shard across ranks themselves (qkvqa.data_modules.samplers), which keeps mid-epoch
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
-    return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
-                      callbacks=[*checkpoints, state, *callbacks],
-                      plugins=[CheckedCheckpointIO(), *slurm_plugins()], enable_checkpointing=bool(ck.save_top_k), **trainer_kwargs(cfg))
+    with srun_hint_only_when_useful(world_size_of(cfg)):
+        return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
+                          callbacks=[*checkpoints, state, *shown, *callbacks],
+                          plugins=[CheckedCheckpointIO(), *slurm_plugins()], enable_checkpointing=bool(ck.save_top_k),
+                          **{**trainer_kwargs(cfg), "enable_progress_bar": bar})
 
 
 def world_size_of(cfg: DictConfig) -> int:
@@ -98,13 +117,17 @@ def world_size_of(cfg: DictConfig) -> int:
 def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDataModule, command: str = "train",
         callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> dict:
     """Train `module` on `datamodule` as one run; resumes with `resume=auto`; returns the summary."""
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
     from qkvqa.errors import RunInterrupted
+    from qkvqa.run.lightning_noise import srun_hint_only_when_useful
 
     check_hardware(cfg)
     with run_job(cfg, command, world_size_of(cfg)) as job:
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        trainer = build_trainer(job, callbacks, batch_size)
-        trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
+        trainer = build_trainer(job, [LearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
+        with srun_hint_only_when_useful(world_size_of(cfg)):
+            trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
         last = next(cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint))
         if last.preempted:
             job.final_state, job.received_signal = "interrupted", last.received
