@@ -17,8 +17,9 @@ from qkvqa.run.record import RunRecord
 class FakeRun:
     """The attributes of `wandb.apis.public.Run` that compare uses; `history()` is sampled and must not be."""
 
-    def __init__(self, run_id, state, config, summary, history):
+    def __init__(self, run_id, state, config, summary, history, job_type="train"):
         self.id, self.state, self.config, self.summary, self._history = run_id, state, config, summary, history
+        self.job_type = job_type
 
     def scan_history(self, keys=None, page_size=1000):
         return [{k: row[k] for k in keys} for row in self._history if all(k in row for k in keys)]
@@ -83,7 +84,8 @@ def test_wandb_rows_give_the_same_table_as_local_records(run_root):
     assert strip(remote.records) == strip(local.records)
     assert [r["run_id"] for r in remote.records] == ["b", "a", "c"]
     assert remote.records[0]["best_value"] == pytest.approx(0.3) and remote.records[0]["best_step"] == 2
-    assert {r["runtime_s"] for r in remote.records} == {12.5}
+    full = build_table(collect_wandb("me/qkvqa", api=api), "val/loss", "min", all_columns=True)
+    assert {r["runtime_s"] for r in full.records} == {12.5} and {r["task"] for r in remote.records} == {"train"}
 
 
 def test_step_falls_back_to_wandb_step_without_lightning_step():
@@ -111,7 +113,7 @@ def test_cli_reads_a_wandb_project(monkeypatch, capsys):
 def test_real_wandb_project_builds_a_table():
     rows = collect_wandb(os.environ["QKVQA_WANDB_TEST_PROJECT"])
     table = build_table(rows, "train/loss", "min")
-    assert table.columns[:3] == ["run_id", "state", "experiment"] and len(table.records) == len(rows)
+    assert table.columns[:3] == ["run_id", "task", "state"] and len(table.records) == len(rows)
 
 
 def test_compare_wandb_without_a_login_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):

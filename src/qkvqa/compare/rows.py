@@ -29,6 +29,7 @@ class RunRow:
     runtime_s: Optional[float]
     source: str                                # run directory or entity/project/run_id
     series: Callable[[str], Series] = field(repr=False, compare=False, default=lambda name: [])
+    task: Optional[str] = None                 # the command that ran it (status.json; W&B: job_type)
 
     def best(self, metric: str, goal: str) -> tuple[Optional[float], Optional[int]]:
         """(best value, its step) of `metric` over the run's history; the summary value when it has none."""
@@ -39,6 +40,23 @@ class RunRow:
             return best_value, min(s for s, v in points if v == best_value)
         value = self.summary.get(metric)
         return (value, None) if value is not None else (None, None)
+
+    def last(self, metric: str) -> tuple[Optional[float], Optional[int]]:
+        """(last value, its step) of `metric` in the run's history; the summary value when it has none."""
+        points = [(s, v) for s, v in self.series(metric) if not math.isnan(v)]
+        if points:
+            step, value = points[-1]
+            return value, step
+        value = self.summary.get(metric)
+        return (value, None) if value is not None else (None, None)
+
+    def value(self, metric: str, which: str, goal: str = "max") -> tuple[Optional[float], Optional[int]]:
+        """`best` (by goal) or `last` value of `metric`, with its step."""
+        if which == "best":
+            return self.best(metric, goal)
+        if which == "last":
+            return self.last(metric)
+        raise ConfigError(f"which value of a run's history: best or last, got {which!r}")
 
 
 def goal_sign(goal: str) -> int:
@@ -94,8 +112,11 @@ def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
     """A row from `config.yaml`, `status.json`, `summary.json` and `metrics.csv` (no W&B files)."""
     from omegaconf import OmegaConf
 
+    from qkvqa.loggers.wandb import compact_config
+
     record = RunRecord(run_dir)
     config = OmegaConf.to_container(OmegaConf.load(record.config_path)) if record.config_path.exists() else {}
+    config = compact_config(config)            # a tiny model's word list is data, not a setting to compare
     status = record.status()
     return RunRow(
         run_id=status.get("run_id") or config.get("run_id") or record.run_dir.name,
@@ -107,6 +128,7 @@ def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
         runtime_s=_seconds_between(status.get("created_at"), status.get("finished_at") or status.get("updated_at")),
         source=str(record.run_dir),
         series=_local_series(record),
+        task=status.get("command"),
     )
 
 
@@ -163,12 +185,14 @@ def collect_wandb(path: str, api: Any = None, filters: Optional[dict] = None) ->
                               f"checkpoints") from None
     else:
         runs = api.runs(path, filters=filters)
+    from qkvqa.loggers.wandb import compact_config
+
     rows = []
     for run in runs:
         summary = dict(run.summary.items())
-        config = dict(run.config)
+        config = compact_config(dict(run.config))
         rows.append(RunRow(
             run_id=run.id, state=run.state, experiment=config.get("experiment"), config=flatten(config),
             summary=numeric_metrics(summary), runtime_s=summary.get("_runtime"), source=f"{path}/{run.id}",
-            series=_wandb_series(run)))
+            series=_wandb_series(run), task=getattr(run, "job_type", None)))
     return rows

@@ -1,4 +1,4 @@
-"""The comparison table: run_id, state, experiment, differing config keys, final metrics, best value, runtime."""
+"""The comparison table: run_id, task, state, the swept keys, the chosen metrics and the best value (--all: everything)."""
 from __future__ import annotations
 
 import csv
@@ -13,10 +13,20 @@ from qkvqa.compare.rows import RunRow, goal_sign
 from qkvqa.errors import ConfigError
 from qkvqa.utils.io import atomic_write_text
 
-IDENTITY_COLUMNS = ["run_id", "state", "experiment"]
+IDENTITY_COLUMNS = ["run_id", "task", "state"]
+ALL_IDENTITY_COLUMNS = IDENTITY_COLUMNS + ["experiment"]
 BEST_COLUMNS = ["best_value", "best_step"]
 # Config keys that differ between runs by construction; they are not what is being compared.
 NOT_COMPARED = ("run_id",)
+# ... nor, in the default table, what only says where files went, how a run was launched or logged, or is free text
+NOT_SWEPT_PREFIXES = ("paths.", "logger.")
+NOT_SWEPT = ("resume", "task", "notes", "tags", "paper")
+# The headline metrics of each task, shown when no --metric is given (those some compared run has)
+DEFAULT_METRICS = {
+    "train": ["val/article_r1", "val/section_r1", "val/loss", "train/loss"],
+    "evaluate": ["eval/accuracy", "eval/recall@1_after_filter", "eval/recall@5_after_filter", "eval/section_r1",
+                 "eval/answer_in_context"],
+}
 
 
 @dataclass
@@ -31,6 +41,24 @@ class Table:
 
 def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def swept_keys(rows: list[RunRow]) -> list[str]:
+    """The differing config keys that are settings of the runs (not paths, logging, launch, notes or bulk data).
+
+    Runs of several experiments differ in every key the experiments set; those keys are implied by the `experiment`
+    column, so only `experiment` and the keys that vary between runs of one experiment are shown (--all: every key)."""
+    from qkvqa.loggers.wandb import BULK_KEYS
+
+    keys = [k for k in differing_keys(rows) if not k.startswith(NOT_SWEPT_PREFIXES) and k not in NOT_SWEPT
+            and k.rsplit(".", 1)[-1] not in BULK_KEYS]
+    groups: dict[Any, list[RunRow]] = {}
+    for row in rows:
+        groups.setdefault(row.experiment, []).append(row)
+    if len(groups) < 2:
+        return keys
+    within = {k for group in groups.values() if len(group) > 1 for k in differing_keys(group)}
+    return [k for k in keys if k == "experiment" or k in within]
 
 
 def differing_keys(rows: list[RunRow]) -> list[str]:
@@ -52,8 +80,14 @@ def _parse_filter_value(text: str) -> Any:
         return text
 
 
-def filter_rows(rows: Iterable[RunRow], filters: Iterable[str]) -> list[RunRow]:
-    """Keep rows matching every `key=value` (run_id, state, experiment or a dotted config key)."""
+def task_matches(row: RunRow, task: Optional[str]) -> bool:
+    """The run's command is `task`, or starts with it (`index` matches `index build`); no task matches all."""
+    return task is None or row.task == task or (row.task or "").split(" ")[0] == task
+
+
+def filter_rows(rows: Iterable[RunRow], filters: Iterable[str], task: Optional[str] = None) -> list[RunRow]:
+    """Keep rows of `task` matching every `key=value` (run_id, task, state, experiment or a dotted config key)."""
+    rows = [r for r in rows if task_matches(r, task)]
     parsed = []
     for token in filters:
         if "=" not in token:
@@ -62,26 +96,66 @@ def filter_rows(rows: Iterable[RunRow], filters: Iterable[str]) -> list[RunRow]:
         parsed.append((key.strip(), value, _parse_filter_value(value)))
 
     def value_of(row: RunRow, key: str) -> Any:
-        return getattr(row, key) if key in IDENTITY_COLUMNS else row.config.get(key)
+        return getattr(row, key) if key in ALL_IDENTITY_COLUMNS else row.config.get(key)
 
     return [r for r in rows if all(value_of(r, k) == v or str(value_of(r, k)) == text for k, text, v in parsed)]
 
 
-def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str = "min") -> Table:
-    """One table for any source: identity, differing config keys, summary metrics, best `metric`, runtime."""
+def known_metrics(rows: Iterable[RunRow]) -> list[str]:
+    """Every metric some run has (its summary: the last value of everything it logged)."""
+    return sorted({k for r in rows for k in r.summary})
+
+
+def check_metrics(rows: Iterable[RunRow], metrics: Iterable[str]) -> None:
+    """Refuse a metric no compared run has, naming the nearest ones (a typo would give an empty column)."""
+    from qkvqa.config.load import did_you_mean
+
+    rows = list(rows)
+    known = known_metrics(rows)
+    for name in metrics:
+        if rows and name not in known:
+            hint = did_you_mean(name, known, "./") or \
+                f" (they have: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})"
+            raise ConfigError(f"--metric {name!r}: no compared run has it{hint}")
+
+
+def default_metrics(rows: Iterable[RunRow]) -> list[str]:
+    """DEFAULT_METRICS of the compared runs' tasks that some run has."""
+    rows = list(rows)
+    known = set(known_metrics(rows))
+    tasks = list(dict.fromkeys((r.task or "").split(" ")[0] for r in rows))
+    return [m for t in tasks for m in DEFAULT_METRICS.get(t, []) if m in known]
+
+
+def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str = "min",
+                metrics: Optional[list[str]] = None, all_columns: bool = False) -> Table:
+    """One table for any source. Default: run_id, task, state, the swept keys, `metrics` (final values; default:
+    `metric`, else DEFAULT_METRICS of the runs' tasks) and the best `metric` with its step. `all_columns`: every
+    differing config key, every summary metric, experiment and runtime as well."""
     rows = list(rows)
     sign = goal_sign(goal)
-    config_cols = differing_keys(rows)
-    metric_cols = sorted({k for r in rows for k in r.summary} - set(config_cols) - set(IDENTITY_COLUMNS))
-    columns = IDENTITY_COLUMNS + config_cols + metric_cols + (BEST_COLUMNS if metric else []) + ["runtime_s"]
+    if all_columns:
+        identity = ALL_IDENTITY_COLUMNS
+        config_cols = differing_keys(rows)
+        metric_cols = sorted({k for r in rows for k in r.summary} - set(config_cols) - set(identity))
+    else:
+        identity = IDENTITY_COLUMNS
+        config_cols = swept_keys(rows)
+        chosen = metrics if metrics is not None else ([metric] if metric else default_metrics(rows))
+        metric_cols = [m for m in dict.fromkeys(chosen) if m not in config_cols and m not in identity]
+    columns = identity + config_cols + metric_cols + (BEST_COLUMNS if metric else []) + \
+        (["runtime_s"] if all_columns else [])
     records = []
     for row in rows:
-        record: dict[str, Any] = {"run_id": row.run_id, "state": row.state, "experiment": row.experiment}
+        record: dict[str, Any] = {"run_id": row.run_id, "task": row.task, "state": row.state}
+        if all_columns:
+            record["experiment"] = row.experiment
         record.update({k: row.config.get(k) for k in config_cols})
-        record.update({k: row.summary.get(k) for k in metric_cols})
+        record.update({k: row.summary.get(k) for k in metric_cols})       # the final value (summary.json)
         if metric:
             record["best_value"], record["best_step"] = row.best(metric, goal)
-        record["runtime_s"] = row.runtime_s
+        if all_columns:
+            record["runtime_s"] = row.runtime_s
         records.append(record)
     if metric:
         records.sort(key=lambda r: (r["best_value"] is None, -sign * (r["best_value"] or 0.0), r["run_id"]))

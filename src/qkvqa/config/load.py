@@ -148,12 +148,22 @@ def schema_keys(node: Any = Config, prefix: str = "") -> list[str]:
 
 def _suggest(key: str) -> str:
     """' ; did you mean a, b?' with the schema keys nearest to `key` (whole key or last part)."""
-    candidates = schema_keys()
+    return did_you_mean(key, schema_keys())
+
+
+def did_you_mean(key: str, candidates: Iterable[str], separators: str = ".") -> str:
+    """'; did you mean a, b?' with the `candidates` nearest to `key`, as a whole or by its last part (after the
+    last of `separators`: "." for config keys, "/" for metric names); '' when none is near."""
+    candidates = list(candidates)
+
+    def leaf_of(name: str) -> str:
+        return re.split(f"[{re.escape(separators)}]", name)[-1]
+
     near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
     by_leaf: dict[str, list[str]] = {}
     for cand in candidates:
-        by_leaf.setdefault(cand.rsplit(".", 1)[-1], []).append(cand)
-    for leaf in difflib.get_close_matches(key.rsplit(".", 1)[-1], list(by_leaf), n=3, cutoff=0.75):
+        by_leaf.setdefault(leaf_of(cand), []).append(cand)
+    for leaf in difflib.get_close_matches(leaf_of(key), list(by_leaf), n=3, cutoff=0.75):
         near += by_leaf[leaf]
     near = list(dict.fromkeys(near))[:4]
     return f"; did you mean {', '.join(near)}?" if near else ""
