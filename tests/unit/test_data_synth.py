@@ -34,6 +34,7 @@ def _data_files(root: Path) -> dict[str, str]:
             if p.is_file() and p.name not in skip and "store" not in p.relative_to(root).parts[:2]}
 
 
+@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_the_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path, world):
     again = generate_world(tmp_path / "again", entities=len(world["entities"]), seed=0, build_store=False)
     first, second = _data_files(Path(world["dir"])), _data_files(tmp_path / "again")
