@@ -239,6 +239,10 @@ def job_run(cfg: DictConfig, run: RunContext, command: str) -> Iterator[None]:
     try:
         wrun = wandb.init(dir=str(run.run_dir), **run_settings(cfg, run, command))
     except Exception as e:
+        from qkvqa.utils.stop_signals import stop_signal_received
+
+        if stop_signal_received() is not None:       # the stop arrived during init: it is not a W&B failure
+            raise
         log.warning("W&B: could not start the run (%s: %s); the local run record in %s goes on", type(e).__name__, e,
                     run.run_dir)
         yield
