@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -38,8 +39,12 @@ def train(mined: dict, run_id: str, *overrides: str) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(mined) -> Path:
-    """A short training run: 6 steps, validation on 8 val questions every 3 steps."""
-    return train(mined, "qff-cli", "trainer.max_steps=6", "trainer.val_check_interval=3", "qff.max_val_samples=8")
+    """A short training run: 6 steps, validation on 8 val questions every 3 steps, under umask 0o022."""
+    old = os.umask(0o022)
+    try:
+        return train(mined, "qff-cli", "trainer.max_steps=6", "trainer.val_check_interval=3", "qff.max_val_samples=8")
+    finally:
+        os.umask(old)
 
 
 def test_train_writes_the_run_record_checkpoints_and_the_trained_qff(trained, mined):
@@ -62,6 +67,15 @@ def test_train_writes_the_run_record_checkpoints_and_the_trained_qff(trained, mi
     assert 0 <= summary["train/acc1"] <= 100 and summary["train/grad_norm"] > 0      # rates in percent
     samples = json.loads((trained / "qff_samples.json").read_text())
     assert samples["samples"]["train"]["kept"] > 0 and samples["empty_batches"] == 0
+
+
+def test_every_file_of_the_run_is_shareable_under_umask_022(trained):
+    """config.yaml, status.json, checkpoints and their sidecars, the exported safetensors: 0644, directories 0755."""
+    paths = [trained, *trained.rglob("*")]
+    assert {"config.yaml", "status.json", "last.ckpt", "last.ckpt.sha256", "model.safetensors"} <= {p.name for p in paths}
+    wrong = {str(p.relative_to(trained)): oct(p.stat().st_mode & 0o777) for p in paths
+             if not p.is_symlink() and p.stat().st_mode & 0o777 != (0o755 if p.is_dir() else 0o644)}
+    assert wrong == {}
 
 
 def test_rerank_writes_omgm_step_2b_results_with_section_scores_and_recall(trained, mined):

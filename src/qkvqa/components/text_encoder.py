@@ -40,9 +40,12 @@ class BertTextEncoder:
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write model and tokenizer so that `pretrained: path` loads them back."""
+        """Write model and tokenizer so that `pretrained: path` loads them back (with the umask's file modes)."""
+        from qkvqa.utils.io import make_shareable
+
         self.model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
+        make_shareable(path)
 
 
 def write_tiny_bert(out_dir: Path, texts: Sequence[str] = (), seed: int = 0, **overrides) -> Path:

@@ -22,7 +22,7 @@ import ijson
 from qkvqa.data.sections import (CandidateSection, candidate_sections, is_empty_section, is_excluded_section,
                                  section_string)
 from qkvqa.errors import DataError, StaleArtifactError
-from qkvqa.utils.io import atomic_write_json, mark_verified, sha256_file
+from qkvqa.utils.io import atomic_write_json, make_shareable, mark_verified, sha256_file
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
@@ -293,6 +293,7 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         conn.commit()
         _write_report(conn, out_dir / REPORT_FILE, manifest)
         conn.close()
+        make_shareable(tmp_path)                   # SQLite creates 0644 whatever the umask allows
         manifest["store_sha256"] = sha256_file(tmp_path)
         manifest["store_size"] = tmp_path.stat().st_size
         os.replace(tmp_path, out_dir / STORE_FILE)

@@ -139,9 +139,12 @@ class BemJudge:
         return self.score_batch([(question, reference, candidate)])[0]
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write model and tokenizer so that `pretrained: path` loads them back."""
+        """Write model and tokenizer so that `pretrained: path` loads them back (with the umask's file modes)."""
+        from qkvqa.utils.io import make_shareable
+
         self.model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
+        make_shareable(path)
 
 
 def write_tiny_bem(out_dir: Path, texts: Sequence[str] = (), seed: int = 0, **overrides) -> Path:

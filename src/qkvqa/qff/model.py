@@ -304,13 +304,14 @@ class QFFModel(nn.Module):
         weights' sha256, checked on load, and the input `preprocessing` the weights were trained with)."""
         from safetensors.torch import save_file
 
-        from qkvqa.utils.io import atomic_write_json, sha256_file
+        from qkvqa.utils.io import atomic_write_json, make_shareable, sha256_file
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         tmp = out_dir / (CHECKPOINT_WEIGHTS + ".tmp")
         save_file(state, str(tmp), metadata={"format": CHECKPOINT_FORMAT})
+        make_shareable(tmp)                                   # safetensors writes 0600 whatever the umask
         tmp.replace(out_dir / CHECKPOINT_WEIGHTS)
         atomic_write_json(out_dir / CHECKPOINT_CONFIG, {
             "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus, "gate": self.gate,

@@ -29,7 +29,7 @@ class RunLock:
     def acquire(cls, run_dir: str | os.PathLike) -> "RunLock":
         """Take the run directory's lock, or raise ConfigError naming the PID and host that hold it."""
         path = Path(run_dir) / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -80,7 +80,7 @@ class RunnerLock:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": now()}
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             except FileExistsError:
                 try:
                     holder = json.loads(self.path.read_text() or "{}")

@@ -14,6 +14,41 @@ def partial_path(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.partial-{os.getpid()}")
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (/proc), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared_mode(directory: bool = False) -> int:
+    """The mode `open()` (0o666) or `mkdir` (0o777) gives a new file or directory under the current umask."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
+def make_shareable(path: str | os.PathLike) -> None:
+    """Give `path` (and, for a directory, everything under it) the mode a plain `open`/`mkdir` would: libraries that
+    write through a private temporary file (safetensors, `tempfile.mkstemp`/`mkdtemp`) leave 0600/0700 behind."""
+    path = Path(path)
+    file_mode, dir_mode = shared_mode(), shared_mode(directory=True)
+    if not path.is_dir():
+        os.chmod(path, file_mode)
+        return
+    os.chmod(path, dir_mode)
+    for parent, dirs, files in os.walk(path):          # symlinks are left alone (their targets are not ours)
+        for names, mode in ((dirs, dir_mode), (files, file_mode)):
+            for name in names:
+                if not os.path.islink(os.path.join(parent, name)):
+                    os.chmod(os.path.join(parent, name), mode)
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Make a rename durable (the directory entry), where the platform allows it."""
     try:
