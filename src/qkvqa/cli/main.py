@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from typing import Optional, Sequence
@@ -45,8 +46,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit status of a command whose reader closed stdout early (`qkvqa kb show ... | head`): 128 + SIGPIPE, as a
+# program killed by SIGPIPE, which a shell pipeline expects.
+EXIT_STDOUT_CLOSED = 141
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse argv and run the chosen command; returns the process exit code."""
+    """Parse argv and run the chosen command; returns the process exit code (141, quietly, when the reader of
+    stdout went away: `qkvqa ... | head`)."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()          # output still buffered breaks the pipe here, not in the interpreter's exit
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise                       # another pipe (a subprocess, a socket): a real error
+        # The Python docs' recipe: point stdout at devnull so the flush at exit cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_STDOUT_CLOSED
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end is closed."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False                    # not a real file (a test's capture)
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     from qkvqa.utils.stop_signals import hold_stop_signal
 
     hold_stop_signal()                    # a SIGUSR1 during start-up stops the run cleanly later, not the process now
