@@ -163,3 +163,23 @@ keep = ShutsDownSlowly()
     assert child.stdout.readline().strip() == "shutting down"
     child.send_signal(signal.SIGUSR1)
     assert child.wait(timeout=60) == 0
+
+
+def test_before_training_on_several_ranks_a_stop_signal_is_noted_for_the_first_batch_not_raised(tmp_path):
+    """A rank that stopped alone before training left the others blocked in the process-group rendezvous (the SLURM
+    time-limit test hung until its limit): with `defer_stop` the signal is noted, and LastCheckpoint stops every
+    rank together after the first batch."""
+    import os
+    import signal
+    import time
+
+    from qkvqa.config.load import compose
+    from qkvqa.run.job import run_job
+    from qkvqa.utils.stop_signals import stop_signal_received
+
+    cfg = compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=deferred"])
+    with run_job(cfg, "test", world_size=2, defer_stop=True):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.5)                                                # not raised here
+        assert stop_signal_received() == signal.SIGUSR1                # LastCheckpoint.on_train_start reads it
+    assert stop_signal_received() is None

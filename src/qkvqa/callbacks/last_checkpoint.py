@@ -23,7 +23,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 
 from qkvqa.utils.logging import get_logger
-from qkvqa.utils.stop_signals import note_stop_signal
+from qkvqa.utils.stop_signals import note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -119,6 +119,8 @@ class LastCheckpoint(pl.Callback):
         # From here on the state is the restored one (or a fresh start): nothing before it may be saved over last.ckpt.
         self._saved_step = trainer.global_step
         self._started = True
+        if self.received is None:                    # a signal before training (run.job.interrupt_on_signals, defer)
+            self.received = stop_signal_received()
         for sig in SIGNALS:
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handler)

@@ -60,8 +60,9 @@ def _clear_stale_wandb_env(run: RunContext) -> None:
 
 
 @contextmanager
-def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]:
-    """Open the run record (rank zero writes it), yield the job, then mark it finished or failed."""
+def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool = False) -> Iterator[Job]:
+    """Open the run record (rank zero writes it), yield the job, then mark it finished or failed; with `defer_stop`
+    a stop signal before training only is noted, and every rank stops together after the first batch."""
     stop_with_the_agent()                     # a torchrun worker whose agent dies saves and stops (qkvqa.run.agent)
     run = resolve_run(cfg)
     _clear_stale_wandb_env(run)
@@ -89,7 +90,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
         log.info("run %s -> %s", run.run_id, run.run_dir)
     received = None
     try:
-        with interrupt_on_signals(run.run_id), progress_settings(**cfg.logger.progress), \
+        with interrupt_on_signals(run.run_id, defer_stop), progress_settings(**cfg.logger.progress), \
                 job_run(cfg, run, command):     # the W&B run of a job without a Trainer (embed, index, mine, ...)
             yield job
     except (KeyboardInterrupt, RunInterrupted) as e:
@@ -123,10 +124,15 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1) -> Iterator[Job]
 
 
 @contextmanager
-def interrupt_on_signals(run_id: str) -> Iterator[None]:
+def interrupt_on_signals(run_id: str, defer: bool = False) -> Iterator[None]:
     """SIGTERM/SIGUSR1 outside the training loop (data preparation, evaluation) stop the job at once with
     RunInterrupted, so its record says `interrupted` and it exits 143; inside `fit`, LastCheckpoint takes the
-    signals over for the time of training (it saves and stops after the batch), then hands them back."""
+    signals over for the time of training (it saves and stops after the batch), then hands them back.
+
+    `defer` (training on several ranks): a rank that stopped alone before training left the others blocked for good
+    in the process-group rendezvous (C++ code, where no Python signal handler runs; the SLURM time-limit test: rank
+    0 hung until the limit, its record `running`). So the signal is only noted (qkvqa.utils.stop_signals), and
+    LastCheckpoint stops every rank together after the first batch, with a checkpoint."""
     import signal
     import threading
 
@@ -136,6 +142,10 @@ def interrupt_on_signals(run_id: str) -> Iterator[None]:
 
     def stop(signum, frame):
         note_stop_signal(signum)
+        if defer:
+            log.warning("received %s before training: every rank stops after the first batch",
+                        signal.Signals(signum).name)
+            return
         raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with the same "
                              f"command plus run_id={run_id} resume=auto", signum=signum)
 
@@ -143,7 +153,7 @@ def interrupt_on_signals(run_id: str) -> Iterator[None]:
     try:
         held = stop_signal_received()     # arrived during start-up (qkvqa.utils.stop_signals): stop now
         if held is not None:
-            stop(held, None)
+            stop(held, None)              # (noted again; with `defer` LastCheckpoint acts on it)
         yield
     finally:
         for sig, handler in previous.items():

@@ -123,7 +123,8 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
 
     check_hardware(cfg)
-    with run_job(cfg, command, world_size_of(cfg)) as job:
+    world_size = world_size_of(cfg)
+    with run_job(cfg, command, world_size, defer_stop=world_size > 1) as job:   # see interrupt_on_signals
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, [LearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
         with srun_hint_only_when_useful(world_size_of(cfg)):
