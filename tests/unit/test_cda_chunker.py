@@ -28,9 +28,9 @@ def byte_tokens():
 
     from qkvqa.generation.backends import Llama3Format
     from qkvqa.generation.tiny import write_tiny_llama3
-    from qkvqa.components.registry import ComponentSpec, tiny_dir
+    from qkvqa.components.registry import ComponentSpec, tiny_model
 
-    path = write_tiny_llama3(tiny_dir(ComponentSpec(kind="llama3")))
+    path = tiny_model(ComponentSpec(kind="llama3"), write_tiny_llama3)
     return Llama3Format(AutoTokenizer.from_pretrained(str(path), local_files_only=True)).count_tokens
 
 

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Optional, Sequence
 
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import BASE_WORDS
 from qkvqa.errors import ConfigError
 from qkvqa.utils.logging import get_logger
@@ -211,7 +211,7 @@ def build_bge_reranker(spec: ComponentSpec) -> Reranker:
                     max_length=int(options.get("max_length", DEFAULT_MAX_LENGTH)),
                     normalize=bool(options.get("normalize", True)),
                     query_max_length=options.get("query_max_length"))
-    path = (str(write_tiny_xlmr_reranker(tiny_dir(spec), seed=int(options.get("seed", 0)))) if spec.tiny
+    path = (str(tiny_model(spec, write_tiny_xlmr_reranker, seed=int(options.get("seed", 0)))) if spec.tiny
             else local_model_dir(spec))
     device = spec.torch_device()
     dtype = spec.torch_dtype()

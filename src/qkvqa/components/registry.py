@@ -154,10 +154,184 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
     return ref
 
 
-def tiny_dir(spec: ComponentSpec) -> Path:
-    """A fresh directory where a tiny component is saved and reloaded (under QKVQA_TINY_DIR or /tmp)."""
+# Tiny models live under $QKVQA_TINY_DIR (else the system temp dir) / qkvqa-tiny, one directory per content key.
+TINY_KEEP = 32                     # directories kept; beyond them the least recently used go (once not in use)
+TINY_MAX_AGE_S = 7 * 24 * 3600     # a directory unused this long goes whatever the count
+TINY_IN_USE_S = 3600               # a directory used (or a partial one written) this recently is never removed
+TINY_RECORD = ".qkvqa_tiny.json"   # inside each directory: its key and what its writer did to torch's RNG
+_SOURCE_DIGEST: list[str] = []
+
+
+def tiny_root() -> Path:
+    """The directory that holds the tiny models (created on demand)."""
     import tempfile
 
-    root = Path(os.environ.get("QKVQA_TINY_DIR", tempfile.gettempdir())) / "qkvqa-tiny"
+    root = Path(os.environ.get("QKVQA_TINY_DIR") or tempfile.gettempdir()) / "qkvqa-tiny"
     root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{spec.kind}-", dir=root))
+    return root
+
+
+def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Path:
+    """The directory of the tiny model `write(directory, *args, **kwargs)` writes, written once per content key.
+
+    The key hashes everything that determines the files: the kind, the writer and its arguments, qkvqa's own source
+    and the versions of the libraries that serialise the model. A finished model is renamed into place, so that
+    concurrent builders of the same model never see half of one (the second one's copy is dropped). torch's global
+    RNG is left as the writer leaves it (writers seed it), on a reuse too, so that what is drawn after a build does
+    not depend on whether the directory already existed. Old directories are removed (`TINY_KEEP`, `TINY_MAX_AGE_S`).
+    """
+    import secrets
+    import shutil
+
+    import torch
+
+    from qkvqa.utils.io import atomic_write_json, make_shareable, read_json
+
+    root = tiny_root()
+    key = _tiny_key(spec.kind, write, args, kwargs)
+    final = root / f"{spec.kind}-{key[:20]}"
+    with _tiny_lock(root, shared=True):
+        record = _read_record(final, key, read_json)
+        if record is not None:
+            os.utime(final)                               # the least recently used go first
+    if record is None:
+        partial = root / f".{final.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        partial.mkdir()
+        try:
+            before = torch.random.get_rng_state()
+            write(partial, *args, **kwargs)
+            after = torch.random.get_rng_state()
+            record = {"key": key, "kind": spec.kind, "files": _file_sizes(partial),
+                      "rng": None if torch.equal(before, after) else
+                      {"seed": torch.initial_seed(), "cpu_state": after.numpy().tobytes().hex()}}
+            atomic_write_json(partial / TINY_RECORD, record)
+            make_shareable(partial)                        # safetensors writes 0600
+            with _tiny_lock(root, shared=True):
+                for _ in range(3):
+                    try:
+                        os.rename(partial, final)
+                        break
+                    except OSError:
+                        if _read_record(final, key, read_json) is not None:
+                            shutil.rmtree(partial, ignore_errors=True)   # another process wrote it first
+                            break
+                        _discard(final)                    # damaged (a file gone or cut): replaced
+                else:
+                    raise OSError(f"could not move the tiny model {partial} to {final}")
+                os.utime(final)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        _clean_tiny_root(root)
+    elif record["rng"] is not None:                        # replay what the writer did: seed, then its draws
+        torch.manual_seed(record["rng"]["seed"])
+        state = bytes.fromhex(record["rng"]["cpu_state"])
+        torch.random.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return final
+
+
+def _read_record(directory: Path, key: str, read_json: Callable) -> Optional[dict]:
+    """The record of a complete tiny model with `key` in `directory`, or None (absent, another key, damaged)."""
+    try:
+        record = read_json(directory / TINY_RECORD)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    return record if record.get("files") == _file_sizes(directory) else None
+
+
+def _file_sizes(directory: Path) -> dict[str, int]:
+    """{relative path: size} of the files a writer left in `directory` (the record itself left out)."""
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != TINY_RECORD}
+
+
+def _discard(directory: Path) -> None:
+    """Rename `directory` away (atomic: nobody sees half of it), then delete it."""
+    import secrets
+    import shutil
+
+    trash = directory.with_name(f".trash-{directory.name.lstrip('.')}-{secrets.token_hex(4)}")
+    try:
+        os.rename(directory, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _tiny_key(kind: str, write: Callable, args: tuple, kwargs: dict) -> str:
+    import hashlib
+    import json
+    from importlib import metadata
+
+    if not _SOURCE_DIGEST:
+        digest = hashlib.sha256()
+        package = Path(__file__).resolve().parents[1]
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _SOURCE_DIGEST.append(digest.hexdigest())
+    versions = {}
+    for name in ("torch", "transformers", "tokenizers", "safetensors", "timm", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    content = {"kind": kind, "writer": f"{write.__module__}.{write.__qualname__}", "args": args, "kwargs": kwargs,
+               "qkvqa_source": _SOURCE_DIGEST[0], "versions": versions}
+    text = json.dumps(content, sort_keys=True, default=lambda o: list(o) if isinstance(o, (set, frozenset, tuple))
+                      else repr(o))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class _tiny_lock:
+    """flock on `root/.lock`: shared while looking a model up or renaming one in, exclusive while cleaning."""
+
+    def __init__(self, root: Path, shared: bool, wait: bool = True):
+        self.path, self.shared, self.wait, self.fd = root / ".lock", shared, wait, None
+
+    def __enter__(self) -> bool:
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        flags = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self.fd, flags)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            return False
+        return True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)                             # releases the flock
+
+
+def _clean_tiny_root(root: Path, now: Optional[float] = None) -> list[str]:
+    """Remove tiny-model directories unused for TINY_MAX_AGE_S, those beyond the TINY_KEEP most recently used (once
+    unused for TINY_IN_USE_S), and partial ones older than TINY_IN_USE_S; returns the names removed. Skipped while
+    another process cleans. A directory is renamed away before it is deleted, so nobody sees half of one."""
+    import time
+
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    with _tiny_lock(root, shared=False, wait=False) as held:
+        if not held:
+            return removed
+        entries = []
+        for entry in root.iterdir():
+            try:
+                if entry.is_dir() and not entry.is_symlink():
+                    entries.append((entry.stat().st_mtime, entry))
+            except OSError:
+                continue
+        complete = sorted((e for e in entries if not e[1].name.startswith(".")), reverse=True)
+        for rank, (mtime, entry) in enumerate(complete):
+            age = now - mtime
+            if age > TINY_MAX_AGE_S or (rank >= TINY_KEEP and age > TINY_IN_USE_S):
+                removed.append(entry.name)
+        removed += [e.name for mtime, e in entries if e.name.startswith(".") and now - mtime > TINY_IN_USE_S]
+        for name in removed:
+            _discard(root / name)
+    return removed

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import write_bert_vocab
 
 TINY_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -66,7 +66,7 @@ def build_bert_text_encoder(spec: ComponentSpec) -> BertTextEncoder:
     from transformers import AutoModel, AutoTokenizer
 
     if spec.tiny:
-        path = str(write_tiny_bert(tiny_dir(spec), spec.options.get("vocab_texts", ()), spec.options.get("seed", 0)))
+        path = str(tiny_model(spec, write_tiny_bert, spec.options.get("vocab_texts", ()), spec.options.get("seed", 0)))
         local_only = True
     else:
         path = resolve_pretrained(spec)

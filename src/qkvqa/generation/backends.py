@@ -4,7 +4,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError
 from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt
 from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, write_tiny_llama3, write_tiny_qwen2_5_vl
@@ -213,7 +213,7 @@ def _check_options(spec: ComponentSpec) -> None:
 
 def _model_path(spec: ComponentSpec, write_tiny) -> str:
     if spec.tiny:
-        return str(write_tiny(tiny_dir(spec), seed=int(spec.options.get("seed", 0))))
+        return str(tiny_model(spec, write_tiny, seed=int(spec.options.get("seed", 0))))
     return resolve_pretrained(spec)
 
 

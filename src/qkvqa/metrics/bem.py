@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import write_bert_vocab
 from qkvqa.errors import ConfigError, DataError, MissingWeightsError
 from qkvqa.utils.logging import get_logger
@@ -184,8 +184,8 @@ def build_bem(spec: ComponentSpec) -> BemJudge:
     if spec.tiny:
         overrides = {k: int(spec.options[k]) for k in ("type_vocab_size", "max_position_embeddings")
                      if k in spec.options}
-        path = str(write_tiny_bem(tiny_dir(spec), spec.options.get("vocab_texts", ()),
-                                  int(spec.options.get("seed", 0)), **overrides))
+        path = str(tiny_model(spec, write_tiny_bem, spec.options.get("vocab_texts", ()),
+                              int(spec.options.get("seed", 0)), **overrides))
         local_only = True
     else:
         path = resolve_pretrained(spec)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.utils.logging import get_logger
 
@@ -289,7 +289,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     else:
         if spec.tiny:
             tiny = {k: options[k] for k in TINY_DEFAULTS}
-            path = str(write_tiny_blip2(tiny_dir(spec), options["vocab_texts"], options["seed"], **tiny))
+            path = str(tiny_model(spec, write_tiny_blip2, options["vocab_texts"], options["seed"], **tiny))
             base, tokenizer = _load_hf(path, dtype, local_only=True)
         elif ref.endswith((".pth", ".pt")):
             base, tokenizer = _load_lavis(ref, options, dtype, local_only)

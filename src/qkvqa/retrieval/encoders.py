@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_dir
+from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.retrieval.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipPreprocess, preprocess_from_options
 from qkvqa.utils.logging import get_logger
@@ -182,7 +182,7 @@ class TimmImageEncoder(RetrievalEncoder):
 def _clip_paths(spec: ComponentSpec, write_tiny) -> tuple[str, str, bool]:
     """(model path, tokenizer path, local_files_only) of a CLIP-style spec; writes the tiny model first."""
     if spec.tiny:
-        path = str(write_tiny(tiny_dir(spec), int(spec.options.get("seed", 0)), spec.options.get("vocab_texts", ())))
+        path = str(tiny_model(spec, write_tiny, int(spec.options.get("seed", 0)), spec.options.get("vocab_texts", ())))
         return path, path, True
     path = resolve_pretrained(spec)
     return path, str(spec.options.get("tokenizer") or path), not spec.allow_download
@@ -267,7 +267,7 @@ def build_timm_image(spec: ComponentSpec) -> TimmImageEncoder:
     from qkvqa.retrieval.tiny import write_tiny_timm
 
     if spec.tiny:
-        source = f"local-dir:{write_tiny_timm(tiny_dir(spec), int(spec.options.get('seed', 0)))}"
+        source = f"local-dir:{tiny_model(spec, write_tiny_timm, int(spec.options.get('seed', 0)))}"
     else:
         source = _timm_source(spec)
     device, dtype = _runtime(spec)
