@@ -223,6 +223,21 @@ def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(w
     assert not (tmp_path / "runs" / "first_rows").exists()               # refused before the run started
 
 
+@pytest.mark.parametrize("split_override", ["split=val", "eval.split=val"])
+def test_split_is_short_for_eval_split_as_for_retrieve_mine_and_rerank(world, tmp_path, capsys, split_override):
+    sorted_csv = _split_sorted_infoseek(world, tmp_path)          # refused when evaluated: its first 5 rows are one split
+    data = [f"data.{k}={v}" for k, v in (("dataset", "infoseek"), ("root", world["dir"]),
+                                         ("kb_store", "kb/store"), ("val_questions", sorted_csv),
+                                         ("infoseek_references", "infoseek/infoseek_val.jsonl"),
+                                         ("infoseek_qtypes", "infoseek/infoseek_val_qtype.jsonl"))]
+    clear_run_env()
+    code = main(["evaluate", "run_id=val_split", f"paths.checkpoints_root={tmp_path / 'runs'}", *data,
+                 "data.max_questions=5", split_override])
+    err = capsys.readouterr().err
+    # the val file was the one evaluated (the test file, the default split's, holds both InfoSeek splits)
+    assert code == 2 and f"{sorted_csv}: the 5 questions evaluated hold no unseen_entity question" in err, err
+
+
 def test_a_seeded_question_sample_is_random_in_file_order_and_repeatable(world):
     from qkvqa.data_modules import build_data_module
 

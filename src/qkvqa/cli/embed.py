@@ -9,12 +9,13 @@ from qkvqa.config.cli import add_override_args, config_from_args
 SHORTHANDS = {"what": "retrieval.embed_what", "split": "retrieval.split"}
 
 
-def expand_shorthands(overrides: list[str]) -> list[str]:
-    """`what=X` -> `retrieval.embed_what=X` and `split=X` -> `retrieval.split=X`; other tokens unchanged."""
+def expand_shorthands(overrides: list[str], shorthands: dict[str, str] = SHORTHANDS) -> list[str]:
+    """`what=X` -> `retrieval.embed_what=X` and `split=X` -> `retrieval.split=X` (or another `shorthands` map);
+    other tokens unchanged."""
     out = []
     for token in overrides:
         key, sep, value = token.partition("=")
-        out.append(f"{SHORTHANDS[key]}={value}" if sep and key in SHORTHANDS else token)
+        out.append(f"{shorthands[key]}={value}" if sep and key in shorthands else token)
     return out
 
 

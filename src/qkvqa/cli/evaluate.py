@@ -14,7 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "generator) over eval.split, write predictions.jsonl, scores.json and report.md into "
                     "checkpoints/<run_id>/, and score strictly with the official metrics. A killed run "
                     "restarted with the same run_id and resume=auto skips the questions already answered. "
-                    "Under DDP (preset=ddp / ddp_cpu_sim) every question is answered exactly once.")
+                    "Under DDP (preset=ddp / ddp_cpu_sim) every question is answered exactly once. "
+                    "split=X is short for eval.split=X, as for retrieve, mine and rerank.")
     add_override_args(parser)
     parser.set_defaults(func=_evaluate)
 
@@ -22,8 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     import json
 
+    from qkvqa.cli.embed import expand_shorthands
     from qkvqa.pipeline.evaluate import run_evaluation
 
+    args.overrides = expand_shorthands(args.overrides, {"split": "eval.split"})
     scores = run_evaluation(config_from_args(args))
     if scores:
         from qkvqa.pipeline.scoring import flat_metrics
