@@ -83,3 +83,48 @@ def test_failing_trial_is_marked_failed_while_the_others_finish(tmp_path, run_ro
     assert json.loads((run_root / "fails-t001" / "status.json").read_text())["state"] == "failed"
     assert OmegaConf.load(run_root / "fails-t000" / "config.yaml").checkpoint.save_top_k == 1
     assert sorted(r["run_id"] for r in _comparison(sweep_dir)) == ["fails-t000"]
+
+
+@pytest.mark.slow
+def test_a_trial_whose_experiment_changed_since_its_run_is_changed_not_finished(world, tmp_path, run_root,
+                                                                                 monkeypatch, capsys):
+    """Real `qkvqa retrieve` trials (stage 1 from a results file: no model); then the experiment file is edited."""
+    from qkvqa.retrieval.results import write_results
+    from tests.helpers.qff_study import world_stage1
+
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    for name in ("base", "presets"):
+        (experiments / name).symlink_to(REPO / "experiments" / name)
+    write_results(tmp_path / "stage1.json", world_stage1(world, "test"))
+    data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
+    experiment = {"data": data, "retrieval": {"results": str(tmp_path / "stage1.json")},
+                  "paths": {"cache_dir": str(tmp_path / "cache")}, "logger": {"wandb": {"enabled": False}}}
+    (experiments / "world_retrieve.yaml").write_text(yaml.safe_dump(experiment))
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(experiments))
+    monkeypatch.chdir(REPO)
+    path = tmp_path / "stage1.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "stage1", "method": "grid", "metric": {"name": "retrieval/test/recall@1", "goal": "maximize"},
+        "parameters": {"retrieval.top_k": {"values": [5, 10]}},
+        "command": ["${env}", "${interpreter}", "-m", "qkvqa.cli", "retrieve", "experiment=world_retrieve", "split=test",
+                    "${args_no_hyphens}"]}))
+    args = ["sweep", str(path), "--checkpoints-root", str(run_root)]
+    assert main(args) == 0
+    capsys.readouterr()
+
+    experiment["data"]["num_workers"] = 1                    # a key a resume may change: the results still stand
+    (experiments / "world_retrieve.yaml").write_text(yaml.safe_dump(experiment))
+    assert main([*args, "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("skip (finished)") == 2
+
+    experiment["data"]["max_questions"] = 10                  # another question set: the runs are not this sweep's
+    (experiments / "world_retrieve.yaml").write_text(yaml.safe_dump(experiment))
+    assert main([*args, "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "t000  changed (finished)" in out and "t001  changed (finished)" in out and "skip" not in out
+    assert "its config changed since it ran" in err and "data.max_questions: None -> 10" in err
+    trials = Manifest.load(run_root / "sweeps" / "stage1").trials
+    assert main(args) == 2 and "data.max_questions: None -> 10" in capsys.readouterr().err    # refused, as said
+    assert Manifest.load(run_root / "sweeps" / "stage1").trials == trials                     # nothing relaunched
+

@@ -140,11 +140,33 @@ def test_stopped_runner_terminates_its_trials_and_the_rerun_continues_them(make_
     assert result.manifest.trials["t001"]["attempts"] == 2
 
 
-def test_changed_sweep_is_refused_on_rerun(make_sweep, run_root):
+def test_changed_sweep_is_refused_on_rerun_and_the_dry_run_says_so(make_sweep, run_root, capsys):
     LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), checkpoints_root=run_root).run()
-    changed = load_sweep(make_sweep({"qff.alpha": {"values": [0.4]}}))
+    path = make_sweep({"qff.alpha": {"values": [0.4]}})
     with pytest.raises(ConfigError, match="another name"):
-        LocalSweep(changed, checkpoints_root=run_root).run()
+        LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--checkpoints-root", str(run_root), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert "t000  changed (finished)" in out and "skip" not in out          # not "finished": it ran with 0.3
+    assert "trial t000 was run with {'qff.alpha': 0.3}" in err and "another name" in err
+
+
+def test_a_trial_whose_command_changed_is_not_shown_as_finished(make_sweep, run_root, capsys):
+    path = make_sweep({"qff.alpha": {"values": [0.3, 0.5]}})
+    LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+    args = ["sweep", str(path), "--checkpoints-root", str(run_root), "--dry-run"]
+    assert main(args) == 0 and capsys.readouterr().out.count("skip (finished)") == 2     # unchanged: skipped
+    spec = yaml.safe_load(path.read_text())
+    spec["command"].insert(2, "seed=7")                                        # another run than the one that ran
+    path.write_text(yaml.safe_dump(spec))
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert "t000  changed (finished)" in out and "t001  changed (finished)" in out and "skip" not in out
+    assert "its command changed since it ran" in err and "seed=7" in err and "t001" in err
+    with pytest.raises(ConfigError, match="its command changed since it ran"):
+        LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+    assert _manifest(run_root).trials["t000"]["attempts"] == 1                # nothing was relaunched
 
 
 def test_trials_get_no_leaked_run_identity(make_sweep, run_root, monkeypatch):

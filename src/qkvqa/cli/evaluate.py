@@ -5,6 +5,8 @@ import argparse
 
 from qkvqa.config.cli import add_override_args, config_from_args
 
+SHORTHANDS = {"split": "eval.split"}       # split=X is short for eval.split=X
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `evaluate` command."""
@@ -26,7 +28,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
     from qkvqa.pipeline.evaluate import run_evaluation
 
-    args.overrides = expand_shorthands(args.overrides, {"split": "eval.split"})
+    args.overrides = expand_shorthands(args.overrides, SHORTHANDS)
     scores = run_evaluation(config_from_args(args))
     if scores:
         from qkvqa.pipeline.scoring import flat_metrics

@@ -97,6 +97,14 @@ def _run_local(args: argparse.Namespace, spec) -> int:
         if args.backend == "slurm":
             print(f"--- array script ({shlex.join(['sbatch', *args.sbatch_arg])}):")
             print(sweep.script([t.index for t, action in plan if action == "run"]))
+        if any(action.startswith("changed") for _, action in plan):
+            from qkvqa.sweep.local import changed_trials_error
+            from qkvqa.sweep.manifest import Manifest
+
+            # the sweep itself would refuse to run: say why, as it would
+            print(f"qkvqa sweep: error: {changed_trials_error(spec, sweep.changes(Manifest.load(sweep.sweep_dir)))}",
+                  file=sys.stderr)
+            return 2
         return 0
     result = sweep.run(wait=args.wait, timeout_s=args.wait_timeout) if args.backend == "slurm" else sweep.run()
     failed = [tid for tid, t in result.manifest.trials.items() if t["status"] == "failed"]

@@ -35,11 +35,16 @@ def config_changes(saved: DictConfig, current: DictConfig) -> dict[str, tuple[An
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def immutable_changes(changes: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """The changes a resume refuses: keys outside MUTABLE_ON_RESUME (run_id and experiment aside)."""
+    return {k: v for k, v in changes.items() if not _is_mutable(k) and k not in ("run_id", "experiment")}
+
+
 def check_resume_config(saved_path: Path, current: DictConfig) -> dict[str, tuple[Any, Any]]:
     """Refuse immutable changes against the saved config; return the allowed (mutable) ones."""
     saved = from_saved(saved_path)
     changes = config_changes(saved, current)
-    refused = {k: v for k, v in changes.items() if not _is_mutable(k) and k not in ("run_id", "experiment")}
+    refused = immutable_changes(changes)
     if refused:
         lines = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(refused.items())[:8])
         raise ConfigError(

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from qkvqa.errors import ConfigError
 from qkvqa.run.record import RunRecord
@@ -88,19 +88,112 @@ def _same_params(recorded: Any, planned: Mapping[str, Any]) -> bool:
     return json.dumps(recorded, sort_keys=True) == json.dumps(json.loads(json.dumps(planned)), sort_keys=True)
 
 
-def _open_manifest(spec: SweepSpec, sweep_dir: Path, trials: list[Trial], seed: int, root: Path) -> Manifest:
+# Trial commands whose config the runner composes itself to tell whether a trial's run is still the planned one,
+# with the module whose SHORTHANDS their handler expands first (`split=X`, ...).
+COMPOSED_COMMANDS = {"train": None, "evaluate": "qkvqa.cli.evaluate", "retrieve": "qkvqa.cli.embed",
+                     "mine": "qkvqa.cli.embed", "rerank": "qkvqa.cli.embed", "embed": "qkvqa.cli.embed"}
+
+
+def _cli_tokens(argv: list[str]) -> Optional[list[str]]:
+    """The tokens after `python -m qkvqa.cli` (or the `qkvqa` script) in a trial's argv, or None for another program."""
+    for i, token in enumerate(argv):
+        if token == "-m" and i + 1 < len(argv) and argv[i + 1] in ("qkvqa.cli", "qkvqa.cli.main"):
+            return argv[i + 2:]
+        if Path(token).name == "qkvqa":
+            return argv[i + 1:]
+    return None
+
+
+def command_config(argv: list[str], cwd: Path) -> Optional[Any]:
+    """The config a `qkvqa train|evaluate|retrieve|... ...` trial command composes to when run in `cwd` (as its
+    handler composes it, shorthands included), or None for any other command. ConfigError when it does not compose."""
+    tokens = _cli_tokens(argv)
+    if not tokens or tokens[0] not in COMPOSED_COMMANDS:
+        return None
+    import importlib
+
+    from qkvqa.cli.embed import expand_shorthands
+    from qkvqa.cli.main import build_parser
+    from qkvqa.config.cli import config_from_args
+
+    try:
+        args = build_parser().parse_args(tokens)
+    except SystemExit:
+        raise ConfigError(f"`qkvqa {shlex.join(tokens)}` does not parse") from None
+    module = COMPOSED_COMMANDS[tokens[0]]
+    shorthands = getattr(importlib.import_module(module), "SHORTHANDS") if module else None
+    if shorthands:
+        args.overrides = expand_shorthands(args.overrides, shorthands)
+    here = Path.cwd()
+    os.chdir(cwd)                                  # experiments/ is found from the trial's working directory
+    try:
+        return config_from_args(args)
+    finally:
+        os.chdir(here)
+
+
+def trial_change(trial: Trial, entry: dict, argv: list[str], cwd: Path) -> Optional[str]:
+    """Why the run a manifest entry records is not the run `trial` now plans, or None when it is: the swept values
+    changed, or, once its run wrote config.yaml, the config its command composes to now differs from the saved one
+    in a key a resume refuses (an experiment file or the sweep's command edited). For a program other than a
+    COMPOSED_COMMANDS command of qkvqa the recorded command line is compared instead."""
+    if not _same_params(entry["params"], trial.params):
+        return f"was run with {entry['params']} but the sweep file now gives {trial.params}"
+    saved = Path(entry["run_dir"]) / "config.yaml"
+    if not saved.is_file():
+        return None                                # nothing ran under another config yet
+    try:
+        current = command_config(argv, cwd)
+    except ConfigError as e:
+        return f"its command no longer composes a config ({e})"
+    if current is None:
+        if entry.get("argv") and entry["argv"] != argv:
+            return f"its command changed since it ran: {shlex.join(entry['argv'])} -> {shlex.join(argv)}"
+        return None
+    from qkvqa.config.load import from_saved
+    from qkvqa.run.resume import config_changes, immutable_changes
+
+    changes = immutable_changes(config_changes(from_saved(saved), current))
+    if not changes:
+        return None
+    shown = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in list(changes.items())[:6])
+    more = f" and {len(changes) - 6} more" if len(changes) > 6 else ""
+    return f"its config changed since it ran ({saved}): {shown}{more}"
+
+
+def changed_trials(trials: list[Trial], manifest: Optional[Manifest], argv: Callable[[Trial], list[str]],
+                   cwd: Path) -> dict[str, str]:
+    """{trial id: why} for the trials whose recorded run is not the one now planned (`trial_change`)."""
+    out = {}
+    for trial in trials:
+        entry = manifest.trials.get(trial.trial_id) if manifest is not None else None
+        why = trial_change(trial, entry, argv(trial), cwd) if entry is not None else None
+        if why:
+            out[trial.trial_id] = why
+    return out
+
+
+def changed_trials_error(spec: SweepSpec, changed: dict[str, str]) -> ConfigError:
+    """The refusal of a sweep whose trials already ran as other runs than the ones it now plans."""
+    tid, why = next(iter(changed.items()))
+    others = f" (and {len(changed) - 1} other trial(s): {', '.join(list(changed)[1:])})" if len(changed) > 1 else ""
+    return ConfigError(f"sweep {spec.name}: trial {tid} {why}{others}; its results are not those of this sweep "
+                       f"file: give the changed sweep another name, or another --sweep-dir")
+
+
+def _open_manifest(spec: SweepSpec, sweep_dir: Path, trials: list[Trial], seed: int, root: Path,
+                   argv: Callable[[Trial], list[str]], cwd: Path) -> Manifest:
     manifest = Manifest.load(sweep_dir)
     if manifest is None:
         manifest = Manifest.create(sweep_dir, {
             "sweep": spec.name, "sweep_file": str(spec.path) if spec.path else None, "method": spec.method,
             "metric": {"name": spec.metric, "goal": spec.goal}, "seed": seed,
             "checkpoints_root": str(root.resolve()), "command": spec.command})
+    changed = changed_trials(trials, manifest, argv, cwd)
+    if changed:
+        raise changed_trials_error(spec, changed)
     for trial in trials:
         entry = manifest.trials.get(trial.trial_id)
-        if entry is not None and not _same_params(entry["params"], trial.params):
-            raise ConfigError(
-                f"sweep {spec.name}: trial {trial.trial_id} was run with {entry['params']} but the sweep file now "
-                f"gives {trial.params}; give the changed sweep another name, or another --sweep-dir")
         if entry is None:
             manifest.trials[trial.trial_id] = {
                 "trial": trial.trial_id, "index": trial.index, "params": trial.params, "overrides": trial.overrides,
@@ -178,13 +271,22 @@ class LocalSweep:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(render_args(trial.params)["args_json"][0])
 
+    def changes(self, manifest: Optional[Manifest]) -> dict[str, str]:
+        """{trial id: why} for the trials whose recorded run is not the one this sweep file now plans (`run`
+        refuses the sweep then)."""
+        return changed_trials(self.trials, manifest, self.argv, self.cwd)
+
     def plan(self) -> list[tuple[Trial, str]]:
-        """(trial, action) for every trial without running anything: run, or skip (finished / failed)."""
+        """(trial, action) for every trial without running anything: run, skip (finished / failed), or changed
+        (its run is not the one the sweep file now plans; `run` refuses the sweep)."""
         manifest = Manifest.load(self.sweep_dir)
+        changed = self.changes(manifest)
         out = []
         for trial in self.trials:
             entry = manifest.trials.get(trial.trial_id) if manifest else None
-            if entry is None or _should_run(entry, self.retry_failed):
+            if trial.trial_id in changed:
+                out.append((trial, f"changed ({entry['status']})"))
+            elif entry is None or _should_run(entry, self.retry_failed):
                 out.append((trial, "run"))
             else:
                 out.append((trial, f"skip ({entry['status']})"))
@@ -196,7 +298,7 @@ class LocalSweep:
             log.warning("sweep %s: %s need the W&B controller; the local runner runs every trial",
                         self.spec.name, ", ".join(self.spec.controller_only_keys()))
         with RunnerLock(self.sweep_dir):
-            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root)
+            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd)
             manifest.save()
             todo = [t for t in self.trials if _should_run(manifest.trials[t.trial_id], self.retry_failed)]
             skipped = [t.trial_id for t in self.trials if t not in todo]

@@ -120,14 +120,16 @@ class SlurmSweep(LocalSweep):
             manifest.save()
 
     def plan(self) -> list[tuple[Trial, str]]:
-        """(trial, action) without submitting: run, or skip (finished / failed / queued / running)."""
+        """(trial, action) without submitting: run, skip (finished / failed / queued / running) or changed."""
         manifest = Manifest.load(self.sweep_dir)
         if manifest is not None:
             self.reconcile(manifest, save=False)          # a dry run writes nothing
+        changed = self.changes(manifest)
         out = []
         for trial in self.trials:
             entry = manifest.trials.get(trial.trial_id) if manifest else None
-            out.append((trial, "run" if _submittable(entry, self.retry_failed) else f"skip ({entry['status']})"))
+            out.append((trial, f"changed ({entry['status']})" if trial.trial_id in changed else
+                        "run" if _submittable(entry, self.retry_failed) else f"skip ({entry['status']})"))
         return out
 
     def script(self, indices: Sequence[int]) -> str:
@@ -144,7 +146,7 @@ class SlurmSweep(LocalSweep):
         of the sweep's tasks, then write the comparison of the finished trials."""
         _slurm_command("sbatch")
         with RunnerLock(self.sweep_dir):
-            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root)
+            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd)
             self.reconcile(manifest)
             todo = [t for t in self.trials if _submittable(manifest.trials[t.trial_id], self.retry_failed)]
             skipped = [t.trial_id for t in self.trials if t not in todo]
