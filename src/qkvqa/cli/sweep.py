@@ -25,8 +25,8 @@ keys, command). One file drives both backends:
   --backend wandb: creates the sweep on the W&B server and runs `wandb agent` (needs a login).
       --dry-run prints the agent commands; docs/sweeps.md has an sbatch recipe for agents.
 
-The command must pass the parameters with ${args_no_hyphens}, e.g.
-  command: [${env}, ${interpreter}, -m, qkvqa.cli, evaluate, experiment=evqa_qff, ${args_no_hyphens}]
+The command must pass the parameters with ${args_no_hyphens} (quote the macros in a [...] list), e.g.
+  command: ["${env}", "${interpreter}", -m, qkvqa.cli, evaluate, experiment=eval/evqa_qwen, "${args_no_hyphens}"]
 """
 
 

@@ -80,8 +80,9 @@ def parse_sweep(raw: Any, path: Optional[Path] = None) -> SweepSpec:
     if goal not in GOALS:
         raise ConfigError(f"{where}: metric.goal must be minimize or maximize, got {goal!r}")
     if "command" not in raw:
-        raise ConfigError(f"{where}: give a `command:`, e.g. [${{env}}, ${{interpreter}}, -m, qkvqa.cli, train, "
-                          "experiment=NAME, ${args_no_hyphens}] (W&B's default passes --key=value, which qkvqa rejects)")
+        raise ConfigError(f"{where}: give a `command:`, e.g. [\"${{env}}\", \"${{interpreter}}\", -m, qkvqa.cli, "
+                          "train, experiment=NAME, \"${args_no_hyphens}\"] (W&B's default passes --key=value, which "
+                          "qkvqa rejects)")
     if not isinstance(raw["command"], list):
         raise ConfigError(f"{where}: `command:` must be a list of tokens")
     program = raw.get("program")
@@ -92,13 +93,18 @@ def parse_sweep(raw: Any, path: Optional[Path] = None) -> SweepSpec:
                      run_cap=int(run_cap) if run_cap is not None else None, raw=raw, path=path)
 
 
+def read_sweep_yaml(text: str) -> Any:
+    """Parse sweep YAML as `wandb sweep` does: PyYAML's safe loader (YAML 1.1); yaml.YAMLError when it is not YAML."""
+    return yaml.safe_load(text)
+
+
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read a sweep YAML with PyYAML's safe loader, as `wandb sweep` does, and validate it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no sweep file {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = read_sweep_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: cannot parse YAML: {e}") from None
     return parse_sweep(raw, path)
