@@ -187,3 +187,24 @@ def test_a_gpu_the_machine_lacks_is_one_config_error_before_any_work():
         with pytest.raises(ConfigError, match=r"trainer.accelerator=gpu, components.qformer.device=cuda:0, but this "
                                               r"machine has no CUDA GPU.*preset=cpu"):
             check_hardware(cfg, ["qformer"])
+
+
+@pytest.mark.parametrize("token", ["run_id=none", "run_id=None", "run_id=NONE", "run_id=null", "run_id=~", "run_id="])
+def test_run_id_none_or_null_means_no_run_id_and_a_new_run(exp_root, tmp_path, monkeypatch, token):
+    from qkvqa.run.rundir import clear_run_env, resolve_run
+
+    cfg = compose(None, [], [token, f"paths.checkpoints_root={tmp_path / 'runs'}"], root=exp_root)
+    assert cfg.run_id is None and "run_id: null" in to_yaml(cfg)
+    clear_run_env()
+    run = resolve_run(cfg)
+    assert run.run_id.lower() != "none" and run.run_dir.name == run.run_id and not run.resumed
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sweep1")                # a W&B sweep agent's run id is taken, as documented
+    monkeypatch.setenv("WANDB_RUN_ID", "agent-run")
+    clear_run_env()
+    assert resolve_run(cfg).run_id == "agent-run"
+    clear_run_env()
+
+
+def test_a_run_id_that_only_contains_none_is_kept(exp_root):
+    assert compose(None, [], ["run_id=none-2"], root=exp_root).run_id == "none-2"
+    assert compose(None, [], ["qff.focus=none"], root=exp_root).qff.focus == "none"       # the focus mode, not null

@@ -23,6 +23,9 @@ from qkvqa.config.schema import Config, check_values
 from qkvqa.errors import ConfigError
 
 _NULL_WORDS = {"None"}          # Python None as a W&B sweep renders it; YAML null words parse already
+# run_id values that mean "no run id" (a new one, or a sweep agent's), as `run_id=none` reads to a user; a run is
+# never named "none"
+NO_RUN_ID = ("", "none", "null", "~")
 
 
 CONFIG_PATH_ENV = "QKVQA_CONFIG_PATH"
@@ -300,6 +303,8 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise _explain(e, "interpolation") from None
+    if isinstance(cfg.run_id, str) and cfg.run_id.strip().lower() in NO_RUN_ID:
+        cfg.run_id = None
     check_values(cfg)
     return cfg
 
