@@ -108,6 +108,51 @@ def test_rerank_writes_omgm_step_2b_results_with_section_scores_and_recall(train
     assert summary["rerank/val/recall@20"] == summary["rerank/val/stage1/recall@20"]
 
 
+def table5_focus_and_alpha(run_dir: Path) -> list[str]:
+    """The QFF focus and alpha cells of report.md's Table 5 row."""
+    section = (run_dir / "report.md").read_text().split("## Table 5")[1].split("\n## ")[0]
+    header, row = [line for line in section.splitlines() if line.startswith("| ")]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    return [cells["QFF focus"], cells["alpha"]]
+
+
+def test_an_evaluation_of_reranked_results_reports_the_alpha_that_produced_them(trained, mined, capsys):
+    clear_run_env()
+    stage1 = mined["work"] / "stage1_val.json"
+    common = ["experiment=demo/qff_per_layer", "split=val", f"retrieval.results={stage1}", "data.max_questions=6",
+              "data.include_two_hop=true", *mined["overrides"]]          # rerank and evaluate read the same rows
+    assert main(["rerank", "run_id=rerank-a05", f"qff.checkpoint={trained / 'qff'}", "qff.alpha=0.5", *common]) == 0
+    reranked = mined["work"] / "runs" / "rerank-a05" / "reranked_val.json"
+    made = json.loads(reranked.with_name("reranked_val.meta.json").read_text())["produced_by"]
+    assert made["qff.alpha"] == 0.5 and made["run_id"] == "rerank-a05" and made["qformer"]["weights"] == str(trained / "qff")
+    precomputed = ["eval.filter=precomputed", f"eval.reranked_results={reranked}", "eval.stop_after=filter", *common]
+
+    def evaluate(run_id, *extra):
+        clear_run_env()
+        capsys.readouterr()
+        code = main(["evaluate", f"run_id={run_id}", *precomputed, *extra])
+        return code, capsys.readouterr().err
+
+    code, err = evaluate("pre-a09")                                  # the config's alpha (0.9) did not make the file
+    assert code == 2 and "was reranked with qff.alpha=0.5" in err and "set qff.alpha=0.5" in err
+    assert not (mined["work"] / "runs" / "pre-a09").exists()         # refused before the run started
+    code, err = evaluate("pre-a05", "qff.alpha=0.5")
+    assert code == 0, err
+    run_dir = mined["work"] / "runs" / "pre-a05"
+    card = json.loads((run_dir / "scores.json").read_text())["protocol"]["filter"]
+    assert card["alpha"] == 0.5 and card["focus"] == "per_layer" and card["produced_by"] == "qkvqa rerank run rerank-a05"
+    assert table5_focus_and_alpha(run_dir) == ["per_layer", "0.50"]
+    # a file of unknown origin (OMGM's): the report says so instead of printing the config's alpha
+    reranked.with_name("reranked_val.meta.json").rename(reranked.with_name("kept.meta.json"))
+    assert evaluate("pre-unknown")[0] == 0
+    assert table5_focus_and_alpha(mined["work"] / "runs" / "pre-unknown") == ["unknown", "unknown"]   # not 0.90
+    # a sidecar of another version of the file is refused
+    reranked.with_name("kept.meta.json").rename(reranked.with_name("reranked_val.meta.json"))
+    reranked.write_text(reranked.read_text().replace("]", " ]", 1))
+    code, err = evaluate("pre-stale", "qff.alpha=0.5")
+    assert code == 2 and "does not describe" in err
+
+
 @pytest.fixture(scope="module")
 def straight(mined) -> Path:
     """4 steps without validation or monitor, so last.ckpt holds the final weights."""

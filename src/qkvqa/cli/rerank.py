@@ -20,8 +20,11 @@ def register(subparsers) -> None:
                     "S = qff.alpha * sim_ret + (1 - qff.alpha) * max section score, and write\n"
                     "RUN/reranked_{split}.json in the OMGM step-2b layout: {data_id: {retrieved_entities,\n"
                     "retrieval_similarities (fused), sec_sim, sec_idx (original section indices), qff_scores,\n"
-                    "stage1_similarities}}. Recall@K before and after the QFF and the top-1 evidence-section\n"
-                    "recall go into summary.json. Stage-1 results: retrieval.results=FILE, else retrieved now.\n\n"
+                    "stage1_similarities}}, and beside it reranked_{split}.meta.json: what produced it (qff.alpha,\n"
+                    "retrieval.top_k, the QFF and its weights, the KB, stage 1), which `qkvqa evaluate\n"
+                    "eval.filter=precomputed` checks and reports. Recall@K before and after the QFF and the top-1\n"
+                    "evidence-section recall go into summary.json. Stage-1 results: retrieval.results=FILE, else\n"
+                    "retrieved now.\n\n"
                     "  qkvqa rerank experiment=evqa_qff split=test qff.checkpoint=checkpoints/RUN/qff \\\n"
                     "      retrieval.results=checkpoints/RETRIEVE_RUN/retrieval_test.json")
     add_override_args(parser)
@@ -41,7 +44,8 @@ def _run(args: argparse.Namespace) -> int:
         datamodule = datamodule_for(cfg)
         result = rerank_split(cfg, datamodule=datamodule)
         datamodule.write_skipped_images(job.run.run_dir)
-        path = write_reranked(job.run.run_dir / f"reranked_{result.split}.json", result.results)
+        path = write_reranked(job.run.run_dir / f"reranked_{result.split}.json", result.results,
+                              {**result.produced_by, "run_id": job.run.run_id})
         numeric = {k: v for k, v in result.metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
         stage1 = {k: v for k, v in result.stage1_metrics.items() if k.startswith("recall@")}
         job.record.update_summary({**{f"rerank/{result.split}/{k}": v for k, v in result.metrics.items()},

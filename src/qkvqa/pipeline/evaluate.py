@@ -71,6 +71,25 @@ def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: DictConfig, store: Any) -> None:
+    """Refuse reranked results (`made`: what produced them) made with another qff.alpha than this run's config
+    records (its config.yaml, summary and report would show a weight that did not produce them) or over another KB."""
+    from qkvqa.qff.rerank import reranked_meta_path
+
+    if made is None:
+        log.warning("%s has no %s: what produced it (qff.alpha, the QFF) is unknown and reported so", path,
+                    reranked_meta_path(path).name)
+        return
+    meta = reranked_meta_path(path)
+    if made.get("kb_url_checksum") not in (None, store.url_checksum):
+        raise DataError(f"{path}: reranked over another KB (URL checksum {made['kb_url_checksum']}, "
+                        f"{meta}); this evaluation's KB has {store.url_checksum}: rerank over it")
+    alpha = made.get("qff.alpha")
+    if alpha is not None and float(alpha) != float(cfg.qff.alpha):
+        raise ConfigError(f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
+                          f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}")
+
+
 def build_filter(cfg: DictConfig, benchmark: Any):
     """The article filter named by `eval.filter`."""
     from qkvqa.pipeline.filters import PrecomputedFilter, QFFFilter, RetrievalOrderFilter
@@ -87,6 +106,7 @@ def build_filter(cfg: DictConfig, benchmark: Any):
         from qkvqa.retrieval.results import check_coverage_of
 
         precomputed = PrecomputedFilter(cfg.eval.reranked_results, store)
+        check_precomputed_provenance(precomputed.path, precomputed.produced_by, cfg, store)
         check_coverage_of(precomputed.path, precomputed.results, benchmark.questions(cfg.eval.split),
                           float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage")
         return precomputed
@@ -240,7 +260,8 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
 
 def preflight(cfg: DictConfig, benchmark: Any) -> None:
     """Before stage 1: the KB opens and every model the run will load has its weights (qff.checkpoint included),
-    so a missing judge or generator stops the run in seconds, not after hours of generation."""
+    so a missing judge or generator stops the run in seconds, not after hours of generation; precomputed reranked
+    results were made with this run's qff.alpha, over its KB."""
     import os
 
     from qkvqa.components.registry import resolve_pretrained, spec_from_mapping
@@ -255,6 +276,17 @@ def preflight(cfg: DictConfig, benchmark: Any) -> None:
                 resolve_pretrained(spec)
             except MissingWeightsError as e:
                 raise MissingWeightsError(f"components.{name}: {e}") from None
+    if cfg.eval.filter == "precomputed" and cfg.eval.reranked_results:
+        from qkvqa.qff.rerank import reranked_meta_path
+        from qkvqa.utils.io import read_json
+
+        meta = reranked_meta_path(cfg.eval.reranked_results)    # checked against the file itself when it is read
+        try:
+            made = read_json(meta).get("produced_by") if meta.is_file() else None
+        except (ValueError, AttributeError):
+            made = None                                          # refused with its reason when the filter reads it
+        if made:
+            check_precomputed_provenance(Path(cfg.eval.reranked_results), made, cfg, benchmark.kb_store())
     checkpoint = cfg.qff.checkpoint if cfg.eval.filter == "qff" else None
     if checkpoint and not Path(checkpoint).expanduser().exists():
         raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or a "

@@ -85,18 +85,25 @@ class QFFFilter:
 
 
 class PrecomputedFilter:
-    """Reads reranked results (OMGM step-2b layout with `sec_sim` and, when present, `sec_idx`)."""
+    """Reads reranked results (OMGM step-2b layout with `sec_sim` and, when present, `sec_idx`) and, from the
+    sidecar `qkvqa rerank` writes beside them, what produced them (`produced_by`; None for a file of unknown origin)."""
 
     name = "precomputed"
 
     def __init__(self, path: str | Path, store: KBStore):
+        from qkvqa.qff.rerank import read_reranked_provenance
+
         self.path = Path(path)
         self.store = store
         if not self.path.is_file():
             raise DataError(f"{self.path}: no such reranked-results file (eval.reranked_results; write it with "
                             "`qkvqa rerank`)")
-        with open(self.path, encoding="utf-8") as f:
-            self.results = json.load(f)
+        data = self.path.read_bytes()
+        try:
+            self.results = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{self.path}: not a reranked-results JSON file ({e})") from None
+        self.produced_by: Optional[dict] = read_reranked_provenance(self.path, data)
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
         entry = self.results.get(data_id)

@@ -20,6 +20,18 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _filter_value(cfg: Any, scores: dict, key: str) -> Any:
+    """The QFF focus or alpha that produced the ranking: the filter of the protocol card (for precomputed results,
+    what their file records; "unknown" when it records nothing), "-" when no QFF ranked the articles."""
+    from qkvqa.pipeline.protocol import filter_card
+
+    card = (scores.get("protocol") or {}).get("filter") or filter_card(cfg)
+    if card["kind"] not in ("qff", "precomputed"):
+        return "-"
+    value = card.get(key)
+    return "unknown" if value is None and card["kind"] == "precomputed" else value
+
+
 def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str], notes: list[str]) -> str:
     """Markdown for one run; `notes` are caveats to print first (tiny or random components, skips)."""
     dataset = scores["dataset"]
@@ -62,7 +74,8 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
     parts += ["## Table 5: this run's ablation row", "",
               _table(["QFF focus", "alpha", "CDA mode", "U", "theta", "L", "K1", "K2", "accuracy",
                       "section R@1", "answer in context %"],
-                     [[cfg.qff.focus if cfg.eval.filter == "qff" else "-", cfg.qff.alpha, cfg.cda.mode, cfg.cda.U,
+                     [[_filter_value(cfg, scores, "focus"), _filter_value(cfg, scores, "alpha"), cfg.cda.mode,
+                       cfg.cda.U,
                        cfg.cda.theta, cfg.cda.chunk_tokens, cfg.cda.K1, cfg.cda.K2, scores["accuracy"], section,
                        scores.get("answer_in_context")]]), "",
               "Compare several runs' rows with `qkvqa compare <run dirs>`.", ""]

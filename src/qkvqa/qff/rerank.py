@@ -13,7 +13,7 @@ as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or secti
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -152,6 +152,7 @@ class SplitRerank:
     results: dict[str, RerankedQuestion]
     metrics: dict
     stage1_metrics: dict
+    produced_by: dict = field(default_factory=dict)     # what made these results (`reranked_provenance`)
 
 
 def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker: Optional[QFFReranker] = None) -> SplitRerank:
@@ -182,7 +183,20 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
     metrics = split_metrics(results, questions, dm.config.dataset, cfg)
     metrics.update({"n_without_query_image": without_image,
                     "n_articles_without_image": len(reranker.articles_without_image)})
-    return SplitRerank(split, results, metrics, stage1.metrics)
+    return SplitRerank(split, results, metrics, stage1.metrics, reranked_provenance(cfg, reranker, split))
+
+
+def reranked_provenance(cfg, reranker: QFFReranker, split: str) -> dict:
+    """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF (focus,
+    weights and their fingerprint), the KB and the stage-1 results; recorded beside the file (`write_reranked`)."""
+    from qkvqa.pipeline.protocol import _component
+
+    return {"qff.alpha": reranker.alpha, "retrieval.top_k": reranker.top_k,
+            "qff.focus": getattr(reranker.component.model, "focus", None),
+            "qformer": _component(cfg.components.qformer, cfg.qff.checkpoint),
+            "kb_url_checksum": reranker.store.url_checksum, "split": split,
+            "stage1": cfg.retrieval.results or {"mode": cfg.retrieval.mode,
+                                                "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory}}
 
 
 def stage1_only(retrieved, top_k: int, alpha: float) -> RerankedQuestion:
@@ -215,12 +229,49 @@ def split_metrics(results: dict[str, RerankedQuestion], questions, dataset: str,
     return metrics
 
 
-def write_reranked(path, results: dict[str, RerankedQuestion]) -> Path:
-    """Write reranked results in the OMGM step-2b layout (plus `sec_idx`, `qff_scores`, `stage1_similarities`), atomically."""
+def write_reranked(path, results: dict[str, RerankedQuestion], produced_by: Optional[dict] = None) -> Path:
+    """Write reranked results in the OMGM step-2b layout (plus `sec_idx`, `qff_scores`, `stage1_similarities`),
+    atomically, and `produced_by` (what made them) with the file's sha256 in the sidecar `NAME.meta.json`."""
+    import hashlib
     import json
 
-    from qkvqa.utils.io import atomic_write_text
+    from qkvqa.utils.io import atomic_write_json, atomic_write_text
 
     path = Path(path)
-    atomic_write_text(path, json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False))
+    text = json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False)
+    reranked_meta_path(path).unlink(missing_ok=True)         # a kill between the two writes leaves no stale record
+    atomic_write_text(path, text)
+    if produced_by is not None:
+        atomic_write_json(reranked_meta_path(path), {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                                                     "produced_by": produced_by})
     return path
+
+
+def reranked_meta_path(path) -> Path:
+    """The sidecar recording what produced a reranked-results file: `reranked_test.json` -> `reranked_test.meta.json`."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.meta.json")
+
+
+def read_reranked_provenance(path, data: Optional[bytes] = None) -> Optional[dict]:
+    """`produced_by` of a reranked-results file from its sidecar, or None when it has none (a file not written by
+    `qkvqa rerank`, e.g. OMGM's). DataError when the sidecar describes another version of the file (`data`: the
+    file's bytes, when already read)."""
+    import hashlib
+
+    from qkvqa.errors import DataError
+    from qkvqa.utils.io import read_json
+
+    meta_path = reranked_meta_path(path)
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = read_json(meta_path)
+    except ValueError as e:
+        raise DataError(f"{meta_path}: {e}") from None
+    data = Path(path).read_bytes() if data is None else data
+    if not isinstance(meta, dict) or meta.get("sha256") != hashlib.sha256(data).hexdigest():
+        raise DataError(f"{meta_path} does not describe {path} (another version of it was written since); rerun "
+                        "`qkvqa rerank` to write both, or delete the .meta.json to evaluate the file as of unknown "
+                        "origin")
+    return meta.get("produced_by")
