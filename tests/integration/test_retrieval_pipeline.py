@@ -109,7 +109,11 @@ def test_image_to_image_end_to_end_dedupes_articles(experiments, world, capsys):
     embedded = _run(capsys, "embed", *args)
     assert embedded["what"] == "kb_images" and embedded["vectors"] > world["counts"]["articles"]
     assert embedded["missing_images"] > 0
-    _run(capsys, "index", "build", *args)
+    built = _run(capsys, "index", "build", *args)
+    summary = json.loads((Path(built["run_dir"]) / "summary.json").read_text())
+    skipped = {k.split("/")[-1]: v for k, v in summary.items() if k.startswith("index/kb_skipped/")}
+    assert skipped["missing_images"] == embedded["missing_images"] and "vectors" not in skipped   # skips, not vectors
+    assert summary["index/count"] == embedded["vectors"]
     out = _run(capsys, "retrieve", *args, "split=test")
     recall = _check_results(Path(out["results"]), world, top_k=5)
     assert recall["recall@5"] == pytest.approx(out["recall@5"]) and "recall@20" not in out

@@ -54,7 +54,8 @@ def _build(args: argparse.Namespace) -> int:
         index_dir, manifest = build_index_from_config(cfg)
         job.record.update_summary({"index/dir": str(index_dir), **{f"index/{k}": manifest[k] for k in (
             "mode", "factory", "dim", "count", "build_seconds", "gpu", "trained_on")},
-            **{f"index/kb_skipped/{k}": v for k, v in manifest["kb_skipped"].items()}})
+            **{f"index/kb_skipped/{k}": v for k, v in manifest["kb_skipped"].items()},
+            **{f"index/kb_fallbacks/{k}": v for k, v in manifest.get("kb_fallbacks", {}).items()}})
     print(json.dumps({"run_dir": str(job.run.run_dir), "index_dir": str(index_dir), "mode": manifest["mode"],
                       "factory": manifest["factory"], "count": manifest["count"], "dim": manifest["dim"]}))
     return 0

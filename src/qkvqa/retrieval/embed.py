@@ -141,6 +141,11 @@ class KBTextSource:
         return items
 
 
+# Texts embedded in place of a missing one (counted per shard, not skipped): an article without a summary embeds
+# its lead section, one with an empty lead its title.
+FALLBACK_COUNTS = ("lead_for_missing_summary", "title_for_empty_lead")
+
+
 class KBImageSource:
     """Every `image_urls` entry of every KB article (EchoSight: one vector per KB image). Its file is the
     title -> image CSV file with that image_URL, else the local URL store's copy; neither = a counted skip."""
@@ -348,6 +353,15 @@ class EmbeddingSet:
         """Skipped images of every done shard."""
         records = self.done_records(verify=False) if records is None else records
         return [skip for i in sorted(records) for skip in records[i].get("skipped", [])]
+
+    def skipped_and_fallbacks(self, records: Optional[dict[int, dict]] = None
+                              ) -> tuple[dict[str, int], dict[str, int]]:
+        """`counts` without the vectors, split into what was left out (images by reason, articles without image
+        URLs) and what was embedded in place of a missing text (FALLBACK_COUNTS)."""
+        counts = self.counts(records)
+        del counts["vectors"]
+        fallbacks = {k: counts.pop(k) for k in FALLBACK_COUNTS if k in counts}
+        return counts, fallbacks
 
     def counts(self, records: Optional[dict[int, dict]] = None) -> dict[str, int]:
         """Vectors, skipped images by reason and text/image fallbacks summed over the done shards."""

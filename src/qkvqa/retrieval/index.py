@@ -181,6 +181,7 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     if mode == "image_to_summary":
         text_source = {"summary_source": source["summary_source"], **({"summaries": source["summaries"]}
                                                                        if "summaries" in source else {})}
+    kb_skipped, kb_fallbacks = emb.skipped_and_fallbacks(records)
     manifest = {
         "sha256": _file_hashes(out_dir),
         "format": INDEX_FORMAT, "mode": mode, "factory": factory, "metric": "inner_product", "dim": int(dim),
@@ -189,7 +190,7 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
         "encoder": {"kb": emb.manifest["encoder"], "query": query_encoder}, "text_source": text_source,
         "embeddings": {"path": str(emb.path), "what": emb.kind, "dtype": emb.manifest["dtype"]},
         "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": n_train if needs_training else 0,
-        "kb_skipped": emb.counts(records), "gpu": on_gpu, "faiss_version": faiss.__version__,
+        "kb_skipped": kb_skipped, "kb_fallbacks": kb_fallbacks, "gpu": on_gpu, "faiss_version": faiss.__version__,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.time() - started, 3)}
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
     log.info("index %s: %d vectors, dim %d, %s, %s, built in %.1fs", out_dir, count, dim, factory, mode,
@@ -313,7 +314,8 @@ def import_index(index_file: str | os.PathLike, urls_file: str | os.PathLike, ou
         "imported": {"index": {"path": str(index_file.resolve()), "sha256": sha256_file(index_file)},
                      "urls": {"path": str(urls_file.resolve()), "sha256": sha256_file(urls_file)},
                      "unmapped_vectors": len(unmapped), "unmapped_examples": unmapped[:5]},
-        "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": 0, "kb_skipped": {}, "gpu": False,
+        "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": 0, "kb_skipped": {}, "kb_fallbacks": {},
+        "gpu": False,
         "faiss_version": faiss.__version__, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "build_seconds": round(time.time() - started, 3)}
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
