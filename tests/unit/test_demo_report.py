@@ -31,3 +31,20 @@ def test_markdown_table_has_every_column_and_formats_missing_values(tmp_path):
     assert "| retrieval only | 12.3 |" in table and "0.012" in table and "n/a" in table
     path = plot_recall([row], tmp_path / "r.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_coinciding_recall_curves_are_drawn_distinguishably_and_say_so():
+    from qkvqa.demo.report import recall_figure
+
+    rising = [float(k) for k in range(1, 21)]
+    rows = [{"setting": "retrieval only", "curve": rising}, {"setting": "QFF per_layer", "curve": list(rising)},
+            {"setting": "QFF input", "curve": [k + 1.0 for k in rising]}]
+    fig = recall_figure(rows)
+    lines = fig.axes[0].get_lines()
+    assert [list(line.get_ydata()) for line in lines] == [r["curve"] for r in rows]          # values not shifted
+    assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == 3
+    hidden, top = lines[0], lines[1]                                    # the same values: the later one is on top,
+    assert top.get_zorder() > hidden.get_zorder() and top.get_markersize() > hidden.get_markersize()
+    assert top.get_markerfacecolor() == "none"                          # hollow, so the one below shows through
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["retrieval only", "QFF per_layer (same curve as retrieval only)", "QFF input"]

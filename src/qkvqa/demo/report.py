@@ -82,12 +82,31 @@ def _pyplot():
     return plt
 
 
-def plot_recall(rows: Sequence[dict], path: Path) -> Path:
-    """Recall@K curves of every setting."""
+# One (marker, line style) per setting, so that two settings whose curves coincide stay told apart.
+CURVE_STYLES = (("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--"), ("X", "-."), ("*", ":"))
+
+
+def recall_curve_styles(rows: Sequence[dict]) -> list[dict]:
+    """How each setting's curve is drawn: its own marker and line style, and a curve equal to an earlier one at every
+    K drawn with larger hollow markers above it and labelled "(same curve as ...)", never hidden under it."""
+    styles = []
+    for i, row in enumerate(rows):
+        marker, linestyle = CURVE_STYLES[i % len(CURVE_STYLES)]
+        same = [r["setting"] for r in rows[:i] if list(r["curve"]) == list(row["curve"])]
+        style = {"marker": marker, "linestyle": linestyle, "markersize": 4, "zorder": 2 + i,
+                 "label": row["setting"] + (f" (same curve as {', '.join(same)})" if same else "")}
+        if same:
+            style.update(markersize=4 + 3 * len(same), markerfacecolor="none", markeredgewidth=1.2)
+        styles.append(style)
+    return styles
+
+
+def recall_figure(rows: Sequence[dict]):
+    """The matplotlib figure of the Recall@K curves of every setting."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for row in rows:
-        ax.plot(RECALL_CURVE_KS, row["curve"], marker="o", markersize=3, label=row["setting"])
+    for row, style in zip(rows, recall_curve_styles(rows)):
+        ax.plot(RECALL_CURVE_KS, row["curve"], **style)
     ax.set_xlabel("K (articles)")
     ax.set_ylabel("Recall@K (%)")
     ax.set_title("Gold article in the top K after each filter (synthetic world, test split)")
@@ -95,6 +114,13 @@ def plot_recall(rows: Sequence[dict], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot_recall(rows: Sequence[dict], path: Path) -> Path:
+    """Recall@K curves of every setting, as a PNG at `path`."""
+    plt = _pyplot()
+    fig = recall_figure(rows)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
