@@ -33,6 +33,7 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
+    from qkvqa.pipeline.protocol import component_card
     from qkvqa.qff.rerank import rerank_split, write_reranked
     from qkvqa.run.job import run_job
 
@@ -44,8 +45,9 @@ def _run(args: argparse.Namespace) -> int:
         datamodule = datamodule_for(cfg)
         result = rerank_split(cfg, datamodule=datamodule)
         datamodule.write_skipped_images(job.run.run_dir)
+        qformer = component_card(cfg.components.qformer, cfg.qff.checkpoint)     # weights and their fingerprint
         path = write_reranked(job.run.run_dir / f"reranked_{result.split}.json", result.results,
-                              {**result.produced_by, "run_id": job.run.run_id})
+                              {**result.produced_by, "qformer": qformer, "run_id": job.run.run_id})
         numeric = {k: v for k, v in result.metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
         stage1 = {k: v for k, v in result.stage1_metrics.items() if k.startswith("recall@")}
         job.record.update_summary({**{f"rerank/{result.split}/{k}": v for k, v in result.metrics.items()},

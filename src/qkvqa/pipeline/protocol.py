@@ -54,6 +54,11 @@ def used_components(cfg: Any) -> list[str]:
     return used
 
 
+def component_card(spec: Any, trained: Optional[str] = None) -> dict:
+    """Kind, weights and fingerprint of one component, as the protocol card lists it (`trained`: qff.checkpoint)."""
+    return _component(spec, trained)
+
+
 def _component(spec: Any, trained: Optional[str] = None) -> dict:
     """Kind, weights and fingerprint of one component; `trained` (qff.checkpoint) replaces its base weights."""
     if trained:

@@ -187,13 +187,11 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
 
 
 def reranked_provenance(cfg, reranker: QFFReranker, split: str) -> dict:
-    """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF (focus,
-    weights and their fingerprint), the KB and the stage-1 results; recorded beside the file (`write_reranked`)."""
-    from qkvqa.pipeline.protocol import _component
-
+    """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF's focus, the
+    KB and the stage-1 results (`qkvqa rerank` adds the QFF's weights and fingerprint and its run id); recorded
+    beside the file (`write_reranked`)."""
     return {"qff.alpha": reranker.alpha, "retrieval.top_k": reranker.top_k,
             "qff.focus": getattr(reranker.component.model, "focus", None),
-            "qformer": _component(cfg.components.qformer, cfg.qff.checkpoint),
             "kb_url_checksum": reranker.store.url_checksum, "split": split,
             "stage1": cfg.retrieval.results or {"mode": cfg.retrieval.mode,
                                                 "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory}}
