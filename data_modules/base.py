@@ -100,6 +100,15 @@ class KBVQADataModule(L.LightningDataModule):
         """A config path (`kb_source`, `test_questions`, ...) resolved against `data.root`."""
         return resolve_data_path(self.config, getattr(self.config, name))
 
+    def questions_identity(self, split: str) -> Optional[dict]:
+        """The dataset and the question file (resolved path and size) of `split`: what results computed over its
+        questions record, so that results of another split or question file are refused (E-VQA ids repeat per file)."""
+        path = self.path(f"{split}_questions")
+        if path is None:
+            return None
+        return {"dataset": self.config.dataset, "file": str(path.resolve()),
+                "size": path.stat().st_size if path.is_file() else None}
+
     def read_questions(self, split: str, path: Path) -> list[Question]:
         """Read the question file of `split` (implemented per benchmark)."""
         raise NotImplementedError(f"{type(self).__name__} does not say how to read questions")

@@ -209,12 +209,16 @@ def _split_sorted_infoseek(world, tmp_path) -> str:
     return str(out)
 
 
+def _infoseek_data(world, **questions: str) -> list[str]:
+    """`data.*` overrides for the world's InfoSeek files, with the given question files (test_questions=, ...)."""
+    keys = {"dataset": "infoseek", "root": world["dir"], "kb_store": "kb/store", **questions,
+            "infoseek_references": "infoseek/infoseek_val.jsonl", "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl"}
+    return [f"data.{k}={v}" for k, v in keys.items()]
+
+
 def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(world, tmp_path, capsys):
     sorted_csv = _split_sorted_infoseek(world, tmp_path)
-    data = [f"data.{k}={v}" for k, v in (("dataset", "infoseek"), ("root", world["dir"]),
-                                         ("kb_store", "kb/store"), ("test_questions", sorted_csv),
-                                         ("infoseek_references", "infoseek/infoseek_val.jsonl"),
-                                         ("infoseek_qtypes", "infoseek/infoseek_val_qtype.jsonl"))]
+    data = _infoseek_data(world, test_questions=sorted_csv)
     clear_run_env()
     code = main(["evaluate", "run_id=first_rows", f"paths.checkpoints_root={tmp_path / 'runs'}", *data,
                  "data.max_questions=5"])
@@ -226,10 +230,7 @@ def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(w
 @pytest.mark.parametrize("split_override", ["split=val", "eval.split=val"])
 def test_split_is_short_for_eval_split_as_for_retrieve_mine_and_rerank(world, tmp_path, capsys, split_override):
     sorted_csv = _split_sorted_infoseek(world, tmp_path)          # refused when evaluated: its first 5 rows are one split
-    data = [f"data.{k}={v}" for k, v in (("dataset", "infoseek"), ("root", world["dir"]),
-                                         ("kb_store", "kb/store"), ("val_questions", sorted_csv),
-                                         ("infoseek_references", "infoseek/infoseek_val.jsonl"),
-                                         ("infoseek_qtypes", "infoseek/infoseek_val_qtype.jsonl"))]
+    data = _infoseek_data(world, val_questions=sorted_csv)
     clear_run_env()
     code = main(["evaluate", "run_id=val_split", f"paths.checkpoints_root={tmp_path / 'runs'}", *data,
                  "data.max_questions=5", split_override])

@@ -142,6 +142,10 @@ def test_an_evaluation_of_reranked_results_reports_the_alpha_that_produced_them(
     card = json.loads((run_dir / "scores.json").read_text())["protocol"]["filter"]
     assert card["alpha"] == 0.5 and card["focus"] == "per_layer" and card["produced_by"] == "qkvqa rerank run rerank-a05"
     assert table5_focus_and_alpha(run_dir) == ["per_layer", "0.50"]
+    # the val file's ranking for the test questions: E-VQA ids repeat per file, so coverage alone passed it
+    code, err = evaluate("pre-test", "qff.alpha=0.5", "split=test")
+    assert code == 2 and "was reranked for the val questions" in err and "rerank with split=test" in err, err
+    assert not (mined["work"] / "runs" / "pre-test").exists()
     # a file of unknown origin (OMGM's): the report says so instead of printing the config's alpha
     reranked.with_name("reranked_val.meta.json").rename(reranked.with_name("kept.meta.json"))
     assert evaluate("pre-unknown")[0] == 0

@@ -71,10 +71,13 @@ def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: DictConfig, store: Any) -> None:
+def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: DictConfig, benchmark: Any) -> None:
     """Refuse reranked results (`made`: what produced them) made with another qff.alpha than this run's config
-    records (its config.yaml, summary and report would show a weight that did not produce them) or over another KB."""
+    records (its config.yaml, summary and report would show a weight that did not produce them), over another KB,
+    or for other questions (another split or question file: E-VQA ids repeat per file, so coverage cannot tell)."""
     from qkvqa.qff.rerank import reranked_meta_path
+
+    store = benchmark.kb_store()
 
     if made is None:
         log.warning("%s has no %s: what produced it (qff.alpha, the QFF) is unknown and reported so", path,
@@ -88,6 +91,10 @@ def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: DictConf
     if alpha is not None and float(alpha) != float(cfg.qff.alpha):
         raise ConfigError(f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
                           f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}")
+    made_for, evaluated = made.get("questions"), benchmark.questions_identity(cfg.eval.split)
+    if made_for is not None and evaluated is not None and made_for != evaluated:
+        raise DataError(f"{path} was reranked for the {made.get('split')} questions {made_for} ({meta}) but this "
+                        f"evaluation's {cfg.eval.split} questions are {evaluated}: rerank with split={cfg.eval.split}")
 
 
 def build_filter(cfg: DictConfig, benchmark: Any):
@@ -106,7 +113,7 @@ def build_filter(cfg: DictConfig, benchmark: Any):
         from qkvqa.retrieval.results import check_coverage_of
 
         precomputed = PrecomputedFilter(cfg.eval.reranked_results, store)
-        check_precomputed_provenance(precomputed.path, precomputed.produced_by, cfg, store)
+        check_precomputed_provenance(precomputed.path, precomputed.produced_by, cfg, benchmark)
         check_coverage_of(precomputed.path, precomputed.results, benchmark.questions(cfg.eval.split),
                           float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage")
         return precomputed
@@ -258,10 +265,11 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
     return out
 
 
-def preflight(cfg: DictConfig, benchmark: Any) -> None:
+def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
     """Before stage 1: the KB opens and every model the run will load has its weights (qff.checkpoint included),
     so a missing judge or generator stops the run in seconds, not after hours of generation; precomputed reranked
-    results were made with this run's qff.alpha, over its KB."""
+    results were made with this run's qff.alpha, over its KB, for its questions. Returns what produced them (for
+    the report's filter card; None for other filters and for a file of unknown origin)."""
     import os
 
     from qkvqa.components.registry import resolve_pretrained, spec_from_mapping
@@ -276,21 +284,18 @@ def preflight(cfg: DictConfig, benchmark: Any) -> None:
                 resolve_pretrained(spec)
             except MissingWeightsError as e:
                 raise MissingWeightsError(f"components.{name}: {e}") from None
-    if cfg.eval.filter == "precomputed" and cfg.eval.reranked_results:
-        from qkvqa.qff.rerank import reranked_meta_path
-        from qkvqa.utils.io import read_json
+    made = None
+    if cfg.eval.filter == "precomputed" and cfg.eval.reranked_results and Path(cfg.eval.reranked_results).is_file():
+        from qkvqa.qff.rerank import read_reranked_provenance
 
-        meta = reranked_meta_path(cfg.eval.reranked_results)    # checked against the file itself when it is read
-        try:
-            made = read_json(meta).get("produced_by") if meta.is_file() else None
-        except (ValueError, AttributeError):
-            made = None                                          # refused with its reason when the filter reads it
+        made = read_reranked_provenance(cfg.eval.reranked_results)   # a sidecar of another version is refused here
         if made:
-            check_precomputed_provenance(Path(cfg.eval.reranked_results), made, cfg, benchmark.kb_store())
+            check_precomputed_provenance(Path(cfg.eval.reranked_results), made, cfg, benchmark)
     checkpoint = cfg.qff.checkpoint if cfg.eval.filter == "qff" else None
     if checkpoint and not Path(checkpoint).expanduser().exists():
         raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or a "
                                   ".ckpt file)")
+    return made
 
 
 def run_evaluation(cfg: DictConfig) -> dict:
@@ -316,7 +321,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
     questions = benchmark.questions(split)
     evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"))
     evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
-    preflight(cfg, benchmark)
+    produced_by = preflight(cfg, benchmark)
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
         run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
         if rank_zero:
@@ -351,7 +356,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         correct = scores.pop(PER_QUESTION_KEY)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
-        scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store())
+        scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store(), produced_by)
         if cfg.eval.filter == "qff":
             scores["qff_article_images"] = ranked_articles_without_image(benchmark, rows)
         scores["retrieval_source"] = meta["source"]

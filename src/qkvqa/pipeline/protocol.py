@@ -111,10 +111,11 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     return reasons
 
 
-def filter_card(cfg: Any) -> dict:
+def filter_card(cfg: Any, produced_by: Optional[dict] = None) -> dict:
     """What filtered the articles: the QFF with the config's focus and alpha; for eval.filter=precomputed, what
     produced the reranked file (its `qkvqa rerank` sidecar: alpha, focus, the QFF's weights), alpha None when the
-    file does not say (never the config's alpha, which did not produce it); the retrieval order has no alpha."""
+    file does not say (never the config's alpha, which did not produce it); the retrieval order has no alpha.
+    `produced_by`: the sidecar as the evaluation read it before it started (else it is read here)."""
     if cfg.eval.filter == "qff":
         return {"kind": "qff", "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
     if cfg.eval.filter != "precomputed":
@@ -122,7 +123,9 @@ def filter_card(cfg: Any) -> dict:
     from qkvqa.qff.rerank import read_reranked_provenance, reranked_meta_path
 
     path = cfg.eval.reranked_results
-    made = read_reranked_provenance(path) if path and Path(path).is_file() else None
+    made = produced_by
+    if made is None and path and Path(path).is_file():
+        made = read_reranked_provenance(path)
     if made is None:
         return {"kind": "precomputed", "file": str(path), "alpha": None, "focus": None,
                 "produced_by": f"unknown (no {reranked_meta_path(path).name}: not written by `qkvqa rerank`)"}
@@ -131,8 +134,8 @@ def filter_card(cfg: Any) -> dict:
             "produced_by": f"qkvqa rerank run {made.get('run_id')}"}
 
 
-def protocol_card(cfg: Any, scores: dict, kb: Any) -> dict:
-    """The card's fields (JSON-ready); `kb` is the run's KB store."""
+def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] = None) -> dict:
+    """The card's fields (JSON-ready); `kb` is the run's KB store, `produced_by` what made precomputed results."""
     used = used_components(cfg)
     reasons = not_comparable_because(cfg, scores, used)
     question_set = scores.get("question_set") or {}
@@ -148,7 +151,7 @@ def protocol_card(cfg: Any, scores: dict, kb: Any) -> dict:
             "mode": cfg.retrieval.mode, "summary_source": cfg.retrieval.summary_source if
             cfg.retrieval.mode == "image_to_summary" else None, "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory,
             "top_k": cfg.retrieval.top_k},
-        "filter": filter_card(cfg),
+        "filter": filter_card(cfg, produced_by),
         "models": {name: _component(cfg.components[name], cfg.qff.checkpoint if name == "qformer" else None)
                    for name in used},
         "stop_after": cfg.eval.stop_after,

@@ -183,16 +183,16 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
     metrics = split_metrics(results, questions, dm.config.dataset, cfg)
     metrics.update({"n_without_query_image": without_image,
                     "n_articles_without_image": len(reranker.articles_without_image)})
-    return SplitRerank(split, results, metrics, stage1.metrics, reranked_provenance(cfg, reranker, split))
+    return SplitRerank(split, results, metrics, stage1.metrics, reranked_provenance(cfg, reranker, split, dm))
 
 
-def reranked_provenance(cfg, reranker: QFFReranker, split: str) -> dict:
+def reranked_provenance(cfg, reranker: QFFReranker, split: str, dm) -> dict:
     """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF's focus, the
-    KB and the stage-1 results (`qkvqa rerank` adds the QFF's weights and fingerprint and its run id); recorded
-    beside the file (`write_reranked`)."""
+    KB, the questions (dataset, split, file) and the stage-1 results (`qkvqa rerank` adds the QFF's weights and
+    fingerprint and its run id); recorded beside the file (`write_reranked`)."""
     return {"qff.alpha": reranker.alpha, "retrieval.top_k": reranker.top_k,
             "qff.focus": getattr(reranker.component.model, "focus", None),
-            "kb_url_checksum": reranker.store.url_checksum, "split": split,
+            "kb_url_checksum": reranker.store.url_checksum, "split": split, "questions": dm.questions_identity(split),
             "stage1": cfg.retrieval.results or {"mode": cfg.retrieval.mode,
                                                 "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory}}
 
@@ -237,11 +237,14 @@ def write_reranked(path, results: dict[str, RerankedQuestion], produced_by: Opti
 
     path = Path(path)
     text = json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False)
-    reranked_meta_path(path).unlink(missing_ok=True)         # a kill between the two writes leaves no stale record
-    atomic_write_text(path, text)
+    # The sidecar first, naming the new file's sha256: a kill between the two writes leaves a sidecar that does not
+    # describe the old file, which is refused when read (never a file of unknown origin evaluated with exit 0).
     if produced_by is not None:
         atomic_write_json(reranked_meta_path(path), {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
                                                      "produced_by": produced_by})
+    else:
+        reranked_meta_path(path).unlink(missing_ok=True)
+    atomic_write_text(path, text)
     return path
 
 
