@@ -24,9 +24,12 @@ os.environ.setdefault("QKVQA_PROGRESS", "0")
 
 @pytest.fixture(autouse=True)
 def _isolated_run_env(monkeypatch, tmp_path):
-    """Each test starts without an inherited run identity or W&B sweep variables."""
+    """Each test starts without an inherited run identity, W&B sweep variables or SLURM job (`make test` inside an
+    sbatch or salloc job: a test's SIGUSR1 stop would `scontrol requeue` that job, and Lightning would see SLURM)."""
     for key in ("QKVQA_RUN_ID", "QKVQA_RUN_DIR", "WANDB_RUN_ID", "WANDB_SWEEP_ID"):
         monkeypatch.delenv(key, raising=False)
+    for key in [k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF"]:
+        monkeypatch.delenv(key)
     monkeypatch.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
     yield
 

@@ -143,25 +143,31 @@ def test_an_error_a_stop_signal_causes_is_recorded_as_an_interruption(tmp_path):
     assert json.loads((tmp_path / "next" / "status.json").read_text())["state"] == "finished"
 
 
-def test_a_sigusr1_while_python_shuts_down_after_the_work_does_not_kill_the_process():
+def test_a_sigusr1_while_python_shuts_down_after_the_work_does_not_kill_the_process(tmp_path):
     """A requeued SLURM attempt that finished just before its own time-limit SIGUSR1 died of the signal while the
     interpreter shut down (Python resets handlers to the default there) and SLURM marked the finished job FAILED."""
     import signal
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", """
-import sys, time
+    sent = tmp_path / "sent"
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import os, time
 from qkvqa.utils.stop_signals import hold_stop_signal
 hold_stop_signal()
 class ShutsDownSlowly:                        # its finaliser runs after Python has reset the signal handlers
     def __del__(self):
         print("shutting down", flush=True)
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while not os.path.exists({str(sent)!r}) and time.monotonic() < deadline:
+            time.sleep(0.05)                  # shut down until the test has sent the signal
+        time.sleep(0.3)
 keep = ShutsDownSlowly()
 """], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "shutting down"
+    assert child.poll() is None                                        # the signal lands during the shutdown
     child.send_signal(signal.SIGUSR1)
+    sent.touch()
     assert child.wait(timeout=60) == 0
 
 
@@ -183,3 +189,22 @@ def test_before_training_on_several_ranks_a_stop_signal_is_noted_for_the_first_b
         time.sleep(0.5)                                                # not raised here
         assert stop_signal_received() == signal.SIGUSR1                # LastCheckpoint.on_train_start reads it
     assert stop_signal_received() is None
+
+
+def test_a_command_that_opens_no_run_leaves_sigusr1_its_default_and_a_run_command_holds_it():
+    """Holding SIGUSR1 is for commands whose run can stop cleanly on it; `kb build`, `synth`, the sweep driver
+    would otherwise note it and run on until SIGKILL."""
+    import signal
+
+    from qkvqa.cli.main import build_parser, main
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        assert main(["config", "list"]) == 0
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+        opens = {name for name in ("train", "evaluate", "embed", "mine", "rerank", "retrieve", "cache-vit", "demo")
+                 if getattr(build_parser().parse_args([name]), "opens_run", False)}
+        assert opens == {"train", "evaluate", "embed", "mine", "rerank", "retrieve", "cache-vit", "demo"}
+        assert not getattr(build_parser().parse_args(["synth", "--out", "x"]), "opens_run", False)
+    finally:
+        signal.signal(signal.SIGUSR1, before)

@@ -119,11 +119,11 @@ class LastCheckpoint(pl.Callback):
         # From here on the state is the restored one (or a fresh start): nothing before it may be saved over last.ckpt.
         self._saved_step = trainer.global_step
         self._started = True
-        if self.received is None:                    # a signal before training (run.job.interrupt_on_signals, defer)
-            self.received = stop_signal_received()
         for sig in SIGNALS:
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handler)
+        if self.received is None:                    # a signal before training (run.job.interrupt_on_signals, defer),
+            self.received = stop_signal_received()   # read once this callback's handlers catch any later one
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.preempted and trainer.global_step != self._saved_step:

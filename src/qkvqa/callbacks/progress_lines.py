@@ -72,6 +72,8 @@ class ProgressLines(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):           # summed on the device: no host sync until a line is printed
             loss = loss.detach().float()
+            if pl_module.automatic_optimization:     # Lightning hands on the loss divided by the accumulation
+                loss = loss * trainer.accumulate_grad_batches
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._loss_batches += 1
         self._samples += batch_size_of(batch) or 0

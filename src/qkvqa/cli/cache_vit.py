@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument("--shard-index", type=int, default=None, help="this process's index (default: RANK or 0)")
     parser.add_argument("--num-shards", type=int, default=None, help="number of processes (default: WORLD_SIZE or 1)")
     add_override_args(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, opens_run=True)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=None,
                         help="QFF training epochs (default: the demo experiments', 5); 1 is a quick look")
-    parser.set_defaults(func=_demo)
+    parser.set_defaults(func=_demo, opens_run=True)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ def register(subparsers) -> None:
     parser.add_argument("--num-shards", type=int, default=1, help="number of processes sharing the work (default 1)")
     parser.add_argument("--max-shards", type=int, default=None,
                         help="stop after computing this many shards (for time-limited jobs; rerun to continue)")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, opens_run=True)
 
 
 def _run(args: argparse.Namespace) -> int:

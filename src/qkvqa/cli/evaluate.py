@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Under DDP (preset=ddp / ddp_cpu_sim) every question is answered exactly once. "
                     "split=X is short for eval.split=X, as for retrieve, mine and rerank.")
     add_override_args(parser)
-    parser.set_defaults(func=_evaluate)
+    parser.set_defaults(func=_evaluate, opens_run=True)
 
 
 def _evaluate(args: argparse.Namespace) -> int:

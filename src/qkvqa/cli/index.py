@@ -23,7 +23,7 @@ def register(subparsers) -> None:
                     "retrieval.index_add_batch at a time; faiss-gpu is used when present (retrieval.index_gpu). "
                     "A manifest records mode, encoders, dim, count, KB checksum, factory and text source.")
     add_override_args(build)
-    build.set_defaults(func=_build)
+    build.set_defaults(func=_build, opens_run=True)
     imported = commands.add_parser(
         "import", help="adopt a foreign faiss index with its URL list (ReflectiVA's knn.index + knn.json)",
         description="Adopt a faiss index built elsewhere as retrieval.index_dir of the config: each vector's URL "

@@ -2,8 +2,9 @@
 
 Every module in `qkvqa.cli` other than `main` and names starting with `_` is a command module. It
 defines `register(subparsers)`, which adds one argparse sub-parser and sets `func=handler` on it
-with `set_defaults`. Command modules import heavy libraries (torch, transformers, faiss) inside
-their handlers, so that `qkvqa --help` stays fast.
+with `set_defaults` (plus `opens_run=True` when it runs a qkvqa run, which then holds SLURM's SIGUSR1 from the
+first line: `qkvqa.utils.stop_signals`). Command modules import heavy libraries (torch, transformers, faiss)
+inside their handlers, so that `qkvqa --help` stays fast.
 """
 from __future__ import annotations
 
@@ -83,11 +84,13 @@ def _stdout_closed() -> bool:
 
 
 def _main(argv: Optional[Sequence[str]]) -> int:
-    from qkvqa.utils.stop_signals import hold_stop_signal
+    from qkvqa.utils.stop_signals import hold_stop_signal, release_stop_signal
 
     hold_stop_signal()                    # a SIGUSR1 during start-up stops the run cleanly later, not the process now
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not getattr(args, "opens_run", False):
+        release_stop_signal()             # no run to stop cleanly (set_defaults(opens_run=True) marks those that do)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -26,7 +26,7 @@ def register(subparsers) -> None:
                     "  mining_report_{split}.json      kept / dropped counts, reasons and the dropped data_ids\n"
                     "Train with qff.negatives=RUN/hardneg_train.json qff.val_negatives=RUN/hardneg_val.json.")
     add_override_args(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, opens_run=True)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
                     "  qkvqa rerank experiment=evqa_qff split=test qff.checkpoint=checkpoints/RUN/qff \\\n"
                     "      retrieval.results=checkpoints/RETRIEVE_RUN/retrieval_test.json")
     add_override_args(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, opens_run=True)
 
 
 def _run(args: argparse.Namespace) -> int:

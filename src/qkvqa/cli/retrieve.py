@@ -21,7 +21,7 @@ def register(subparsers) -> None:
                     "retrieval.split=X. With retrieval.results=FILE (OMGM or EchoSight layout) that file is "
                     "scored and rewritten instead.")
     add_override_args(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, opens_run=True)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("run_dir", help="the run directory of `qkvqa evaluate` (holds config.yaml, predictions.jsonl)")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="scoring keys to change")
-    run.set_defaults(func=_score_run)
+    run.set_defaults(func=_score_run, opens_run=True)
 
     infoseek = sub.add_parser("infoseek", help="official InfoSeek score", description=INFOSEEK_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

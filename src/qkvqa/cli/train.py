@@ -24,7 +24,7 @@ def register(subparsers) -> None:
                     "  qkvqa train experiment=evqa_qff trainer.devices=4 trainer.strategy=ddp\n"
                     "Multi-node (torchrun, SLURM): docs/training.md.")
     add_override_args(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, opens_run=True)
 
 
 def _run(args: argparse.Namespace) -> int:

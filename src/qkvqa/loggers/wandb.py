@@ -88,6 +88,15 @@ def make_wandb_logger(cfg: DictConfig, run: RunContext, command: str = "train"):
 _TOLERANT: dict = {}
 
 
+def stop_is_not_a_wandb_failure(error: Exception) -> None:
+    """Re-raise a stop (RunInterrupted from a signal handler that fired inside a W&B call), which the W&B guards
+    below must not swallow as "W&B stopped": the run would go on after SIGTERM until SIGKILL."""
+    from qkvqa.errors import RunInterrupted
+
+    if isinstance(error, RunInterrupted):
+        raise error
+
+
 def _tolerant(base: type) -> type:
     """WandbLogger whose calls cannot fail the run: when the W&B service is gone (SLURM signals every process of
     the job step, and wandb-core exits on SIGTERM), rank zero's next W&B call raised ConnectionResetError, and the
@@ -102,15 +111,7 @@ def _tolerant(base: type) -> type:
         _skipped_steps = 0
 
         def _guard(self, name: str, *args, **kwargs):
-            if self._broken:
-                return None
-            try:
-                return getattr(super(), name)(*args, **kwargs)
-            except Exception as e:                   # the service died or the network went: never fail the run
-                self._broken = True
-                log.warning("W&B stopped (%s: %s); the local run record in %s goes on", type(e).__name__, e,
-                            self.save_dir)
-                return None
+            return self._guard_call(getattr(super(), name), *args, **kwargs)
 
         @rank_zero_only
         def log_metrics(self, metrics, step=None):
@@ -139,6 +140,7 @@ def _tolerant(base: type) -> type:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:                   # the service died or the network went: never fail the run
+                stop_is_not_a_wandb_failure(e)
                 self._broken = True
                 log.warning("W&B stopped (%s: %s); the local run record in %s goes on", type(e).__name__, e,
                             self.save_dir)
@@ -200,6 +202,7 @@ def log_run_files(run_dir: str | os.PathLike) -> list[str]:
                 run.save(str(copy), base_path=str(run.dir), policy="now")
                 saved.append(name)
     except Exception as e:                           # a dead W&B service must not fail a finished job
+        stop_is_not_a_wandb_failure(e)
         log.warning("W&B: could not save the run files (%s: %s); they are in %s", type(e).__name__, e, run_dir)
     return saved
 
@@ -241,7 +244,7 @@ def job_run(cfg: DictConfig, run: RunContext, command: str) -> Iterator[None]:
     except Exception as e:
         from qkvqa.utils.stop_signals import stop_signal_received
 
-        if stop_signal_received() is not None:       # the stop arrived during init: it is not a W&B failure
+        if stop_signal_received() is not None:       # the stop arrived during init (whatever init made of it)
             raise
         log.warning("W&B: could not start the run (%s: %s); the local run record in %s goes on", type(e).__name__, e,
                     run.run_dir)
@@ -257,6 +260,7 @@ def job_run(cfg: DictConfig, run: RunContext, command: str) -> Iterator[None]:
                 log_run_files(run.run_dir)
             wrun.finish(exit_code=1 if failed else 0)
         except Exception as e:                       # a dead W&B service must not fail a finished job
+            stop_is_not_a_wandb_failure(e)
             log.warning("W&B: could not finish the run (%s: %s)", type(e).__name__, e)
 
 
@@ -313,6 +317,7 @@ def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrie
                 values.append(wandb.Image(image) if image is not None else None)
         run.log({key: wandb.Table(columns=columns, data=data)})
     except Exception as e:                           # a dead W&B service must not fail a finished evaluation
+        stop_is_not_a_wandb_failure(e)
         log.warning("W&B: could not log %s (%s: %s); predictions.jsonl has every row", key, type(e).__name__, e)
         return False
     return True

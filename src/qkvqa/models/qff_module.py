@@ -283,6 +283,8 @@ class QFFTrainer(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """Log the L2 norm of all gradients (before clipping) and of the new focus blocks' (zero while a tanh gate is
         still closed)."""
+        if not self.trainer._logger_connector.should_update_logs:
+            return                                   # the norms are only logged every log_every_n_steps
         every = [p.grad.detach() for p in self.parameters() if p.grad is not None]
         if every:
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(every, foreach=True).float(), on_step=True,

@@ -366,8 +366,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
         atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
         benchmark.write_skipped_images(run_dir)
         flat = flat_metrics(scores)
+        # No step: a re-score (`qkvqa score run`) is a new W&B step, not one the resumed run has passed (dropped).
         for logger in trainer.loggers:
-            logger.log_metrics(flat, step=0)
+            logger.log_metrics(flat)
         if cfg.logger.wandb.eval_table:
             log_predictions_table(rows, questions, retrieved, correct,
                                   benchmark.image_loader if cfg.logger.wandb.eval_table_images else None)

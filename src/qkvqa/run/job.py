@@ -113,6 +113,10 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
         raise
     else:
         received = job.received_signal if job.final_state == "interrupted" else None
+        late = stop_signal_received()
+        if received is None and late is not None:  # noted too late to stop anything: said, not dropped in silence
+            log.warning("received %s after the work it could stop (training on every rank, the last batch): the run "
+                        "finished as it would have", signal.Signals(late).name)
         if run.is_rank_zero:
             record.finish(job.final_state)
     finally:
@@ -133,7 +137,6 @@ def interrupt_on_signals(run_id: str, defer: bool = False) -> Iterator[None]:
     in the process-group rendezvous (C++ code, where no Python signal handler runs; the SLURM time-limit test: rank
     0 hung until the limit, its record `running`). So the signal is only noted (qkvqa.utils.stop_signals), and
     LastCheckpoint stops every rank together after the first batch, with a checkpoint."""
-    import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -143,8 +146,8 @@ def interrupt_on_signals(run_id: str, defer: bool = False) -> Iterator[None]:
     def stop(signum, frame):
         note_stop_signal(signum)
         if defer:
-            log.warning("received %s before training: every rank stops after the first batch",
-                        signal.Signals(signum).name)
+            log.warning("received %s: noted; training stops on every rank after its next batch (none once training "
+                        "is over)", signal.Signals(signum).name)
             return
         raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with the same "
                              f"command plus run_id={run_id} resume=auto", signum=signum)

@@ -17,6 +17,7 @@ process died of it after a finished run and SLURM marked the job FAILED. At exit
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import threading
 from typing import Optional
@@ -33,8 +34,20 @@ def hold_stop_signal() -> None:
     """Remember a SIGUSR1 from now on (main thread only) instead of dying of it, up to the process's exit."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda signum, frame: note_stop_signal(signum))
-        atexit.unregister(_ignore_late_stop_signal)
-        atexit.register(_ignore_late_stop_signal)     # registered first, so it runs last of the exit handlers
+        atexit.unregister(_ignore_late_stop_signal)   # once, however often it is held
+        atexit.register(_ignore_late_stop_signal)     # (registered early: it runs after the later exit handlers)
+
+
+def release_stop_signal() -> None:
+    """A command that opens no run (kb build, synth, the sweep driver, ...) has nothing to stop cleanly: SIGUSR1
+    gets its default (the process ends, as before qkvqa held it), and one held since start-up is delivered now."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    atexit.unregister(_ignore_late_stop_signal)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    if signal.SIGUSR1 in _received:
+        _received.clear()
+        os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def _ignore_late_stop_signal() -> None:
