@@ -65,6 +65,7 @@ def interval(values: list[float]) -> dict:
 
 def trajectories(run_dir: Path, points: int = 5) -> dict:
     """train/gate and train/focus_grad_norm at `points` evenly spaced logged steps (first to last)."""
+    from qkvqa.compare.rows import dedupe_steps
     from qkvqa.run.record import RunRecord
 
     series: dict[str, list[tuple[int, float]]] = {}
@@ -72,8 +73,8 @@ def trajectories(run_dir: Path, points: int = 5) -> dict:
         if row["name"] in ("train/gate", "train/focus_grad_norm"):
             series.setdefault(row["name"], []).append((row["step"], row["value"]))
     out = {}
-    for name, rows in series.items():
-        rows.sort()
+    for name, logged in series.items():
+        rows = dedupe_steps(logged)                  # a resumed run logs the steps after its checkpoint twice
         picks = sorted({round(i * (len(rows) - 1) / (points - 1)) for i in range(points)})
         out[name.split("/", 1)[1]] = [[rows[i][0], round(rows[i][1], 4)] for i in picks]
     return out

@@ -49,7 +49,9 @@ def test_training_into_a_file_prints_progress_lines_while_it_runs(world, tmp_pat
     lines = [TRAIN_LINE.search(line) for line in text.splitlines()]
     found = [(int(m.group(1)), int(m.group(2)), m.group(5)) for m in lines if m]
     steps = [step for step, _, _ in found]
-    assert len(found) >= 5 and steps == sorted(set(steps)) and steps[-1] == 40, text[-3000:]
+    # Lines come at most once a second: how many depends on the machine's speed (here 12 over 15 s), so at least
+    # one while training and the last one.
+    assert len(found) >= 2 and steps == sorted(set(steps)) and steps[-1] == 40, text[-3000:]
     assert all(total == 40 for _, total, _ in found) and found[-1][2] in (None, "0:00:00")   # `done` or ETA 0
     assert all(eta is not None for _, _, eta in found[:-1])
     assert "QFFTrainer: " in text and "model.base.vision_model (26 modules)" in text    # in place of the table

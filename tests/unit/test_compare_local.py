@@ -7,7 +7,7 @@ import io
 import pytest
 
 from qkvqa.cli.main import main
-from qkvqa.compare.rows import collect_local, dedupe_steps
+from qkvqa.compare.rows import RunRow, collect_local, dedupe_steps
 from qkvqa.compare.table import build_table, filter_rows, render_table
 from qkvqa.config.load import compose
 from qkvqa.errors import ConfigError
@@ -206,3 +206,24 @@ def test_the_plot_shows_every_run_the_mean_sd_and_n_and_rates_from_zero(run_root
     assert "last value of each run" in last.get_title()
     loss = metric_figure(rows, "qff.alpha", "val/loss", "min", "best").axes[0]
     assert loss.get_ylabel() == "val/loss (axis not from 0)"
+
+
+def test_a_where_key_no_run_has_is_an_error_naming_the_nearest(tmp_path):
+    """`--where qff.alfa=0.9` once gave an empty table with exit 0."""
+    rows = [RunRow(run_id="a", task="train", state="finished", experiment="e", config={"qff.alpha": 0.9}, summary={},
+                   runtime_s=None, source="local")]
+    with pytest.raises(ConfigError, match=r"--where qff\.alfa: no compared run has this key; did you mean qff\.alpha"):
+        filter_rows(rows, ["qff.alfa=0.9"])
+    assert filter_rows(rows, ["qff.alpha=0.5"]) == []                  # a known key with no match is an empty table
+
+
+def test_an_unfinished_run_s_partial_value_is_left_out_of_the_plot_and_said_so():
+    from qkvqa.compare.plot import metric_figure, metric_points
+
+    def row(run_id, state, value):
+        return RunRow(run_id=run_id, task="evaluate", state=state, experiment="e", config={"qff.alpha": 0.5},
+                      summary={"eval/accuracy": value}, runtime_s=None, source="local")
+
+    rows = [row("done", "finished", 50.0), row("cut", "failed", 90.0)]
+    assert metric_points(rows, "qff.alpha", "eval/accuracy", "max") == [(0.5, 50.0)]
+    assert "1 runs (1 unfinished left out)" in metric_figure(rows, "qff.alpha", "eval/accuracy").axes[0].get_title()

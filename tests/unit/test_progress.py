@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +10,13 @@ from qkvqa.config.schema import PROGRESS_MODES
 from qkvqa.errors import ConfigError
 from qkvqa.utils import progress as P
 from qkvqa.utils.progress import ProgressLines, format_seconds, progress, progress_mode, progress_settings
+
+
+def fake_clock(monkeypatch, start: float = 0.0) -> list[float]:
+    """The progress module's clock, set by the test (only that module's: the real `time` of other threads stays)."""
+    clock = [start]
+    monkeypatch.setattr(P, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    return clock
 
 
 def lines_of(**kwargs) -> tuple[ProgressLines, list[str]]:
@@ -44,8 +51,7 @@ def test_progress_gives_lines_in_lines_mode_and_nothing_off_rank_zero(monkeypatc
 
 
 def test_a_line_at_each_tenth_once_a_second_has_passed_and_one_at_the_end(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(P.time, "monotonic", lambda: clock[0])
+    clock = fake_clock(monkeypatch, 100.0)
     bar, out = lines_of(desc="mine val", total=50, unit="question", every_s=30.0, every_fraction=0.1)
     for _ in range(50):
         clock[0] += 0.5                               # 2 questions a second
@@ -57,7 +63,8 @@ def test_a_line_at_each_tenth_once_a_second_has_passed_and_one_at_the_end(monkey
     assert out[-1].endswith("ETA 0:00:00")
 
 
-def test_a_fast_loop_prints_only_its_end_line():
+def test_a_fast_loop_prints_only_its_end_line(monkeypatch):
+    fake_clock(monkeypatch)                           # no time passes: a stall of the machine cannot add a line
     out: list[str] = []
     for _ in ProgressLines(range(1000), desc="check", unit="question", every_s=30.0, every_fraction=0.1,
                            emit=out.append):
@@ -66,8 +73,7 @@ def test_a_fast_loop_prints_only_its_end_line():
 
 
 def test_time_lines_without_a_total_say_the_eta_is_unknown(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(P.time, "monotonic", lambda: clock[0])
+    clock = fake_clock(monkeypatch, 0.0)
     bar, out = lines_of(desc="kb build", unit="B", unit_scale=True, every_s=30.0)
     for _ in range(4):
         clock[0] += 20.0
@@ -77,8 +83,7 @@ def test_time_lines_without_a_total_say_the_eta_is_unknown(monkeypatch):
 
 
 def test_fields_and_postfix_are_shown_and_a_resumed_loop_rates_only_its_own_steps(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(P.time, "monotonic", lambda: clock[0])
+    clock = fake_clock(monkeypatch, 0.0)
     bar, out = lines_of(desc="train", total=200, unit="steps", initial=100, every_fraction=0.0, every_s=10.0,
                         fields=lambda: ["epoch 3", "loss 0.5000"])
     bar.set_postfix(failed=0)
@@ -92,8 +97,9 @@ def test_format_seconds():
     assert format_seconds(3725.4) == "1:02:05" and format_seconds(-1) == "0:00:00"
 
 
-def test_a_real_loop_of_half_a_second_prints_one_line():
+def test_a_loop_of_half_a_second_prints_one_line(monkeypatch):
+    clock = fake_clock(monkeypatch)                   # 0.1 s a step, whatever the load (a real sleep could pass 1 s)
     out: list[str] = []
     for _ in ProgressLines(range(5), emit=out.append, every_s=30.0):
-        time.sleep(0.1)
+        clock[0] += 0.1
     assert len(out) == 1 and "5/5 it (100%)" in out[0]

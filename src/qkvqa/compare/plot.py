@@ -23,15 +23,21 @@ def is_rate(metric: str) -> bool:
 
 def metric_points(rows: Iterable[RunRow], param: str, metric: str, goal: str,
                   which: str = "best") -> list[tuple[Any, float]]:
-    """(parameter value, the run's `which` (best | last) value of `metric`) of every row that has both."""
+    """(parameter value, the run's `which` (best | last) value of `metric`) of every finished row that has both: a
+    failed, interrupted or running run's value is a partial one, not a result (`unfinished_runs` counts them)."""
     points = []
     for row in rows:
-        if param not in row.config:
+        if param not in row.config or row.state != "finished":
             continue
         value, _ = row.value(metric, which, goal)
         if value is not None:
             points.append((row.config[param], value))
     return points
+
+
+def unfinished_runs(rows: Iterable[RunRow], param: str) -> int:
+    """The rows with `param` that `metric_points` leaves out because they did not finish."""
+    return sum(1 for row in rows if param in row.config and row.state != "finished")
 
 
 def group_stats(points: list[tuple[Any, float]]) -> dict[Any, tuple[int, float, float]]:
@@ -50,9 +56,9 @@ def group_stats(points: list[tuple[Any, float]]) -> dict[Any, tuple[int, float, 
 def plot_metric_vs_param(rows: Iterable[RunRow], param: str, metric: str, out: str | os.PathLike,
                          goal: str = "max", which: str = "best") -> Path:
     """Write a PNG of `metric_figure` to `out`."""
+    fig = metric_figure(rows, param, metric, goal, which)       # selects the Agg backend before pyplot is imported
     import matplotlib.pyplot as plt
 
-    fig = metric_figure(rows, param, metric, goal, which)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -68,9 +74,11 @@ def metric_figure(rows: Iterable[RunRow], param: str, metric: str, goal: str = "
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = metric_points(rows, param, metric, goal, which)
+    rows = list(rows)
+    points, left_out = metric_points(rows, param, metric, goal, which), unfinished_runs(rows, param)
     if not points:
-        raise ConfigError(f"no run has both config key {param!r} and metric {metric!r}; nothing to plot")
+        raise ConfigError(f"no finished run has both config key {param!r} and metric {metric!r}; nothing to plot"
+                          + (f" ({left_out} unfinished runs left out)" if left_out else ""))
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x, _ in points)
     points = [(x if numeric else str(x), y) for x, y in points]
     stats = group_stats(points)
@@ -84,11 +92,13 @@ def metric_figure(rows: Iterable[RunRow], param: str, metric: str, goal: str = "
     value = f"best ({goal}) over each run's history" if which == "best" else "last value of each run"
     ax.set_xlabel(param)
     if is_rate(metric):
-        ax.set_ylim(bottom=0, top=max(max(y for _, y in points) * 1.05, 1e-9))
+        highest = max([y for _, y in points] + [mean + sd for _, mean, sd in stats.values()])
+        ax.set_ylim(bottom=0, top=max(highest * 1.05, 1e-9))          # the error bars fit too
         ax.set_ylabel(f"{metric} (%)")
     else:
         ax.set_ylabel(f"{metric} (axis not from 0)" if min(y for _, y in points) > 0 else metric)
-    ax.set_title(f"{metric} vs {param}\n{value}; {len(points)} runs", fontsize=9)
+    unfinished = f" ({left_out} unfinished left out)" if left_out else ""
+    ax.set_title(f"{metric} vs {param}\n{value}; {len(points)} runs{unfinished}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

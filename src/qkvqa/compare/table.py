@@ -95,6 +95,13 @@ def filter_rows(rows: Iterable[RunRow], filters: Iterable[str], task: Optional[s
         key, value = token.split("=", 1)
         parsed.append((key.strip(), value, _parse_filter_value(value)))
 
+    from qkvqa.config.load import did_you_mean
+
+    known = {k for r in rows for k in r.config}
+    for key, _, _ in parsed:
+        if rows and key not in ALL_IDENTITY_COLUMNS and key not in known:     # a typo would give an empty table
+            raise ConfigError(f"--where {key}: no compared run has this key{did_you_mean(key, sorted(known))}")
+
     def value_of(row: RunRow, key: str) -> Any:
         return getattr(row, key) if key in ALL_IDENTITY_COLUMNS else row.config.get(key)
 

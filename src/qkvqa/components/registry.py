@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 from qkvqa.errors import ConfigError, MissingWeightsError
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 # Modules that register builders when imported; a kind is looked up after importing them all.
 _BUILDER_MODULES = [
@@ -206,7 +209,8 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
                       {"seed": torch.initial_seed(), "cpu_state": after.numpy().tobytes().hex()}}
             atomic_write_json(partial / TINY_RECORD, record)
             make_shareable(partial)                        # safetensors writes 0600
-            with _tiny_lock(root, shared=True):
+            # Exclusive: two builders that found the same damaged directory must not discard each other's copy.
+            with _tiny_lock(root, shared=False):
                 for _ in range(3):
                     try:
                         os.rename(partial, final)
@@ -222,7 +226,9 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
-        _clean_tiny_root(root)
+        removed = _clean_tiny_root(root)
+        if removed:
+            log.debug("removed %d old tiny-model directories from %s", len(removed), root)
     elif record["rng"] is not None:                        # replay what the writer did: seed, then its draws
         torch.manual_seed(record["rng"]["seed"])
         state = bytes.fromhex(record["rng"]["cpu_state"])
@@ -279,13 +285,13 @@ def _tiny_key(kind: str, write: Callable, args: tuple, kwargs: dict) -> str:
             versions[name] = None
     content = {"kind": kind, "writer": f"{write.__module__}.{write.__qualname__}", "args": args, "kwargs": kwargs,
                "qkvqa_source": _SOURCE_DIGEST[0], "versions": versions}
-    text = json.dumps(content, sort_keys=True, default=lambda o: list(o) if isinstance(o, (set, frozenset, tuple))
+    text = json.dumps(content, sort_keys=True, default=lambda o: sorted(o, key=repr) if isinstance(o, (set, frozenset))
                       else repr(o))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class _tiny_lock:
-    """flock on `root/.lock`: shared while looking a model up or renaming one in, exclusive while cleaning."""
+    """flock on `root/.lock`: shared while looking a model up, exclusive while renaming one in or cleaning."""
 
     def __init__(self, root: Path, shared: bool, wait: bool = True):
         self.path, self.shared, self.wait, self.fd = root / ".lock", shared, wait, None
