@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from qkvqa.cli.main import main
 from qkvqa.run.record import RunRecord
 from qkvqa.sweep.manifest import Manifest
+from tests.integration.test_wandb_offline import leet
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = ["${env}", "${interpreter}", "-m", "tests.helpers.toy", "trainer.accelerator=cpu",
@@ -57,6 +58,13 @@ def test_offline_grid_sweep_runs_each_trial_as_its_own_run(tmp_path, run_root, m
         logged = [m["value"] for m in RunRecord(run_root / r["run_id"]).read_metrics() if m["name"] == "train/loss"]
         assert float(r["best_value"]) == min(logged)
     assert {(r["seed"], r["trainer.max_steps"]) for r in rows} == {("1", "2"), ("1", "3"), ("2", "2"), ("2", "3")}
+    sweep_runs = sorted((sweep_dir / "wandb").glob("offline-run-*"))       # the sweep's own W&B run
+    assert len(sweep_runs) == 1 and sweep_runs[0].name.endswith("-sweep-grid")
+    records = leet(sweep_runs[0])
+    assert [r["run"]["job_type"] for r in records if r.get("type") == "run"] == ["sweep"]
+    summary = leet(sweep_runs[0], "--summary")[0]["summary"]
+    assert summary["trials/finished"] == 4 and summary["best/run_id"] == rows[0]["run_id"]
+    assert summary["sweep/trials"]["nrows"] == 4
 
     status_before = {tid: (run_root / f"grid-{tid}" / "status.json").read_text() for tid in trials}
     assert main(args) == 0                                    # rerun: every trial is skipped

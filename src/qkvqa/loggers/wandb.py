@@ -17,9 +17,9 @@ from qkvqa.utils.logging import get_logger
 log = get_logger(__name__)
 
 
-def wandb_mode(cfg: DictConfig) -> str:
+def wandb_mode(cfg: Optional[DictConfig]) -> str:
     """online, offline or disabled: the config's choice, else WANDB_MODE, else offline without a login."""
-    mode = cfg.logger.wandb.mode or os.environ.get("WANDB_MODE")
+    mode = (cfg.logger.wandb.mode if cfg is not None else None) or os.environ.get("WANDB_MODE")
     if mode:
         return "online" if mode == "run" else mode
     if os.environ.get("WANDB_API_KEY") or os.path.exists(os.path.expanduser("~/.netrc")):
@@ -321,3 +321,46 @@ def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrie
         log.warning("W&B: could not log %s (%s: %s); predictions.jsonl has every row", key, type(e).__name__, e)
         return False
     return True
+
+
+def log_sweep_run(spec: Any, sweep_dir: str | os.PathLike, table: Any, counts: dict) -> bool:
+    """The W&B run of a local sweep (job_type sweep, id and group the sweep's name, files under
+    `<sweep_dir>/wandb/`): the sweep file as its config, the comparison as the `sweep/trials` table, the trial counts
+    and the best trial in its summary. Its trials are runs of their own command's job_type in the same group.
+    Nothing with WANDB_MODE=disabled; a W&B failure is one warning (comparison.csv has everything). True when
+    logged."""
+    if wandb_mode(None) == "disabled":
+        return False
+    import wandb
+
+    finish_active_run()
+    project, entity = spec.raw.get("project") or "qkvqa", spec.raw.get("entity")   # as the W&B backend's sweep
+    summary: dict = {f"trials/{k}": v for k, v in counts.items()}
+    if table.records and table.metric:
+        best = table.records[0]
+        summary.update({"best/run_id": best.get("run_id"), "best/value": best.get("best_value"),
+                        "metric": table.metric, "goal": table.goal})
+    try:
+        run = wandb.init(project=project, entity=entity, id=f"sweep-{spec.name}", name=spec.name, group=spec.name,
+                         job_type="sweep", dir=str(sweep_dir), mode=wandb_mode(None), resume="allow",
+                         config={k: v for k, v in spec.raw.items() if k != "command"} | {"command": spec.command})
+        columns = list(table.columns)
+        run.log({"sweep/trials": wandb.Table(columns=columns, data=[[_table_cell(r.get(c)) for c in columns]
+                                                                    for r in table.records])})
+        run.summary.update(summary)
+        run.finish()
+    except Exception as e:                           # a dead W&B service must not fail a finished sweep
+        stop_is_not_a_wandb_failure(e)
+        log.warning("W&B: could not log the sweep run (%s: %s); %s/comparison.csv has every trial",
+                    type(e).__name__, e, sweep_dir)
+        return False
+    return True
+
+
+def _table_cell(value: Any) -> Any:
+    """A comparison value as a wandb.Table cell: numbers and text as they are, anything else as its JSON text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)

@@ -391,4 +391,9 @@ class LocalSweep:
         table = build_table(collect_local(run_dirs), self.spec.metric, self.spec.goal)
         write_table(table, "csv", self.sweep_dir / "comparison.csv")
         write_table(table, "md", self.sweep_dir / "comparison.md")
+        from qkvqa.loggers.wandb import log_sweep_run
+
+        counts = {s: sum(t["status"] == s for t in manifest.trials.values())
+                  for s in ("finished", "failed", "interrupted", "pending")}
+        log_sweep_run(self.spec, self.sweep_dir, table, counts)
         return self.sweep_dir / "comparison.csv"
