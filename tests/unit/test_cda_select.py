@@ -195,3 +195,20 @@ def test_full_cda_with_the_tiny_reranker(splitter, backend):
     assert all(0.0 < c.score < 1.0 for c in ctx.chunks)             # sigmoid
     expected = reranker.score([(QUESTION, c.render()) for c in ctx.chunks])
     assert [c.score for c in ctx.chunks] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["full", "first_chunk", "top1_article_chunks", "top1_section"])
+def test_several_questions_in_one_reranker_call_give_each_questions_own_context(splitter, mode):
+    scorer = KeywordScorer()
+    selector = ContextSelector(cfg(mode=mode, top1_section_by="bge"), splitter, words, scorer)
+    heron_first = [RankedArticle(HERON, 0.90), RankedArticle(EGRET, 0.895)]
+    egret_first = [RankedArticle(EGRET, 0.90), RankedArticle(HERON, 0.70)]
+    items = [(QUESTION, heron_first), ("what does the heron eat?", egret_first), ("anything?", [])]
+    alone = [selector.select(q, arts) for q, arts in items]
+    scorer.calls.clear()
+    together = selector.select_many(items)
+    assert together == alone
+    assert [c.text for c in together[:2]] != ["", ""] and together[2].text == ""
+    if mode != "top1_section":                                     # one call for every question's chunks
+        assert len(scorer.calls) == 1
+        assert {q for q, _ in scorer.calls[0]["pairs"]} == {QUESTION, "what does the heron eat?"}

@@ -53,7 +53,7 @@ def stock_itm(base, input_ids, attention_mask, image_states, **kwargs):
 
 @torch.no_grad()
 def test_text_only_path_equals_stock_qformer():
-    comp = tiny()
+    comp = tiny(attention="eager")
     sec, _, _ = inputs(comp)
     assert sec["attention_mask"].min() == 0, "the batch must be padded"
     base = comp.model.base
@@ -65,7 +65,7 @@ def test_text_only_path_equals_stock_qformer():
 
 @torch.no_grad()
 def test_question_pass_equals_stock_and_keeps_every_layer():
-    comp = tiny()
+    comp = tiny(attention="eager")
     _, qs, images = inputs(comp)
     base, q = comp.model.base, comp.model.num_queries
     stock = stock_itm(base, qs["input_ids"], qs["attention_mask"], images, output_hidden_states=True)
@@ -79,7 +79,7 @@ def test_question_pass_equals_stock_and_keeps_every_layer():
 @torch.no_grad()
 @pytest.mark.parametrize("focus", ["per_layer", "input"])
 def test_zero_gate_section_pass_equals_stock_exactly(focus):
-    comp = tiny(focus=focus)
+    comp = tiny(focus=focus, attention="eager")
     sec, qs, images = inputs(comp)
     question = comp.model.encode_question(qs["input_ids"][:1], qs["attention_mask"][:1], images[:1])
     image_index = torch.tensor([0, 0, 1])

@@ -140,18 +140,44 @@ class ContextSelector:
 
     def select(self, question: str, ranked_articles: Sequence[RankedArticle], image: Optional[object] = None) -> Context:
         """The context for `question` given its articles in fused-score order (`image` is unused: CDA reads text)."""
+        return self.select_many([(question, ranked_articles)])[0]
+
+    def select_many(self, items: Sequence[tuple[str, Sequence[RankedArticle]]]) -> list[Context]:
+        """`select` of several (question, ranked articles): the chunks of every question are scored in one reranker
+        call (its batches of `reranker_batch_size` span questions); each context is the one-question context."""
         mode = self.cfg.mode
-        if not ranked_articles:
-            return self._context([], [])
         if mode == "top1_section":
-            return self._context(self._top1_section(question, ranked_articles[0]), [0])
-        if mode == "full":
-            kept = select_articles([a.score for a in ranked_articles], self.cfg.U, self.cfg.theta)
-        else:
-            kept = [0]
-        ranked = self._rank_chunks(question, [(rank, ranked_articles[rank].article) for rank in kept])
+            return [self._context(self._top1_section(q, arts[0]), [0]) if arts else self._context([], [])
+                    for q, arts in items]
+        plans, pairs = [], []
+        for question, ranked_articles in items:
+            if not ranked_articles:
+                plans.append(None)
+                continue
+            if mode == "full":
+                kept = select_articles([a.score for a in ranked_articles], self.cfg.U, self.cfg.theta)
+            else:
+                kept = [0]
+            per_article = [(rank, self.chunker.chunk_article(ranked_articles[rank].article)) for rank in kept]
+            plans.append((kept, per_article, len(pairs)))
+            pairs += [(question, chunk.render()) for _, chunks in per_article for chunk in chunks]
+        scores = self.reranker.score(pairs, batch_size=self.cfg.reranker_batch_size,
+                                     max_length=self.cfg.reranker_max_length,
+                                     normalize=self.cfg.reranker_normalize) if pairs else []
         k_first = 1 if mode == "first_chunk" else self.cfg.K1
-        return self._context(apply_quotas(ranked, k_first, self.cfg.K2), kept)
+        contexts = []
+        for plan in plans:
+            if plan is None:
+                contexts.append(self._context([], []))
+                continue
+            kept, per_article, position = plan
+            ranked = []
+            for rank, chunks in per_article:
+                ranked.append([replace(chunk, score=float(scores[position + j]), article_rank=rank)
+                               for j, chunk in enumerate(chunks)])
+                position += len(chunks)
+            contexts.append(self._context(apply_quotas(ranked, k_first, self.cfg.K2), kept))
+        return contexts
 
     def _top1_section(self, question: str, ranked: RankedArticle) -> list[Chunk]:
         """The best candidate section of the top-1 article by `cda.top1_section_by` (first on ties)."""
@@ -174,19 +200,6 @@ class ContextSelector:
         index = max(indices, key=lambda i: (scores[i], -i))
         best = sections[index]
         return [replace(best, token_count=self.count_tokens(best.text), score=scores[index])]
-
-    def _rank_chunks(self, question: str, articles: Sequence[tuple[int, ArticleLike]]) -> list[list[Chunk]]:
-        per_article = [(rank, self.chunker.chunk_article(article)) for rank, article in articles]
-        pairs = [(question, chunk.render()) for _, chunks in per_article for chunk in chunks]
-        scores = self.reranker.score(pairs, batch_size=self.cfg.reranker_batch_size,
-                                     max_length=self.cfg.reranker_max_length,
-                                     normalize=self.cfg.reranker_normalize) if pairs else []
-        ranked, position = [], 0
-        for rank, chunks in per_article:
-            ranked.append([replace(chunk, score=float(scores[position + j]), article_rank=rank)
-                           for j, chunk in enumerate(chunks)])
-            position += len(chunks)
-        return ranked
 
     def _context(self, chunks: list[Chunk], kept: list[int]) -> Context:
         text = CONTEXT_JOINER.join(chunk.render() for chunk in chunks)

@@ -91,12 +91,15 @@ class QFFConfig:
     pct_start: float = 0.3
     div_factor: float = 100.0
     gradient_checkpointing: bool = False
+    attention: str = "sdpa"                      # Q-Former attention: sdpa (fused kernels) | eager (the HF modules: the stock Q-Former bit for bit)
     freeze_vit: bool = True
     vit_cache: Optional[str] = None              # directory written by `qkvqa cache-vit`
     negatives: Optional[str] = None              # hard-negative pools (OMGM step1_HardNeg layout)
     checkpoint: Optional[str] = None             # trained QFF weights (safetensors) for rerank/evaluate
     max_train_samples: Optional[int] = None
     section_batch_size: int = 64                 # sections encoded per forward at inference
+    question_batch_size: int = 8                 # questions whose sections are scored together at inference (rerank, evaluate)
+    vit_lru_size: int = 256                      # article-image ViT states kept in memory across questions (0: off)
     val_negatives: Optional[str] = None          # validation pools (`qkvqa mine split=val`); null: no validation
     mining_top_k: int = 20                       # stage-1 articles whose sections become negatives (OMGM: top-20)
     mining_gold_sections: int = 3                # other sections of the gold article used as negatives (OMGM: 3)
@@ -267,6 +270,7 @@ IMAGE_TRANSFORMS = ("targetpad", "squash")
 CDA_MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
 TOP1_SECTION_BY = ("qff", "bge", "fused")
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")              # qkvqa.qff.attention
 STOP_AFTER = ("generation", "filter")
 PROGRESS_MODES = ("auto", "bar", "lines", "off")         # qkvqa.utils.progress.MODES
 CHOICES = {
@@ -274,7 +278,8 @@ CHOICES = {
     "data.dataset": ("evqa", "infoseek"), "data.protocol": tuple(PROTOCOLS),
     "retrieval.mode": ("image_to_summary", "image_to_image"), "retrieval.two_hop_policy": ("exclude", "first", "any"),
     "retrieval.summary_source": ("lead_section", "summaries"),
-    "qff.focus": FOCUS_MODES, "qff.gate": FOCUS_GATES, "qff.image_transform": IMAGE_TRANSFORMS,
+    "qff.focus": FOCUS_MODES, "qff.gate": FOCUS_GATES, "qff.attention": ATTENTION_IMPLEMENTATIONS,
+    "qff.image_transform": IMAGE_TRANSFORMS,
     "qff.score_direction": ("question_to_section", "section_to_question"),
     "cda.mode": CDA_MODES, "cda.top1_section_by": TOP1_SECTION_BY,
     "eval.filter": EVAL_FILTERS, "eval.judge": ("bem", "em_only"), "eval.context": ("cda", "mllm_filter"),
@@ -289,7 +294,8 @@ BOUNDS = {
     "qff.alpha": (0.0, 1.0), "qff.num_negatives": (1, None), "qff.temperature": (1e-6, None),
     "qff.lr": (0.0, None), "qff.weight_decay": (0.0, None), "qff.pct_start": (0.0, 1.0), "qff.div_factor": (1.0, None),
     "qff.new_block_lr_scale": (0.0, None), "qff.max_text_tokens": (1, None), "qff.question_max_tokens": (1, None),
-    "qff.section_batch_size": (1, None), "qff.dropout": (0.0, 1.0), "qff.val_top_k": (1, None),
+    "qff.section_batch_size": (1, None), "qff.question_batch_size": (1, None), "qff.vit_lru_size": (0, None),
+    "qff.dropout": (0.0, 1.0), "qff.val_top_k": (1, None),
     "cda.U": (1, None), "cda.theta": (0.0, None), "cda.chunk_tokens": (1, None), "cda.K1": (1, None),
     "cda.K2": (0, None), "cda.reranker_batch_size": (1, None), "cda.reranker_max_length": (1, None),
     "generation.max_new_tokens": (1, None), "generation.batch_size": (1, None), "generation.filter_top_n": (1, None),

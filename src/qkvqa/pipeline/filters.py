@@ -38,6 +38,15 @@ class ArticleFilter(Protocol):
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking: ...
 
 
+def rank_many(article_filter: ArticleFilter, items: list[tuple[str, str, Any, Retrieved]]) -> list[Ranking]:
+    """The rankings of several (data_id, question, image, Retrieved): in one call when the filter batches across
+    questions (`rank_many`), else question by question."""
+    batched = getattr(article_filter, "rank_many", None)
+    if batched is not None:
+        return batched(items)
+    return [article_filter.rank(*item) for item in items]
+
+
 def _articles(store: KBStore, retrieved: Retrieved) -> tuple[list[Article], list[float], list[str]]:
     articles, sims, missing = [], [], []
     for url, sim in zip(retrieved.urls, retrieved.similarities):
@@ -73,15 +82,21 @@ class QFFFilter:
         self.store = reranker.store
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
-        result = self.reranker.rerank(question, image, retrieved)
-        ranked, missing = [], []
-        for url, fused, scores, indices in zip(result.urls, result.fused_scores, result.section_scores,
-                                               result.section_indices):
-            if url not in self.store:
-                missing.append(url)
-                continue
-            ranked.append(RankedArticle(self.store.get_by_url(url), fused, dict(zip(indices, scores))))
-        return Ranking(ranked, missing)
+        return self.rank_many([(data_id, question, image, retrieved)])[0]
+
+    def rank_many(self, items: list[tuple[str, str, Any, Retrieved]]) -> list[Ranking]:
+        """The rankings of several questions, their sections scored in shared forwards (`rerank_many`)."""
+        rankings = []
+        for result in self.reranker.rerank_many([(question, image, retrieved) for _, question, image, retrieved in items]):
+            ranked, missing = [], []
+            for url, fused, scores, indices in zip(result.urls, result.fused_scores, result.section_scores,
+                                                   result.section_indices):
+                if url not in self.store:
+                    missing.append(url)
+                    continue
+                ranked.append(RankedArticle(self.store.get_by_url(url), fused, dict(zip(indices, scores))))
+            rankings.append(Ranking(ranked, missing))
+        return rankings
 
 
 class PrecomputedFilter:

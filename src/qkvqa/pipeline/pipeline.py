@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 from qkvqa.cda.select import ContextSelector
 from qkvqa.generation.prompts import GenerationRequest
-from qkvqa.pipeline.filters import ArticleFilter, top1_section
+from qkvqa.pipeline.filters import ArticleFilter, rank_many, top1_section
 from qkvqa.retrieval.results import Retrieved
 
 RANKING_KEEP = 20          # articles of the filtered ranking kept in each prediction row
@@ -39,37 +39,51 @@ class KBVQAPipeline:
         self.retrieval_seconds = retrieval_seconds       # stage-1 time per question (run once per split)
 
     def answer(self, questions: Sequence[QuestionInput]) -> list[dict]:
-        """Prediction rows for a batch: filter and CDA per question, then one batched generation call
-        (filter-only rows, without selector and generator, keep the ranking and no prediction)."""
-        rows, requests = [], []
-        for q in questions:
-            t0 = time.perf_counter()
-            ranking = self.filter.rank(q.data_id, q.question, q.image, q.retrieved)
-            t1 = time.perf_counter()
+        """Prediction rows for a batch, each stage over the whole batch: the filter (a QFF filter scores every
+        question's sections in shared forwards), CDA (one reranker call over every question's chunks), then one
+        batched generation call. Filter-only rows (no selector and generator) keep the ranking and no prediction.
+        A stage's seconds per question are its batch time divided by the batch size."""
+        n = max(len(questions), 1)
+        t0 = time.perf_counter()
+        rankings = rank_many(self.filter, [(q.data_id, q.question, q.image, q.retrieved) for q in questions])
+        filter_seconds = (time.perf_counter() - t0) / n
+        rows = []
+        for q, ranking in zip(questions, rankings):
             top1 = top1_section(ranking)
-            row = {
+            rows.append({
                 "data_id": q.data_id,
                 "prediction": None,
                 "ranking": [{"url": r.article.url, "score": float(r.score)} for r in ranking.articles[:RANKING_KEEP]],
                 "top1_section": list(top1) if top1 else None,
                 "missing_urls": ranking.missing_urls,
-                "seconds": {"retrieve": self.retrieval_seconds, "filter": t1 - t0},
-            }
-            rows.append(row)
-            if self.selector is None:
+                "seconds": {"retrieve": self.retrieval_seconds, "filter": filter_seconds},
+            })
+        if self.selector is None:
+            for row in rows:
                 row["stopped_after"] = "filter"
-                continue
-            context = self.selector.select(q.question, ranking.articles, image=q.image)
+            return rows
+        t1 = time.perf_counter()
+        contexts = select_many(self.selector, [(q.question, r.articles, q.image) for q, r in zip(questions, rankings)])
+        select_seconds = (time.perf_counter() - t1) / n
+        requests = []
+        for q, row, context in zip(questions, rows, contexts):
             row.update(context=context.metadata(), context_tokens=context.token_count, context_text=context.text)
-            row["seconds"]["select"] = time.perf_counter() - t1
+            row["seconds"]["select"] = select_seconds
             requests.append(GenerationRequest(question=q.question, context=context.text, image=q.image,
                                               dataset=q.dataset))
         t3 = time.perf_counter()
         answers = self.generator.generate(requests) if requests else []
         per_question = (time.perf_counter() - t3) / max(len(requests), 1)
-        for row, answer in zip([r for r in rows if "context" in r], answers):
+        for row, answer in zip(rows, answers):
             row["prediction"] = answer
             row["seconds"]["generate"] = per_question
         return rows
 
 
+def select_many(selector: Any, items: Sequence[tuple[str, Any, Any]]) -> list:
+    """The contexts of several (question, ranked articles, image): in one call when the selector batches across
+    questions (CDA's `select_many`), else question by question (the MLLM-filtering baseline)."""
+    batched = getattr(selector, "select_many", None)
+    if batched is not None:
+        return batched([(question, articles) for question, articles, _ in items])
+    return [selector.select(question, articles, image=image) for question, articles, image in items]

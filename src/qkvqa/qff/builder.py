@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -25,13 +27,26 @@ TINY_DEFAULTS = {"image_size": 28, "patch_size": 14, "vision_hidden_size": 32, "
 # Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
 RUNTIME_DEFAULTS = {"focus": None, "freeze_vit": True, "gradient_checkpointing": False, "max_text_tokens": 512,
                     "question_max_tokens": 64, "blip_text_preprocess": True, "score_direction": "question_to_section",
-                    "section_batch_size": 64, "image_transform": "targetpad", "gate": "tanh", "gate_init": 0.0}
+                    "section_batch_size": 64, "image_transform": "targetpad", "gate": "tanh", "gate_init": 0.0,
+                    "attention": "sdpa", "vit_lru_size": 256}
 
 # Loading settings: tiny vocabulary and seed; LAVIS base config, tokenizer and separate EVA ViT weights.
 LOADING_DEFAULTS = {"vocab_texts": (), "seed": 0, "base_config": None, "tokenizer": "bert-base-uncased",
                     "vision_checkpoint": None}
 
 KNOWN_OPTIONS = {**TINY_DEFAULTS, **RUNTIME_DEFAULTS, **LOADING_DEFAULTS}
+
+
+@dataclass
+class SectionRequest:
+    """One question's sections to score (`QFFComponent.score_sections_many`)."""
+
+    question: str
+    image: Any                                            # the query image (PIL)
+    article_images: Sequence[Any]                         # each article's main image, None when it has none
+    article_sections: Sequence[Sequence[str]]             # each article's candidate section texts
+    article_keys: Optional[Sequence[Optional[str]]] = None   # names of the article images for the ViT cache (URLs)
+    focus: Optional[str] = None                           # the component's focus by default
 
 
 class QFFComponent:
@@ -44,7 +59,7 @@ class QFFComponent:
     def __init__(self, model, tokenizer, image_processor, *, focus: Optional[str] = None, max_text_tokens: int = 512,
                  question_max_tokens: int = 64, blip_text_preprocess: bool = True,
                  score_direction: str = "question_to_section", section_batch_size: int = 64,
-                 image_transform: Optional[str] = None):
+                 image_transform: Optional[str] = None, vit_lru_size: int = 256):
         from qkvqa.qff.scoring import SCORE_DIRECTIONS
 
         self.model = model
@@ -62,6 +77,9 @@ class QFFComponent:
         self.score_direction = score_direction
         self.section_batch_size = int(section_batch_size)
         self.image_transform = image_transform
+        self.vit_lru_size = int(vit_lru_size)
+        self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()     # ("key", article URL) -> ViT states [P, Dv]
+        self.vit_cache_stats = {"hits": 0, "misses": 0}
 
     def preprocessing(self) -> dict:
         """The input preprocessing a trained QFF must be used with (recorded with its weights, checked on load)."""
@@ -107,47 +125,121 @@ class QFFComponent:
         return self.model.encode_question(tokens["input_ids"], tokens["attention_mask"], image_states)
 
     def score_sections(self, question: str, question_image: Any, article_images: Sequence[Any],
-                       article_sections: Sequence[Sequence[str]], focus: Optional[str] = None) -> list[list[float]]:
+                       article_sections: Sequence[Sequence[str]], focus: Optional[str] = None,
+                       article_keys: Optional[Sequence[Optional[str]]] = None) -> list[list[float]]:
         """Late-interaction scores of every section of every article for one question (OMGM `sec_sim` shape).
 
         `article_images[i]` is article i's main image (None when it has none); `article_sections[i]`
-        its candidate section strings. Each article image goes through the ViT once; sections are
-        encoded in batches of `section_batch_size`, sorted by length to keep padding small. Articles
-        without an image or without sections get `[]` (their QFF score is 0 in `rerank`).
+        its candidate section strings; `article_keys[i]` (optional) names the image for the ViT-state cache
+        (the article URL). Articles without an image or without sections get `[]` (their QFF score is 0 in
+        `rerank`). One question of `score_sections_many`.
         """
+        return self.score_sections_many([SectionRequest(question, question_image, article_images, article_sections,
+                                                        article_keys, focus)])[0]
+
+    def score_sections_many(self, requests: Sequence["SectionRequest"]) -> list[list[list[float]]]:
+        """`score_sections` of several questions at once: one batched question pass, each article image through
+        the ViT once (and not again while its states are in the LRU cache, `vit_lru_size` articles), and the
+        sections of every question in shared forwards of `section_batch_size`, sorted by token length so that
+        padding stays small. Each result equals the one-question call up to float rounding (tested <= 1e-5)."""
         import torch
 
         from qkvqa.qff.scoring import late_interaction
 
-        if len(article_images) != len(article_sections):
-            raise ValueError(f"{len(article_images)} article images but {len(article_sections)} section lists")
-        scored = [i for i, (image, sections) in enumerate(zip(article_images, article_sections))
-                  if image is not None and len(sections) > 0]
-        scores: list[list[float]] = [[] for _ in article_sections]
-        if not scored:
-            return scores
+        results: list[list[list[float]]] = []
+        flat: list[tuple[int, int, int, int, int]] = []          # (request, image row, article, section, question)
+        texts: list[str] = []
+        image_rows: dict[Any, int] = {}                          # cache key (or a per-call token) -> image row
+        new_images: list[tuple[Any, Any]] = []                   # (key, PIL image) not in the LRU
+        states_by_key: dict[Any, Any] = {}                       # key -> ViT states [P, Dv]
+        asking: list[int] = []                                   # requests with something to score
+        for r, req in enumerate(requests):
+            if len(req.article_images) != len(req.article_sections):
+                raise ValueError(f"{len(req.article_images)} article images but {len(req.article_sections)} "
+                                 "section lists")
+            scores: list[list[float]] = [[] for _ in req.article_sections]
+            results.append(scores)
+            keys = req.article_keys if req.article_keys is not None else [None] * len(req.article_images)
+            scored = [i for i, (image, sections) in enumerate(zip(req.article_images, req.article_sections))
+                      if image is not None and len(sections) > 0]
+            if not scored:
+                continue
+            question_row = len(asking)
+            asking.append(r)
+            for i in scored:
+                key = ("key", keys[i]) if keys[i] is not None and self._cacheable() else ("call", r, i)
+                if key not in image_rows:
+                    image_rows[key] = len(image_rows)
+                    if key in self._vit_cache:                   # taken now: remembering new states may evict it
+                        states_by_key[key] = self._recall(key)
+                    else:
+                        new_images.append((key, req.article_images[i]))
+                scores[i] = [0.0] * len(req.article_sections[i])
+                for j, text in enumerate(req.article_sections[i]):
+                    flat.append((r, image_rows[key], i, j, question_row))
+                    texts.append(self.prepare_text(text))
+        if not asking:
+            return results
         batch_size = self.section_batch_size
         with torch.inference_mode():
-            question_enc = self.encode_question(question, question_image)
-            pixels = self.preprocess_images([article_images[i] for i in scored])
-            image_states = torch.cat([self.model.encode_image(pixels[s:s + batch_size])
-                                      for s in range(0, len(scored), batch_size)])
-            flat = [(row, i, j) for row, i in enumerate(scored) for j in range(len(article_sections[i]))]
-            ids = self.tokenizer([self.prepare_text(article_sections[i][j]) for _, i, j in flat], truncation=True,
-                                 max_length=self.max_text_tokens)["input_ids"]
-            for i in scored:
-                scores[i] = [0.0] * len(article_sections[i])
+            questions = self.tokenize_questions([requests[r].question for r in asking])
+            query_states = self._encode_images([requests[r].image for r in asking])
+            question_enc = self.model.encode_question(questions["input_ids"], questions["attention_mask"], query_states)
+            fresh = self._encode_images([image for _, image in new_images]) if new_images else None
+            for n, (key, _) in enumerate(new_images):
+                states_by_key[key] = fresh[n]
+                if key[0] == "key":
+                    self._remember(key, fresh[n])
+            image_states = torch.stack([states_by_key[key] for key in image_rows])
+            ids = self.tokenizer(texts, truncation=True, max_length=self.max_text_tokens)["input_ids"]
             order = sorted(range(len(flat)), key=lambda n: len(ids[n]))
+            focuses = {requests[r].focus or self.focus for r in asking}
+            if len(focuses) > 1:
+                raise ValueError(f"one score_sections_many call scores with one focus, got {sorted(focuses)}")
+            focus = focuses.pop()
             for start in range(0, len(order), batch_size):
                 batch = order[start:start + batch_size]
                 input_ids, attention_mask = self._pad([ids[n] for n in batch])
-                image_index = torch.tensor([flat[n][0] for n in batch], device=self.device)
+                image_index = torch.tensor([flat[n][1] for n in batch], device=self.device)
+                question_index = torch.tensor([flat[n][4] for n in batch], device=self.device)
                 states = self.model.encode_sections(input_ids, attention_mask, image_states, question_enc,
-                                                    image_index=image_index, focus=focus or self.focus)
-                for n, value in zip(batch, late_interaction(question_enc.tokens, states, self.score_direction).tolist()):
-                    _, i, j = flat[n]
-                    scores[i][j] = value
-        return scores
+                                                    image_index=image_index, question_index=question_index,
+                                                    focus=focus)
+                tokens = question_enc.tokens.index_select(0, question_index)
+                for n, value in zip(batch, late_interaction(tokens, states, self.score_direction).tolist()):
+                    r, _, i, j, _ = flat[n]
+                    results[r][i][j] = value
+        return results
+
+    # ------------------------------------------------------------------ the ViT-state LRU cache
+    def _encode_images(self, images: Sequence[Any]):
+        """ViT states `[N, P, Dv]` of PIL images, in forwards of `section_batch_size`."""
+        import torch
+
+        pixels = self.preprocess_images(images)
+        step = self.section_batch_size
+        return torch.cat([self.model.encode_image(pixels[s:s + step]) for s in range(0, len(images), step)])
+
+    def _cacheable(self) -> bool:
+        """Article ViT states are cached only while they cannot change: a frozen ViT and a cache size above 0."""
+        return self.vit_lru_size > 0 and bool(getattr(self.model, "freeze_vit", False))
+
+    def _remember(self, key: Any, states: Any) -> None:
+        self._vit_cache[key] = states
+        self._vit_cache.move_to_end(key)
+        while len(self._vit_cache) > self.vit_lru_size:
+            self._vit_cache.popitem(last=False)
+        self.vit_cache_stats["misses"] += 1
+
+    def _recall(self, key: Any) -> Any:
+        self._vit_cache.move_to_end(key)
+        self.vit_cache_stats["hits"] += 1
+        return self._vit_cache[key]
+
+    def vit_cache_hit_rate(self) -> Optional[float]:
+        """Hits / lookups of the article ViT-state cache so far (None before any lookup)."""
+        total = self.vit_cache_stats["hits"] + self.vit_cache_stats["misses"]
+        return self.vit_cache_stats["hits"] / total if total else None
 
     def _pad(self, sequences: Sequence[Sequence[int]]):
         import torch
@@ -283,7 +375,8 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     ref = os.path.expanduser(str(spec.pretrained)) if spec.pretrained else ""
     if not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
         model = QFFModel.from_checkpoint(ref, dtype=dtype, freeze_vit=options["freeze_vit"],
-                                         gradient_checkpointing=options["gradient_checkpointing"])
+                                         gradient_checkpointing=options["gradient_checkpointing"],
+                                         attention=options["attention"])
         _check_preprocessing(Path(ref), options)
         tokenizer = _load_tokenizer(ref, local_only=True)
     else:
@@ -297,13 +390,13 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
         model = QFFModel(base, focus=focus or "per_layer", freeze_vit=options["freeze_vit"],
                          gradient_checkpointing=options["gradient_checkpointing"], gate=options["gate"],
-                         gate_init=float(options["gate_init"]))
+                         gate_init=float(options["gate_init"]), attention=options["attention"])
     model.to(spec.torch_device()).eval()
     return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size, options["image_transform"]), focus=focus,
                         max_text_tokens=options["max_text_tokens"], question_max_tokens=options["question_max_tokens"],
                         blip_text_preprocess=options["blip_text_preprocess"],
                         score_direction=options["score_direction"], section_batch_size=options["section_batch_size"],
-                        image_transform=options["image_transform"])
+                        image_transform=options["image_transform"], vit_lru_size=options["vit_lru_size"])
 
 
 def _check_preprocessing(path: Path, options: dict) -> None:

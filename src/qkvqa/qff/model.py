@@ -13,6 +13,7 @@ from transformers import Blip2Config, Blip2ForImageTextRetrieval
 from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerAttention, Blip2QFormerMultiHeadAttention
 
 from qkvqa.config.schema import FOCUS_GATES as GATES, FOCUS_MODES  # declared with the config
+from qkvqa.qff.attention import ATTENTION_IMPLEMENTATIONS, attend
 from qkvqa.errors import ConfigError, MissingWeightsError
 
 CHECKPOINT_WEIGHTS = "model.safetensors"
@@ -103,16 +104,22 @@ class QFFModel(nn.Module):
     `gate`: `tanh` (above; `gate_init` 0 keeps step 0 equal to the stock Q-Former) or `none`, the
     paper's plain residual cross-attention (the block's own residual and LayerNorm, no gate), which
     changes the section pass from step 0 and gives the new blocks gradient at once.
+
+    `attention`: `sdpa` (default) runs every attention block through `qkvqa.qff.attention.attend` (fused kernels,
+    and the last layer of the question and section passes computes its 32 query rows only); `eager` runs the HF
+    modules themselves, the stock Q-Former bit for bit. It is a runtime setting, not part of the weights.
     """
 
     def __init__(self, base: Blip2ForImageTextRetrieval, focus: str = "per_layer", freeze_vit: bool = True,
-                 gradient_checkpointing: bool = False, gate: str = "tanh", gate_init: float = 0.0):
+                 gradient_checkpointing: bool = False, gate: str = "tanh", gate_init: float = 0.0,
+                 attention: str = "sdpa"):
         super().__init__()
         if focus not in FOCUS_MODES:
             raise ConfigError(f"qff.focus must be one of {FOCUS_MODES}, got {focus!r}")
         if gate not in GATES:
             raise ConfigError(f"qff.gate must be one of {GATES}, got {gate!r}")
         self.base = base
+        self.attention = attention
         self.focus = focus
         self.gate = gate
         self.freeze_vit = freeze_vit
@@ -187,6 +194,17 @@ class QFFModel(nn.Module):
         """The ViT's dtype (pixel values are cast to it)."""
         return self.base.vision_model.embeddings.patch_embedding.weight.dtype
 
+    @property
+    def attention(self) -> str:
+        """The attention implementation of the layer loop: sdpa | eager."""
+        return self._attention
+
+    @attention.setter
+    def attention(self, value: str) -> None:
+        if value not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(f"qff.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {value!r}")
+        self._attention = value
+
     def train(self, mode: bool = True) -> "QFFModel":
         """Set training mode; a frozen ViT always stays in eval mode."""
         super().train(mode)
@@ -213,7 +231,7 @@ class QFFModel(nn.Module):
         queries = self.base.query_tokens.expand(input_ids.shape[0], -1, -1)
         embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
         _, layer_states = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states, None,
-                                    record=True)
+                                    record=True, queries_only_last=True)
         return QuestionEncoding(tuple(layer_states))
 
     def encode_sections(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -249,7 +267,7 @@ class QFFModel(nn.Module):
             queries = queries + (torch.tanh(self.input_gate) * context if self.gate == "tanh" else context)
         embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
         hidden, _ = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states,
-                              question_states)
+                              question_states, queries_only_last=True)
         return hidden[:, :self.num_queries]
 
     # ------------------------------------------------------------------ the layer loop
@@ -260,8 +278,10 @@ class QFFModel(nn.Module):
 
     def _run(self, embeds: torch.Tensor, attention_mask: Optional[torch.Tensor], query_length: int,
              image_states: Optional[torch.Tensor], question_states: Optional[Sequence[torch.Tensor]],
-             record: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Embedding LayerNorm, then every Q-Former layer; returns the last hidden states and, if `record`, each layer's query slice."""
+             record: bool = False, queries_only_last: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Embedding LayerNorm, then every Q-Former layer; returns the last hidden states and, if `record`, each layer's
+        query slice. `queries_only_last`: the caller reads the query rows only, so (sdpa) the last layer computes
+        nothing else and the returned states are `[B, query_length, D]`."""
         qformer = self.base.qformer
         dtype = self.qformer_dtype
         x = qformer.dropout(qformer.layernorm(embeds.to(dtype)))
@@ -272,31 +292,45 @@ class QFFModel(nn.Module):
         recorded = []
         for i in range(self.num_layers):
             q_states = None if question_states is None else question_states[i]
+            rows_only = queries_only_last and i == self.num_layers - 1
             if use_checkpoint:
-                x = checkpoint(self._layer, i, x, mask, query_length, image_states, q_states, use_reentrant=False)
+                x = checkpoint(self._layer, i, x, mask, query_length, image_states, q_states, rows_only,
+                               use_reentrant=False)
             else:
-                x = self._layer(i, x, mask, query_length, image_states, q_states)
+                x = self._layer(i, x, mask, query_length, image_states, q_states, rows_only)
             if record:
                 recorded.append(x[:, :query_length])
         return x, recorded
 
     def _layer(self, i: int, x: torch.Tensor, mask: Optional[torch.Tensor], query_length: int,
-               image_states: Optional[torch.Tensor], question_states: Optional[torch.Tensor]) -> torch.Tensor:
-        """Q-Former layer i with the question-focused block between self-attention and image cross-attention."""
+               image_states: Optional[torch.Tensor], question_states: Optional[torch.Tensor],
+               rows_only: bool = False) -> torch.Tensor:
+        """Q-Former layer i with the question-focused block between self-attention and image cross-attention
+        (`rows_only`: the query rows only, see `_run`)."""
         layer = self.base.qformer.encoder.layer[i]
-        attended = layer.attention(hidden_states=x, attention_mask=mask)
+        attended = self._attend(layer.attention, x, mask, rows=query_length if rows_only and query_length else None)
         if query_length == 0:
             return layer.feed_forward_chunk(attended)
         h = attended[:, :query_length]
         if question_states is not None:
-            focused = self.q_xattn[i](hidden_states=h, encoder_hidden_states=question_states)
+            focused = self._attend(self.q_xattn[i], h, encoder=question_states)
             h = h + torch.tanh(self.q_gate[i]) * (focused - h) if self.gate == "tanh" else focused
         if layer.has_cross_attention and image_states is not None:
-            h = layer.crossattention(hidden_states=h, encoder_hidden_states=image_states)
+            h = self._attend(layer.crossattention, h, encoder=image_states)
         out = layer.feed_forward_chunk_query(h)
         if attended.shape[1] > query_length:
             out = torch.cat([out, layer.feed_forward_chunk(attended[:, query_length:])], dim=1)
         return out
+
+    def _attend(self, block: nn.Module, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                encoder: Optional[torch.Tensor] = None, rows: Optional[int] = None) -> torch.Tensor:
+        """One `Blip2QFormerAttention` block: self-attention (masked) or cross-attention to `encoder`, through the
+        HF module (eager) or `attend` (sdpa); `rows`: the first `rows` positions only."""
+        if self._attention == "sdpa":
+            return attend(block, x, mask, encoder, rows)
+        out = block(hidden_states=x, attention_mask=mask) if encoder is None else \
+            block(hidden_states=x, encoder_hidden_states=encoder)
+        return out if rows is None else out[:, :rows]
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, out_dir: str | Path, preprocessing: Optional[dict] = None) -> Path:
@@ -321,7 +355,7 @@ class QFFModel(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, dtype: Optional[torch.dtype] = None, freeze_vit: bool = True,
-                        gradient_checkpointing: bool = False) -> "QFFModel":
+                        gradient_checkpointing: bool = False, attention: str = "sdpa") -> "QFFModel":
         """Rebuild a model written by `save_pretrained`; `dtype` casts like from_pretrained (Q-Former and new blocks stay fp32)."""
         from accelerate import init_empty_weights
         from safetensors.torch import load_file
@@ -355,7 +389,7 @@ class QFFModel(nn.Module):
         if dtype is not None:
             cast_like_hf(base, dtype)
         model = cls(base.eval(), focus=meta["focus"], freeze_vit=freeze_vit, gate=meta.get("gate", "tanh"),
-                    gradient_checkpointing=gradient_checkpointing)
+                    gradient_checkpointing=gradient_checkpointing, attention=attention)
         own = {k: v for k, v in state.items() if not k.startswith("base.")}
         expected_own = {k for k in model.state_dict() if not k.startswith("base.")}
         if set(own) != expected_own:

@@ -6,9 +6,10 @@ In-process API (what the pipeline evaluator calls):
     reranked = reranker.rerank(question_text, query_image, retrieved)   # retrieved: qkvqa.retrieval.results.Retrieved
     reranked.urls, reranked.fused_scores, reranked.section_scores, reranked.section_indices
 
-Per question, each article's main image goes through the ViT once and all its candidate sections
-(no "references" / "external links"; original KB indices kept in `section_indices`) are encoded in
-length-sorted batches of `qff.section_batch_size`; the article score is its best section's, fused
+Questions go in micro-batches of `qff.question_batch_size`: each article's main image goes through the ViT once
+(and stays in an LRU of `qff.vit_lru_size` articles across questions), and the candidate sections of every
+question of the batch (no "references" / "external links"; original KB indices kept in `section_indices`) are
+encoded together in length-sorted batches of `qff.section_batch_size`; the article score is its best section's, fused
 as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or sections get QFF 0 (OMGM).
 """
 from __future__ import annotations
@@ -94,10 +95,13 @@ def load_qff_component(cfg):
 
 
 class QFFReranker:
-    """Reranks stage-1 results of single questions with a QFF component (see the module docstring)."""
+    """Reranks stage-1 results of questions, one or a micro-batch at a time, with a QFF component (see the module
+    docstring)."""
 
-    def __init__(self, component, store, article_images, *, alpha: float = 0.9, top_k: int = 20):
+    def __init__(self, component, store, article_images, *, alpha: float = 0.9, top_k: int = 20,
+                 question_batch_size: int = 8):
         self.component = component
+        self.question_batch_size = int(question_batch_size)
         self.store = store
         self.article_images = article_images
         self.alpha = float(alpha)
@@ -112,36 +116,53 @@ class QFFReranker:
         dm = datamodule if datamodule is not None else datamodule_for(cfg)
         component = component if component is not None else load_qff_component(cfg)
         component.model.eval()
-        return cls(component, dm.kb_store(), dm.article_images(), alpha=cfg.qff.alpha, top_k=cfg.retrieval.top_k)
+        return cls(component, dm.kb_store(), dm.article_images(), alpha=cfg.qff.alpha, top_k=cfg.retrieval.top_k,
+                   question_batch_size=cfg.qff.question_batch_size)
 
     def rerank(self, question: str, image, retrieved) -> RerankedQuestion:
         """Rerank the top-K of `retrieved` (a Retrieved) for one question and its query image (PIL)."""
+        return self.rerank_many([(question, image, retrieved)])[0]
+
+    def rerank_many(self, items) -> list[RerankedQuestion]:
+        """`rerank` of several (question, query image, Retrieved) at once: the sections of each `question_batch_size`
+        of them are scored in shared forwards (`QFFComponent.score_sections_many`); each result is the
+        one-question result."""
+        from qkvqa.qff.builder import SectionRequest
         from qkvqa.qff.scoring import rerank
 
-        urls = list(retrieved.urls[: self.top_k])
-        titles = list(retrieved.titles[: self.top_k]) + [None] * max(0, len(urls) - len(retrieved.titles))
-        sims = [float(s) for s in retrieved.similarities[: self.top_k]]
-        images, sections, indices = [None] * len(urls), [[] for _ in urls], [[] for _ in urls]
-        for k, url in enumerate(urls):
-            if url not in self.store:
-                log.warning("stage-1 result %s is not in the KB; its QFF score is 0", url)
-                continue
-            article = self.store.get_by_url(url)
-            titles[k] = titles[k] if titles[k] is not None else article.title
-            candidates = list(article.candidate_sections())
-            images[k] = self.article_images.load_main_image(article.title, article.image_urls)
-            if images[k] is None:
-                self.articles_without_image.add(url)
-            sections[k] = [c.text for c in candidates]
-            indices[k] = [c.index for c in candidates]
-        scores = self.component.score_sections(question, image, images, sections) if urls else []
-        result = rerank(sims, scores, self.alpha)
-        scored_indices = [indices[i] if scores[i] else [] for i in range(len(urls))]
-        return RerankedQuestion(urls=[urls[i] for i in result.order], titles=[titles[i] for i in result.order],
-                                fused_scores=result.fused_scores, qff_scores=result.qff_scores,
-                                stage1_similarities=[sims[i] for i in result.order],
-                                section_scores=result.section_scores,
-                                section_indices=[scored_indices[i] for i in result.order])
+        gathered, requests = [], []
+        for question, image, retrieved in items:
+            urls = list(retrieved.urls[: self.top_k])
+            titles = list(retrieved.titles[: self.top_k]) + [None] * max(0, len(urls) - len(retrieved.titles))
+            sims = [float(s) for s in retrieved.similarities[: self.top_k]]
+            images, sections, indices = [None] * len(urls), [[] for _ in urls], [[] for _ in urls]
+            for k, url in enumerate(urls):
+                if url not in self.store:
+                    log.warning("stage-1 result %s is not in the KB; its QFF score is 0", url)
+                    continue
+                article = self.store.get_by_url(url)
+                titles[k] = titles[k] if titles[k] is not None else article.title
+                candidates = list(article.candidate_sections())
+                images[k] = self.article_images.load_main_image(article.title, article.image_urls)
+                if images[k] is None:
+                    self.articles_without_image.add(url)
+                sections[k] = [c.text for c in candidates]
+                indices[k] = [c.index for c in candidates]
+            gathered.append((urls, titles, sims, indices))
+            requests.append(SectionRequest(question, image, images, sections, article_keys=urls))
+        step = self.question_batch_size                  # bounds the memory of one shared forward set
+        all_scores = [scores for s in range(0, len(requests), step)
+                      for scores in self.component.score_sections_many(requests[s:s + step])]
+        out = []
+        for (urls, titles, sims, indices), scores in zip(gathered, all_scores):
+            result = rerank(sims, scores, self.alpha)
+            scored_indices = [indices[i] if scores[i] else [] for i in range(len(urls))]
+            out.append(RerankedQuestion(urls=[urls[i] for i in result.order], titles=[titles[i] for i in result.order],
+                                        fused_scores=result.fused_scores, qff_scores=result.qff_scores,
+                                        stage1_similarities=[sims[i] for i in result.order],
+                                        section_scores=result.section_scores,
+                                        section_indices=[scored_indices[i] for i in result.order]))
+        return out
 
 
 @dataclass
@@ -172,6 +193,13 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
     questions = dm.questions(split)
     results: dict[str, RerankedQuestion] = {}
     without_image = 0
+    pending: list = []                                    # (data_id, question, image, Retrieved) of one micro-batch
+
+    def flush() -> None:
+        for (data_id, *_), result in zip(pending, reranker.rerank_many([item[1:] for item in pending])):
+            results[data_id] = result
+        pending.clear()
+
     for question in progress(questions, desc=f"rerank {split}", unit="question"):
         retrieved = stage1.results.get(question.data_id, Retrieved())
         image = dm.image_loader.load(question.dataset_name, question.image_id)
@@ -179,7 +207,11 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
             without_image += 1
             results[question.data_id] = stage1_only(retrieved, reranker.top_k, reranker.alpha)
             continue
-        results[question.data_id] = reranker.rerank(question.question, image, retrieved)
+        pending.append((question.data_id, question.question, image, retrieved))
+        if len(pending) >= reranker.question_batch_size:
+            flush()
+    flush()
+    results = {q.data_id: results[q.data_id] for q in questions if q.data_id in results}   # the split's order
     metrics = split_metrics(results, questions, dm.config.dataset, cfg)
     metrics.update({"n_without_query_image": without_image,
                     "n_articles_without_image": len(reranker.articles_without_image)})

@@ -1,0 +1,69 @@
+"""Cross-question QFF scoring: a batch of questions scores as each question alone; the article ViT-state LRU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkvqa.qff.builder import SectionRequest
+from tests.unit.test_qff_attention import _image
+from tests.unit.test_qff_model import SECTIONS, tiny
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def requests():
+    """Three questions over overlapping articles (a, b shared), one article without an image, one without sections."""
+    images = {"a": _image(10), "b": _image(11), "c": _image(12)}
+    return [
+        SectionRequest("what is the wingspan of this bird?", _image(1), [images["a"], images["b"], None],
+                       [SECTIONS[:2], SECTIONS[2:], SECTIONS[:1]], ["a", "b", "x"]),
+        SectionRequest("when was this landmark built?", _image(2), [images["b"], images["c"]],
+                       [SECTIONS[2:], []], ["b", "c"]),
+        SectionRequest("what does it eat?", _image(3), [images["a"]], [SECTIONS], ["a"]),
+    ]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("section_batch_size", [2, 64])
+def test_a_batch_of_questions_scores_as_each_question_alone(attention, section_batch_size):
+    comp = tiny(focus="per_layer", attention=attention, section_batch_size=section_batch_size, vit_lru_size=0)
+    comp.model.q_gate.fill_(0.6)                       # open: every question's own states matter
+    alone = [comp.score_sections(r.question, r.image, r.article_images, r.article_sections) for r in requests()]
+    together = comp.score_sections_many(requests())
+    assert [[len(s) for s in q] for q in together] == [[2, 1, 0], [1, 0], [3]]
+    for a, b in zip(alone, together):
+        for sa, sb in zip(a, b):
+            assert max([abs(x - y) for x, y in zip(sa, sb)], default=0.0) <= TOLERANCE
+    # (that each section meets its own question is asserted on the states, whose differences are not saturated by
+    # the tiny model's cosine: test_qff_attention::test_each_section_meets_the_question_question_index_names)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("size", [1, 2])
+def test_article_vit_states_are_reused_across_questions_and_calls(size):
+    comp = tiny(focus="per_layer", vit_lru_size=size)
+    reference = tiny(focus="per_layer", vit_lru_size=0).score_sections_many(requests())
+    first = comp.score_sections_many(requests())
+    # a and b are looked up (shared by two questions, encoded once); c has no sections and x no image: never
+    assert comp.vit_cache_stats == {"hits": 0, "misses": 2} and len(comp._vit_cache) == size
+    second = comp.score_sections_many(requests())
+    # size 2: both are hits; size 1: b (kept) is a hit, a was evicted and is encoded again
+    assert comp.vit_cache_stats == ({"hits": 2, "misses": 2} if size == 2 else {"hits": 1, "misses": 3})
+    assert comp.vit_cache_hit_rate() == pytest.approx(comp.vit_cache_stats["hits"] / 4)
+    assert first == reference and second == reference          # the cached states are the same states
+
+
+@torch.no_grad()
+def test_the_vit_cache_is_off_when_the_vit_is_trained():
+    comp = tiny(focus="per_layer", freeze_vit=False)
+    comp.score_sections_many(requests())
+    assert comp.vit_cache_stats == {"hits": 0, "misses": 0} and not comp._vit_cache
