@@ -111,3 +111,49 @@ def test_config_errors_name_the_key(world):
         build_data_module(_config(world, "evqa", dataset="okvqa"))
     with pytest.raises(ConfigError, match="data.val_questions is not set"):
         InfoSeekDataModule(_config(world, "infoseek")).val_dataloader()
+
+
+class _Batches(L.LightningModule):
+    """Records the data ids of every predict batch; no model."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.batches: list[list[str]] = []
+
+    def predict_step(self, batch, batch_idx):
+        self.batches.append(list(batch["data_id"]) + list(batch["dropped_data_ids"]))
+        return len(self.batches[-1])
+
+
+def _rank_batches(datamodule, rank: int, world: int) -> list[list[str]]:
+    """The batches one rank of `world` is given (what predict_dataloader hands that rank's trainer)."""
+    from types import SimpleNamespace
+
+    datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=world)   # only its rank and world are read
+    loader = datamodule.predict_dataloader()
+    return [sorted(b["data_id"] + b["dropped_data_ids"]) for b in loader]
+
+
+def test_evaluation_batches_are_fixed_blocks_of_the_split_on_any_ranks_and_after_a_resume(world):
+    from qkvqa.data_modules.evaluation import EvaluationDataModule
+
+    benchmark = build_data_module(_config(world, "evqa", batch_size=16))
+    ids = [q.data_id for q in benchmark.questions("test")]
+    B = next(b for b in (6, 4, 7, 8) if len(ids) % b)               # a batch size that leaves a short last block
+    blocks = [sorted(ids[s:s + B]) for s in range(0, len(ids), B)]
+    assert len(blocks) >= 4 and len(blocks[-1]) < B, "the split must end in a short block"
+    whole = EvaluationDataModule(benchmark, "test", batch_size=B)
+    recorder = _Batches()
+    L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+              enable_model_summary=False).predict(recorder, datamodule=whole, return_predictions=False)
+    assert [sorted(b) for b in recorder.batches] == blocks          # one rank: the split's blocks, in order
+    for world_size in (2, 3):
+        per_rank = [_rank_batches(whole, r, world_size) for r in range(world_size)]
+        assert sorted(b for rank in per_rank for b in rank) == sorted(blocks)   # every block once, whole
+    # A resume after some rows of block 1 and all of block 0 were written: block 0 is done, block 1 runs whole
+    done = set(ids[:B]) | set(ids[B:B + 2])
+    resumed = EvaluationDataModule(benchmark, "test", done, batch_size=B)
+    resumed.setup("predict")
+    assert _rank_batches(resumed, 0, 1) == blocks[1:]
+    assert sorted(b for r in range(2) for b in _rank_batches(resumed, r, 2)) == sorted(blocks[1:])

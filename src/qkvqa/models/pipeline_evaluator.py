@@ -1,7 +1,7 @@
 """`PipelineEvaluator`: runs the KB-VQA pipeline over a split with `Trainer.predict`, appending answers as it goes."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import lightning.pytorch as pl
 
@@ -18,12 +18,16 @@ class PipelineEvaluator(pl.LightningModule):
     after `predict` (see `qkvqa.cli.evaluate`).
     """
 
-    def __init__(self, pipeline: KBVQAPipeline, store: PredictionStore, retrieved: dict[str, Retrieved], dataset: str):
+    def __init__(self, pipeline: KBVQAPipeline, store: PredictionStore, retrieved: dict[str, Retrieved], dataset: str,
+                 done_ids: Iterable[str] = ()):
         super().__init__()
         self.pipeline = pipeline
         self.store = store
         self.retrieved = retrieved
         self.dataset = dataset
+        # Answered before this attempt: a batch that holds some of them runs whole (EvaluationDataModule's fixed
+        # batches, for the same floats), and only its other rows are written.
+        self.done_ids = set(done_ids)
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> int:
         skipped = [{"data_id": qid, "prediction": "", "skipped": "query image missing or unreadable"}
@@ -31,7 +35,7 @@ class PipelineEvaluator(pl.LightningModule):
         inputs = [QuestionInput(data_id=qid, question=question, image=image, dataset=self.dataset,
                                 retrieved=self.retrieved.get(qid, Retrieved()))
                   for qid, question, image in zip(batch["data_id"], batch["question"], batch["image"])]
-        rows = self.pipeline.answer(inputs) + skipped
+        rows = [row for row in self.pipeline.answer(inputs) + skipped if row["data_id"] not in self.done_ids]
         if rows:
             self.store.append(self.global_rank, rows)
         return len(rows)

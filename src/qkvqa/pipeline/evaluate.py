@@ -344,7 +344,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
             pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
             data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
             with srun_hint_only_when_useful(world_size_of(cfg)):
-                trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset), datamodule=data,
+                trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset, done), datamodule=data,
                                 return_predictions=False)
         if not (rank_zero and trainer.is_global_zero):
             return {}
