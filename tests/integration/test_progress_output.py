@@ -18,7 +18,7 @@ TRAIN_LINE = re.compile(r"qkvqa\.progress\] train: (\d+)/(\d+) steps \(\d+%\) \|
                         r"loss (\d+\.\d+) \| [\d.,]+ samples/s \| \d+:\d\d:\d\d elapsed \| (?:ETA (\d+:\d\d:\d\d)|done)")
 # Each was printed by every run before: Lightning's model table and hints, FlagEmbedding's bars, Rich's bar
 NOISE = ("litlogger", "srun", "module(s) in eval mode", "Checkpoint directory", "LeafSpec", "weights_only",
-         "sync_dist", "pre tokenize", "Compute Scores", "┏", "━", "anonymous setting")
+         "sync_dist", "pre tokenize", "Compute Scores", "┏", "━", "anonymous setting", "faster than using a method")
 
 
 def file_env(**extra: str) -> dict:

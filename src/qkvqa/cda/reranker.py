@@ -80,6 +80,12 @@ class FlagEmbeddingReranker(Reranker):
         self.model = FlagReranker(path, use_fp16=use_fp16, devices=[device], batch_size=self.batch_size,
                                   max_length=self.max_length, query_max_length=self.query_max_length,
                                   normalize=self.normalize)
+        # FlagReranker tokenizes, then pads with `tokenizer.pad`, which makes transformers print "You're using a
+        # XLMRobertaTokenizerFast tokenizer ... faster than ... `pad`" once per run: advice for FlagEmbedding, not
+        # for our users. The tokenizer's own once-only record of that advice is set, as if it had been given.
+        tokenizer = getattr(self.model, "tokenizer", None)
+        if isinstance(getattr(tokenizer, "deprecation_warnings", None), dict):
+            tokenizer.deprecation_warnings["Asking-to-pad-a-fast-tokenizer"] = True
 
     def _score(self, pairs, batch_size, max_length, query_max_length, normalize):
         scores = self.model.compute_score(pairs, batch_size=batch_size, max_length=max_length,
