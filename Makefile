@@ -45,8 +45,8 @@ test: install slurm ## the suite CI runs: everything but gpu and online tests (d
 test-slurm: install slurm ## the real-SLURM tests (installs the Debian packages; starts and stops its own cluster)
 	$(TEST_ENV) $(PY) -m pytest -m slurm $(PYTEST_FLAGS)
 
-test-fast: install ## the quick loop: no slow, ddp or gpu tests, on two pytest-xdist workers
-	$(TEST_ENV) $(PY) -m pytest -n 2 -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
+test-fast: install ## the quick loop: no slow, ddp or gpu tests, on two pytest-xdist workers, property tests at a tenth of their examples
+	$(TEST_ENV) QKVQA_FAST_LOOP=1 $(PY) -m pytest -n 2 -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
 
 test-gpu: install ## the GPU checks (needs a CUDA device)
 	$(PY) -m pytest -m gpu $(PYTEST_FLAGS)

@@ -104,6 +104,7 @@ def test_image_to_summary_end_to_end(experiments, world, capsys):
     assert read_results(rescored["results"]) == read_results(out["results"])    # titles filled in from the KB
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_image_to_image_end_to_end_dedupes_articles(experiments, world, capsys):
     args = ["experiment=world", "retrieval.mode=image_to_image", "retrieval.top_k=5"]
     embedded = _run(capsys, "embed", *args)
@@ -119,6 +120,7 @@ def test_image_to_image_end_to_end_dedupes_articles(experiments, world, capsys):
     assert recall["recall@5"] == pytest.approx(out["recall@5"]) and "recall@20" not in out
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_index_of_another_kb_is_refused_in_one_line(experiments, world, tmp_path, capsys):
     _run(capsys, "embed", "experiment=world")
     built = _run(capsys, "index", "build", "experiment=world")

@@ -80,6 +80,7 @@ def test_existing_run_is_never_overwritten(run_root):
         _fit(_cfg(run_root, "run_id=keep", "trainer.max_steps=1"))
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_immutable_change_on_resume_is_refused(run_root):
     _fit(_cfg(run_root, "run_id=imm", "trainer.max_steps=1"))
     before = {name: (run_root / "imm" / name).read_bytes() for name in ("config.yaml", "status.json")}
@@ -90,6 +91,7 @@ def test_immutable_change_on_resume_is_refused(run_root):
     assert {name: (run_root / "imm" / name).read_bytes() for name in before} == before
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_a_run_stopped_by_bad_data_before_any_work_leaves_no_directory(run_root):
     """Issue 14 item 10: every failed command left a run directory behind; one stopped by a user error before it
     produced anything is removed, one that has produced something (or an existing run) is kept."""
@@ -111,6 +113,7 @@ def test_a_run_stopped_by_bad_data_before_any_work_leaves_no_directory(run_root)
     assert json.loads((run_root / "kept" / "status.json").read_text())["state"] == "failed"
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_a_second_launch_into_a_run_directory_in_use_is_refused_naming_the_holder(run_root):
     """Issue 15 item 6: two resume=auto launches of one run_id both trained into one directory."""
     import os

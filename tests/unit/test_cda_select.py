@@ -183,6 +183,7 @@ def test_selector_config_errors(splitter):
 
 
 @pytest.mark.parametrize("backend", ["native", "flagembedding"])
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_full_cda_with_the_tiny_reranker(splitter, backend):
     reranker = build_component({"kind": "bge_reranker", "tiny": True, "device": "cpu",
                                 "options": {"backend": backend}})

@@ -74,6 +74,7 @@ def _local_runs(root):
     return root
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_wandb_rows_give_the_same_table_as_local_records(run_root):
     api = _fake_api()
     remote = build_table(collect_wandb("me/qkvqa", api=api, filters={"group": "g"}), "val/loss", "min")
@@ -116,6 +117,7 @@ def test_real_wandb_project_builds_a_table():
     assert table.columns[:3] == ["run_id", "task", "state"] and len(table.records) == len(rows)
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_compare_wandb_without_a_login_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
     """Issue 14 item 7: a 30-line wandb traceback became one line (no API key: refused before any network call)."""
     from qkvqa.cli.main import main

@@ -32,6 +32,7 @@ def generator(request) -> Generator:
     return build_generator({"kind": request.param, "tiny": True, "device": "cpu"}, SETTINGS)
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_batched_generation_equals_one_by_one(generator):
     reqs = requests()
     batched = generator.generate(reqs)

@@ -70,6 +70,7 @@ def test_summary_context_is_truncated_to_generator_tokens(generator):
     assert generator.count_tokens(generator.truncate_to_tokens(text, SETTINGS.summary_context_tokens)) == 64
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_summarize_command(tmp_path, capsys):
     write_kb(tmp_path, 3)
     out = tmp_path / "out" / "summaries.jsonl"

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from qkvqa.metrics import evqa
 from qkvqa.metrics.evqa import evaluate, evaluate_example, exact_match, preprocess_answer
+from tests.helpers.examples import examples
 
 
 # --- preprocess_answer (section 2.2) -------------------------------------------------------------
@@ -175,14 +176,14 @@ def test_repeated_question_id_is_an_error():
 
 # --- properties ---------------------------------------------------------------------------------
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_preprocess_answer_is_idempotent(text):
     once = preprocess_answer(text)
     assert preprocess_answer(once) == once
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(), st.text(min_size=1), st.sampled_from(evqa.QUESTION_TYPES))
 def test_em_only_score_is_zero_or_one_or_a_value_error(candidate, reference, question_type):
     try:

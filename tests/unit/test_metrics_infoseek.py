@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from qkvqa.metrics import infoseek
 from qkvqa.metrics.infoseek import (evaluate, harmonic_mean, normalize_answer, numerical_range_match,
                                     parse_numerical_answer, score_item)
+from tests.helpers.examples import examples
 
 CHINA = ["cn", "People's Republic of China", "China", "PRC", "\U0001F1E8\U0001F1F3"]
 
@@ -372,7 +373,7 @@ def test_harmonic_mean_replaces_zero():
 
 # --- properties -------------------------------------------------------------------------------------
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_normalize_answer_is_idempotent(text):
     once = normalize_answer(text)
@@ -385,7 +386,7 @@ def test_signed_two_dot_tokens_are_skipped_where_the_official_code_raises(text, 
     assert parse_numerical_answer(text) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8")) | st.from_regex(r"[-+.,eE0-9 \u0660-\u0669]{0,20}"))
 def test_parse_numerical_answer_never_crashes(text):
     parsed = parse_numerical_answer(text)
@@ -403,7 +404,7 @@ stored_ranges = st.tuples(finite, finite).map(lambda bounds: [{"wikidata": 0, "r
 numerical_items = st.tuples(any_prediction, stored_ranges, st.sampled_from(["Numerical", "numerical", "NUMERICAL"]))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(string_items | numerical_items)
 def test_score_item_is_always_zero_or_one(item):
     prediction, answer_eval, question_type = item

@@ -1,6 +1,7 @@
 """The MLLM-filtering baseline (appendix 6.5) shows the VLM the query image and each candidate article's image."""
 from __future__ import annotations
 
+import pytest
 from PIL import Image
 
 from qkvqa.cda.select import RankedArticle
@@ -16,6 +17,7 @@ def article(row: int, title: str) -> Article:
                    [], [], [])
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_each_filter_prompt_carries_the_query_and_the_candidate_image(tmp_path):
     heron_image = tmp_path / "heron.jpg"
     Image.new("RGB", (40, 30), "grey").save(heron_image)

@@ -41,6 +41,7 @@ def write(path, setup, shard_size=16, **kwargs) -> ViTFeatureCache:
     return cache
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_cached_features_equal_the_vit_and_training_batches_read_them(setup, tmp_path):
     _, component, _, needed, dm, _ = setup
     cache = write(tmp_path / "cache", setup)
@@ -59,6 +60,7 @@ def test_cached_features_equal_the_vit_and_training_batches_read_them(setup, tmp
     torch.testing.assert_close(from_cache["image_features"].float(), states, atol=2e-3, rtol=1e-2)
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_a_rerun_writes_only_the_missing_shards_and_processes_split_the_shards(setup, tmp_path):
     path = tmp_path / "cache"
     first = write(path, setup, shard_index=0, num_shards=2)

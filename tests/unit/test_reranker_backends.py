@@ -27,6 +27,7 @@ def rerankers():
     return flag, native
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_both_backends_give_the_same_scores(rerankers):
     flag, native = rerankers
     assert isinstance(native, NativeReranker) and type(flag).__name__ == "FlagEmbeddingReranker"

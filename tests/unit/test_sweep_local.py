@@ -106,6 +106,7 @@ def test_failed_trial_is_recorded_and_only_retried_on_request(make_sweep, run_ro
     assert (run_root / "sweeps" / "fake" / "logs" / "t001.log").read_text().count("=== ") == 2
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_stale_running_trial_is_relaunched_in_its_run_dir(make_sweep, run_root):
     path = make_sweep({"qff.alpha": {"values": [0.3]}})
     LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
@@ -117,6 +118,7 @@ def test_stale_running_trial_is_relaunched_in_its_run_dir(make_sweep, run_root):
     assert len(status["attempts"]) == 2 and sorted(p.name for p in run_root.iterdir()) == ["fake-t000", "sweeps"]
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_stopped_runner_terminates_its_trials_and_the_rerun_continues_them(make_sweep, run_root, monkeypatch):
     path = make_sweep({"qff.alpha": {"values": [0.2, 0.4]}})
     monkeypatch.setenv("JOB_SLEEP_S", "60")
@@ -140,6 +142,7 @@ def test_stopped_runner_terminates_its_trials_and_the_rerun_continues_them(make_
     assert result.manifest.trials["t001"]["attempts"] == 2
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_changed_sweep_is_refused_on_rerun_and_the_dry_run_says_so(make_sweep, run_root, capsys):
     LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), checkpoints_root=run_root).run()
     path = make_sweep({"qff.alpha": {"values": [0.4]}})
@@ -152,6 +155,7 @@ def test_changed_sweep_is_refused_on_rerun_and_the_dry_run_says_so(make_sweep, r
     assert "trial t000 was run with {'qff.alpha': 0.3}" in err and "another name" in err
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_a_trial_whose_command_changed_is_not_shown_as_finished(make_sweep, run_root, capsys):
     path = make_sweep({"qff.alpha": {"values": [0.3, 0.5]}})
     LocalSweep(load_sweep(path), checkpoints_root=run_root).run()

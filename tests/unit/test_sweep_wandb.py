@@ -98,6 +98,7 @@ def test_offline_mode_is_refused(monkeypatch):
         run_wandb_sweep(load_sweep(ALPHA), project=None, entity=None)
 
 
+@pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_cli_dry_run_prints_the_sweep_and_agents(capsys):
     assert main(["sweep", str(ALPHA), "--backend", "wandb", "--dry-run", "--project", "p", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
