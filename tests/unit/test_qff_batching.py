@@ -6,7 +6,7 @@ import torch
 
 from qkvqa.qff.builder import SectionRequest
 from tests.unit.test_qff_attention import _image
-from tests.unit.test_qff_model import SECTIONS, tiny
+from tests.unit.test_qff_model import QUESTIONS, SECTIONS, tiny
 
 TOLERANCE = 1e-5
 
@@ -67,3 +67,23 @@ def test_the_vit_cache_is_off_when_the_vit_is_trained():
     comp = tiny(focus="per_layer", freeze_vit=False)
     comp.score_sections_many(requests())
     assert comp.vit_cache_stats == {"hits": 0, "misses": 0} and not comp._vit_cache
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_bf16_autocast_on_a_gpu_scores_close_to_fp32():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    fp32 = tiny(focus="per_layer", vit_lru_size=0)
+    reference = fp32.score_sections_many(requests())
+    torch.manual_seed(0)
+    from qkvqa.components import build_component
+
+    spec = {"kind": "blip2_qff", "tiny": True, "device": "cuda", "dtype": "bf16",
+            "options": {"num_layers": 4, "cross_attention_frequency": 2, "vocab_texts": SECTIONS + QUESTIONS}}
+    bf16 = build_component(spec)
+    assert bf16._autocast() is not None and bf16.model.vision_dtype == torch.bfloat16
+    got = bf16.score_sections_many(requests())
+    for a, b in zip(reference, got):
+        for sa, sb in zip(a, b):
+            assert max([abs(x - y) for x, y in zip(sa, sb)], default=0.0) <= 2e-2

@@ -181,7 +181,7 @@ class QFFComponent:
         if not asking:
             return results
         batch_size = self.section_batch_size
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast():
             questions = self.tokenize_questions([requests[r].question for r in asking])
             query_states = self._encode_images([requests[r].image for r in asking])
             question_enc = self.model.encode_question(questions["input_ids"], questions["attention_mask"], query_states)
@@ -210,6 +210,17 @@ class QFFComponent:
                     r, _, i, j, _ = flat[n]
                     results[r][i][j] = value
         return results
+
+    def _autocast(self):
+        """bf16 autocast on a GPU when the model was loaded in bf16 (its Q-Former keeps fp32 weights, see
+        `cast_like_hf`; its matmuls then run in bf16); nothing on CPU or in fp32."""
+        import contextlib
+
+        import torch
+
+        if self.device.type == "cuda" and self.model.vision_dtype == torch.bfloat16:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ the ViT-state LRU cache
     def _encode_images(self, images: Sequence[Any]):
