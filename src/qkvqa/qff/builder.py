@@ -185,7 +185,11 @@ class QFFComponent:
             questions = self.tokenize_questions([requests[r].question for r in asking])
             query_states = self._encode_images([requests[r].image for r in asking])
             question_enc = self.model.encode_question(questions["input_ids"], questions["attention_mask"], query_states)
-            fresh = self._encode_images([image for _, image in new_images]) if new_images else None
+            # States that enter the LRU are encoded one image per forward: a batch's floats depend on its
+            # composition in the last bits, and which images a batch finds cached depends on the batches before it
+            # (another rank, a resumed run), so only a one-image forward gives every run the same states.
+            fresh = self._encode_images([image for _, image in new_images], one_per_forward=self._cacheable()) \
+                if new_images else None
             for n, (key, _) in enumerate(new_images):
                 states_by_key[key] = fresh[n]
                 if key[0] == "key":
@@ -223,12 +227,12 @@ class QFFComponent:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ the ViT-state LRU cache
-    def _encode_images(self, images: Sequence[Any]):
-        """ViT states `[N, P, Dv]` of PIL images, in forwards of `section_batch_size`."""
+    def _encode_images(self, images: Sequence[Any], one_per_forward: bool = False):
+        """ViT states `[N, P, Dv]` of PIL images, in forwards of `section_batch_size` images (or of one)."""
         import torch
 
         pixels = self.preprocess_images(images)
-        step = self.section_batch_size
+        step = 1 if one_per_forward else self.section_batch_size
         return torch.cat([self.model.encode_image(pixels[s:s + step]) for s in range(0, len(images), step)])
 
     def _cacheable(self) -> bool:
