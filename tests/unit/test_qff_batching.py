@@ -101,3 +101,14 @@ def test_bf16_autocast_on_a_gpu_scores_close_to_fp32():
     for a, b in zip(reference, got):
         for sa, sb in zip(a, b):
             assert max([abs(x - y) for x, y in zip(sa, sb)], default=0.0) <= 2e-2
+
+
+@torch.no_grad()
+def test_in_fixed_chunks_an_images_vit_states_depend_on_that_image_alone():
+    comp = tiny(focus="per_layer")
+    images = [_image(20 + i) for i in range(11)]                   # one full chunk of 8 and a padded one
+    together = comp._encode_images(images, fixed_chunks=True)
+    assert together.shape[0] == 11
+    for i in (0, 7, 8, 10):
+        alone = comp._encode_images([images[i]], fixed_chunks=True)[0]
+        assert torch.equal(together[i], alone)

@@ -35,6 +35,9 @@ LOADING_DEFAULTS = {"vocab_texts": (), "seed": 0, "base_config": None, "tokenize
                     "vision_checkpoint": None}
 
 KNOWN_OPTIONS = {**TINY_DEFAULTS, **RUNTIME_DEFAULTS, **LOADING_DEFAULTS}
+# Article images whose ViT states enter the LRU go through the ViT in forwards of exactly this many (see
+# `QFFComponent.score_sections_many`): a shape that fills a GPU, fixed so that the states never depend on the batch.
+VIT_CHUNK = 8
 
 
 @dataclass
@@ -185,10 +188,11 @@ class QFFComponent:
             questions = self.tokenize_questions([requests[r].question for r in asking])
             query_states = self._encode_images([requests[r].image for r in asking])
             question_enc = self.model.encode_question(questions["input_ids"], questions["attention_mask"], query_states)
-            # States that enter the LRU are encoded one image per forward: a batch's floats depend on its
-            # composition in the last bits, and which images a batch finds cached depends on the batches before it
-            # (another rank, a resumed run), so only a one-image forward gives every run the same states.
-            fresh = self._encode_images([image for _, image in new_images], one_per_forward=self._cacheable()) \
+            # States that enter the LRU are encoded in forwards of exactly VIT_CHUNK images (zero-padded): a
+            # forward's floats depend on its shape in the last bits, and which images a batch finds cached depends on
+            # the batches before it (another rank, a resumed run); at one fixed shape each image's states depend on
+            # that image alone, so every run gets the same states.
+            fresh = self._encode_images([image for _, image in new_images], fixed_chunks=self._cacheable()) \
                 if new_images else None
             for n, (key, _) in enumerate(new_images):
                 states_by_key[key] = fresh[n]
@@ -227,13 +231,20 @@ class QFFComponent:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ the ViT-state LRU cache
-    def _encode_images(self, images: Sequence[Any], one_per_forward: bool = False):
-        """ViT states `[N, P, Dv]` of PIL images, in forwards of `section_batch_size` images (or of one)."""
+    def _encode_images(self, images: Sequence[Any], fixed_chunks: bool = False):
+        """ViT states `[N, P, Dv]` of PIL images, in forwards of `section_batch_size` images, or (`fixed_chunks`) of
+        exactly VIT_CHUNK images, the last one padded with blank images whose states are dropped."""
         import torch
 
         pixels = self.preprocess_images(images)
-        step = 1 if one_per_forward else self.section_batch_size
-        return torch.cat([self.model.encode_image(pixels[s:s + step]) for s in range(0, len(images), step)])
+        if not fixed_chunks:
+            step = self.section_batch_size
+            return torch.cat([self.model.encode_image(pixels[s:s + step]) for s in range(0, len(images), step)])
+        pad = -len(images) % VIT_CHUNK
+        if pad:
+            pixels = torch.cat([pixels, pixels.new_zeros((pad, *pixels.shape[1:]))])
+        states = torch.cat([self.model.encode_image(pixels[s:s + VIT_CHUNK]) for s in range(0, len(pixels), VIT_CHUNK)])
+        return states[:len(images)]
 
     def _cacheable(self) -> bool:
         """Article ViT states are cached only while they cannot change: a frozen ViT and a cache size above 0."""
