@@ -35,6 +35,18 @@ def _isolated_run_env(monkeypatch, tmp_path):
 
 
 @pytest.fixture
+def single_thread():
+    """One intra-op thread for the test (tiny models run fastest so: OpenMP hand-offs cost more than their
+    matmuls); a module opts in with `pytestmark = pytest.mark.usefixtures("single_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def run_root(tmp_path) -> Path:
     """A fresh checkpoints root for one test."""
     root = tmp_path / "checkpoints"

@@ -10,12 +10,7 @@ from tests.unit.test_qff_model import SECTIONS, inputs, tiny
 TOLERANCE = 1e-5          # fp32, the bound
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def both(comp, fn):

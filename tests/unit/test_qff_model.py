@@ -17,13 +17,7 @@ SECTIONS = ["# Wiki Article: Grey heron\n## Section Title: Description\nThe grey
 QUESTIONS = ["what is the wingspan of this bird?", "when was this landmark built?"]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny models run fastest on one thread: OpenMP hand-offs cost more than their matmuls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny(**options):

@@ -25,13 +25,7 @@ ARTICLES = [["# Wiki Article: Grey heron\n## Section Title: Description\nThe gre
 QUESTION = "what does this bird eat?"
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny models run fastest on one thread: OpenMP hand-offs cost more than their matmuls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def picture(seed: int) -> Image.Image:

@@ -192,7 +192,8 @@ class QFFComponent:
             # forward's floats depend on its shape in the last bits, and which images a batch finds cached depends on
             # the batches before it (another rank, a resumed run); at one fixed shape each image's states depend on
             # that image alone, so every run gets the same states.
-            fresh = self._encode_images([image for _, image in new_images], fixed_chunks=self._cacheable()) \
+            entering = any(key[0] == "key" for key, _ in new_images)
+            fresh = self._encode_images([image for _, image in new_images], fixed_chunks=entering) \
                 if new_images else None
             for n, (key, _) in enumerate(new_images):
                 states_by_key[key] = fresh[n]
