@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow            # builds and runs three pipelines: `make test`, not the fast loop
+
 REPO = Path(__file__).resolve().parents[2]
 
 
