@@ -32,10 +32,6 @@ class EvaluationDataModule(L.LightningDataModule):
         self.dataset: Optional[QuestionImageDataset] = None
         self.batches: list[list[int]] = []            # the remaining fixed batches, as positions in `dataset`
 
-    def remaining(self):
-        """The split's questions that still need an answer, in file order."""
-        return [q for q in self.benchmark.questions(self.split) if q.data_id not in self.done_ids]
-
     def remaining_batches(self) -> list[list]:
         """The split's fixed batches (see the class docstring) that hold at least one unanswered question."""
         questions = self.benchmark.questions(self.split)
