@@ -501,7 +501,7 @@ class Pipelines:
         comp.model.attention = "sdpa"
         with torch.inference_mode(), self.autocast():
             requests = [SectionRequest(q.text, q.image, [a.image for a in q.articles],
-                                       [a.section_strings() for a in q.articles], [a.url for a in q.articles])
+                                       [a.section_strings() for a in q.articles])
                         for q in batch]
             state["scores"] = comp.score_sections_many(requests)
             state["rankings"] = [ranked_articles(q, s) for q, s in zip(batch, state["scores"])]

@@ -61,3 +61,23 @@ def test_predictions_table_rows_name_the_gold_rank_before_and_after_the_filter()
     assert table[1][5:] == [None, None, 12]                    # gold article never ranked
     assert table[2][3] == "<skipped: query image missing or unreadable>" and table[2][5:] == [1, None, None]
     assert gold_rank(["a", "b", "c"], ["c", "b"]) == 2 and gold_rank([], ["a"]) is None
+
+
+def test_a_sweep_whose_trials_log_nothing_to_wandb_makes_no_wandb_run_of_its_own(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from qkvqa.compare.table import Table
+    from qkvqa.loggers.wandb import log_sweep_run
+
+    spec = SimpleNamespace(name="s", raw={"project": "elsewhere"}, command=["x"])
+    table = Table(columns=["run_id", "best_value"], records=[{"run_id": "s-t000", "best_value": None}],
+                  metric="eval/r1", goal="max")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    off = OmegaConf.create({"logger": {"wandb": {"enabled": False, "mode": None, "project": "p", "entity": None}}})
+    assert log_sweep_run(spec, tmp_path, table, {"finished": 1}, off) is False
+    disabled = OmegaConf.create({"logger": {"wandb": {"enabled": True, "mode": "disabled", "project": "p",
+                                                      "entity": None}}})
+    assert log_sweep_run(spec, tmp_path, table, {"finished": 1}, disabled) is False
+    assert not (tmp_path / "wandb").exists()

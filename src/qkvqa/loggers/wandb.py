@@ -323,26 +323,35 @@ def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrie
     return True
 
 
-def log_sweep_run(spec: Any, sweep_dir: str | os.PathLike, table: Any, counts: dict) -> bool:
+def log_sweep_run(spec: Any, sweep_dir: str | os.PathLike, table: Any, counts: dict,
+                  trial_cfg: Optional[DictConfig] = None) -> bool:
     """The W&B run of a local sweep (job_type sweep, id and group the sweep's name, files under
     `<sweep_dir>/wandb/`): the sweep file as its config, the comparison as the `sweep/trials` table, the trial counts
     and the best trial in its summary. Its trials are runs of their own command's job_type in the same group.
-    Nothing with WANDB_MODE=disabled; a W&B failure is one warning (comparison.csv has everything). True when
-    logged."""
-    if wandb_mode(None) == "disabled":
+    `trial_cfg` (the config a trial composes to, None for another program) gives the W&B switch, mode, project and
+    entity, so the sweep's run goes where its trials go and not at all when they log nothing; without it
+    WANDB_MODE and the sweep file's project decide. A W&B failure is one warning (comparison.csv has everything).
+    True when logged."""
+    if trial_cfg is not None and not trial_cfg.logger.wandb.enabled:
+        return False
+    mode = wandb_mode(trial_cfg)
+    if mode == "disabled":
         return False
     import wandb
 
     finish_active_run()
-    project, entity = spec.raw.get("project") or "qkvqa", spec.raw.get("entity")   # as the W&B backend's sweep
+    if trial_cfg is not None:
+        project, entity = trial_cfg.logger.wandb.project, trial_cfg.logger.wandb.entity
+    else:                                            # as the W&B backend's sweep
+        project, entity = spec.raw.get("project") or "qkvqa", spec.raw.get("entity")
     summary: dict = {f"trials/{k}": v for k, v in counts.items()}
-    if table.records and table.metric:
-        best = table.records[0]
+    best = table.records[0] if table.records and table.metric else None
+    if best is not None and best.get("best_value") is not None:
         summary.update({"best/run_id": best.get("run_id"), "best/value": best.get("best_value"),
                         "metric": table.metric, "goal": table.goal})
     try:
         run = wandb.init(project=project, entity=entity, id=f"sweep-{spec.name}", name=spec.name, group=spec.name,
-                         job_type="sweep", dir=str(sweep_dir), mode=wandb_mode(None), resume="allow",
+                         job_type="sweep", dir=str(sweep_dir), mode=mode, resume="allow",
                          config={k: v for k, v in spec.raw.items() if k != "command"} | {"command": spec.command})
         columns = list(table.columns)
         run.log({"sweep/trials": wandb.Table(columns=columns, data=[[_table_cell(r.get(c)) for c in columns]

@@ -15,7 +15,7 @@ class PipelineEvaluator(pl.LightningModule):
 
     It holds no model math: the pipeline's filter, CDA selector and generator do the work. Rows go
     to this rank's append-only part file as soon as a batch is done; rank zero merges the parts
-    after `predict` (see `qkvqa.cli.evaluate`).
+    after `predict` and a barrier (see `qkvqa.pipeline.evaluate.run_evaluation`).
     """
 
     def __init__(self, pipeline: KBVQAPipeline, store: PredictionStore, retrieved: dict[str, Retrieved], dataset: str,
@@ -39,6 +39,3 @@ class PipelineEvaluator(pl.LightningModule):
         if rows:
             self.store.append(self.global_rank, rows)
         return len(rows)
-
-    def on_predict_epoch_end(self) -> None:
-        self.trainer.strategy.barrier("qkvqa-evaluate-parts-written")

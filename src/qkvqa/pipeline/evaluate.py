@@ -346,6 +346,10 @@ def run_evaluation(cfg: DictConfig) -> dict:
             with srun_hint_only_when_useful(world_size_of(cfg)):
                 trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset, done), datamodule=data,
                                 return_predictions=False)
+            # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's
+            # predict loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than
+            # ranks, as near the end of a resumed run), and the other ranks would wait for it forever.
+            trainer.strategy.barrier("qkvqa-evaluate-parts-written")
         if not (rank_zero and trainer.is_global_zero):
             return {}
         rows = store.merge([q.data_id for q in questions])

@@ -40,6 +40,14 @@ KNOWN_OPTIONS = {**TINY_DEFAULTS, **RUNTIME_DEFAULTS, **LOADING_DEFAULTS}
 VIT_CHUNK = 8
 
 
+def image_key(image: Any) -> tuple:
+    """The ViT-cache key of an image: its mode, size and a hash of its pixels (the same URL may name other pixels in
+    another KB or image folder; equal pixels give equal states)."""
+    import hashlib
+
+    return ("pixels", image.mode, image.size, hashlib.blake2b(image.tobytes(), digest_size=16).hexdigest())
+
+
 @dataclass
 class SectionRequest:
     """One question's sections to score (`QFFComponent.score_sections_many`)."""
@@ -48,7 +56,6 @@ class SectionRequest:
     image: Any                                            # the query image (PIL)
     article_images: Sequence[Any]                         # each article's main image, None when it has none
     article_sections: Sequence[Sequence[str]]             # each article's candidate section texts
-    article_keys: Optional[Sequence[Optional[str]]] = None   # names of the article images for the ViT cache (URLs)
     focus: Optional[str] = None                           # the component's focus by default
 
 
@@ -81,7 +88,8 @@ class QFFComponent:
         self.section_batch_size = int(section_batch_size)
         self.image_transform = image_transform
         self.vit_lru_size = int(vit_lru_size)
-        self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()     # ("key", article URL) -> ViT states [P, Dv]
+        self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()     # image content key -> ViT states [P, Dv]
+        self._vit_version: Any = None                                 # the ViT weights the cached states came from
         self.vit_cache_stats = {"hits": 0, "misses": 0}
 
     def preprocessing(self) -> dict:
@@ -128,21 +136,20 @@ class QFFComponent:
         return self.model.encode_question(tokens["input_ids"], tokens["attention_mask"], image_states)
 
     def score_sections(self, question: str, question_image: Any, article_images: Sequence[Any],
-                       article_sections: Sequence[Sequence[str]], focus: Optional[str] = None,
-                       article_keys: Optional[Sequence[Optional[str]]] = None) -> list[list[float]]:
+                       article_sections: Sequence[Sequence[str]], focus: Optional[str] = None) -> list[list[float]]:
         """Late-interaction scores of every section of every article for one question (OMGM `sec_sim` shape).
 
         `article_images[i]` is article i's main image (None when it has none); `article_sections[i]`
-        its candidate section strings; `article_keys[i]` (optional) names the image for the ViT-state cache
-        (the article URL). Articles without an image or without sections get `[]` (their QFF score is 0 in
-        `rerank`). One question of `score_sections_many`.
+        its candidate section strings. Articles without an image or without sections get `[]` (their QFF score
+        is 0 in `rerank`). One question of `score_sections_many`.
         """
         return self.score_sections_many([SectionRequest(question, question_image, article_images, article_sections,
-                                                        article_keys, focus)])[0]
+                                                        focus)])[0]
 
     def score_sections_many(self, requests: Sequence["SectionRequest"]) -> list[list[list[float]]]:
         """`score_sections` of several questions at once: one batched question pass, each article image through
-        the ViT once (and not again while its states are in the LRU cache, `vit_lru_size` articles), and the
+        the ViT once (and not again while its states are in the LRU cache of `vit_lru_size` images, keyed on the
+        image's pixels and cleared when the ViT's weights change), and the
         sections of every question in shared forwards of `section_batch_size`, sorted by token length so that
         padding stays small. Each result equals the one-question call up to float rounding (tested <= 1e-5)."""
         import torch
@@ -156,13 +163,13 @@ class QFFComponent:
         new_images: list[tuple[Any, Any]] = []                   # (key, PIL image) not in the LRU
         states_by_key: dict[Any, Any] = {}                       # key -> ViT states [P, Dv]
         asking: list[int] = []                                   # requests with something to score
+        cacheable = self._cacheable()
         for r, req in enumerate(requests):
             if len(req.article_images) != len(req.article_sections):
                 raise ValueError(f"{len(req.article_images)} article images but {len(req.article_sections)} "
                                  "section lists")
             scores: list[list[float]] = [[] for _ in req.article_sections]
             results.append(scores)
-            keys = req.article_keys if req.article_keys is not None else [None] * len(req.article_images)
             scored = [i for i, (image, sections) in enumerate(zip(req.article_images, req.article_sections))
                       if image is not None and len(sections) > 0]
             if not scored:
@@ -170,7 +177,7 @@ class QFFComponent:
             question_row = len(asking)
             asking.append(r)
             for i in scored:
-                key = ("key", keys[i]) if keys[i] is not None and self._cacheable() else ("call", r, i)
+                key = image_key(req.article_images[i]) if cacheable else ("call", r, i)
                 if key not in image_rows:
                     image_rows[key] = len(image_rows)
                     if key in self._vit_cache:                   # taken now: remembering new states may evict it
@@ -192,13 +199,12 @@ class QFFComponent:
             # forward's floats depend on its shape in the last bits, and which images a batch finds cached depends on
             # the batches before it (another rank, a resumed run); at one fixed shape each image's states depend on
             # that image alone, so every run gets the same states.
-            entering = any(key[0] == "key" for key, _ in new_images)
-            fresh = self._encode_images([image for _, image in new_images], fixed_chunks=entering) \
+            fresh = self._encode_images([image for _, image in new_images], fixed_chunks=cacheable) \
                 if new_images else None
             for n, (key, _) in enumerate(new_images):
                 states_by_key[key] = fresh[n]
-                if key[0] == "key":
-                    self._remember(key, fresh[n])
+                if cacheable:                                    # a copy: a view would keep the whole batch alive
+                    self._remember(key, fresh[n].clone())
             image_states = torch.stack([states_by_key[key] for key in image_rows])
             ids = self.tokenizer(texts, truncation=True, max_length=self.max_text_tokens)["input_ids"]
             order = sorted(range(len(flat)), key=lambda n: len(ids[n]))
@@ -248,8 +254,16 @@ class QFFComponent:
         return states[:len(images)]
 
     def _cacheable(self) -> bool:
-        """Article ViT states are cached only while they cannot change: a frozen ViT and a cache size above 0."""
-        return self.vit_lru_size > 0 and bool(getattr(self.model, "freeze_vit", False))
+        """Whether article ViT states are cached: a frozen ViT and a cache size above 0. The cache is emptied when the
+        ViT's weights, device or dtype changed since it was filled (`load_state_dict`, `.to(...)`)."""
+        if self.vit_lru_size <= 0 or not getattr(self.model, "freeze_vit", False):
+            return False
+        vision = self.model.base.vision_model
+        version = tuple((p.device, p.dtype, p.data_ptr(), p._version) for p in vision.parameters())
+        if version != self._vit_version:
+            self._vit_cache.clear()
+            self._vit_version = version
+        return True
 
     def _remember(self, key: Any, states: Any) -> None:
         self._vit_cache[key] = states

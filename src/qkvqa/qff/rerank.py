@@ -149,7 +149,7 @@ class QFFReranker:
                 sections[k] = [c.text for c in candidates]
                 indices[k] = [c.index for c in candidates]
             gathered.append((urls, titles, sims, indices))
-            requests.append(SectionRequest(question, image, images, sections, article_keys=urls))
+            requests.append(SectionRequest(question, image, images, sections))
         step = self.question_batch_size                  # bounds the memory of one shared forward set
         all_scores = [scores for s in range(0, len(requests), step)
                       for scores in self.component.score_sections_many(requests[s:s + step])]

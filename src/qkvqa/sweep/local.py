@@ -395,5 +395,9 @@ class LocalSweep:
 
         counts = {s: sum(t["status"] == s for t in manifest.trials.values())
                   for s in ("finished", "failed", "interrupted", "pending")}
-        log_sweep_run(self.spec, self.sweep_dir, table, counts)
+        try:                                       # where the trials log to W&B (None: not a qkvqa command)
+            trial_cfg = command_config(self.argv(self.trials[0]), self.cwd) if self.trials else None
+        except ConfigError:
+            trial_cfg = None
+        log_sweep_run(self.spec, self.sweep_dir, table, counts, trial_cfg)
         return self.sweep_dir / "comparison.csv"
