@@ -191,6 +191,21 @@ def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_pr
         {r["data_id"]: r["ranking"] for r in _rows(run_dir) if "ranking" in r}
 
 
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_a_two_rank_evaluation_with_one_batch_finishes_when_a_rank_has_nothing_to_do(eval_env):
+    """One fixed batch for two ranks (as near the end of a resumed run): Lightning skips its predict epoch hooks on
+    the rank without a batch, so a barrier there would have held the other rank forever."""
+    cmd = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only",
+           "preset=ddp_cpu_sim", "data.max_questions=3", "generation.batch_size=4", "run_id=one_batch"]
+    env = {**eval_env["env"], "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = sorted((eval_env["runs"] / "one_batch" / "predictions.parts").glob("rank*.jsonl"))
+    assert [p.name for p in parts] == ["rank0.jsonl"]                 # rank 1 had no batch
+    assert len(_rows(eval_env["runs"] / "one_batch")) == 3
+
+
 def _split_sorted_infoseek(world, tmp_path) -> str:
     """The world's InfoSeek test CSV with every unseen_question row first, as a sorted release would be."""
     import csv

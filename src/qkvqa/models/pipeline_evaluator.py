@@ -28,6 +28,9 @@ class PipelineEvaluator(pl.LightningModule):
         # Answered before this attempt: a batch that holds some of them runs whole (EvaluationDataModule's fixed
         # batches, for the same floats), and only its other rows are written.
         self.done_ids = set(done_ids)
+        # Fewer remaining batches than ranks (a small split, the end of a resumed run) leaves a rank with none:
+        # that rank has nothing to do, which Lightning refuses by default.
+        self.allow_zero_length_dataloader_with_multiple_devices = True
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> int:
         skipped = [{"data_id": qid, "prediction": "", "skipped": "query image missing or unreadable"}
