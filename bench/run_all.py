@@ -84,32 +84,7 @@ def section_qff(d: dict) -> str:
     return "\n\n".join(parts)
 
 
-def section_pipeline_real(d: dict) -> str:
-    rows = ["| stage | ours s/question | OMGM-style s/question | ratio |", "|---|---|---|---|"]
-    for stage in ("retrieve", "filter", "select", "generate", "select_L90"):
-        v = d["stages"].get(stage)
-        if v is None or v.get("ratio") is None:
-            continue
-        label = {"retrieve": "retrieve (stage 1, not in the totals)",
-                 "select_L90": "select at L = 90 (not in the totals)"}.get(stage, stage)
-        rows.append(f"| {label} | {v['ours_s_per_question']:.4f} | {v['omgm_style_s_per_question']:.4f} | "
-                    f"{v['ratio']:.1f}x |")
-    rows.append(f"| **after stage 1** | **{d['ours_s_per_question']:.4f}** | **{d['omgm_style_s_per_question']:.4f}** "
-                f"| **{d['ratio']:.1f}x** |")
-    c = d["correctness"]
-    checks = "; ".join(f"{name}: {v['measured']:.2f} ({'met' if v['met'] else 'not met'})"
-                       for name, v in d.get("goal_checks", {}).items())
-    head = (f"Config {d['config']} on {d['device']} ({d['dtype']}, {d['torch_threads']} threads), {d['questions']} "
-            f"questions in micro-batches of {d['question_batch_size']}, {d['inputs']['articles']} articles and "
-            f"{d['sections_per_question']:.0f} sections per question; ours vs the OMGM-style pipeline (eager Q-Former, "
-            f"ViT per section, one question and one request at a time) on the same random weights. ViT LRU hit rate "
-            f"{100 * d['vit_lru_hit_rate']:.0f} %; section scores equal within "
-            f"{c['max_abs_section_score_difference']:.1e}" + ("" if c.get("passed", True) else " (GUARD FAILED)")
-            + (f". Goals: {checks}." if checks else "."))
-    return head + "\n\n" + "\n".join(rows)
-
-
-RENDER = {"kb_store": section_kb_store, "bem": section_bem, "qff": section_qff, "pipeline_real": section_pipeline_real}
+RENDER = {"kb_store": section_kb_store, "bem": section_bem, "qff": section_qff}  # the others: bench/out/NAME.md as the bench wrote it
 
 
 def write_results(ran: dict[str, dict]) -> Path:
