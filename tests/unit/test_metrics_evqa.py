@@ -155,10 +155,50 @@ def test_evaluate_coverage_last_prediction_wins_and_strict():
     assert result["two_hop"] == {"n": 0, "correct": 0.0, "accuracy": None}
     coverage = result["coverage"]
     assert (coverage["n_missing"], coverage["n_unknown"], coverage["n_duplicated_ids"]) == (2, 1, 1)
-    assert details == [{"data_id": "E-VQA_0", "question_type": "templated", "score": 1.0},
-                       {"data_id": "E-VQA_1", "question_type": "multi_answer", "score": 0.0}]
+    assert details == [{"data_id": "E-VQA_0", "question_type": "templated", "score": 1.0,
+                        "references": [{"answer": "Paris", "em": True, "bem": None},
+                                       {"answer": "Lutetia", "em": False, "bem": None}]},
+                       {"data_id": "E-VQA_1", "question_type": "multi_answer", "score": 0.0,
+                        "references": [{"answer": "red&&blue", "em": False, "bem": None}]}]
     with pytest.raises(ValueError, match=r"2 missing id\(s\).*1 unknown id\(s\) \(E-VQA_9\).*1 duplicated"):
         evaluate(predictions, QUESTIONS, strict=True)
+
+
+class TableJudge:
+    """A judge whose P(equivalent) is a fixed table over (reference, candidate): the per-reference bookkeeping."""
+
+    label = "table"
+
+    def __init__(self, table):
+        self.table = table
+
+    def score_batch(self, triples):
+        return [self.table.get((reference, candidate), 0.0) for _, reference, candidate in triples]
+
+
+def test_per_reference_details_give_each_reference_its_em_and_the_judge_only_where_em_failed():
+    questions = QUESTIONS + [{"data_id": "E-VQA_3", "question": "q", "answer": "Rome|Roma", "question_type": "templated"}]
+    judge = TableJudge({("Roma", "Città eterna"): 0.75, ("Rome", "Città eterna"): 0.25, ("red,blue", "green"): 0.5})
+    predictions = _predictions(("E-VQA_0", "lutetia"), ("E-VQA_1", "green"), ("E-VQA_3", "Città eterna"))
+    predictions.append({"data_id": "E-VQA_2", "prediction": "", "skipped": "query image missing"})
+    _, details = evqa.evaluate_with_details(predictions, questions, bem=judge)
+    by_id = {d["data_id"]: d for d in details}
+    assert by_id["E-VQA_0"]["references"] == [{"answer": "Paris", "em": False, "bem": None},
+                                              {"answer": "Lutetia", "em": True, "bem": None}]
+    assert by_id["E-VQA_3"]["score"] == 1.0 and by_id["E-VQA_3"]["references"] == [
+        {"answer": "Rome", "em": False, "bem": 0.25}, {"answer": "Roma", "em": False, "bem": 0.75}]
+    assert by_id["E-VQA_1"]["score"] == 1.0 and by_id["E-VQA_1"]["references"] == [
+        {"answer": "red&&blue", "em": False, "bem": 0.5}]                     # BEM sees the && list as "red,blue"
+    assert by_id["E-VQA_2"] == {"data_id": "E-VQA_2", "question_type": "automatic", "score": 0.0,
+                                "references": [{"answer": "1.5", "em": None, "bem": None}]}
+    # the per-reference form scores exactly as the official per-question scorer
+    for d in details:
+        if d["data_id"] != "E-VQA_2":
+            q = next(q for q in questions if q["data_id"] == d["data_id"])
+            candidate = next(p["prediction"] for p in predictions if p["data_id"] == d["data_id"])
+            assert d["score"] == evqa.score_examples([{"question": q["question"], "candidate": candidate,
+                                                       "reference_list": q["answer"].split("|"),
+                                                       "question_type": q["question_type"]}], judge)[0]
 
 
 def test_evaluate_names_the_data_id_of_a_bad_question():

@@ -409,3 +409,21 @@ numerical_items = st.tuples(any_prediction, stored_ranges, st.sampled_from(["Num
 def test_score_item_is_always_zero_or_one(item):
     prediction, answer_eval, question_type = item
     assert score_item(prediction, answer_eval, question_type) in (0, 1)
+
+
+def test_details_give_each_accepted_answer_or_range_its_match():
+    preds, refs, qtypes = _files({"val_unseen_question": [("s", "String", ["Paris", "Lutetia"], "the lutetia"),
+                                                          ("n", "Numerical", [{"range": [9, 11]}], "about 10 m")],
+                                  "val_unseen_entity": [("t", "Time", ["1999"], "2000"),
+                                                        ("k", "String", ["x"], "")]})
+    preds[-1]["skipped"] = "query image missing"
+    _, details = infoseek.evaluate_with_details(preds, refs, qtypes)
+    by_id = {d["data_id"]: d for d in details}
+    assert by_id["s"]["references"] == [{"answer": "Paris", "em": False, "bem": None},
+                                        {"answer": "Lutetia", "em": True, "bem": None}] and by_id["s"]["correct"] == 1
+    assert by_id["n"]["references"] == [{"answer": "[9, 11]", "em": True, "bem": None}] and by_id["n"]["correct"] == 1
+    assert by_id["t"]["references"] == [{"answer": "1999", "em": False, "bem": None}] and by_id["t"]["correct"] == 0
+    assert by_id["k"]["references"] == [{"answer": "x", "em": None, "bem": None}] and by_id["k"]["correct"] == 0
+    for d in details:                             # the per-reference matches agree with the per-question scorer
+        if d["data_id"] != "k":
+            assert d["correct"] == int(any(r["em"] for r in d["references"]))

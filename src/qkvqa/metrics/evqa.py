@@ -122,13 +122,18 @@ def _validate_reference(reference: Any, question_type: Any) -> None:
 
 def _em_pass(reference_list: Sequence[str], candidate: str, question_type: str) -> bool:
     """Validate every reference (the official scorer raises on any bad one) and return whether EM passes any."""
+    return any(_em_matches(reference_list, candidate, question_type))
+
+
+def _em_matches(reference_list: Sequence[str], candidate: str, question_type: str) -> list[bool]:
+    """Validate every reference (the official scorer raises on any bad one) and return EM per reference."""
     if not reference_list:
         raise DataError("empty reference list (the official max() over references raises)")
-    matched = False
+    matches = []
     for reference in reference_list:
         _validate_reference(reference, question_type)
-        matched = exact_match(reference, candidate, question_type) or matched
-    return matched
+        matches.append(exact_match(reference, candidate, question_type))
+    return matches
 
 
 def evaluate_example(question: str, reference_list: Sequence[str], candidate: str, question_type: str,
@@ -155,24 +160,37 @@ def judge_label(bem: Optional[AnswerJudge]) -> str:
 def score_examples(examples: Sequence[Mapping[str, Any]], bem: Optional[AnswerJudge] = None) -> list[float]:
     """`evaluate_example` for many `{question, reference_list, candidate, question_type[, data_id]}` dicts,
     with all BEM calls for EM-rejected references sent to the judge as one batch."""
+    return score_examples_with_references(examples, bem)[0]
+
+
+def score_examples_with_references(examples: Sequence[Mapping[str, Any]],
+                                   bem: Optional[AnswerJudge] = None) -> tuple[list[float], list[list[dict]]]:
+    """`score_examples`, plus each example's `[{answer, em, bem}]` per reference: `em` the official EM, `bem` the
+    judge's P(equivalent), None where the judge was not asked (an EM pass, or no judge)."""
     scores: list[float] = []
-    pending: list[tuple[int, tuple[str, str, str]]] = []
+    references: list[list[dict]] = []
+    pending: list[tuple[int, int, tuple[str, str, str]]] = []
     for index, example in enumerate(examples):
         data_id = example.get("data_id", f"example {index}")
         try:
-            matched = _em_pass(example["reference_list"], example["candidate"], example["question_type"])
+            matches = _em_matches(example["reference_list"], example["candidate"], example["question_type"])
         except DataError as e:
             raise DataError(f"data_id {data_id}: {e}") from None
+        matched = any(matches)
         scores.append(1.0 if matched else 0.0)
+        references.append([{"answer": reference, "em": em, "bem": None}
+                           for reference, em in zip(example["reference_list"], matches)])
         if not matched and bem is not None:
-            pending.extend((index, (example["question"], bem_reference(reference, example["question_type"]),
-                                    example["candidate"])) for reference in example["reference_list"])
+            pending.extend((index, position, (example["question"], bem_reference(reference, example["question_type"]),
+                                              example["candidate"]))
+                           for position, reference in enumerate(example["reference_list"]))
     if pending:
-        probabilities = bem.score_batch([triple for _, triple in pending])
-        for (index, _), probability in zip(pending, probabilities):
+        probabilities = bem.score_batch([triple for _, _, triple in pending])
+        for (index, position, _), probability in zip(pending, probabilities):
+            references[index][position]["bem"] = float(probability)
             if probability >= BEM_THRESHOLD:
                 scores[index] = 1.0
-    return scores
+    return scores, references
 
 
 def _load_questions(questions: Rows) -> dict[str, dict]:
@@ -203,7 +221,8 @@ def evaluate(predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = No
 
 def evaluate_with_details(predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = None,
                           strict: bool = False) -> tuple[dict, list[dict]]:
-    """`evaluate`, plus one `{data_id, question_type, score}` row per scored question."""
+    """`evaluate`, plus one `{data_id, question_type, score, references}` row per scored question (`references`:
+    `[{answer, em, bem}]` per reference answer, as `score_examples_with_references`; em and bem None when skipped)."""
     by_id = _load_questions(questions)
     prediction_rows = load_rows(predictions, "predictions")
     prediction_ids = [field(row, "data_id", where) for where, row in prediction_rows]
@@ -214,12 +233,16 @@ def evaluate_with_details(predictions: Rows, questions: Rows, bem: Optional[Answ
               for (where, row), qid in zip(prediction_rows, prediction_ids) if qid in by_id}
     examples = [{"data_id": qid, "candidate": candidate, **by_id[qid]} for qid, (candidate, _) in latest.items()]
     skipped = [skip for _, skip in latest.values()]
-    judged = iter(score_examples([e for e, skip in zip(examples, skipped) if not skip], bem))
+    judged_scores, judged_references = score_examples_with_references([e for e, skip in zip(examples, skipped)
+                                                                      if not skip], bem)
+    judged, per_reference = iter(judged_scores), iter(judged_references)
     scores = [0.0 if skip else next(judged) for skip in skipped]
+    references = [[{"answer": r, "em": None, "bem": None} for r in example["reference_list"]] if skip
+                  else next(per_reference) for example, skip in zip(examples, skipped)]
     coverage["n_skipped"] = sum(skipped)
     types = [example["question_type"] for example in examples]
     summary = {"label": judge_label(bem), **evqa_hop_accuracy(scores, types),
                "per_question_type": grouped_accuracy(scores, types), "coverage": coverage}
-    details = [{"data_id": example["data_id"], "question_type": example["question_type"], "score": score}
-               for example, score in zip(examples, scores)]
+    details = [{"data_id": example["data_id"], "question_type": example["question_type"], "score": score,
+                "references": refs} for example, score, refs in zip(examples, scores, references)]
     return summary, details

@@ -144,15 +144,29 @@ def _range_bounds(stored_range: list[str]) -> tuple[float, float]:
 
 def _score_prepared(prediction: Any, answer: Any, kind: str) -> int:
     """Score one prediction against a prepared answer (alias list, or stored range for numerical)."""
+    return int(any(matched for _, matched in _reference_matches(prediction, answer, kind)))
+
+
+def _reference_matches(prediction: Any, answer: Any, kind: str) -> list[tuple[str, bool]]:
+    """(accepted answer, whether the prediction matches it) per `answer_eval` alias (String/Time), or the one stored
+    range written `[lo, hi]` (Numerical); the question is correct iff any matches."""
     if not isinstance(prediction, str):
         raise DataError(f"prediction must be a str, got {type(prediction).__name__} {prediction!r}")
     if kind == NUMERICAL:
-        return int(numerical_range_match(parse_numerical_answer(prediction), _range_bounds(answer)))
+        bounds = _range_bounds(answer)
+        return [(f"[{answer[0]}, {answer[1]}]", numerical_range_match(parse_numerical_answer(prediction), bounds))]
     if not isinstance(answer, list) or not answer:
         raise DataError(f"answer_eval must be a non-empty list of strings for {kind} questions, got {answer!r}")
     if not all(isinstance(alias, str) for alias in answer):
         raise DataError(f"answer_eval must hold strings for {kind} questions, got {answer!r}")
-    return int(any(exact_match(prediction, alias) for alias in answer))
+    return [(alias, exact_match(prediction, alias)) for alias in answer]
+
+
+def _accepted_answers(answer: Any, kind: str) -> list[str]:
+    """The accepted answers of a prepared reference as `_reference_matches` names them (for a skipped row)."""
+    if kind == NUMERICAL:
+        return [f"[{answer[0]}, {answer[1]}]"] if len(answer) == 2 else [str(answer)]
+    return [alias for alias in answer if isinstance(alias, str)] if isinstance(answer, list) else [str(answer)]
 
 
 def score_item(prediction: str, answer_eval: Any, question_type: str) -> int:
@@ -261,7 +275,9 @@ def evaluate(predictions: Rows, references: Rows, qtypes: Rows, strict: bool = F
 
 def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
                           strict: bool = False) -> tuple[dict, list[dict]]:
-    """`evaluate`, plus one `{data_id, split, kind, correct}` row per scored prediction in prediction order."""
+    """`evaluate`, plus one `{data_id, split, kind, correct, references}` row per scored prediction in prediction
+    order; `references` holds `{answer, em, bem: None}` per accepted answer (Numerical: the stored range, `em` its
+    range match), `em` None for a skipped row."""
     prepared, repeated_references, conflicting = _load_references(references, _load_question_types(qtypes, strict),
                                                                   strict)
     prediction_rows = load_rows(predictions, "predictions")
@@ -279,12 +295,15 @@ def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
             continue
         answer, split, kind = prepared[qid]
         try:
-            correct = 0 if is_skipped(row) else _score_prepared(field(row, "prediction", where), answer, kind)
+            matches = None if is_skipped(row) else _reference_matches(field(row, "prediction", where), answer, kind)
         except DataError as e:
             raise DataError(f"{where}: data_id {qid}: {e}") from None
+        correct = int(any(matched for _, matched in matches)) if matches is not None else 0
         skipped += is_skipped(row)
         hits[split][kind].append(correct)
-        details.append({"data_id": qid, "split": split, "kind": kind, "correct": correct})
+        references = ([{"answer": a, "em": m, "bem": None} for a, m in matches] if matches is not None else
+                      [{"answer": a, "em": None, "bem": None} for a in _accepted_answers(answer, kind)])
+        details.append({"data_id": qid, "split": split, "kind": kind, "correct": correct, "references": references})
 
     result: dict[str, Any] = {}
     for split in (UNSEEN_QUESTION, UNSEEN_ENTITY):
