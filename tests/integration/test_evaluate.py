@@ -20,6 +20,86 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
 
 
+def _traces(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+
+
+TRACE_FIELDS = {"trace_version", "data_id", "question", "dataset", "split", "question_type", "image", "gold", "stage1",
+                "filter", "cda", "context", "prediction", "skipped", "verdict", "gold_rank", "answer_in_context",
+                "category", "seconds"}
+
+
+def _check_traces(run_dir: Path, top_k: int = 20) -> list[dict]:
+    """traces.jsonl holds the contract's fields for every question in prediction order, and agrees with
+    predictions.jsonl and scores.json (accuracy numerator, Table 3, recall after the filter, answer in context)."""
+    rows, traces = _rows(run_dir), _traces(run_dir)
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert [t["data_id"] for t in traces] == [r["data_id"] for r in rows]
+    generated = scores["stop_after"] != "filter"
+    for t, r in zip(traces, rows):
+        assert set(t) >= TRACE_FIELDS and t["trace_version"] == 1 and t["dataset"] == "evqa", t.keys()
+        assert (t["prediction"], t["skipped"], t["context"]) == (r["prediction"], r.get("skipped"), r.get("context_text"))
+        assert set(t["gold"]) == {"answers", "urls", "section_index"} and t["gold"]["urls"]
+        assert set(t["seconds"]) == {"retrieve", "filter", "select", "generate"}
+        articles = t["filter"]["articles"]
+        assert [a["url"] for a in articles] == [a["url"] for a in r.get("ranking") or []]
+        assert [a["fused"] for a in articles] == pytest.approx([a["score"] for a in r.get("ranking") or []], rel=1e-5)
+        assert t["filter"]["name"] == "qff" and 0 <= t["filter"]["alpha"] <= 1
+        if r.get("skipped"):
+            assert t["cda"] is None and articles == [] and (t["verdict"] is None or not t["verdict"]["correct"])
+            continue
+        assert t["image"] and Path(t["image"]).is_absolute() and Path(t["image"]).is_file()
+        assert 0 < len(t["stage1"]) <= top_k and all(set(s) == {"url", "title", "sim"} for s in t["stage1"])
+        for a in articles:                  # every filtered article is one of stage 1's, with its QFF and fused score
+            assert t["stage1"][a["stage1_rank"] - 1]["url"] == a["url"] and a["title"]
+            assert a["sim_ret"] == t["stage1"][a["stage1_rank"] - 1]["sim"] and a["qff"] is not None
+            alpha = t["filter"]["alpha"]
+            assert a["fused"] == pytest.approx(alpha * a["sim_ret"] + (1 - alpha) * a["qff"], abs=1e-5)
+            assert all(set(x) == {"index", "title", "score"} for x in a["sections"])
+        assert [a["fused"] for a in articles] == sorted((a["fused"] for a in articles), reverse=True)
+        if not generated:
+            assert t["cda"] is None and t["verdict"] is None and t["category"] is None
+            continue
+        cda, context = t["cda"], r["context"]
+        assert cda["mode"] == context["mode"] and cda["kept"] == [r["ranking"][i]["url"] for i in context["kept_articles"]]
+        key = lambda c: (c["url"], c["section_index"], c["chunk_index"])                  # noqa: E731
+        selected = [c for c in cda["chunks"] if c["selected"]]
+        assert sorted(map(key, selected)) == sorted(map(key, context["chunks"]))
+        assert {key(c): c["score"] for c in selected} == pytest.approx({key(c): c["score"] for c in context["chunks"]},
+                                                                         rel=1e-5)
+        assert len(cda["chunks"]) == min(cda["n_chunks"], 12) and len(selected) <= 12
+        assert all((c["text"] is not None) == c["selected"] for c in cda["chunks"])
+        assert {c["url"] for c in cda["chunks"]} <= set(cda["kept"]) and len(cda["chunks"]) >= len(selected)
+        assert all(c["text"] in t["context"] for c in selected)
+    verdicts = [t["verdict"] for t in traces if t["verdict"] is not None]
+    if generated:
+        assert len(verdicts) == len(traces)
+        assert sum(v["correct"] for v in verdicts) == scores["benchmark"]["all"]["correct"]
+        for t, v in zip(traces, verdicts):
+            assert [x["answer"] for x in v["references"]] == t["gold"]["answers"]
+            if not t["skipped"]:
+                assert v["correct"] == (any(x["em"] for x in v["references"])
+                                        or any((x["bem"] or 0) >= 0.5 for x in v["references"]))
+        cells = {c: sum(t["category"] == c for t in traces) for c in ("R1-C", "R1-W", "NR-C", "not_retrieved", "NR-W")}
+        table3, n = scores["error_analysis"], sum(cells.values())
+        assert n == table3["n"] == sum(t["category"] is not None for t in traces)
+        assert 100.0 * (cells["R1-C"] + cells["R1-W"]) / n == pytest.approx(table3["r1"])
+        assert 100.0 * cells["NR-C"] / n == pytest.approx(table3["nr_c"])
+        if cells["R1-C"] + cells["R1-W"]:
+            assert 100.0 * cells["R1-C"] / (cells["R1-C"] + cells["R1-W"]) == pytest.approx(table3["r1_c"])
+        assert all((t["gold_rank"]["before"] is None) == (t["category"] == "not_retrieved")
+                   for t in traces if t["category"] in ("not_retrieved", "NR-W"))
+        in_context = [t["answer_in_context"] for t in traces if t["answer_in_context"] is not None]
+        assert 100.0 * sum(in_context) / len(in_context) == pytest.approx(scores["answer_in_context"])
+    single = [t for t in traces if t["question_type"] != "2_hop"]          # Recall@K over single-hop rows
+    for when, name in (("after", "recall_after_filter"), ("before", "recall_before_filter")):
+        assert scores[name]["n_queries"] == len(single)
+        for k in (1, 5):
+            hits = sum(1 for t in single if t["gold_rank"][when] is not None and t["gold_rank"][when] <= k)
+            assert 100.0 * hits / len(single) == pytest.approx(scores[name][f"recall@{k}"]), (when, k)
+    return traces
+
+
 def _expected_ids(world) -> list[str]:
     from qkvqa.data.questions import read_evqa_csv
 
@@ -51,6 +131,10 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert evaluated["ids"] == _expected_ids(world) and evaluated["per_question_type"]["2_hop"] == len(two_hop)
     single = len(rows) - len(two_hop)            # Tables 3 and 4 over single-hop rows only (paper section 4.1)
     assert scores["error_analysis"]["n"] == scores["recall_after_filter"]["n_queries"] == single
+    # issue 20: one trace per question, agreeing with the predictions and the report
+    traces = _check_traces(run_dir)
+    size = (run_dir / "traces.jsonl").stat().st_size
+    print(f"traces.jsonl: {size} bytes, {size / len(traces):.0f} bytes per question")
     # `qkvqa score` on the same predictions.jsonl gives the same numbers
     capsys.readouterr()
     assert main(["score", "evqa", "--predictions", str(run_dir / "predictions.jsonl"), "--questions",

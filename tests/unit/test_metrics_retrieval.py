@@ -111,6 +111,22 @@ def test_error_analysis_table3():
         error_analysis({"a": True}, {"b": 1.0})
 
 
+def test_error_categories_partition_table3():
+    from collections import Counter
+
+    from qkvqa.metrics.analysis import error_category
+
+    gold_at_top1 = {"a": True, "b": True, "c": True, "d": False, "e": False, "f": False}
+    scores = {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0, "e": 0.0, "f": 0.0}
+    retrieved = {"a": True, "b": True, "c": True, "d": False, "e": True, "f": False}
+    cells = Counter(error_category(gold_at_top1[q], scores[q], retrieved[q]) for q in scores)
+    assert cells == {"R1-C": 2, "R1-W": 1, "NR-C": 1, "NR-W": 1, "not_retrieved": 1}
+    table3 = error_analysis(gold_at_top1, scores)
+    assert table3["r1"] == 100.0 * (cells["R1-C"] + cells["R1-W"]) / len(scores)
+    assert table3["r1_c"] == 100.0 * cells["R1-C"] / (cells["R1-C"] + cells["R1-W"])
+    assert table3["nr_c"] == 100.0 * cells["NR-C"] / len(scores)
+
+
 def test_context_length_stats():
     stats = context_length_stats([100, 200, 300, 400, 1000])
     assert stats == {"n": 5, "mean": 400.0, "median": 300.0, "p95": pytest.approx(880.0)}   # linear interpolation

@@ -29,12 +29,15 @@ class RankedArticle:
     """One article of a question's QFF ranking: the article, its fused score S_i and its sections' QFF scores.
 
     `section_scores` maps ORIGINAL section indexes (positions in `article.section_titles`) to QFF
-    scores; only the `top1_section` mode reads it.
+    scores; only the `top1_section` mode reads it. `sim_ret` (the stage-1 similarity) and `qff` (the article's
+    QFF score) are what the filter fused, None where it did not compute them; CDA never reads them (the trace does).
     """
 
     article: ArticleLike
     score: float
     section_scores: Mapping[int, float] = field(default_factory=dict)
+    sim_ret: Optional[float] = None
+    qff: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class Context:
     `chunks` are in context order (article 1's by score, then article 2's, ...), each with `score`
     and `article_rank` set (no score in `top1_section` mode); `text` is their rendered forms joined by
     newlines and `token_count` its length in generator tokens. `kept_articles` are the 0-based ranks of
-    the articles that survived selection by U and theta.
+    the articles that survived selection by U and theta. `candidates` are every chunk CDA scored (the kept
+    articles' chunks, or in `top1_section` mode the top-1 article's scored sections, their `token_count` 0 where
+    not counted), selected or not, in article then document order.
     """
 
     mode: str
@@ -52,6 +57,7 @@ class Context:
     text: str
     token_count: int
     kept_articles: list[int]
+    candidates: list[Chunk] = field(default_factory=list)
 
     def metadata(self) -> dict:
         """A JSON-ready record of the selection (for prediction files and analysis)."""
@@ -147,7 +153,7 @@ class ContextSelector:
         call (its batches of `reranker_batch_size` span questions); each context is the one-question context."""
         mode = self.cfg.mode
         if mode == "top1_section":
-            return [self._context(self._top1_section(q, arts[0]), [0]) if arts else self._context([], [])
+            return [self._context(*self._top1_section(q, arts[0]), [0]) if arts else self._context([], [], [])
                     for q, arts in items]
         plans, pairs = [], []
         for question, ranked_articles in items:
@@ -168,7 +174,7 @@ class ContextSelector:
         contexts = []
         for plan in plans:
             if plan is None:
-                contexts.append(self._context([], []))
+                contexts.append(self._context([], [], []))
                 continue
             kept, per_article, position = plan
             ranked = []
@@ -176,18 +182,20 @@ class ContextSelector:
                 ranked.append([replace(chunk, score=float(scores[position + j]), article_rank=rank)
                                for j, chunk in enumerate(chunks)])
                 position += len(chunks)
-            contexts.append(self._context(apply_quotas(ranked, k_first, self.cfg.K2), kept))
+            contexts.append(self._context(apply_quotas(ranked, k_first, self.cfg.K2), [c for g in ranked for c in g],
+                                          kept))
         return contexts
 
-    def _top1_section(self, question: str, ranked: RankedArticle) -> list[Chunk]:
-        """The best candidate section of the top-1 article by `cda.top1_section_by` (first on ties)."""
+    def _top1_section(self, question: str, ranked: RankedArticle) -> tuple[list[Chunk], list[Chunk]]:
+        """The best candidate section of the top-1 article by `cda.top1_section_by` (first on ties), and every
+        section scored for it (with its score)."""
         article, by = ranked.article, self.cfg.top1_section_by
         count = min(len(article.section_titles), len(article.section_texts))
         indices = [i for i in range(count) if is_candidate_section(article.section_titles[i], article.section_texts[i])]
         if by != "bge":                       # QFF takes part: only the sections it scored
             indices = [i for i in indices if i in ranked.section_scores]
         if not indices:
-            return []
+            return [], []
         sections = {i: Chunk(url=article.url, title=article.title, section_index=i,
                              section_title=article.section_titles[i], chunk_index=0,
                              text=article.section_texts[i].strip(), token_count=0, article_rank=0) for i in indices}
@@ -199,12 +207,13 @@ class ContextSelector:
             scores = {i: (scores[i] + b) / 2 if by == "fused" else b for i, b in zip(indices, map(float, bge))}
         index = max(indices, key=lambda i: (scores[i], -i))
         best = sections[index]
-        return [replace(best, token_count=self.count_tokens(best.text), score=scores[index])]
+        chosen = replace(best, token_count=self.count_tokens(best.text), score=scores[index])
+        return [chosen], [chosen if i == index else replace(sections[i], score=scores[i]) for i in indices]
 
-    def _context(self, chunks: list[Chunk], kept: list[int]) -> Context:
+    def _context(self, chunks: list[Chunk], candidates: list[Chunk], kept: list[int]) -> Context:
         text = CONTEXT_JOINER.join(chunk.render() for chunk in chunks)
         return Context(mode=self.cfg.mode, chunks=chunks, text=text,
-                       token_count=self.count_tokens(text) if text else 0, kept_articles=kept)
+                       token_count=self.count_tokens(text) if text else 0, kept_articles=kept, candidates=candidates)
 
 
 def select_context(question: str, ranked_articles: Sequence[RankedArticle], cfg: "CDAConfig",

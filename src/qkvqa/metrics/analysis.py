@@ -70,6 +70,21 @@ def error_analysis(gold_at_top1: Mapping[str, bool], scores: Mapping[str, float]
     }
 
 
+R1_C, R1_W, NR_C, NOT_RETRIEVED, NR_W = "R1-C", "R1-W", "NR-C", "not_retrieved", "NR-W"
+CATEGORIES = (R1_C, R1_W, NR_C, NOT_RETRIEVED, NR_W)
+
+
+def error_category(gold_at_top1: bool, score: float, gold_retrieved: bool) -> str:
+    """One question's cell of Table 3 (`error_analysis` counts the same split): R1-C / R1-W (gold article ranked
+    first, answer correct / wrong), NR-C (not first, correct), then the wrong ones without the gold article first
+    split into `not_retrieved` (not in stage 1's top-K either) and NR-W. `score` is the official 0/1 score."""
+    if gold_at_top1:
+        return R1_C if score else R1_W
+    if score:
+        return NR_C
+    return NR_W if gold_retrieved else NOT_RETRIEVED
+
+
 def context_length_stats(lengths: Sequence[float]) -> dict:
     """Mean, median and 95th percentile (numpy's default linear interpolation) of context lengths in
     generator tokens; None for each statistic when there is no length."""

@@ -169,6 +169,13 @@ def _accepted_answers(answer: Any, kind: str) -> list[str]:
     return [alias for alias in answer if isinstance(alias, str)] if isinstance(answer, list) else [str(answer)]
 
 
+def accepted_answers(answer_eval: Any, question_type: str) -> list[str]:
+    """The accepted answers of one reference as the per-reference details name them: the `answer_eval` aliases
+    (String/Time) or the stored range written `[lo, hi]` (Numerical)."""
+    kind = question_kind(question_type)
+    return _accepted_answers(reference_range(answer_eval) if kind == NUMERICAL else answer_eval, kind)
+
+
 def score_item(prediction: str, answer_eval: Any, question_type: str) -> int:
     """1 if `prediction` is correct for one InfoSeek question, else 0 (String/Time: exact match over
     `answer_eval` aliases; Numerical: relaxed range accuracy on the first stored range).

@@ -197,6 +197,19 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
 QUESTION_IDS = "question_ids.json"
 
 
+def query_image_path(benchmark: Any):
+    """`question -> the absolute path of its query image file`, None when none resolves (missing, or in shards)."""
+    resolver = benchmark.image_loader.resolver
+
+    def path_of(question: Any) -> Optional[str]:
+        if question.dataset_name in resolver.shard_patterns:          # a shard member has no path of its own
+            return None
+        path = resolver.resolve(question.dataset_name, question.image_id)
+        return str(path.absolute()) if path is not None else None
+
+    return path_of
+
+
 def ranked_articles_without_image(benchmark: Any, rows: Sequence[dict]) -> dict:
     """How many distinct ranked articles have no main image (the QFF scores them 0, as OMGM does): a KB without
     images (ReflectiVA's) and no title -> image CSVs make the QFF a no-op, which the report must say."""
@@ -310,7 +323,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.pipeline.predictions import PredictionStore
     from qkvqa.pipeline.protocol import protocol_card, used_components
     from qkvqa.pipeline.report import render_report
-    from qkvqa.pipeline.scoring import PER_QUESTION_KEY, flat_metrics, score_run
+    from qkvqa.pipeline.scoring import PER_QUESTION_DETAILS, PER_QUESTION_KEY, flat_metrics, score_run
+    from qkvqa.pipeline.traces import build_traces, write_traces
     from qkvqa.run.job import run_job
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
     from qkvqa.run.trainer import build_trainer, check_hardware, world_size_of
@@ -358,6 +372,11 @@ def run_evaluation(cfg: DictConfig) -> dict:
                            cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped,
                            stop_after=cfg.eval.stop_after)
         correct = scores.pop(PER_QUESTION_KEY)
+        traces = build_traces(rows, questions, retrieved, scores.pop(PER_QUESTION_DETAILS), dataset=dataset,
+                              split=split, top_k=int(cfg.retrieval.top_k), filter_name=cfg.eval.filter,
+                              alpha=float(cfg.qff.alpha) if cfg.eval.filter == "qff" else None,
+                              image_path=query_image_path(benchmark))
+        write_traces(run_dir, traces)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
         scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store(), produced_by)

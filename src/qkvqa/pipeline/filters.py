@@ -34,6 +34,7 @@ class ArticleFilter(Protocol):
     """What the pipeline needs of a filter."""
 
     name: str
+    alpha: Optional[float]          # the fusion weight of the QFF (None without QFF, or unknown)
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking: ...
 
@@ -62,13 +63,14 @@ class RetrievalOrderFilter:
     """No filtering: articles in retrieval order, the retrieval similarity as their score."""
 
     name = "retrieval"
+    alpha = None
 
     def __init__(self, store: KBStore):
         self.store = store
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
         articles, sims, missing = _articles(self.store, retrieved)
-        return Ranking([RankedArticle(a, s) for a, s in zip(articles, sims)], missing)
+        return Ranking([RankedArticle(a, s, sim_ret=s) for a, s in zip(articles, sims)], missing)
 
 
 class QFFFilter:
@@ -80,6 +82,7 @@ class QFFFilter:
     def __init__(self, reranker: Any):
         self.reranker = reranker
         self.store = reranker.store
+        self.alpha = float(reranker.alpha)
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
         return self.rank_many([(data_id, question, image, retrieved)])[0]
@@ -89,12 +92,14 @@ class QFFFilter:
         rankings = []
         for result in self.reranker.rerank_many([(question, image, retrieved) for _, question, image, retrieved in items]):
             ranked, missing = [], []
-            for url, fused, scores, indices in zip(result.urls, result.fused_scores, result.section_scores,
-                                                   result.section_indices):
+            for url, fused, scores, indices, sim, qff in zip(result.urls, result.fused_scores, result.section_scores,
+                                                             result.section_indices, result.stage1_similarities,
+                                                             result.qff_scores):
                 if url not in self.store:
                     missing.append(url)
                     continue
-                ranked.append(RankedArticle(self.store.get_by_url(url), fused, dict(zip(indices, scores))))
+                ranked.append(RankedArticle(self.store.get_by_url(url), fused, dict(zip(indices, scores)),
+                                            sim_ret=float(sim), qff=float(qff)))
             rankings.append(Ranking(ranked, missing))
         return rankings
 
@@ -119,6 +124,8 @@ class PrecomputedFilter:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{self.path}: not a reranked-results JSON file ({e})") from None
         self.produced_by: Optional[dict] = read_reranked_provenance(self.path, data)
+        alpha = (self.produced_by or {}).get("qff.alpha")
+        self.alpha = float(alpha) if alpha is not None else None
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking:
         entry = self.results.get(data_id)
@@ -128,6 +135,7 @@ class PrecomputedFilter:
         scores = entry.get("retrieval_similarities", [])
         sec_sim = entry.get("sec_sim", [[] for _ in entities])
         sec_idx = entry.get("sec_idx")
+        sims, qffs = entry.get("stage1_similarities"), entry.get("qff_scores")     # `qkvqa rerank`'s extras
         ranked, missing = [], []
         for k, (entity, score) in enumerate(zip(entities, scores)):
             url = entity["url"] if isinstance(entity, dict) else entity
@@ -140,7 +148,8 @@ class PrecomputedFilter:
                 raise DataError(f"{self.path}: data_id {data_id}, article {url}: {len(sec_sim[k])} sec_sim scores "
                                 f"for {len(indices)} {'sec_idx entries' if sec_idx else 'candidate sections'}; "
                                 "write the file with `qkvqa rerank` (it records sec_idx)")
-            ranked.append(RankedArticle(article, float(score), dict(zip(indices, sec_sim[k]))))
+            ranked.append(RankedArticle(article, float(score), dict(zip(indices, sec_sim[k])),
+                                        sim_ret=_at(sims, k), qff=_at(qffs, k)))
         return Ranking(ranked, missing)
 
 
@@ -152,3 +161,8 @@ def top1_section(ranking: Ranking) -> Optional[tuple[str, int]]:
     index = max(top.section_scores.items(), key=lambda kv: (kv[1], -kv[0]))[0]
     return top.article.url, int(index)
 
+
+
+def _at(values: Optional[list], k: int) -> Optional[float]:
+    """values[k] as a float, None when the file has no such list or entry."""
+    return float(values[k]) if isinstance(values, list) and k < len(values) and values[k] is not None else None

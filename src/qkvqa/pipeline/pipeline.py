@@ -8,9 +8,10 @@ from typing import Any, Optional, Sequence
 from qkvqa.cda.select import ContextSelector
 from qkvqa.generation.prompts import GenerationRequest
 from qkvqa.pipeline.filters import ArticleFilter, rank_many, top1_section
+from qkvqa.pipeline.traces import ARTICLES_KEEP, TRACE_KEY, stage_record
 from qkvqa.retrieval.results import Retrieved
 
-RANKING_KEEP = 20          # articles of the filtered ranking kept in each prediction row
+RANKING_KEEP = ARTICLES_KEEP          # articles of the filtered ranking kept in each prediction row (and its trace)
 
 
 @dataclass
@@ -42,7 +43,8 @@ class KBVQAPipeline:
         """Prediction rows for a batch, each stage over the whole batch: the filter (a QFF filter scores every
         question's sections in shared forwards), CDA (one reranker call over every question's chunks), then one
         batched generation call. Filter-only rows (no selector and generator) keep the ranking and no prediction.
-        A stage's seconds per question are its batch time divided by the batch size."""
+        A stage's seconds per question are its batch time divided by the batch size. Each row carries its trace's
+        stage record under TRACE_KEY (`PredictionStore.merge` keeps it out of predictions.jsonl)."""
         n = max(len(questions), 1)
         t0 = time.perf_counter()
         rankings = rank_many(self.filter, [(q.data_id, q.question, q.image, q.retrieved) for q in questions])
@@ -59,15 +61,17 @@ class KBVQAPipeline:
                 "seconds": {"retrieve": self.retrieval_seconds, "filter": filter_seconds},
             })
         if self.selector is None:
-            for row in rows:
+            for row, ranking in zip(rows, rankings):
                 row["stopped_after"] = "filter"
+                row[TRACE_KEY] = stage_record(ranking, self.filter)
             return rows
         t1 = time.perf_counter()
         contexts = select_many(self.selector, [(q.question, r.articles, q.image) for q, r in zip(questions, rankings)])
         select_seconds = (time.perf_counter() - t1) / n
         requests = []
-        for q, row, context in zip(questions, rows, contexts):
+        for q, row, context, ranking in zip(questions, rows, contexts, rankings):
             row.update(context=context.metadata(), context_tokens=context.token_count, context_text=context.text)
+            row[TRACE_KEY] = stage_record(ranking, self.filter, context, self.selector)
             row["seconds"]["select"] = select_seconds
             requests.append(GenerationRequest(question=q.question, context=context.text, image=q.image,
                                               dataset=q.dataset))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from qkvqa.errors import DataError
+from qkvqa.pipeline.traces import TRACE_KEY
 from qkvqa.utils.io import append_jsonl, atomic_write_text, cut_torn_tail
 
 PARTS_DIR = "predictions.parts"
@@ -18,6 +19,8 @@ class PredictionStore:
 
     Each rank appends (and fsyncs) its rows as soon as a batch is answered, so a killed run loses at
     most the batch in flight; a restart reads every part and skips the questions already answered.
+    A part row also carries the question's trace stage record (TRACE_KEY) in the same line, so a prediction and
+    its trace are written, lost and merged together.
     """
 
     def __init__(self, run_dir: str | Path):
@@ -57,7 +60,8 @@ class PredictionStore:
         """Write predictions.jsonl with exactly one row per expected id, in the expected order.
 
         Rows repeated by a restart or by padding keep their first occurrence; a missing or unknown
-        id is an error, so a report never scores a partial or foreign set.
+        id is an error, so a report never scores a partial or foreign set. The returned rows keep their trace
+        stage record (TRACE_KEY) for `qkvqa.pipeline.traces.build_traces`; predictions.jsonl holds none.
         """
         first: dict[str, dict] = {}
         counts = Counter()
@@ -71,7 +75,8 @@ class PredictionStore:
             raise DataError(f"{self.parts}: {len(missing)} expected questions have no prediction (first: "
                             f"{missing[:5]}) and {len(unknown)} predictions are for unknown ids (first: {unknown[:5]})")
         rows = [first[q] for q in expected]
-        atomic_write_text(self.run_dir / MERGED, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write_text(self.run_dir / MERGED, "".join(
+            json.dumps({k: v for k, v in r.items() if k != TRACE_KEY}, ensure_ascii=False) + "\n" for r in rows))
         return rows
 
     def duplicates(self) -> int:

@@ -11,6 +11,7 @@ from qkvqa.retrieval.retrieve import retrieval_metrics
 
 STAGES = ("retrieve", "filter", "select", "generate")     # select: CDA or MLLM filtering
 PER_QUESTION_KEY = "_per_question_correct"
+PER_QUESTION_DETAILS = "_per_question_details"
 
 
 def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
@@ -33,8 +34,10 @@ def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
     return any(f" {preprocess_answer(a)} " in norm for a in alternatives if preprocess_answer(a))
 
 
-def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question], judge: Any) -> tuple[dict, dict]:
-    """(benchmark result, {data_id: 0/1}) with the official scorer, strict coverage; skipped rows are wrong."""
+def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question],
+             judge: Any) -> tuple[dict, dict, dict]:
+    """(benchmark result, {data_id: 0/1}, {data_id: the scorer's per-reference verdicts}) with the official scorer,
+    strict coverage; skipped rows are wrong."""
     predictions = [{"data_id": r["data_id"], "prediction": r["prediction"], "skipped": r.get("skipped")} for r in rows]
     if dataset == "infoseek":
         from qkvqa.metrics import infoseek
@@ -43,13 +46,25 @@ def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question],
                  "data_split": questions[q].reference.data_split} for q in (r["data_id"] for r in rows)]
         qtypes = [{"data_id": q, "question_type": questions[q].reference.question_type} for q in (r["data_id"] for r in rows)]
         result, details = infoseek.evaluate_with_details(predictions, refs, qtypes, strict=True)
-        return result, {d["data_id"]: float(d["correct"]) for d in details}
+        return (result, {d["data_id"]: float(d["correct"]) for d in details},
+                {d["data_id"]: d["references"] for d in details})
     from qkvqa.metrics import evqa
 
     refs = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer, "question_type": q.question_type}
             for q in (questions[r["data_id"]] for r in rows)]
     result, details = evqa.evaluate_with_details(predictions, refs, bem=judge, strict=True)
-    return result, {d["data_id"]: float(d["score"]) for d in details}
+    return result, {d["data_id"]: float(d["score"]) for d in details}, {d["data_id"]: d["references"] for d in details}
+
+
+def is_analysed(question: Question) -> bool:
+    """Whether Table 3 counts a question: it needs a gold article (single-hop E-VQA rows, InfoSeek questions with a
+    gold URL; the official infoseek_val.jsonl has none, so R1 / R1-C / NR-C are n/a there, never 0)."""
+    return question.question_type != TWO_HOP_TYPE and bool(question.gold_urls)
+
+
+def gold_at_top1(row: dict, question: Question) -> bool:
+    """Whether the filter ranked a gold article of `question` first in its prediction row."""
+    return bool(row.get("ranking")) and row["ranking"][0]["url"] in question.gold_urls
 
 
 def headline(dataset: str, result: dict) -> Optional[float]:
@@ -77,16 +92,14 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     counted = [r for r in rows if not (exclude_skipped and r.get("skipped"))]
     answered = [r for r in counted if not r.get("skipped")]
     scored_questions = [by_id[r["data_id"]] for r in counted]
-    result, per_question = accuracy(dataset, counted, by_id, judge) if counted and generated else ({}, {})
+    result, per_question, references = accuracy(dataset, counted, by_id, judge) if counted and generated else ({}, {}, {})
     after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r.get("ranking") or []]) for r in counted}
     before = {q.data_id: retrieved.get(q.data_id, Retrieved()) for q in scored_questions}
-    # Table 3 needs a gold article: single-hop E-VQA rows, InfoSeek questions with a gold URL (the official
-    # infoseek_val.jsonl has none, so R1 / R1-C / NR-C are n/a there, never 0)
-    analysed = [r for r in counted if by_id[r["data_id"]].question_type != TWO_HOP_TYPE and by_id[r["data_id"]].gold_urls]
-    gold_top1 = {r["data_id"]: bool(r.get("ranking")) and r["ranking"][0]["url"] in by_id[r["data_id"]].gold_urls
-                 for r in analysed}
-    in_context = [answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in counted if generated]
-    in_context = [v for v in in_context if v is not None]
+    analysed = [r for r in counted if is_analysed(by_id[r["data_id"]])]
+    gold_top1 = {r["data_id"]: gold_at_top1(r, by_id[r["data_id"]]) for r in analysed}
+    in_context_of = {r["data_id"]: answer_in_context(by_id[r["data_id"]], r.get("context_text", ""))
+                     for r in counted if generated}
+    in_context = [v for v in in_context_of.values() if v is not None]
     out: dict[str, Any] = {
         "dataset": dataset,
         "n_questions": len(rows), "n_scored": len(counted), "n_skipped": len(skipped),
@@ -106,6 +119,11 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     }
     # {data_id: the official scorer's 0/1 (BEM's score)} for the per-question W&B table; not part of scores.json
     out[PER_QUESTION_KEY] = per_question
+    # each question's pieces of the figures above, for its trace (qkvqa.pipeline.traces); not part of scores.json
+    out[PER_QUESTION_DETAILS] = {r["data_id"]: {"score": per_question.get(r["data_id"]),
+                                                "references": references.get(r["data_id"]),
+                                                "gold_at_top1": gold_top1.get(r["data_id"]),
+                                                "answer_in_context": in_context_of.get(r["data_id"])} for r in rows}
     if dataset == "evqa":
         from qkvqa.metrics.retrieval import evidence_section_recall
 
