@@ -16,7 +16,7 @@ EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
 
-.PHONY: help install slurm test test-slurm test-fast test-gpu lint train sweep compare demo bench clean clean-runs
+.PHONY: help install slurm browser test test-slurm test-fast test-gpu lint train sweep compare demo bench clean clean-runs
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -33,10 +33,13 @@ install: $(STAMP) ## create .venv with the pinned set (constraints.txt) and qkvq
 slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing when present)
 	bash .ci/install_slurm.sh
 
+browser: ## install Debian's chromium and chromium-driver, which the `qkvqa inspect` browser test drives (root; nothing when present)
+	bash .ci/install_browser.sh
+
 # The real-SLURM tests spend most of their time waiting on the cluster (requeue delays, time-limit signals), so
 # `make test` runs them in a second pytest alongside the rest and prints their log at the end; both must pass.
 SLURM_LOG := $(VENV)/slurm-tests.log
-test: install slurm ## the suite CI runs: everything but gpu and online tests (ddp, slow and the real-SLURM ones included)
+test: install slurm browser ## the suite CI runs: everything but gpu and online tests (ddp, slow and the real-SLURM ones included)
 	@$(TEST_ENV) $(PY) -m pytest -m "slurm and not gpu and not online" $(PYTEST_FLAGS) > $(SLURM_LOG) 2>&1 & slurm=$$!; \
 	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online and not slurm" --durations=25 $(PYTEST_FLAGS); rc=$$?; \
 	wait $$slurm; src=$$?; echo "=== the SLURM tests, run alongside (exit $$src; $(SLURM_LOG)):"; cat $(SLURM_LOG); \

@@ -11,4 +11,6 @@ package_dir = {"qkvqa": "src/qkvqa", "qkvqa.data_modules": "data_modules"}
 experiments = ["qkvqa.experiments"] + [f"qkvqa.experiments.{name}" for name in find_namespace_packages("experiments")]
 packages += experiments
 package_dir["qkvqa.experiments"] = "experiments"
-setup(packages=packages, package_dir=package_dir, package_data={name: ["*.yaml", "*.md"] for name in experiments})
+package_data = {name: ["*.yaml", "*.md"] for name in experiments}
+package_data["qkvqa.inspect"] = ["static/*.html", "static/*.js", "static/*.css"]    # the page `qkvqa inspect` writes
+setup(packages=packages, package_dir=package_dir, package_data=package_data)
