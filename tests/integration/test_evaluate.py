@@ -173,6 +173,13 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert "BEM" in rescored["benchmark"]["label"] and rescored["protocol"]["judge"] != "EM only"
     assert rescored["benchmark"]["all"]["n"] == scores["benchmark"]["all"]["n"]
     assert rescored["benchmark"]["all"]["correct"] >= scores["benchmark"]["all"]["correct"]   # EM, then BEM
+    # the re-score rewrites the traces with the judge's verdict per reference, where EM rejected every reference
+    rejudged = {t["data_id"]: t for t in _check_traces(run_dir)}
+    for t in traces:
+        references = rejudged[t["data_id"]]["verdict"]["references"]
+        assert [x["em"] for x in references] == [x["em"] for x in t["verdict"]["references"]]
+        assert all((x["bem"] is not None) == (not t["skipped"] and not any(r["em"] for r in references))
+                   for x in references)
     # Issue 14 item 1: the stage-1 results kept in the run are refused once the KB has changed under them.
     from qkvqa.pipeline.evaluate import RETRIEVAL_META
 
@@ -229,6 +236,8 @@ def test_evaluation_stopped_by_sigterm_and_sigkill_resumes_to_the_uninterrupted_
     volatile = ("seconds", "timing", "time")
     strip = lambda r: {k: v for k, v in r.items() if not any(w in k for w in volatile)}   # noqa: E731
     assert [strip(r) for r in rows] == [strip(r) for r in _rows(runs / "whole")]
+    # the traces too: written in the same part lines as the predictions, so the same after the kills
+    assert [strip(t) for t in _traces(runs / "killed")] == [strip(t) for t in _traces(runs / "whole")]
     status = json.loads((runs / "killed" / "status.json").read_text())
     assert status["state"] == "finished" and len(status["attempts"]) == 3
 
@@ -254,6 +263,9 @@ def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_pr
     two = {r["data_id"]: r for r in _rows(runs / "two_ranks")}
     assert {q: r["ranking"] for q, r in one.items() if "ranking" in r} == \
         {q: r["ranking"] for q, r in two.items() if "ranking" in r}
+    # every rank's stage records reach the traces, merged by rank 0 in question order as in one process
+    strip = lambda t: {k: v for k, v in t.items() if k != "seconds"}        # noqa: E731
+    assert [strip(t) for t in _check_traces(runs / "two_ranks")] == [strip(t) for t in _traces(runs / "one_rank")]
     s1 = json.loads((runs / "one_rank" / "summary.json").read_text())
     s2 = json.loads((runs / "two_ranks" / "summary.json").read_text())
     for key in ("eval/recall@1_after_filter", "eval/recall@5_after_filter", "eval/r1", "eval/section_r1",
@@ -371,6 +383,9 @@ def test_a_filter_only_evaluation_ranks_every_question_and_answers_none(eval_env
     assert scores["accuracy"] is None and scores["error_analysis"] is None and scores["stop_after"] == "filter"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "eval/recall@1_after_filter" in summary and "eval/accuracy" not in summary
+    traces = _check_traces(run_dir)                       # ranked, with no CDA, answer or verdict
+    assert all(t["cda"] is None and t["verdict"] is None and (t["prediction"] is None or t["skipped"]) for t in traces)
+    assert any(t["gold_rank"]["after"] is not None for t in traces)
 
 
 

@@ -37,17 +37,27 @@ def test_an_evaluation_logs_its_questions_as_a_table_with_job_type_evaluate(offl
     assert table["eval/predictions._type"] == "table-file" and table["eval/predictions.nrows"] == 38
     content = json.loads((run_dir / "files" / table["eval/predictions.path"]).read_text())
     assert content["columns"] == ["id", "question", "gold_answer", "prediction", "correct", "gold_rank_before_filter",
-                                  "gold_rank_after_filter", "context_tokens", "image"]
+                                  "gold_rank_after_filter", "context_tokens", "category", "answer_in_context",
+                                  "kept_articles", "top_chunk", "image"]
     predictions = {json.loads(line)["data_id"]: json.loads(line)
                    for line in (offline["runs"] / "wb-eval" / "predictions.jsonl").read_text().splitlines()}
+    traces = {json.loads(line)["data_id"]: json.loads(line)
+              for line in (offline["runs"] / "wb-eval" / "traces.jsonl").read_text().splitlines()}
+    assert [row[0] for row in content["data"]] == list(traces)
     for row in content["data"]:
         qid, prediction, correct, after = row[0], row[3], row[4], row[6]
+        trace = traces[qid]                                # the trace's columns, as traces.jsonl has them
+        assert row[8:10] == [trace["category"], trace["answer_in_context"]] and row[6] == trace["gold_rank"]["after"]
         if predictions[qid].get("skipped"):
-            assert prediction.startswith("<skipped: ") and correct == 0.0 and row[8] is None
+            assert prediction.startswith("<skipped: ") and correct == 0.0 and row[12] is None
+            assert row[10] is None and row[11] is None
         else:
             assert prediction == predictions[qid]["prediction"] and correct in (0.0, 1.0)
-            assert row[7] == predictions[qid]["context_tokens"] and row[8] is not None      # the query image
+            assert row[7] == predictions[qid]["context_tokens"] and row[12] is not None      # the query image
             assert after is None or 1 <= after <= len(predictions[qid]["ranking"])
+            assert correct == trace["verdict"]["score"] and row[11] in trace["context"]     # the best selected chunk
+            kept = {a["url"]: a["title"] for a in trace["filter"]["articles"]}
+            assert row[10] == " | ".join(kept[url] for url in trace["cda"]["kept"])
     summary = leet(run_dir, "--summary")[0]["summary"]
     assert "eval/accuracy" in summary and summary["report"] == "report.md"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from qkvqa.config.load import compose, to_plain
 from qkvqa.data.questions import Question
-from qkvqa.loggers.wandb import (TABLE_COLUMNS, compact_config, gold_rank, job_type, predictions_table_rows,
+from qkvqa.loggers.wandb import (TABLE_COLUMNS, TRACE_COLUMNS, compact_config, gold_rank, job_type, predictions_table_rows,
                                  relative_paths, run_settings)
 from qkvqa.retrieval.results import Retrieved
 from qkvqa.run.rundir import resolve_run
@@ -61,6 +61,15 @@ def test_predictions_table_rows_name_the_gold_rank_before_and_after_the_filter()
     assert table[1][5:] == [None, None, 12]                    # gold article never ranked
     assert table[2][3] == "<skipped: query image missing or unreadable>" and table[2][5:] == [1, None, None]
     assert gold_rank(["a", "b", "c"], ["c", "b"]) == 2 and gold_rank([], ["a"]) is None
+    # with the traces, their columns follow: Table 3 cell, answer in context, kept articles, best selected chunk
+    trace = {"data_id": "q1", "category": "R1-C", "answer_in_context": True,
+             "filter": {"articles": [{"url": "u/b", "title": "B"}, {"url": "u/a", "title": None}]},
+             "cda": {"kept": ["u/b", "u/a"], "chunks": [{"selected": True, "score": 0.2, "text": "low"},
+                                                         {"selected": False, "score": 0.9, "text": None},
+                                                         {"selected": True, "score": 0.7, "text": "best"}]}}
+    traced = predictions_table_rows(rows, questions, retrieved, {"q1": 1.0, "q2": 0.0, "q3": 0.0}, [trace])
+    assert TRACE_COLUMNS == ["category", "answer_in_context", "kept_articles", "top_chunk"]
+    assert traced[0] == table[0] + ["R1-C", True, "B | u/a", "best"] and traced[1] == table[1] + [None] * 4
 
 
 def test_a_sweep_whose_trials_log_nothing_to_wandb_makes_no_wandb_run_of_its_own(tmp_path, monkeypatch):

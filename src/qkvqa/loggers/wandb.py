@@ -266,6 +266,9 @@ def job_run(cfg: DictConfig, run: RunContext, command: str) -> Iterator[None]:
 
 TABLE_COLUMNS = ["id", "question", "gold_answer", "prediction", "correct", "gold_rank_before_filter",
                  "gold_rank_after_filter", "context_tokens"]
+# From the question's trace (traces.jsonl), after TABLE_COLUMNS: its Table 3 cell, whether a reference answer is in
+# the context, the articles CDA kept (titles), and the best-scored selected chunk's text.
+TRACE_COLUMNS = ["category", "answer_in_context", "kept_articles", "top_chunk"]
 
 
 def gold_rank(urls: Sequence[str], gold: Sequence[str]) -> Optional[int]:
@@ -276,10 +279,24 @@ def gold_rank(urls: Sequence[str], gold: Sequence[str]) -> Optional[int]:
     return None
 
 
-def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict) -> list[list]:
+def trace_cells(trace: Optional[dict]) -> list:
+    """The TRACE_COLUMNS cells of one trace (None each without one)."""
+    if trace is None:
+        return [None] * len(TRACE_COLUMNS)
+    cda = trace.get("cda") or {}
+    titles = {a["url"]: a["title"] or a["url"] for a in (trace.get("filter") or {}).get("articles", [])}
+    selected = [c for c in cda.get("chunks", []) if c["selected"]]
+    top = max(selected, key=lambda c: c["score"] if c["score"] is not None else float("-inf"), default=None)
+    return [trace.get("category"), trace.get("answer_in_context"),
+            " | ".join(titles.get(url, url) for url in cda.get("kept", [])) or None, top["text"] if top else None]
+
+
+def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict,
+                           traces: Optional[Sequence[dict]] = None) -> list[list]:
     """One row per question of the split, in TABLE_COLUMNS order (a skipped question: empty prediction, the reason in
-    `prediction`, its correctness as scored)."""
+    `prediction`, its correctness as scored), then with `traces` the TRACE_COLUMNS of each question's trace."""
     by_id = {r["data_id"]: r for r in rows}
+    trace_of = {t["data_id"]: t for t in traces} if traces is not None else None
     out = []
     for q in questions:
         row = by_id.get(q.data_id, {})
@@ -296,19 +313,23 @@ def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retri
                     gold_rank(before.urls if before is not None else [], q.gold_urls),
                     gold_rank([a["url"] for a in row.get("ranking") or []], q.gold_urls) if row else None,
                     row.get("context_tokens")])
+        if trace_of is not None:
+            out[-1].extend(trace_cells(trace_of.get(q.data_id)))
     return out
 
 
 def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict,
-                          images: Any = None, key: str = "eval/predictions") -> bool:
-    """Log the per-question results of an evaluation as a wandb.Table into the active run (rank zero); with `images`
-    (the benchmark's image loader) a column of query images. False when no W&B run is active."""
+                          images: Any = None, key: str = "eval/predictions",
+                          traces: Optional[Sequence[dict]] = None) -> bool:
+    """Log the per-question results of an evaluation as a wandb.Table into the active run (rank zero); with `traces`
+    (traces.jsonl's rows) the TRACE_COLUMNS too, with `images` (the benchmark's image loader) a last column of query
+    images. False when no W&B run is active."""
     wandb = sys.modules.get("wandb")
     run = wandb.run if wandb is not None else None
     if run is None:
         return False
-    data = predictions_table_rows(rows, questions, retrieved, correct)
-    columns = list(TABLE_COLUMNS)
+    data = predictions_table_rows(rows, questions, retrieved, correct, traces)
+    columns = list(TABLE_COLUMNS) + (list(TRACE_COLUMNS) if traces is not None else [])
     try:
         if images is not None:
             columns.append("image")

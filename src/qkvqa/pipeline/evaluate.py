@@ -394,7 +394,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
             logger.log_metrics(flat)
         if cfg.logger.wandb.eval_table:
             log_predictions_table(rows, questions, retrieved, correct,
-                                  benchmark.image_loader if cfg.logger.wandb.eval_table_images else None)
+                                  benchmark.image_loader if cfg.logger.wandb.eval_table_images else None,
+                                  traces=traces)
         job.record.update_summary({**flat, "report": str(run_dir / "report.md"), "protocol": scores["protocol"]})
         log_run_files(run_dir)
         log.info("report: %s", run_dir / "report.md")
