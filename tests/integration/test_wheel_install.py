@@ -67,3 +67,8 @@ def test_an_installed_wheel_lists_and_composes_experiments_outside_the_checkout(
     shown = qkvqa("config", "show", "experiment=evqa_qff", "qff.alpha=0.8")
     assert shown.returncode == 0, shown.stderr
     assert "experiment: evqa_qff" in shown.stdout and "alpha: 0.8" in shown.stdout
+
+
+def test_the_wheel_carries_the_inspect_page(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"qkvqa/inspect/static/{name}" for name in ("index.html", "app.js", "style.css")} <= names

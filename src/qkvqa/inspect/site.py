@@ -25,7 +25,8 @@ log = get_logger(__name__)
 SHARD_SIZE = 500
 STATIC = ("index.html", "app.js", "style.css")
 PREDICTION_CHARS = 120          # the table shows this much of a prediction; the question view shows all of it
-# index.js: one array per question, in these columns (the b_* ones only in compare mode; ranks 1-based, 0 = absent)
+# index.js: one array per question, in these columns (the b_* ones only in compare mode; ranks 1-based, 0 = absent;
+# correct and aic 1 / 0, -1 when unknown: a run stopped after the filter has no verdict)
 COLUMNS = ("data_id", "question", "type", "split", "correct", "category", "aic", "before", "after", "prediction",
            "skipped", "score")
 COMPARE_COLUMNS = ("b_pos", "b_correct", "b_after", "b_prediction")
@@ -80,12 +81,12 @@ def index_rows(a: RunTraces, b: Optional[RunTraces] = None, pairing: Optional[li
         verdict = t.get("verdict") or {}
         rank = t.get("gold_rank") or {}
         row = [t["data_id"], t.get("question") or "", types(t.get("question_type")), splits(t.get("split")),
-               int(bool(verdict.get("correct"))), categories(t.get("category")), _flag(t.get("answer_in_context")),
+               _flag(verdict.get("correct")) if t.get("verdict") else -1, categories(t.get("category")), _flag(t.get("answer_in_context")),
                _rank(rank.get("before")), _rank(rank.get("after")), (t.get("prediction") or "")[:PREDICTION_CHARS],
                int(bool(t.get("skipped"))), verdict.get("score")]
         if b is not None and pairing is not None:
             other = b.traces[pairing[i]]
-            row += [pairing[i], int(bool((other.get("verdict") or {}).get("correct"))),
+            row += [pairing[i], _flag(other["verdict"].get("correct")) if other.get("verdict") else -1,
                     _rank((other.get("gold_rank") or {}).get("after")), (other.get("prediction") or "")[:PREDICTION_CHARS]]
         rows.append(row)
     columns = list(COLUMNS) + (list(COMPARE_COLUMNS) if b is not None else [])

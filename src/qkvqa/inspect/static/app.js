@@ -32,7 +32,10 @@
   }
   function rank(r) { return r > 0 ? String(r) : "–"; }
   function pad5(n) { return String(n).padStart(5, "0"); }
-  function verdictTag(correct) { return correct ? '<span class="ok">✓ right</span>' : '<span class="bad">✗ wrong</span>'; }
+  function verdictTag(correct) {
+    if (correct === -1 || correct === null || correct === undefined) return '<span class="muted">–</span>';
+    return correct === 1 || correct === true ? '<span class="ok">✓ right</span>' : '<span class="bad">✗ wrong</span>';
+  }
   function catTag(code) {
     if (code < 0) return '<span class="muted">–</span>';
     const name = CODES.category[code];
@@ -115,7 +118,7 @@
     };
   }
   function flipOf(r) {
-    const a = r[COL.correct], b = r[COL.b_correct];
+    const a = r[COL.correct] === 1, b = r[COL.b_correct] === 1;
     return a && !b ? "rw" : !a && b ? "wr" : a && b ? "rr" : "ww";
   }
   function missing(r) { return r > 0 ? r : K_MAX + 1; }
