@@ -42,6 +42,12 @@ def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, caps
     summary = json.loads((run_dir / "summary.json").read_text())
     retrieval, qff = summary["demo/retrieval only/R@20"], summary["demo/QFF focus: per_layer + CDA/R@20"]
     assert qff == pytest.approx(retrieval)              # the QFF reorders stage 1's top 20, it adds none
+    # the inspect site compares focus none with per_layer question by question (docs/inspect.md)
+    site = run_dir / "inspect"
+    assert (site / "index.html").exists() and (site / "data" / "index.js").exists()
+    assert sorted((site / "data" / "b").glob("*.js")) and "inspect/index.html" in report
+    meta = (site / "data" / "meta.js").read_text(encoding="utf-8")
+    assert '"run_id":"demo-eval-1"' in meta and '"run_id":"demo-eval-2"' in meta
 
 
 def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):
@@ -59,4 +65,5 @@ def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):
     assert messages.count("reusing trained QFF") == 2
     assert trained == {f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
                        for f in ("per_layer", "none")}
-    assert "report:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "report:" in out and f"inspect: {(root / 'runs' / 'demo' / 'inspect' / 'index.html').as_uri()}" in out

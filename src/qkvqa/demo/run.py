@@ -14,6 +14,8 @@ from qkvqa.utils.logging import get_logger
 log = get_logger(__name__)
 
 TRAINING = {"per_layer": "demo/qff_per_layer", "none": "demo/qff_none"}
+# The settings `qkvqa inspect` compares question by question in the demo's site (A, then B).
+INSPECT = ("QFF focus: none + CDA", "QFF focus: per_layer + CDA")
 # label -> (QFF training run or None, overrides of demo/evaluate)
 SETTINGS = {
     "retrieval only": (None, ["eval.filter=retrieval"]),
@@ -100,7 +102,8 @@ class Demo:
         done = {}
         for index, (label, (trained, overrides)) in enumerate(SETTINGS.items()):
             run_id = f"demo-eval-{index}"
-            if not _finished(self.runs, run_id):
+            # A run finished before evaluations wrote traces.jsonl is resumed: it is re-scored and writes them.
+            if not _finished(self.runs, run_id) or not (self.runs / run_id / "traces.jsonl").exists():
                 checkpoint = [f"qff.checkpoint={self.runs / f'demo-qff-{trained}' / 'qff'}"] if trained else []
                 _cli(["evaluate", "experiment=demo/evaluate", f"run_id={run_id}", "resume=auto", *self.common,
                       *checkpoint, *overrides])
@@ -127,6 +130,9 @@ class Demo:
             table = markdown_table(rows)
             plot_recall(rows, run_dir / "recall_at_k.png")
             plot_training({f"focus: {f}": self.runs / f"demo-qff-{f}" for f in TRAINING}, run_dir / "training.png")
+            from qkvqa.inspect.site import build_site
+
+            site = build_site(settings[INSPECT[0]], out=run_dir / "inspect", compare=settings[INSPECT[1]])
             world = json.loads((self.world / "world.json").read_text(encoding="utf-8"))
             lines = ["# qkvqa demo", "", HONEST, "",
                      f"Synthetic world: {world['counts']['entities']} entities, seed {self.seed}, "
@@ -138,6 +144,9 @@ class Demo:
                      "context: a reference answer appears in the context given to the generator. Context tokens: "
                      "generator tokens. s/q: seconds per question per stage (CPU, tiny models).", "",
                      "![Recall@K](recall_at_k.png)", "", "![QFF training](training.png)", "",
+                     f"Question by question: [inspect/index.html](inspect/index.html) (`qkvqa inspect`, {INSPECT[0]} "
+                     f"compared with {INSPECT[1]}: {site.flips['right_to_wrong']} questions right -> wrong, "
+                     f"{site.flips['wrong_to_right']} wrong -> right; docs/inspect.md).", "",
                      "## Stage times of this demo run", "",
                      "\n".join(f"- {title}: {seconds:.0f} s" for title, seconds in self.timings.items()), "",
                      "Runs: " + ", ".join(f"`{r['run_dir']}`" for r in rows), ""]
@@ -147,6 +156,7 @@ class Demo:
                                        if r[k] is not None})
         print("\n" + table + "\n")
         print(f"report: {report}")
+        print(f"inspect: {site.index_html.as_uri()}")
         return report
 
     def run(self) -> Path:

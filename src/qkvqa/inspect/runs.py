@@ -90,7 +90,8 @@ def load_run(run_dir: str | Path) -> RunTraces:
         if status.get("command") not in (None, "evaluate"):
             why = f"it is a `{status['command']}` run, not an evaluation"
         raise DataError(f"{path}: missing ({why}); rerun `qkvqa evaluate` with the same experiment and "
-                        f"run_id={run_id} resume=auto (it resumes, answers what is left and writes {TRACES})")
+                        f"run_id={run_id} resume=auto (it resumes, answers what is left and writes {TRACES}; a "
+                        f"finished run is only re-scored, as `qkvqa score run {run_dir}` does)")
     traces = read_traces(path)
     if not traces:
         raise DataError(f"{path}: no traces; rerun `qkvqa evaluate` with run_id={run_id} resume=auto")
