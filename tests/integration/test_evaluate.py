@@ -133,8 +133,6 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert scores["error_analysis"]["n"] == scores["recall_after_filter"]["n_queries"] == single
     # issue 20: one trace per question, agreeing with the predictions and the report
     traces = _check_traces(run_dir)
-    size = (run_dir / "traces.jsonl").stat().st_size
-    print(f"traces.jsonl: {size} bytes, {size / len(traces):.0f} bytes per question")
     # `qkvqa score` on the same predictions.jsonl gives the same numbers
     capsys.readouterr()
     assert main(["score", "evqa", "--predictions", str(run_dir / "predictions.jsonl"), "--questions",
