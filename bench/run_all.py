@@ -21,6 +21,7 @@ BENCHMARKS = {
     "qff": [],
     "pipeline": [],
     "pipeline_real": ["--config", "mid"],
+    "inspect_load": [],
 }
 
 
