@@ -384,13 +384,13 @@
   function deltaChart(deltas) {
     const keys = Object.keys(deltas).map(Number).sort((x, y) => x - y);
     if (!keys.length) return '<p class="muted">no question changed its gold rank</p>';
-    const w = Math.max(420, 80 + keys.length * 28), hgt = 220, m = { l: 48, r: 20, t: 12, b: 40 };
+    const w = Math.max(520, 80 + keys.length * 28), hgt = 220, m = { l: 48, r: 20, t: 12, b: 40 };
     const ymax = Math.max(...keys.map((k) => deltas[k]));
     const step = Math.max(1, Math.ceil(ymax / 5));
     const top = step * 5, band = (w - m.l - m.r) / keys.length;
     const py = (v) => hgt - m.b - (v / top) * (hgt - m.t - m.b);
     let s = axes(w, hgt, m, keys.map((k, i) => ({ v: k > 0 ? "+" + k : k, px: m.l + band * (i + 0.5) })), top,
-      "gold rank in B − gold rank in A (negative: B ranks it higher; absent = " + (K_MAX + 1) + ")", "questions");
+      `gold rank B − A (negative: higher in B; absent = ${K_MAX + 1})`, "questions");
     keys.forEach((k, i) => {
       s += `<rect x="${m.l + band * i + 2}" y="${py(deltas[k])}" width="${band - 4}" height="${hgt - m.b - py(deltas[k])}" fill="${k < 0 ? "#2ca02c" : "#d62728"}"><title>${k}: ${deltas[k]}</title></rect>`;
     });
