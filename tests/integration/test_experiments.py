@@ -68,3 +68,6 @@ def test_experiment_runs_with_tiny_components(name, eval_env, world, monkeypatch
     if cfg.task == "evaluate":
         rows = (run_dir / "predictions.jsonl").read_text().splitlines()
         assert len(rows) == 3 and (run_dir / "report.md").exists()
+        traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+        assert [t["data_id"] for t in traces] == [json.loads(row)["data_id"] for row in rows]
+        assert all(t["dataset"] == cfg.data.dataset and t["filter"]["name"] == cfg.eval.filter for t in traces)
