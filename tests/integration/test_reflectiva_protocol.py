@@ -130,6 +130,14 @@ def test_the_reflectiva_protocol_runs_from_its_own_files_and_says_whose_numbers_
     assert scores["qff_article_images"]["without_image"] < scores["qff_article_images"]["ranked_articles"]
     evaluated = json.loads((run_dir / "question_ids.json").read_text())
     assert evaluated["ids"] == [r["data_id"] for shard in range(3) for r in refl["references"][shard::3]]
+    # InfoSeek traces: the images live in shards (no path), the verdict per accepted answer or range
+    traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    assert [t["data_id"] for t in traces] == evaluated["ids"] and all(t["image"] is None for t in traces)
+    assert sum(t["skipped"] is not None for t in traces) == scores["n_skipped"]
+    for t in traces:
+        assert t["dataset"] == "infoseek" and t["split"].startswith("val_unseen_")
+        assert [r["answer"] for r in t["verdict"]["references"]] == t["gold"]["answers"]
+        assert t["verdict"]["correct"] == (not t["skipped"] and any(r["em"] for r in t["verdict"]["references"]))
     assert evaluated["protocol_questions"] == 73620
     # A flipped byte in the adopted index is caught by `index check`, naming the file.
     path = refl["dir"] / "index" / "index.faiss"
