@@ -118,8 +118,25 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
                 for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
         entry["mean"] = {f"{prefix}{metric}": round(mean(scored[(variant, s)][group][metric] for s in args.seeds), 2)
                          for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
+        if variant != "none":       # focus switched off at test time: how much the trained model relies on it
+            entry["focus_off"] = {
+                "section_r1": round(mean(scored[(variant, s)]["all"]["section_r1_focus_off"] for s in args.seeds), 2),
+                "diff_vs_focus_on": interval([scored[(variant, s)]["all"]["section_r1_focus_off"]
+                                              - scored[(variant, s)]["all"]["section_r1"] for s in args.seeds]),
+                "relative_change": round(mean(scored[(variant, s)]["all"]["focus_change"] for s in args.seeds), 4)}
         section["variants"][variant] = entry
     return section
+
+
+def focus_off(entry: dict) -> str:
+    """The focus-off cells of a variant: section R@1 with the focus path skipped at test time (its paired change)
+    and the mean relative change focus makes to the section encodings; '–' for none and for older studies."""
+    off = entry.get("focus_off")
+    if not off:
+        return "– | –"
+    d = off["diff_vs_focus_on"]
+    return (f"{off['section_r1']:.1f} ({d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]) | "
+            f"{100 * off['relative_change']:.1f} %")
 
 
 def markdown(study: dict) -> str:
@@ -131,7 +148,8 @@ def markdown(study: dict) -> str:
                   f" multi-entity; untrained section R@1 {section['untrained']['all']['section_r1']:.1f}, article R@1 "
                   f"{section['untrained']['all']['article_r1']:.1f})", "",
                   "| variant | overrides | section R@1 | Δ section R@1 | article R@1 | Δ article R@1 | "
-                  "Δ multi-entity section R@1 | mean tanh(gate) at the end |", "|---|---|---|---|---|---|---|---|"]
+                  "Δ multi-entity section R@1 | mean tanh(gate) at the end | section R@1, focus off at test | "
+                  "focus's change of the encoding |", "|---|---|---|---|---|---|---|---|---|---|"]
         for variant, entry in section["variants"].items():
             def cell(metric: str) -> str:
                 d = entry.get("diff_vs_none", {}).get(metric)
@@ -139,7 +157,8 @@ def markdown(study: dict) -> str:
             gates = [mean(abs(g) for g in gs) for gs in entry["gates"].values() if gs]
             lines.append(f"| {variant} | {' '.join(entry['overrides']) or '–'} | {entry['mean']['section_r1']:.1f} | "
                          f"{cell('section_r1')} | {entry['mean']['article_r1']:.1f} | {cell('article_r1')} | "
-                         f"{cell('multi_section_r1')} | {f'{mean(gates):.3f}' if gates else '–'} |")
+                         f"{cell('multi_section_r1')} | {f'{mean(gates):.3f}' if gates else '–'} | "
+                         f"{focus_off(entry)} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -90,13 +90,29 @@ def world_words(world: dict) -> str:
     return " ".join(sorted({w for text in texts for w in re.findall(r"[a-z]+", text.lower())}))
 
 
+def reuse_world(out: Path, entities: int, world_options: dict) -> Optional[dict]:
+    """The manifest of a world an earlier call wrote to `out` with these settings, or None: a rewritten world would
+    give its files new times, which the ViT cache (rightly) takes for other images, so a continued study reuses it."""
+    manifest = out / "world.json"
+    if not manifest.exists():
+        return None
+    world = json.loads(manifest.read_text(encoding="utf-8"))
+    wanted = {"seed": 0, "facts_per_section": world_options.get("facts_per_section", 1),
+              "same_category_groups": world_options.get("same_category_groups", False)}
+    same = all(world.get(k) == v for k, v in wanted.items()) and world["counts"]["entities"] == entities
+    return world if same else None
+
+
 def prepare(work: Path, entities: int, extra: Sequence[str] = (), **world_options) -> tuple[list[str], set[str]]:
     """World, stand-in stage 1, pools and ViT cache under `work`; returns the overrides every run shares and
     the ids ("split/data_id") of the val + test questions whose image shows several entities."""
     from qkvqa.cli.cache_vit import build_cache_from_config
     from qkvqa.synth.world import generate_world
 
-    world = dict(generate_world(work / "world", entities=entities, seed=0, **world_options), dir=str(work / "world"))
+    world = reuse_world(work / "world", entities, world_options)
+    if world is None:
+        world = generate_world(work / "world", entities=entities, seed=0, **world_options)
+    world = dict(world, dir=str(work / "world"))
     overrides = [*mine_world(world, work, splits=("train", "val", "test"), shuffled=True),
                  f"components.qformer.options.vocab_texts=[{world_words(world)}]",
                  f"qff.vit_cache={work / 'vit_cache'}", *extra]
@@ -149,32 +165,48 @@ def final_gates(model_dir: Path) -> Optional[list[float]]:
     return None
 
 
-def score(component, cfg) -> dict[str, tuple[float, float]]:
-    """(section hit, article hit after fusion) per question of cfg's validation split."""
+def score(component, cfg) -> dict[str, tuple]:
+    """Per question of cfg's validation split: (section hit, article hit after fusion) and, for a model with
+    question focus, (section hit with the focus path switched off at test time, the relative change the focus
+    path makes to the section encodings): how much a trained model relies on focus (docs/training.md)."""
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.qff.scoring import late_interaction
 
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff)).eval()
     dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
                             component.image_processor)
     dm.setup("validate")
+    focused = component.model.focus != "none"
     hits = {}
     with torch.no_grad():
         for batch in dm.val_dataloader():
             question, sections, states = module.encode(batch)
             logits = module.logits(batch, question, sections, states)
             articles, _ = module.rerank_hits(batch["rerank"], question, states)
+            off, change = [None] * len(batch["data_ids"]), [None] * len(batch["data_ids"])
+            if focused:
+                plain = component.model.encode_sections(
+                    batch["sections"]["input_ids"], batch["sections"]["attention_mask"], states, question,
+                    image_index=batch["section_image_index"], focus="none").view(sections.shape)
+                direction = module.settings.score_direction
+                off = (late_interaction(question.tokens[:, None], plain, direction).argmax(dim=1) == 0).tolist()
+                change = ((sections - plain).norm(dim=-1) / sections.norm(dim=-1)).mean(dim=(1, 2)).tolist()
             for row, data_id in enumerate(batch["data_ids"]):
-                hits[data_id] = (float(logits[row].argmax() == 0), articles[row])
+                hits[data_id] = (float(logits[row].argmax() == 0), articles[row], off[row], change[row])
     return hits
 
 
 def figures(hits: dict, multi: set) -> dict:
-    """Section and article R@1 (percent) over all questions and over the multi-entity ones."""
+    """Section and article R@1 (percent) over all questions and over the multi-entity ones; for a focused model
+    also section R@1 with focus switched off at test time and the mean relative change focus makes."""
     out = {}
     for name, keys in (("all", list(hits)), ("multi", [k for k in hits if k in multi])):
         out[name] = {"n": len(keys), "section_r1": 100 * sum(hits[k][0] for k in keys) / len(keys),
                      "article_r1": 100 * sum(hits[k][1] for k in keys) / len(keys)}
+        if keys and hits[keys[0]][2] is not None:
+            out[name]["section_r1_focus_off"] = 100 * sum(hits[k][2] for k in keys) / len(keys)
+            out[name]["focus_change"] = sum(hits[k][3] for k in keys) / len(keys)
     return out
 
 
