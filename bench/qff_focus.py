@@ -90,6 +90,14 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     extra = [*world_overrides, *([f"qff.lr={args.lr:.2e}"] if args.lr else []), *args.extra]
     overrides, multi = prepare(work, args.entities, extra, **options)
+    # Trained runs under `work` are reused only when they were trained with these settings (another --extra, --lr
+    # or --epochs in the same --work would otherwise be scored as if it were this study's).
+    stamp, settings = work / "study_settings.json", {"overrides": overrides, "epochs": args.epochs,
+                                                      "threads": args.threads}
+    if stamp.exists() and json.loads(stamp.read_text()) != settings:
+        raise SystemExit(f"{stamp}: the runs under {work} were trained with other settings (--extra, --lr, --epochs "
+                         f"or --threads); pass another --work, or delete {work}")
+    stamp.write_text(json.dumps(settings, indent=1))
     jobs = [(variant, seed) for seed in args.seeds for variant in variants]
     todo = [job for job in jobs if not (work / "runs" / run_id(*job) / "qff" / "model.safetensors").exists()]
     print(f"[{world}] {len(jobs) - len(todo)} of {len(jobs)} runs already trained; training {len(todo)}", flush=True)
@@ -179,10 +187,11 @@ def main(argv=None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
-    parser.add_argument("--work", default="/tmp/qff_focus_study", help="scratch directory (worlds, pools, runs)")
+    parser.add_argument("--work", help="scratch directory (worlds, pools, runs); default /tmp/qff_focus_study/<name>")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
     args = parser.parse_args(argv)
+    args.work = args.work or f"/tmp/qff_focus_study/{args.name}"
     meta = {"entities": args.entities, "epochs": args.epochs, "seeds": args.seeds, "lr": args.lr,
             "threads": args.threads, "extra": args.extra}
     out = Path(args.out)

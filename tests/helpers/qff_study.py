@@ -35,6 +35,7 @@ VARIANTS = {
     "per_layer_gate_none": ("demo/qff_per_layer", ["qff.gate=none"]),                # the paper's plain residual
     "per_layer_open": ("demo/qff_per_layer", ["qff.gate_init=0.5"]),                 # tanh 0.46 at step 0
     "per_layer_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),         # new blocks and gates 10x lr
+    "per_layer_lr100": ("demo/qff_per_layer", ["qff.new_block_lr_scale=100"]),       # at the paper's lr 1e-5: 1e-3
 }
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
