@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -28,7 +29,14 @@ def bench():
 @pytest.fixture(scope="module")
 def result(bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-out")
-    assert bench.main(["--config", "toy", "--no-l90", "--threads", "1", "--out-dir", str(out)]) == 0
+    # main() sets QKVQA_LOG_LEVEL=WARNING for its own command line; left in this process's environment, every later
+    # test's child process inherited it and printed no INFO line (found under two xdist workers)
+    saved = dict(os.environ)
+    try:
+        assert bench.main(["--config", "toy", "--no-l90", "--threads", "1", "--out-dir", str(out)]) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return json.loads((out / "pipeline_real.json").read_text()), (out / "pipeline_real.md").read_text()
 
 
