@@ -36,11 +36,10 @@ slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing 
 browser: ## install Debian's chromium and chromium-driver, which the `qkvqa inspect` browser test drives (root; nothing when present)
 	bash .ci/install_browser.sh
 
-# The main suite runs in one process. TEST_WORKERS="-n 2 --dist loadfile" runs it on two pytest-xdist workers (a file's
-# tests, and so its module fixtures, in one worker): 13:28 against 17:20 here, but not yet the default, because in
-# that run the two tests of test_progress_output.py saw no INFO line from their child (it passes alone on two
-# workers, and with every file before it): some test run earlier in the same worker leaves state behind (issue 19).
-TEST_WORKERS ?=
+# The main suite runs on two pytest-xdist workers: one test process left the second core mostly idle (tests run with
+# one intra-op thread). --dist loadfile keeps a file's tests, and so its module fixtures (the learning test's trained
+# models), in one worker. 12:33 against 17:44 in one process, side by side on one tree; TEST_WORKERS= runs it in one.
+TEST_WORKERS ?= -n 2 --dist loadfile
 # The real-SLURM tests spend most of their time waiting on the cluster (requeue delays, time-limit signals), so
 # `make test` runs them in a second pytest alongside the rest and prints their log at the end; both must pass.
 SLURM_LOG := $(VENV)/slurm-tests.log
