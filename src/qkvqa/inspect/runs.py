@@ -8,10 +8,12 @@ from typing import Any, Optional
 
 from qkvqa.errors import ConfigError, DataError
 
-TRACES = "traces.jsonl"
-TRACE_VERSIONS = (1,)
-# The Table 3 categories of a trace, in the order the page lists them.
-CATEGORIES = ("R1-C", "R1-W", "NR-C", "NR-W", "not_retrieved")
+from qkvqa.metrics.analysis import NOT_RETRIEVED, NR_C, NR_W, R1_C, R1_W
+from qkvqa.pipeline.traces import TRACE_VERSION, TRACES
+
+TRACE_VERSIONS = (TRACE_VERSION,)            # the trace versions this page reads
+# The Table 3 categories of a trace (qkvqa.metrics.analysis.error_category), in the order the page lists them.
+CATEGORIES = (R1_C, R1_W, NR_C, NR_W, NOT_RETRIEVED)
 
 
 @dataclass
