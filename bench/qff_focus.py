@@ -36,10 +36,12 @@ WORLDS = {
     "controlled": ({"facts_per_section": 3, "same_category_groups": True}, ["preset=focus_world"]),
     "default": ({}, []),
     "same_category": ({"same_category_groups": True}, []),        # the learning test's world
+    "bound": ({"facts_per_section": 3, "bound_facts": True}, ["preset=bound_world"]),
 }
 DEFAULT_VARIANTS = {"controlled": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10", "input"],
                     "default": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10"],
-                    "same_category": ["none", "per_layer"]}
+                    "same_category": ["none", "per_layer"],
+                    "bound": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10", "input"]}
 METRICS = ("section_r1", "article_r1")
 # two-sided 95 % quantiles of Student's t by degrees of freedom
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,

@@ -99,7 +99,8 @@ def reuse_world(out: Path, entities: int, world_options: dict) -> Optional[dict]
         return None
     world = json.loads(manifest.read_text(encoding="utf-8"))
     wanted = {"seed": 0, "facts_per_section": world_options.get("facts_per_section", 1),
-              "same_category_groups": world_options.get("same_category_groups", False)}
+              "same_category_groups": world_options.get("same_category_groups", False),
+              "bound_facts": world_options.get("bound_facts", False)}
     same = all(world.get(k) == v for k, v in wanted.items()) and world["counts"]["entities"] == entities
     return world if same else None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -189,6 +190,58 @@ def test_same_category_groups_need_the_kind_word_to_tell_the_entities_apart(vari
             if r["question_type"] != "2_hop":
                 assert f"this {kind[r['entity']]}" in q.question, q.question
     assert sum(len(r["image_entities"]) > 1 for r in records) / len(records) > 0.25
+
+
+@pytest.fixture(scope="module")
+def bound(tmp_path_factory) -> dict:
+    """The named bound-facts world (`qkvqa synth --world bound`): each non-lead fact stated by two surveys."""
+    from qkvqa.cli.main import main
+
+    out = tmp_path_factory.mktemp("bound") / "world"
+    assert main(["synth", "--out", str(out), "--entities", "24", "--world", "bound", "--no-store"]) == 0
+    return dict(json.loads((out / "world.json").read_text()), dir=str(out))
+
+
+def test_bound_facts_are_stated_by_both_surveys_with_other_values_in_other_sections(bound):
+    assert bound["bound_facts"] and bound["facts_per_section"] == 3
+    for entity in bound["entities"]:
+        facts = entity["facts"]
+        surveyed = {key.rsplit("_", 1)[0] for key in facts if key.endswith(("_early", "_recent"))}
+        assert len(surveyed) == 6 and len(facts) == 13, entity["title"]          # the lead fact is stated once
+        for key in surveyed:
+            early, recent = facts[f"{key}_early"], facts[f"{key}_recent"]
+            assert early["section_id"] != recent["section_id"]
+            assert sorted(early["answer"].split("&&")) != sorted(recent["answer"].split("&&"))
+            assert early["sentence"].startswith("Early surveys report that ")
+            assert recent["sentence"].startswith("Recent surveys report that ")
+
+
+def test_in_the_bound_world_the_question_words_stand_in_the_evidence_and_in_a_sibling_section(bound):
+    """What makes the world need the question: the other survey's statement of the same fact holds every fact word
+    the question shares with its evidence sentence, in another section of the same article."""
+    root = Path(bound["dir"])
+    kb = json.loads((root / "kb/encyclopedic_kb_wiki.json").read_text(encoding="utf-8"))
+    entities = {e["entity_id"]: e for e in bound["entities"]}
+    checked = 0
+    for split in ("train", "val", "test"):
+        for q, r in zip(read_evqa_csv(root / f"evqa/{split}.csv"),
+                        [r for r in bound["questions"][f"evqa/{split}.csv"] if r["question_type"] != "2_hop"]):
+            if not r["fact"].endswith(("_early", "_recent")):
+                continue
+            key, survey = r["fact"].rsplit("_", 1)
+            assert q.question.startswith(f"According to {survey} surveys, "), q.question
+            other = entities[r["entity"]]["facts"][f"{key}_{'recent' if survey == 'early' else 'early'}"]
+            sibling = kb[q.gold_url]["section_texts"][other["section_id"]]
+            shared = _words(q.question) & _words(q.row["evidence"]) - {"early", "recent", "surveys", "report"}
+            assert shared and shared <= _words(sibling), (q.question, sibling)
+            assert other["answer"] != entities[r["entity"]]["facts"][r["fact"]]["answer"]
+            checked += 1
+    assert checked > 100
+
+
+def test_bound_facts_need_generic_sections(tmp_path):
+    with pytest.raises(DataError, match="bound_facts needs 2-4 facts per section"):
+        generate_world(tmp_path / "bad", entities=12, facts_per_section=1, bound_facts=True, build_store=False)
 
 
 def test_a_section_must_hold_at_least_one_fact(tmp_path):

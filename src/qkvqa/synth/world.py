@@ -22,8 +22,9 @@ Layout of a world directory (all paths in `world.json` are relative to it):
 Each fact sits in one sentence of one section, among distractor sentences; questions share words
 with that sentence. Many query images show 2-3 entities of different categories, so only the
 question tells which one is meant. A few query images are deliberately missing or corrupt; they are
-listed under `deliberate_skips` in world.json. Two switches of `generate_world` (and `qkvqa synth`)
-make harder worlds: several facts per generic section, and multi-entity images of one category.
+listed under `deliberate_skips` in world.json. Three switches of `generate_world` (and `qkvqa synth`)
+make harder worlds: several facts per generic section, multi-entity images of one category, and facts bound to
+the surveys that report them.
 """
 from __future__ import annotations
 
@@ -100,6 +101,28 @@ class FactSpec:
 def _facts(specs: dict[str, tuple]) -> tuple[FactSpec, ...]:
     """FactSpecs from {key: (section, kind, sentence, templated, automatic[, pool])}."""
     return tuple(FactSpec(key, *spec) for key, spec in specs.items())
+
+
+def _unsurveyed_key(key: str) -> str:
+    """`diet` for `diet_early` / `diet_recent` (and for `diet`)."""
+    for survey in SURVEYS:
+        key = key.removesuffix(f"_{survey}")
+    return key
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _surveyed(fact: FactSpec) -> tuple[FactSpec, ...]:
+    """A non-lead fact as stated by each of SURVEYS (keys `diet_early`, `diet_recent`); the lead fact unchanged."""
+    if not fact.section:
+        return (fact,)
+    return tuple(FactSpec(f"{fact.key}_{survey}", fact.section, fact.kind,
+                          f"{survey.capitalize()} surveys report that {_lower_first(fact.sentence)}",
+                          f"According to {survey} surveys, {_lower_first(fact.templated)}",
+                          f"According to {survey} surveys, {_lower_first(fact.automatic)}", fact.pool)
+                 for survey in SURVEYS)
 
 
 CATEGORIES: dict[str, dict[str, Any]] = {
@@ -253,6 +276,10 @@ DISTRACTORS = [
 ]
 # Section titles of the dense layout (facts_per_section > 1): they say nothing about which facts a section holds.
 DENSE_SECTION_TITLES = ["Overview", "Details", "Notes", "Background", "Field notes", "Records"]
+# The bound-facts layout (`bound_facts`): every non-lead fact is stated twice, by early and by recent surveys, with
+# different values, in different sections; a question names the surveys it asks about. Each section then holds the
+# same words as the one that answers ("recent", "diet") bound in other pairs ("recent ... wingspan", "early ... diet").
+SURVEYS = ("early", "recent")
 ADJECTIVES = ["striking", "modest", "unusual", "elegant", "plain", "distinctive", "variable"]
 
 
@@ -273,6 +300,13 @@ class _Entity:
     image_mode: str = "csv"                                     # csv | url_store | none
     image_urls: list[str] = field(default_factory=list)
     related: Optional[int] = None                               # entity of the 2_hop question
+    bound: bool = False                                         # facts stated per survey (`bound_facts`)
+
+
+def _facts_of(entity: _Entity) -> tuple[FactSpec, ...]:
+    """The facts an entity's article states: its category's, or (bound facts) each non-lead one per survey."""
+    facts = CATEGORIES[entity.category]["facts"]
+    return tuple(f for fact in facts for f in _surveyed(fact)) if entity.bound else facts
 
 
 def _noun(entity: _Entity) -> str:
@@ -287,7 +321,7 @@ def _kind_word(entity: _Entity) -> str:
 # ---------------------------------------------------------------------------------------------- entities
 
 
-def _make_entities(count: int, rng: random.Random) -> list[_Entity]:
+def _make_entities(count: int, rng: random.Random, bound: bool = False) -> list[_Entity]:
     categories = list(CATEGORIES)
     combos = [(a, b, p) for a in PALETTE for b in PALETTE if a != b for p in PATTERNS]
     combo_order = {c: rng.sample(combos, len(combos)) for c in categories}
@@ -308,10 +342,14 @@ def _make_entities(count: int, rng: random.Random) -> list[_Entity]:
         colour, second, pattern = combo_order[category][index // len(categories)]
         entity = _Entity(index=index, entity_id=f"e{index:04d}", category=category, title=title,
                          url=WIKI + title.replace(" ", "_"), category_id=1000 + index,
-                         signature=Signature(category, colour, second, pattern))
+                         signature=Signature(category, colour, second, pattern), bound=bound)
         entity.image_mode = "none" if index % 20 == 7 else "url_store" if index % 20 == 13 else "csv"
-        for fact in spec["facts"]:
-            entity.facts[fact.key], entity.answers[fact.key] = _fact_value(fact, rng)
+        for fact in _facts_of(entity):
+            value, answer = _fact_value(fact, rng)
+            earlier = _unsurveyed_key(fact.key) + "_early" if fact.key.endswith("_recent") else None
+            while earlier is not None and _same_value(value, entity.facts[earlier]):
+                value, answer = _fact_value(fact, rng)      # the surveys disagree, so only one answers a question
+            entity.facts[fact.key], entity.answers[fact.key] = value, answer
         entities.append(entity)
     for entity in entities:
         if rng.random() < TWO_HOP_SHARE:
@@ -334,6 +372,10 @@ def _fact_value(fact: FactSpec, rng: random.Random) -> tuple[Any, str]:
         return value, value
     items = rng.sample(list(fact.pool), 3)
     return items, "&&".join(items)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return sorted(a) == sorted(b) if isinstance(a, list) else a == b
 
 
 def _render_value(entity: _Entity, key: str) -> str:
@@ -368,18 +410,22 @@ def _paragraph(fact_sentences: list[str], distractors: list[str], rng: random.Ra
     return " ".join(sentences)
 
 
-def _group_facts(spec: dict, facts_per_section: int, rng: random.Random) -> dict[str, list[FactSpec]]:
+def _group_facts(facts: tuple[FactSpec, ...], facts_per_section: int, rng: random.Random) -> dict[str, list[FactSpec]]:
     """Section title -> the facts it states: each fact in its own titled section (1), or the non-lead facts
-    shuffled into generic sections of `facts_per_section` each, so that only the text tells where a fact is."""
-    lead = [fact for fact in spec["facts"] if not fact.section]
+    shuffled into generic sections of `facts_per_section` each, so that only the text tells where a fact is.
+    Two surveys' statements of one fact (bound facts) never share a section."""
+    lead = [fact for fact in facts if not fact.section]
     if facts_per_section <= 1:
         grouped: dict[str, list[FactSpec]] = {}
-        for fact in spec["facts"]:
+        for fact in facts:
             grouped.setdefault(fact.section, []).append(fact)
         return grouped
-    content = [fact for fact in spec["facts"] if fact.section]
-    rng.shuffle(content)
-    groups = [content[i:i + facts_per_section] for i in range(0, len(content), facts_per_section)]
+    content = [fact for fact in facts if fact.section]
+    while True:
+        rng.shuffle(content)
+        groups = [content[i:i + facts_per_section] for i in range(0, len(content), facts_per_section)]
+        if all(len({_unsurveyed_key(fact.key) for fact in group}) == len(group) for group in groups):
+            break
     return {"": lead, **dict(zip(rng.sample(DENSE_SECTION_TITLES, len(groups)), groups))}
 
 
@@ -390,7 +436,7 @@ def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random,
     look = (f"The {entity.title} is easy to recognise by its {sig.colour} and {sig.second_colour} "
             f"{sig.pattern}.")
     sections: list[tuple[str, str]] = []
-    facts_by_section = _group_facts(spec, facts_per_section, rng)
+    facts_by_section = _group_facts(_facts_of(entity), facts_per_section, rng)
     content_titles = [s for s in facts_by_section if s] + list(spec["fillers"])
     rng.shuffle(content_titles)
     if entity.index % 11 == 3:
@@ -561,7 +607,7 @@ def _evqa_questions(entities: list[_Entity], images: _QueryImages, rng: random.R
     """E-VQA rows per split, each with its world record (gold entity, evidence, entities in the image)."""
     rows: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
     for entity in entities:
-        for fact in CATEGORIES[entity.category]["facts"]:
+        for fact in _facts_of(entity):
             if fact.kind == "list":
                 qtype, text = "multi_answer", fact.templated
             else:
@@ -572,7 +618,7 @@ def _evqa_questions(entities: list[_Entity], images: _QueryImages, rng: random.R
                                          rng, entities))
         if entity.related is not None:
             other = entities[entity.related]
-            fact = rng.choice([f for f in CATEGORIES[other.category]["facts"] if f.kind != "list"])
+            fact = rng.choice([f for f in _facts_of(other) if f.kind != "list"])
             text = fact.templated.replace(f"this {_noun(other)}", f"the {_noun(other)} that this "
                                                                 f"{_noun(entity)} is frequently associated with")
             split = rng.choices(("train", "val", "test"), weights=(50, 25, 25))[0]
@@ -640,7 +686,7 @@ def _infoseek_questions(entities: list[_Entity], writer: _ImageWriter, rng: rand
         if rng.random() >= INFOSEEK_SHARE:
             continue
         unseen_entity = rng.random() < 0.5
-        facts = [f for f in CATEGORIES[entity.category]["facts"] if f.kind != "list"]
+        facts = [f for f in _facts_of(entity) if f.kind != "list"]
         chosen = rng.sample(facts, 2)
         for split, fact in (("val", chosen[0]), ("train", chosen[1])):
             if split == "train" and unseen_entity:
@@ -770,11 +816,15 @@ def _prepare_out_dir(out: Path) -> None:
 # Named worlds (`qkvqa synth --world NAME`): generate_world options. `focus` is the world where the section encoding
 # must know the question (docs/training.md, "A world where question focus is needed"): sections of 3 facts in
 # generic sections, and multi-entity images of one category whose questions name the kind word.
-WORLDS = {"default": {}, "focus": {"facts_per_section": 3, "same_category_groups": True}}
+# `bound` is the world where the words of a question are in the evidence section and in its hard negatives alike, and
+# only how a section pairs them tells which one answers (docs/training.md, "A world with bound facts").
+WORLDS = {"default": {}, "focus": {"facts_per_section": 3, "same_category_groups": True},
+          "bound": {"facts_per_section": 3, "bound_facts": True}}
 
 
 def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: int = DEFAULT_SEED,
-                   build_store: bool = True, facts_per_section: int = 1, same_category_groups: bool = False) -> dict:
+                   build_store: bool = True, facts_per_section: int = 1, same_category_groups: bool = False,
+                   bound_facts: bool = False) -> dict:
     """Write a synthetic world to `out_dir` (see the module docstring) and return its manifest (world.json).
 
     The same arguments give byte-identical KB, CSV, JSONL and image files.
@@ -784,6 +834,9 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
     `same_category_groups` makes each multi-entity image show 2-3 entities of one category with different
     kind words ("heron", "finch"), and single-hop E-VQA questions name that kind word ("this heron"): the
     query image alone cannot tell which entity is asked about, only the article text can.
+    `bound_facts` states every non-lead fact twice, as early and as recent surveys report it (different values, in
+    different sections of k >= 2 facts), and asks each with "According to recent surveys, ...": every section
+    holds the question's words, and only the pairing of survey and fact inside a sentence tells which answers.
     """
     import yaml
 
@@ -791,11 +844,14 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         raise DataError(f"a synthetic world needs at least {len(CATEGORIES) * 2} entities, got {entities}")
     if facts_per_section < 1:
         raise DataError(f"facts_per_section must be at least 1, got {facts_per_section}")
+    if bound_facts and not 2 <= facts_per_section <= 4:
+        raise DataError(f"bound_facts needs 2-4 facts per section (each survey's statement of a fact in its own "
+                        f"generic section), got facts_per_section={facts_per_section}")
     started = time.time()
     out = Path(out_dir)
     _prepare_out_dir(out)
     rng = random.Random(seed)
-    world = _make_entities(entities, rng)
+    world = _make_entities(entities, rng, bound_facts)
     kb = {entity.url: _build_article(entity, world, rng, facts_per_section) for entity in world}
     writer = _ImageWriter(out, seed)
     images = _QueryImages(writer, world, rng, seed, same_category_groups)
@@ -850,6 +906,7 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         "seed": seed,
         "facts_per_section": facts_per_section,
         "same_category_groups": same_category_groups,
+        "bound_facts": bound_facts,
         "counts": {
             "entities": len(world), "articles": len(kb),
             "articles_without_images": sum(e.image_mode == "none" for e in world),
