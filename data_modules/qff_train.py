@@ -53,10 +53,16 @@ def article_image_id(stored_path: str) -> str:
     return f"article/{stored_path}"
 
 
-def draw_negatives(pool: SamplePool, count: int, seed: int, epoch: int, index: int) -> list[Candidate]:
-    """`count` negatives drawn without replacement from `pool`, determined by (seed, epoch, sample index)."""
+def draw_negatives(pool: SamplePool, count: int, seed: int, epoch: int, index: int,
+                   keep_gold: bool = False) -> list[Candidate]:
+    """`count` negatives drawn without replacement from `pool`, determined by (seed, epoch, sample index).
+    `keep_gold`: the gold article's other sections are always among them and only the rest is drawn (OMGM draws all
+    at random, so a few sibling sections among a hundred others are rarely in a sample)."""
     rng = random.Random(seed * _SEED_STRIDE + epoch * _EPOCH_STRIDE + index)
-    return rng.sample(list(pool.negatives), count)
+    if not keep_gold:
+        return rng.sample(list(pool.negatives), count)
+    gold = [c for c in pool.negatives if c.url == pool.positive.url][:count]
+    return gold + rng.sample([c for c in pool.negatives if c.url != pool.positive.url], count - len(gold))
 
 
 @dataclass
@@ -67,6 +73,7 @@ class QFFDataSettings:
     val_negatives: Optional[str] = None      # validation pools; None: mined in-process when there are val questions
     num_negatives: int = 15
     gold_sections: int = 3
+    keep_gold_negatives: bool = False        # the gold article's negatives always in the drawn set (draw_negatives)
     val_top_k: int = 20
     seed: int = 0
     max_train_samples: Optional[int] = None
@@ -106,7 +113,8 @@ class QFFSampleDataset(Dataset):
         ref = self.samples[index]
         s = self.settings
         pool = self.pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
-        candidates = [pool.positive] + draw_negatives(pool, s.num_negatives, s.seed, epoch, index)
+        candidates = [pool.positive] + draw_negatives(pool, s.num_negatives, s.seed, epoch, index,
+                                                      keep_gold=s.keep_gold_negatives)
         articles = {url: self.store.get_by_url(url) for url in dict.fromkeys(c.url for c in candidates)}
         question = ref.question
         sample = {"data_id": question.data_id, "question": question.question,
@@ -463,7 +471,8 @@ def settings_from_config(cfg, component, vision_fingerprint: Optional[str] = Non
     """QFFDataSettings from a run config (`qff:` section, seed) and the built QFF component (text limits)."""
     q = cfg.qff
     return QFFDataSettings(negatives=q.negatives, val_negatives=q.val_negatives, num_negatives=q.num_negatives,
-                           gold_sections=q.mining_gold_sections, val_top_k=q.val_top_k, seed=int(cfg.seed),
+                           gold_sections=q.mining_gold_sections, keep_gold_negatives=q.keep_gold_negatives,
+                           val_top_k=q.val_top_k, seed=int(cfg.seed),
                            max_train_samples=q.max_train_samples, max_val_samples=q.max_val_samples,
                            max_text_tokens=component.max_text_tokens,
                            question_max_tokens=component.question_max_tokens,

@@ -25,13 +25,19 @@ os.environ.setdefault("QKVQA_PROGRESS", "0")
 @pytest.fixture(autouse=True)
 def _isolated_run_env(monkeypatch, tmp_path):
     """Each test starts without an inherited run identity, W&B sweep variables or SLURM job (`make test` inside an
-    sbatch or salloc job: a test's SIGUSR1 stop would `scontrol requeue` that job, and Lightning would see SLURM)."""
+    sbatch or salloc job: a test's SIGUSR1 stop would `scontrol requeue` that job, and Lightning would see SLURM).
+    Whatever a test leaves in os.environ (an in-process `main()` setting QKVQA_LOG_LEVEL, Lightning's PL_GLOBAL_SEED) is
+    undone after it, so that no later test in the same worker depends on which tests ran before it."""
+    saved = dict(os.environ)
     for key in ("QKVQA_RUN_ID", "QKVQA_RUN_DIR", "WANDB_RUN_ID", "WANDB_SWEEP_ID"):
         monkeypatch.delenv(key, raising=False)
     for key in [k for k in os.environ if k.startswith("SLURM_") and k != "SLURM_CONF"]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
     yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture

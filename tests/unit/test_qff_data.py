@@ -49,6 +49,28 @@ def test_negatives_are_drawn_from_the_pool_and_fixed_by_seed_epoch_and_index(set
     assert sum(a != reseeded[(0, i)]["candidates"] for i, a in enumerate(epoch0)) > 0.9 * len(dataset)
 
 
+def test_keep_gold_negatives_puts_every_sibling_section_in_the_drawn_set_and_draws_the_rest(setting):
+    cfg, _, dm = setting
+    dataset = dm.dataset("train")
+    kept = type(dataset)(dataset.samples, dataset.pools, dataset.store,
+                         dataclasses.replace(dm.settings, gold_sections=8, keep_gold_negatives=True))
+    plain = type(dataset)(dataset.samples, dataset.pools, dataset.store, dataclasses.replace(dm.settings, gold_sections=8))
+    siblings_drawn = {"kept": 0, "plain": 0}
+    for index in range(len(dataset)):
+        ref = dataset.samples[index]
+        pool = dm.pool_file("train").pool(ref.question, ref.key, gold_sections=8)
+        gold = {(c.url, c.section_index) for c in pool.negatives if c.url == pool.positive.url}
+        for name, data in (("kept", kept), ("plain", plain)):
+            candidates = data[(0, index)]["candidates"]
+            assert len(candidates) == len(set(candidates)) == cfg.qff.num_negatives + 1
+            assert set(candidates[1:]) <= {(c.url, c.section_index) for c in pool.negatives}
+            siblings_drawn[name] += len(gold & set(candidates[1:]))
+            if name == "kept":
+                assert gold <= set(candidates[1:])
+        assert kept[(0, index)] == kept[(0, index)] and kept[(0, index)] != kept[(1, index)]
+    assert siblings_drawn["kept"] > 3 * siblings_drawn["plain"]
+
+
 def test_samples_carry_section_strings_of_the_candidates_with_their_original_indices(setting):
     _, _, dm = setting
     sample = dm.dataset("train")[(0, 0)]

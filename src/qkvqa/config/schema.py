@@ -103,6 +103,7 @@ class QFFConfig:
     val_negatives: Optional[str] = None          # validation pools (`qkvqa mine split=val`); null: no validation
     mining_top_k: int = 20                       # stage-1 articles whose sections become negatives (OMGM: top-20)
     mining_gold_sections: int = 3                # other sections of the gold article used as negatives (OMGM: 3)
+    keep_gold_negatives: bool = False            # those sections always among the drawn negatives (OMGM: all drawn at random)
     val_top_k: int = 20                          # stage-1 articles reranked per val question for val/article_r1
     max_val_samples: Optional[int] = None        # cap on validation samples (seeded subset); null: all
     vit_cache_shard_size: int = 512              # images per ViT cache shard (ViT-g: ~0.7 MB per image in fp16)
