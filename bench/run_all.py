@@ -23,6 +23,13 @@ BENCHMARKS = {
     "pipeline_real": ["--config", "mid"],
     "inspect_load": [],
 }
+# Full-scale runs that take too long for `make bench`: run by hand (the commands are in each bench's docstring);
+# RESULTS.md shows their outputs when bench/out holds them, with the date each ran.
+EXTRA = {
+    "retrieval_1m": "bench/retrieval.py --n 1000000 --factories \"Flat;IVF2048,Flat;IVF2048,SQ8\" --name retrieval_1m",
+    "retrieval_2m": "bench/retrieval.py --n 2000000 --factories \"Flat;IVF2048,SQ8\" --threads 1 --name retrieval_2m",
+    "kb_store_2m": "bench/kb_store.py --articles 2000000 --sections 12 --sentences 10 --store-only --name kb_store_2m",
+}
 
 
 def _load(name: str):
@@ -37,6 +44,16 @@ def _md(name: str) -> str:
 
 def section_kb_store(d: dict) -> str:
     r, g = d["ratios"], d.get("goals", {})
+    if d.get("json_load") is None:                  # --store-only: no json.load baseline, no ratios against it
+        b, s = d["build"], d["store"]
+        return (f"{d['articles']:,} articles ({d['kb_json_mb'] / 1024:.1f} GiB JSON, written in "
+                f"{d['write_seconds'] / 60:.1f} min); `json.load` baseline not run (it needs ~3x the JSON in RAM). "
+                f"Build {b['build_seconds'] / 60:.1f} min ({d['kb_json_mb'] / b['build_seconds']:.0f} MiB/s) at peak "
+                f"RSS {b['peak_rss_mb']:.0f} MiB; store {d['store_mb'] / 1024:.1f} GiB; open "
+                f"{1e3 * s['open_seconds']:.2f} ms (median); a random article's first read {1e6 * s['access_seconds']:.0f} us by row "
+                f"(from disk once the store outgrows the page cache), "
+                f"{1e6 * s['access_by_url_seconds']:.0f} us by URL; peak RSS open + reads {s['peak_rss_mb']:.0f} MiB; "
+                f"full sha256 source check {s['full_source_check_seconds']:.0f} s.")
     return (f"{d['articles']:,} articles ({d['kb_json_mb']:.0f} MB JSON). Peak memory {r['peak_memory_reduction']:.0f}x "
             f"less than `json.load` (goal {g.get('peak_memory_reduction', 10)}x), opening {r['open_speedup']:,.0f}x "
             f"faster (goal {g.get('open_speedup', 100)}x); one article in {1e6 * d['store']['access_seconds']:.0f} us "
@@ -85,7 +102,7 @@ def section_qff(d: dict) -> str:
     return "\n\n".join(parts)
 
 
-RENDER = {"kb_store": section_kb_store, "bem": section_bem, "qff": section_qff}  # the others: bench/out/NAME.md as the bench wrote it
+RENDER = {"kb_store": section_kb_store, "kb_store_2m": section_kb_store, "bem": section_bem, "qff": section_qff}  # the others: bench/out/NAME.md as the bench wrote it
 
 
 def write_results(ran: dict[str, dict]) -> Path:
@@ -107,6 +124,16 @@ def write_results(ran: dict[str, dict]) -> Path:
         lines += [rendered, "", f"Raw figures: `bench/out/{name}.json`.", ""]
         if "seconds" in status:
             lines += [f"Ran in {status['seconds']:.0f} s.", ""]
+    extra = [name for name in EXTRA if _load(name) is not None or _md(name)]
+    if extra:
+        lines += ["# Full-scale runs (not part of `make bench`)", "",
+                  "Run by hand, one at a time; each keeps the figures of its own run (date and threads in its JSON).", ""]
+    for name in extra:
+        data, md = _load(name), _md(name)
+        rendered = RENDER[name](data) if name in RENDER and data else md
+        date = ((data or {}).get("machine") or {}).get("date")
+        lines += [f"## {name}", "", rendered, "", f"Command: `.venv/bin/python {EXTRA[name]}`" +
+                  (f"; ran {date}" if date else "") + f". Raw figures: `bench/out/{name}.json`.", ""]
     path = BENCH / "RESULTS.md"
     path.write_text("\n".join(lines))
     return path
