@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "bench" / "out"
 
-from tests.helpers.qff_study import VARIANTS, evaluate_many, final_gates, prepare, run_id, train  # noqa: E402
+from tests.helpers.qff_study import (VARIANTS, evaluate_many, final_gates, prepare, run_id,  # noqa: E402
+                                     survey_rivals, train)
 
 # world name -> (generate_world options, overrides every run of that world gets)
 WORLDS = {
@@ -111,7 +112,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     print(f"[{world}] trained in {time.time() - started:.0f} s; scoring", flush=True)
     score_jobs = {(v, s): (v, work / "runs" / run_id(v, s) / "qff", s) for v, s in jobs}
     score_jobs[("untrained", 0)] = ("per_layer", None, 0)
-    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel)
+    rivals = survey_rivals(json.loads((work / "world/world.json").read_text())) if options.get("bound_facts") else None
+    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel, rivals=rivals)
     section: dict = {"options": options, "overrides": overrides, "untrained": scored[("untrained", 0)],
                      "questions": scored[("untrained", 0)]["all"]["n"],
                      "multi_entity_questions": scored[("untrained", 0)]["multi"]["n"], "variants": {}}
@@ -134,6 +136,9 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
                 "diff_vs_focus_on": interval([scored[(variant, s)]["all"]["section_r1_focus_off"]
                                               - scored[(variant, s)]["all"]["section_r1"] for s in args.seeds]),
                 "relative_change": round(mean(scored[(variant, s)]["all"]["focus_change"] for s in args.seeds), 4)}
+        if rivals:                  # evidence above the other survey's statement of the same fact (chance: 50 %)
+            entry["mean"]["pair_accuracy"] = round(mean(scored[(variant, s)]["all"]["pair_accuracy"]
+                                                        for s in args.seeds), 2)
         section["variants"][variant] = entry
     return section
 
@@ -169,6 +174,10 @@ def markdown(study: dict) -> str:
                          f"{cell('section_r1')} | {entry['mean']['article_r1']:.1f} | {cell('article_r1')} | "
                          f"{cell('multi_section_r1')} | {f'{mean(gates):.3f}' if gates else '–'} | "
                          f"{focus_off(entry)} |")
+        if "pair_accuracy" in section["untrained"]["all"]:
+            lines += ["", "Evidence above the other survey's statement of the same fact (pair accuracy, chance 50 %): "
+                      f"untrained {section['untrained']['all']['pair_accuracy']:.1f} %, " + ", ".join(
+                          f"{v} {e['mean']['pair_accuracy']:.1f} %" for v, e in section["variants"].items()) + "."]
         lines.append("")
     return "\n".join(lines)
 

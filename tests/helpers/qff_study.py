@@ -170,7 +170,8 @@ def final_gates(model_dir: Path) -> Optional[list[float]]:
 def score(component, cfg) -> dict[str, tuple]:
     """Per question of cfg's validation split: (section hit, article hit after fusion) and, for a model with
     question focus, (section hit with the focus path switched off at test time, the relative change the focus
-    path makes to the section encodings): how much a trained model relies on focus (docs/training.md)."""
+    path makes to the section encodings): how much a trained model relies on focus (docs/training.md); last, the
+    score of every candidate of its sample, {(url, section index): score}."""
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
     from qkvqa.qff.scoring import late_interaction
@@ -195,13 +196,32 @@ def score(component, cfg) -> dict[str, tuple]:
                 off = (late_interaction(question.tokens[:, None], plain, direction).argmax(dim=1) == 0).tolist()
                 change = ((sections - plain).norm(dim=-1) / sections.norm(dim=-1)).mean(dim=(1, 2)).tolist()
             for row, data_id in enumerate(batch["data_ids"]):
-                hits[data_id] = (float(logits[row].argmax() == 0), articles[row], off[row], change[row])
+                scores = {tuple(c): float(v) for c, v in zip(batch["candidates"][row], logits[row].tolist())}
+                hits[data_id] = (float(logits[row].argmax() == 0), articles[row], off[row], change[row], scores)
     return hits
 
 
-def figures(hits: dict, multi: set) -> dict:
+def survey_rivals(world: dict) -> dict[str, tuple[str, int]]:
+    """For each val + test question of a bound-facts world ("split/data_id"): the gold article's section that states
+    the same fact as the other survey reports it, the sibling holding the question's words in another pairing."""
+    entities = {e["entity_id"]: e for e in world["entities"]}
+    rivals = {}
+    for split, file in EVAL_SPLITS.items():
+        for record in world["questions"][file]:
+            key, _, survey = record["fact"].rpartition("_")
+            if record["question_type"] == "2_hop" or survey not in ("early", "recent"):
+                continue
+            entity = entities[record["entity"]]
+            other = entity["facts"][f"{key}_{'recent' if survey == 'early' else 'early'}"]
+            rivals[f"{split}/{record['data_id']}"] = (entity["url"], other["section_id"])
+    return rivals
+
+
+def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
     """Section and article R@1 (percent) over all questions and over the multi-entity ones; for a focused model
-    also section R@1 with focus switched off at test time and the mean relative change focus makes."""
+    also section R@1 with focus switched off at test time and the mean relative change focus makes; with `rivals`
+    (survey_rivals), `pair_accuracy`: how often the evidence outscores its rival, over the questions whose
+    sample holds it (50 % is chance: the words alone cannot tell the two apart)."""
     out = {}
     for name, keys in (("all", list(hits)), ("multi", [k for k in hits if k in multi])):
         out[name] = {"n": len(keys), "section_r1": 100 * sum(hits[k][0] for k in keys) / len(keys),
@@ -209,11 +229,16 @@ def figures(hits: dict, multi: set) -> dict:
         if keys and hits[keys[0]][2] is not None:
             out[name]["section_r1_focus_off"] = 100 * sum(hits[k][2] for k in keys) / len(keys)
             out[name]["focus_change"] = sum(hits[k][3] for k in keys) / len(keys)
+    if rivals:
+        samples = [(hits[k][4], rivals[k]) for k in hits if k in rivals and rivals[k] in hits[k][4]]
+        wins = [list(scores.values())[0] > scores[rival] for scores, rival in samples]   # the positive comes first
+        out["all"]["pair_accuracy"] = 100 * sum(wins) / max(len(wins), 1)
+        out["all"]["pair_n"] = len(wins)
     return out
 
 
 def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, multi: set,
-             seed: int = 0) -> dict:
+             seed: int = 0, rivals: Optional[dict] = None) -> dict:
     """Section / article R@1 of one model (None: untrained) over every val + test question."""
     from qkvqa.qff.builder import build_qff_component
 
@@ -231,18 +256,19 @@ def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], w
             if component is None:                  # the model is the same for both splits: build it once
                 component = build_qff_component(cfg.components.qformer, cfg.qff)
             hits.update({f"{split}/{k}": v for k, v in score(component, cfg).items()})
-        return figures(hits, multi)
+        return figures(hits, multi, rivals)
     finally:
         torch.set_num_threads(threads)
 
 
-def evaluate_many(jobs: dict, overrides: Sequence[str], work: Path, multi: set, parallel: int = 2) -> dict:
+def evaluate_many(jobs: dict, overrides: Sequence[str], work: Path, multi: set, parallel: int = 2,
+                  rivals: Optional[dict] = None) -> dict:
     """`evaluate` for each `name: (focus, checkpoint, seed)`, `parallel` spawned processes at a time (each one
     intra-op thread, as `evaluate` sets, so the figures equal a one-by-one run); returns `name: figures`."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     with ProcessPoolExecutor(max_workers=parallel, mp_context=get_context("spawn")) as pool:
-        futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed)
+        futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals)
                    for name, (focus, checkpoint, seed) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}

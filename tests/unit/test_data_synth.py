@@ -239,6 +239,30 @@ def test_in_the_bound_world_the_question_words_stand_in_the_evidence_and_in_a_si
     assert checked > 100
 
 
+def test_the_focus_study_pairs_each_bound_question_with_its_rival_and_scores_the_pair(bound):
+    from tests.helpers.qff_study import figures, survey_rivals
+
+    rivals = survey_rivals(bound)
+    kb = json.loads((Path(bound["dir"]) / "kb/encyclopedic_kb_wiki.json").read_text(encoding="utf-8"))
+    entities = {e["entity_id"]: e for e in bound["entities"]}
+    records = {f"{split}/{r['data_id']}": r for split in ("val", "test")
+               for r in bound["questions"][f"evqa/{split}.csv"]}
+    assert len(rivals) > 20
+    for key, (url, section) in rivals.items():
+        record = records[key]
+        other = "Early" if record["fact"].endswith("_recent") else "Recent"
+        assert url == entities[record["entity"]]["url"] and section != record["evidence_section_id"]
+        assert f"{other} surveys report that" in kb[url]["section_texts"][section]
+    # hits: (section hit, article hit, focus-off hit, focus change, {candidate: score}), the positive first
+    first, second = list(rivals.items())[:2]
+    hits = {first[0]: (1.0, 1.0, None, None, {("gold", 1): 0.9, first[1]: 0.2}),
+            second[0]: (0.0, 0.0, None, None, {("gold", 2): 0.1, second[1]: 0.7, ("other", 0): 0.8}),
+            "val/unpaired": (1.0, 0.0, None, None, {("gold", 3): 0.5})}
+    out = figures(hits, {second[0]}, rivals)
+    assert out["all"]["pair_accuracy"] == 50.0 and out["all"]["pair_n"] == 2
+    assert out["all"]["section_r1"] == 200 / 3 and out["multi"]["section_r1"] == 0.0
+
+
 def test_bound_facts_need_generic_sections(tmp_path):
     with pytest.raises(DataError, match="bound_facts needs 2-4 facts per section"):
         generate_world(tmp_path / "bad", entities=12, facts_per_section=1, bound_facts=True, build_store=False)
