@@ -29,8 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "bench" / "out"
 
-from tests.helpers.qff_study import (VARIANTS, evaluate_many, final_gates, prepare, run_id,  # noqa: E402
-                                     survey_rivals, train)
+from omegaconf import OmegaConf  # noqa: E402
+
+from tests.helpers.qff_study import (VARIANTS, compose_run, evaluate_many, final_gates, prepare,  # noqa: E402
+                                     run_id, survey_rivals, train)
 
 # world name -> (generate_world options, overrides every run of that world gets)
 WORLDS = {
@@ -94,9 +96,11 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     extra = [*world_overrides, *([f"qff.lr={args.lr:.2e}"] if args.lr else []), *args.extra]
     overrides, multi = prepare(work, args.entities, extra, **options)
     # Trained runs under `work` are reused only when they were trained with these settings (another --extra, --lr
-    # or --epochs in the same --work would otherwise be scored as if it were this study's).
-    stamp, settings = work / "study_settings.json", {"overrides": overrides, "epochs": args.epochs,
-                                                      "threads": args.threads}
+    # or --epochs in the same --work would otherwise be scored as if it were this study's). The stamp holds the
+    # resolved config, so an edited preset or experiment file counts as another setting too.
+    resolved = OmegaConf.to_container(compose_run(VARIANTS["per_layer"][0], overrides), resolve=True)
+    stamp, settings = work / "study_settings.json", {"overrides": overrides, "resolved": resolved,
+                                                      "epochs": args.epochs, "threads": args.threads}
     if stamp.exists() and json.loads(stamp.read_text()) != settings:
         raise SystemExit(f"{stamp}: the runs under {work} were trained with other settings (--extra, --lr, --epochs "
                          f"or --threads); pass another --work, or delete {work}")

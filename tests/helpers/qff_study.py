@@ -204,16 +204,17 @@ def score(component, cfg) -> dict[str, tuple]:
 def survey_rivals(world: dict) -> dict[str, tuple[str, int]]:
     """For each val + test question of a bound-facts world ("split/data_id"): the gold article's section that states
     the same fact as the other survey reports it, the sibling holding the question's words in another pairing."""
+    from qkvqa.synth.world import other_survey
+
     entities = {e["entity_id"]: e for e in world["entities"]}
     rivals = {}
     for split, file in EVAL_SPLITS.items():
         for record in world["questions"][file]:
-            key, _, survey = record["fact"].rpartition("_")
-            if record["question_type"] == "2_hop" or survey not in ("early", "recent"):
+            rival = other_survey(record["fact"])
+            if record["question_type"] == "2_hop" or rival is None:
                 continue
             entity = entities[record["entity"]]
-            other = entity["facts"][f"{key}_{'recent' if survey == 'early' else 'early'}"]
-            rivals[f"{split}/{record['data_id']}"] = (entity["url"], other["section_id"])
+            rivals[f"{split}/{record['data_id']}"] = (entity["url"], entity["facts"][rival]["section_id"])
     return rivals
 
 

@@ -263,6 +263,14 @@ def test_the_focus_study_pairs_each_bound_question_with_its_rival_and_scores_the
     assert out["all"]["section_r1"] == 200 / 3 and out["multi"]["section_r1"] == 0.0
 
 
+def test_the_cli_offers_every_named_world():
+    from qkvqa.cli.main import build_parser
+    from qkvqa.synth.world import WORLDS
+
+    synth = build_parser()._subparsers._group_actions[0].choices["synth"]
+    assert next(a for a in synth._actions if a.dest == "world").choices == list(WORLDS)
+
+
 def test_bound_facts_need_generic_sections(tmp_path):
     with pytest.raises(DataError, match="bound_facts needs 2-4 facts per section"):
         generate_world(tmp_path / "bad", entities=12, facts_per_section=1, bound_facts=True, build_store=False)

@@ -110,6 +110,15 @@ def _unsurveyed_key(key: str) -> str:
     return key
 
 
+def other_survey(key: str) -> Optional[str]:
+    """The key of the same fact as the other survey states it (`diet_recent` for `diet_early`), or None for a fact
+    that is not stated per survey: in a bound-facts world, the rival of a question's evidence."""
+    base, _, survey = key.rpartition("_")
+    if survey not in SURVEYS:
+        return None
+    return f"{base}_{SURVEYS[1 - SURVEYS.index(survey)]}"
+
+
 def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
@@ -346,7 +355,7 @@ def _make_entities(count: int, rng: random.Random, bound: bool = False) -> list[
         entity.image_mode = "none" if index % 20 == 7 else "url_store" if index % 20 == 13 else "csv"
         for fact in _facts_of(entity):
             value, answer = _fact_value(fact, rng)
-            earlier = _unsurveyed_key(fact.key) + "_early" if fact.key.endswith("_recent") else None
+            earlier = other_survey(fact.key) if fact.key.endswith(f"_{SURVEYS[-1]}") else None
             while earlier is not None and _same_value(value, entity.facts[earlier]):
                 value, answer = _fact_value(fact, rng)      # the surveys disagree, so only one answers a question
             entity.facts[fact.key], entity.answers[fact.key] = value, answer
