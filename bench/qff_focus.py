@@ -31,8 +31,8 @@ OUT = REPO / "bench" / "out"
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from tests.helpers.qff_study import (VARIANTS, compose_run, evaluate_many, final_gates, prepare,  # noqa: E402
-                                     run_id, survey_rivals, train)
+from tests.helpers.qff_study import (SPLIT_FILES, VARIANTS, compose_run, evaluate_many, final_gates,  # noqa: E402
+                                     prepare, run_id, survey_rivals, train)
 
 # world name -> (generate_world options, overrides every run of that world gets)
 WORLDS = {
@@ -46,6 +46,7 @@ DEFAULT_VARIANTS = {"controlled": ["none", "per_layer", "per_layer_gate_none", "
                     "same_category": ["none", "per_layer"],
                     "bound": ["none", "per_layer", "per_layer_gate_none", "per_layer_lr10", "input"]}
 METRICS = ("section_r1", "article_r1")
+SPLIT_METRICS = ("top_in_gold_article", "within_article_r1")   # tests/helpers/qff_study.within_article
 # two-sided 95 % quantiles of Student's t by degrees of freedom
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
@@ -118,6 +119,10 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     score_jobs[("untrained", 0)] = ("per_layer", None, 0)
     rivals = survey_rivals(json.loads((work / "world/world.json").read_text())) if options.get("bound_facts") else None
     scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel, rivals=rivals)
+    # The first seed's models on their own training questions: the gap to val + test is what they memorised.
+    train_jobs = {v: (v, work / "runs" / run_id(v, args.seeds[0]) / "qff", args.seeds[0]) for v in variants}
+    on_train = evaluate_many(train_jobs, overrides, work, set(), parallel=args.parallel,
+                             splits={"train": SPLIT_FILES["train"]})
     section: dict = {"options": options, "overrides": overrides, "untrained": scored[("untrained", 0)],
                      "questions": scored[("untrained", 0)]["all"]["n"],
                      "multi_entity_questions": scored[("untrained", 0)]["multi"]["n"], "variants": {}}
@@ -134,6 +139,13 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
                 for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
         entry["mean"] = {f"{prefix}{metric}": round(mean(scored[(variant, s)][group][metric] for s in args.seeds), 2)
                          for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
+        entry["train_seed"] = {"seed": args.seeds[0], **{metric: round(on_train[variant]["all"][metric], 2)
+                                                          for metric in ("section_r1", *SPLIT_METRICS)}}
+        for metric in SPLIT_METRICS:  # which article tops the sample (the image's work), and the choice within it
+            entry["mean"][metric] = round(mean(scored[(variant, s)]["all"][metric] for s in args.seeds), 2)
+            if variant != "none":
+                entry["diff_vs_none"][metric] = interval([scored[(variant, s)]["all"][metric]
+                                                          - scored[("none", s)]["all"][metric] for s in args.seeds])
         if variant != "none":       # focus switched off at test time: how much the trained model relies on it
             entry["focus_off"] = {
                 "section_r1": round(mean(scored[(variant, s)]["all"]["section_r1_focus_off"] for s in args.seeds), 2),
@@ -178,6 +190,19 @@ def markdown(study: dict) -> str:
                          f"{cell('section_r1')} | {entry['mean']['article_r1']:.1f} | {cell('article_r1')} | "
                          f"{cell('multi_section_r1')} | {f'{mean(gates):.3f}' if gates else '–'} | "
                          f"{focus_off(entry)} |")
+        if all(m in e["mean"] for e in section["variants"].values() for m in SPLIT_METRICS):
+            lines += ["", "Section R@1 split in two: the top candidate is a section of the gold article (then only the text "
+                      "can choose), and the evidence tops the gold article's other sections in the sample: " + "; ".join(
+                          f"{v} {e['mean']['top_in_gold_article']:.1f} % and {e['mean']['within_article_r1']:.1f} %"
+                          + (f" (Δ within {e['diff_vs_none']['within_article_r1']['mean']:+.1f} "
+                             f"[{e['diff_vs_none']['within_article_r1']['ci95_low']:+.1f}, "
+                             f"{e['diff_vs_none']['within_article_r1']['ci95_high']:+.1f}])" if 'diff_vs_none' in e else "")
+                          for v, e in section["variants"].items()) + "."]
+        if all("train_seed" in e for e in section["variants"].values()):
+            lines += ["", "The same models on their own training questions (seed "
+                      f"{next(iter(section['variants'].values()))['train_seed']['seed']}): " + "; ".join(
+                          f"{v} section R@1 {e['train_seed']['section_r1']:.1f}, within the article "
+                          f"{e['train_seed']['within_article_r1']:.1f} %" for v, e in section["variants"].items()) + "."]
         if "pair_accuracy" in section["untrained"]["all"]:
             lines += ["", "Evidence above the other survey's statement of the same fact (pair accuracy, chance 50 %): "
                       f"untrained {section['untrained']['all']['pair_accuracy']:.1f} %, " + ", ".join(

@@ -218,18 +218,34 @@ def survey_rivals(world: dict) -> dict[str, tuple[str, int]]:
     return rivals
 
 
+def within_article(scores: dict) -> tuple[bool, Optional[bool]]:
+    """Split one sample's outcome (`{(url, section): score}`, the positive first) in two: is the top-scored candidate
+    a section of the gold article, and does the evidence outscore every other section of that article in the sample
+    (None when the sample holds none): telling the article (the image's work) from choosing within it (the text's)."""
+    (gold, gold_score), *rest = scores.items()
+    top = max(scores, key=scores.get)
+    siblings = [score for (url, _), score in rest if url == gold[0]]
+    return top[0] == gold[0], (all(gold_score > score for score in siblings) if siblings else None)
+
+
 def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
     """Section and article R@1 (percent) over all questions and over the multi-entity ones; for a focused model
     also section R@1 with focus switched off at test time and the mean relative change focus makes; with `rivals`
     (survey_rivals), `pair_accuracy`: how often the evidence outscores its rival, over the questions whose
-    sample holds it (50 % is chance: the words alone cannot tell the two apart)."""
+    sample holds it (50 % is chance: the words alone cannot tell the two apart); and (within_article) how often the
+    top candidate is a section of the gold article, and the evidence tops the gold article's other sections."""
     out = {}
     for name, keys in (("all", list(hits)), ("multi", [k for k in hits if k in multi])):
-        out[name] = {"n": len(keys), "section_r1": 100 * sum(hits[k][0] for k in keys) / len(keys),
-                     "article_r1": 100 * sum(hits[k][1] for k in keys) / len(keys)}
+        n = max(len(keys), 1)
+        out[name] = {"n": len(keys), "section_r1": 100 * sum(hits[k][0] for k in keys) / n,
+                     "article_r1": 100 * sum(hits[k][1] for k in keys) / n}
+        split = [within_article(hits[k][4]) for k in keys]
+        out[name]["top_in_gold_article"] = 100 * sum(right for right, _ in split) / n
+        among = [best for _, best in split if best is not None]
+        out[name]["within_article_r1"] = 100 * sum(among) / max(len(among), 1)
         if keys and hits[keys[0]][2] is not None:
-            out[name]["section_r1_focus_off"] = 100 * sum(hits[k][2] for k in keys) / len(keys)
-            out[name]["focus_change"] = sum(hits[k][3] for k in keys) / len(keys)
+            out[name]["section_r1_focus_off"] = 100 * sum(hits[k][2] for k in keys) / n
+            out[name]["focus_change"] = sum(hits[k][3] for k in keys) / n
     if rivals:
         samples = [(hits[k][4], rivals[k]) for k in hits if k in rivals and rivals[k] in hits[k][4]]
         wins = [list(scores.values())[0] > scores[rival] for scores, rival in samples]   # the positive comes first
@@ -239,15 +255,16 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
 
 
 def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, multi: set,
-             seed: int = 0, rivals: Optional[dict] = None) -> dict:
-    """Section / article R@1 of one model (None: untrained) over every val + test question."""
+             seed: int = 0, rivals: Optional[dict] = None, splits: Optional[dict] = None) -> dict:
+    """Section / article R@1 of one model (None: untrained) over every question of `splits` (split -> E-VQA file;
+    default the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`)."""
     from qkvqa.qff.builder import build_qff_component
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         hits, component = {}, None
-        for split, file in EVAL_SPLITS.items():
+        for split, file in (splits or EVAL_SPLITS).items():
             experiment, extra = VARIANTS[focus]
             cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}", f"data.val_questions={file}",
                                                    f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
@@ -263,13 +280,13 @@ def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], w
 
 
 def evaluate_many(jobs: dict, overrides: Sequence[str], work: Path, multi: set, parallel: int = 2,
-                  rivals: Optional[dict] = None) -> dict:
+                  rivals: Optional[dict] = None, splits: Optional[dict] = None) -> dict:
     """`evaluate` for each `name: (focus, checkpoint, seed)`, `parallel` spawned processes at a time (each one
     intra-op thread, as `evaluate` sets, so the figures equal a one-by-one run); returns `name: figures`."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     with ProcessPoolExecutor(max_workers=parallel, mp_context=get_context("spawn")) as pool:
-        futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals)
+        futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals, splits)
                    for name, (focus, checkpoint, seed) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}

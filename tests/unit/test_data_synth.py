@@ -255,12 +255,15 @@ def test_the_focus_study_pairs_each_bound_question_with_its_rival_and_scores_the
         assert f"{other} surveys report that" in kb[url]["section_texts"][section]
     # hits: (section hit, article hit, focus-off hit, focus change, {candidate: score}), the positive first
     first, second = list(rivals.items())[:2]
-    hits = {first[0]: (1.0, 1.0, None, None, {("gold", 1): 0.9, first[1]: 0.2}),
-            second[0]: (0.0, 0.0, None, None, {("gold", 2): 0.1, second[1]: 0.7, ("other", 0): 0.8}),
+    hits = {first[0]: (1.0, 1.0, None, None, {(first[1][0], 99): 0.9, first[1]: 0.2}),
+            second[0]: (0.0, 0.0, None, None, {(second[1][0], 99): 0.1, second[1]: 0.7, ("other", 0): 0.8}),
             "val/unpaired": (1.0, 0.0, None, None, {("gold", 3): 0.5})}
     out = figures(hits, {second[0]}, rivals)
     assert out["all"]["pair_accuracy"] == 50.0 and out["all"]["pair_n"] == 2
     assert out["all"]["section_r1"] == 200 / 3 and out["multi"]["section_r1"] == 0.0
+    # the top candidate is in the gold article in the first and third sample (the second's is another article's);
+    # the evidence tops its siblings in the first only (the third has none in its sample, the second loses to its rival)
+    assert out["all"]["top_in_gold_article"] == 200 / 3 and out["all"]["within_article_r1"] == 50.0
 
 
 def test_the_cli_offers_every_named_world():
