@@ -5,7 +5,10 @@ world) the study writes the world, the learning test's stand-in stage 1 and pool
 trains every (variant, seed) as its own `qkvqa train` process with one intra-op thread, `--parallel` at a time, and
 scores each model's section R@1 (evidence section above its 15 negatives) and article R@1 after fusion on the val +
 test questions. Per variant it reports the paired per-seed difference against `none` with its mean and a 95 %
-t-interval, and per run the focus gates and the focus blocks' gradient norm over training (from metrics.csv).
+t-interval, and per run the focus gates and the focus blocks' gradient norm over training (from metrics.csv). It
+splits section R@1 into "the top candidate is in the gold article" and "the evidence tops that article's other
+sections", scores every focused model again with its focus path off, and scores the first seed's models on their own
+training questions (what they memorised); bench/qff_focus_facts.py breaks the within-article choice down by fact.
 
     python bench/qff_focus.py                                   # the study: both worlds, 8 seeds (about 1 h on 2 cores)
     python bench/qff_focus.py --worlds controlled --seeds 0 1 --variants per_layer none   # a quick look
@@ -159,14 +162,18 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     return section
 
 
+def interval_text(d: dict) -> str:
+    """'+1.2 [-0.5, +2.9]': a paired difference's mean and 95 % interval (`interval`)."""
+    return f"{d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]"
+
+
 def focus_off(entry: dict) -> str:
     """The focus-off cells of a variant: section R@1 with the focus path skipped at test time (its paired change)
     and the mean relative change focus makes to the section encodings; '–' for none and for older studies."""
     off = entry.get("focus_off")
     if not off:
         return "– | –"
-    d = off["diff_vs_focus_on"]
-    return (f"{off['section_r1']:.1f} ({d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]) | "
+    return (f"{off['section_r1']:.1f} ({interval_text(off['diff_vs_focus_on'])}) | "
             f"{100 * off['relative_change']:.1f} %")
 
 
@@ -184,25 +191,25 @@ def markdown(study: dict) -> str:
         for variant, entry in section["variants"].items():
             def cell(metric: str) -> str:
                 d = entry.get("diff_vs_none", {}).get(metric)
-                return "–" if d is None else f"{d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]"
+                return "–" if d is None else interval_text(d)
             gates = [mean(abs(g) for g in gs) for gs in entry["gates"].values() if gs]
             lines.append(f"| {variant} | {' '.join(entry['overrides']) or '–'} | {entry['mean']['section_r1']:.1f} | "
                          f"{cell('section_r1')} | {entry['mean']['article_r1']:.1f} | {cell('article_r1')} | "
                          f"{cell('multi_section_r1')} | {f'{mean(gates):.3f}' if gates else '–'} | "
                          f"{focus_off(entry)} |")
-        if all(m in e["mean"] for e in section["variants"].values() for m in SPLIT_METRICS):
-            lines += ["", "Section R@1 split in two: the top candidate is a section of the gold article (then only the text "
-                      "can choose), and the evidence tops the gold article's other sections in the sample: " + "; ".join(
-                          f"{v} {e['mean']['top_in_gold_article']:.1f} % and {e['mean']['within_article_r1']:.1f} %"
-                          + (f" (Δ within {e['diff_vs_none']['within_article_r1']['mean']:+.1f} "
-                             f"[{e['diff_vs_none']['within_article_r1']['ci95_low']:+.1f}, "
-                             f"{e['diff_vs_none']['within_article_r1']['ci95_high']:+.1f}])" if 'diff_vs_none' in e else "")
-                          for v, e in section["variants"].items()) + "."]
-        if all("train_seed" in e for e in section["variants"].values()):
-            lines += ["", "The same models on their own training questions (seed "
-                      f"{next(iter(section['variants'].values()))['train_seed']['seed']}): " + "; ".join(
-                          f"{v} section R@1 {e['train_seed']['section_r1']:.1f}, within the article "
-                          f"{e['train_seed']['within_article_r1']:.1f} %" for v, e in section["variants"].items()) + "."]
+        entries = section["variants"]
+        if all(m in e["mean"] for e in entries.values() for m in SPLIT_METRICS):
+            within = [f"{v} {e['mean']['top_in_gold_article']:.1f} % and {e['mean']['within_article_r1']:.1f} %"
+                      + (f" (Δ within {interval_text(e['diff_vs_none']['within_article_r1'])})"
+                         if "diff_vs_none" in e else "") for v, e in entries.items()]
+            lines += ["", "Section R@1 split in two: the top candidate is a section of the gold article (then only the "
+                      "text can choose), and the evidence tops the gold article's other sections in the sample: "
+                      + "; ".join(within) + "."]
+        if all("train_seed" in e for e in entries.values()):
+            trained = [f"{v} section R@1 {e['train_seed']['section_r1']:.1f}, within the article "
+                       f"{e['train_seed']['within_article_r1']:.1f} %" for v, e in entries.items()]
+            lines += ["", f"The same models on their own training questions (seed "
+                      f"{next(iter(entries.values()))['train_seed']['seed']}): " + "; ".join(trained) + "."]
         if "pair_accuracy" in section["untrained"]["all"]:
             lines += ["", "Evidence above the other survey's statement of the same fact (pair accuracy, chance 50 %): "
                       f"untrained {section['untrained']['all']['pair_accuracy']:.1f} %, " + ", ".join(
