@@ -36,8 +36,9 @@ seed each, and a seed alone moves section R@1 by 4-8 points (sd over 8 seeds). T
 seeds (bench/qff_focus.py, docs/training.md "The focus study") measured the demo's setting (per_layer,
 tanh gate, the base lr for the new blocks) against none on the controlled world built to need focus:
 section R@1 60.7 +- 5.3 (mean +- sd) against 61.6 +- 5.1, a paired difference of -0.9 points (95 %
-interval -3.1 to +1.3); on this demo's kind of world -0.6 (-5.7 to +4.5). So any gap between the two
-rows here is seed noise: at this scale, question focus neither helps nor hurts measurably. The study
+interval -3.1 to +1.3); on this demo's kind of world -0.6 (-5.7 to +4.5), with per-seed differences
+from -7.7 to +10.6. So a gap of that size between the two rows here is seed noise: at this scale,
+question focus neither helps nor hurts measurably. The study
 also says why: these tiny models memorise their training sections and do not learn which words a
 question asks for, with or without focus."""
 
