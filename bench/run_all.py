@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
@@ -105,15 +106,39 @@ def section_qff(d: dict) -> str:
 RENDER = {"kb_store": section_kb_store, "kb_store_2m": section_kb_store, "bem": section_bem, "qff": section_qff}  # the others: bench/out/NAME.md as the bench wrote it
 
 
+RUN_RECORD = "run_all.json"   # under OUT: where and when the last run ran, so that --render-only keeps it
+
+
+def record_run(names: list[str], results: dict[str, dict]) -> dict:
+    """Write OUT/run_all.json for a run of `names` (every benchmark, or an --only subset): the machine, the date and
+    each benchmark's exit code and seconds (`results`; an --only run keeps the earlier record's for the others)."""
+    earlier = _load(Path(RUN_RECORD).stem) or {}
+    kept = {k: v for k, v in earlier.get("results", {}).items() if k not in names}
+    run = {"node": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(),
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "ran": names,
+           "all": set(names) == set(BENCHMARKS), "results": {**kept, **results}}
+    (OUT / RUN_RECORD).write_text(json.dumps(run, indent=1))
+    return run
+
+
+def header(run: Optional[dict]) -> str:
+    """RESULTS.md's first line: the run that produced the figures (OUT/run_all.json), not the time of rendering."""
+    if run is None:
+        return "Rendered from bench/out by `bench/run_all.py --render-only`; no record of the run that produced it."
+    where = (f"on {run['node']} ({run['cpus']} CPUs, {run['machine']}, Python {run['python']}), {run['date']}")
+    scope = ("One `make bench` run" if run["all"] else
+             f"`bench/run_all.py --only {' '.join(run['ran'])}` (the other benchmarks' figures are from earlier runs)")
+    return (f"{scope} {where}. Ratios are measured side by side within each benchmark; absolute times depend on the "
+            "machine's load.")
+
+
 def write_results(ran: dict[str, dict]) -> Path:
-    """Compose RESULTS.md from bench/out/*.json and *.md."""
-    lines = ["# Benchmark results", "",
-             f"One `make bench` run on {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}, Python "
-             f"{platform.python_version()}), {time.strftime('%Y-%m-%d %H:%M')}. Ratios are measured side by side "
-             "within each benchmark; absolute times depend on the machine's load.", ""]
+    """Compose RESULTS.md from bench/out/*.json and *.md, under the header of the run recorded in OUT/run_all.json."""
+    run = _load(Path(RUN_RECORD).stem)
+    lines = ["# Benchmark results", "", header(run), ""]
     for name in BENCHMARKS:
         data, md = _load(name), _md(name)
-        status = ran.get(name, {})
+        status = ran.get(name) or (run or {}).get("results", {}).get(name, {})
         lines += [f"## {name}", ""]
         if status.get("rc") not in (None, 0):
             lines += [f"FAILED (exit {status['rc']}); see bench/out/{name}.log", ""]
@@ -147,13 +172,15 @@ def main(argv=None) -> int:
     ran: dict[str, dict] = {}
     if not args.render_only:
         OUT.mkdir(exist_ok=True)
-        for name in args.only or BENCHMARKS:
+        names = list(args.only or BENCHMARKS)
+        for name in names:
             print(f"== bench/{name}.py", flush=True)
             start = time.perf_counter()
             with open(OUT / f"{name}.log", "w") as log:
                 rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py"), *BENCHMARKS[name]],
                                      stdout=log, stderr=subprocess.STDOUT, cwd=BENCH.parent)
             ran[name] = {"rc": rc, "seconds": time.perf_counter() - start}
+            record_run(names, ran)              # after every benchmark: a stopped run keeps what it measured
             print(f"   exit {rc} in {ran[name]['seconds']:.0f} s", flush=True)
     print(f"wrote {write_results(ran)}")
     return 0 if all(r["rc"] == 0 for r in ran.values()) else 1
