@@ -47,7 +47,8 @@ def test_an_evaluation_logs_its_questions_as_a_table_with_job_type_evaluate(offl
     for row in content["data"]:
         qid, prediction, correct, after = row[0], row[3], row[4], row[6]
         trace = traces[qid]                                # the trace's columns, as traces.jsonl has them
-        assert row[8:10] == [trace["category"], trace["answer_in_context"]] and row[6] == trace["gold_rank"]["after"]
+        assert row[8:10] == [trace["category"], trace["answer_in_context"]]
+        assert row[5:7] == [trace["gold_rank"]["before"], trace["gold_rank"]["after"]]
         if predictions[qid].get("skipped"):
             assert prediction.startswith("<skipped: ") and correct == 0.0 and row[12] is None
             assert row[10] is None and row[11] is None

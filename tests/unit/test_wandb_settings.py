@@ -61,8 +61,10 @@ def test_predictions_table_rows_name_the_gold_rank_before_and_after_the_filter()
     assert table[1][5:] == [None, None, 12]                    # gold article never ranked
     assert table[2][3] == "<skipped: query image missing or unreadable>" and table[2][5:] == [1, None, None]
     assert gold_rank(["a", "b", "c"], ["c", "b"]) == 2 and gold_rank([], ["a"]) is None
-    # with the traces, their columns follow: Table 3 cell, answer in context, kept articles, best selected chunk
-    trace = {"data_id": "q1", "category": "R1-C", "answer_in_context": True,
+    assert gold_rank(["a", "a", "c"], ["c"]) == 2                     # a duplicate counts once, as in recall@K
+    # with the traces, their columns follow: Table 3 cell, answer in context, kept articles, best selected chunk;
+    # the ranks are the trace's (its stage 1 is cut at the filter's top-K)
+    trace = {"data_id": "q1", "category": "R1-C", "answer_in_context": True, "gold_rank": {"before": 2, "after": 1},
              "filter": {"articles": [{"url": "u/b", "title": "B"}, {"url": "u/a", "title": None}]},
              "cda": {"kept": ["u/b", "u/a"], "chunks": [{"selected": True, "score": 0.2, "text": "low"},
                                                          {"selected": False, "score": 0.9, "text": None},

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Optional, Sequence
 from omegaconf import DictConfig
 
 from qkvqa.config.load import to_plain
+from qkvqa.metrics.retrieval import gold_rank as metric_gold_rank
 from qkvqa.run.rundir import RunContext
 from qkvqa.utils.logging import get_logger
 
@@ -272,11 +273,9 @@ TRACE_COLUMNS = ["category", "answer_in_context", "kept_articles", "top_chunk"]
 
 
 def gold_rank(urls: Sequence[str], gold: Sequence[str]) -> Optional[int]:
-    """1-based rank of the first gold URL in `urls`, None when no gold article is ranked."""
-    for rank, url in enumerate(urls, 1):
-        if url in gold:
-            return rank
-    return None
+    """1-based rank of the first gold URL in `urls` as the retrieval metrics count it (duplicates once), None when no
+    gold article is ranked."""
+    return metric_gold_rank(urls, gold) or None
 
 
 def trace_cells(trace: Optional[dict]) -> list:
@@ -309,12 +308,15 @@ def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retri
         prediction = row.get("prediction", "")
         if row.get("skipped"):
             prediction = f"<skipped: {row['skipped']}>"
-        out.append([q.data_id, q.question, gold, prediction, correct.get(q.data_id),
-                    gold_rank(before.urls if before is not None else [], q.gold_urls),
-                    gold_rank([a["url"] for a in row.get("ranking") or []], q.gold_urls) if row else None,
-                    row.get("context_tokens")])
+        trace = trace_of.get(q.data_id) if trace_of is not None else None
+        if trace is not None:       # the trace's ranks (stage 1 cut at the filter's top-K), as qkvqa inspect shows them
+            ranks = [trace["gold_rank"]["before"], trace["gold_rank"]["after"]]
+        else:
+            ranks = [gold_rank(before.urls if before is not None else [], q.gold_urls),
+                     gold_rank([a["url"] for a in row.get("ranking") or []], q.gold_urls) if row else None]
+        out.append([q.data_id, q.question, gold, prediction, correct.get(q.data_id), *ranks, row.get("context_tokens")])
         if trace_of is not None:
-            out[-1].extend(trace_cells(trace_of.get(q.data_id)))
+            out[-1].extend(trace_cells(trace))
     return out
 
 
