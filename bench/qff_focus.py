@@ -128,7 +128,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
                              splits={"train": SPLIT_FILES["train"]})
     section: dict = {"options": options, "overrides": overrides, "untrained": scored[("untrained", 0)],
                      "questions": scored[("untrained", 0)]["all"]["n"],
-                     "multi_entity_questions": scored[("untrained", 0)]["multi"]["n"], "variants": {}}
+                     "multi_entity_questions": scored[("untrained", 0)]["multi"]["n"],
+                     "within_article_samples": scored[("untrained", 0)]["all"]["within_article_n"], "variants": {}}
     for variant in variants:
         experiment, variant_overrides = VARIANTS[variant]
         entry = {"experiment": experiment, "overrides": [*world_overrides, *variant_overrides],
@@ -145,6 +146,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
         entry["train_seed"] = {"seed": args.seeds[0], **{metric: round(on_train[variant]["all"][metric], 2)
                                                           for metric in ("section_r1", *SPLIT_METRICS)}}
         for metric in SPLIT_METRICS:  # which article tops the sample (the image's work), and the choice within it
+            if any(scored[(v, s)]["all"][metric] is None for v in (variant, "none") for s in args.seeds):
+                continue              # no sample holds a sibling section: no within-article figure
             entry["mean"][metric] = round(mean(scored[(variant, s)]["all"][metric] for s in args.seeds), 2)
             if variant != "none":
                 entry["diff_vs_none"][metric] = interval([scored[(variant, s)]["all"][metric]
@@ -203,7 +206,8 @@ def markdown(study: dict) -> str:
                       + (f" (Δ within {interval_text(e['diff_vs_none']['within_article_r1'])})"
                          if "diff_vs_none" in e else "") for v, e in entries.items()]
             lines += ["", "Section R@1 split in two: the top candidate is a section of the gold article (then only the "
-                      "text can choose), and the evidence tops the gold article's other sections in the sample: "
+                      "text can choose), and the evidence tops the gold article's other sections in the sample (over the "
+                      f"{section.get('within_article_samples', '?')} samples that hold one): "
                       + "; ".join(within) + "."]
         if all("train_seed" in e for e in entries.values()):
             trained = [f"{v} section R@1 {e['train_seed']['section_r1']:.1f}, within the article "

@@ -2,7 +2,7 @@
 
 For every val + test question whose sample holds other sections of the gold article, the evidence either outscores
 them all or loses to one; this prints how often the evidence wins per question type and per fact, and what kind of
-section beats it (the other fact-holding section, the lead, a filler). docs/training.md ("Where section R@1 is
+section beats it (another fact-holding section, the lead, a section without facts). docs/training.md ("Where section R@1 is
 lost") quotes it for a 240-entity study:
 
     python bench/qff_focus_facts.py /tmp/qff_focus_study/<name>/controlled none 0
@@ -19,9 +19,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.qff_study import EVAL_SPLITS, SPLIT_FILES, VARIANTS, compose_run, run_id, score  # noqa: E402
+from qkvqa.synth.world import unsurveyed_key  # noqa: E402
+from tests.helpers.qff_study import EVAL_SPLITS, SPLIT_FILES, VARIANTS, best_sibling, run_id, score_splits  # noqa: E402
 
-FILLERS = {"References", "External links", "Etymology", "Behaviour", "Taxonomy", "Name", "Legends", "Gallery"}
+
+def section_kind(entity: dict, index: int) -> str:
+    """What a section of an entity's article is, from the world's record of where each fact stands."""
+    if index == 0:
+        return "the lead section"
+    holds_fact = any(fact["section_id"] == index for fact in entity["facts"].values())
+    return "another fact section" if holds_fact else "a section without facts"
 
 
 def main(argv=None) -> int:
@@ -35,41 +42,32 @@ def main(argv=None) -> int:
 
     import torch
 
-    from qkvqa.qff.builder import build_qff_component
-
     torch.set_num_threads(1)
     overrides = json.loads((args.work / "study_settings.json").read_text())["overrides"]
     world = json.loads((args.work / "world/world.json").read_text())
-    kb = json.loads((args.work / "world/kb/encyclopedic_kb_wiki.json").read_text())
+    entities = {e["entity_id"]: e for e in world["entities"]}
     splits = {"train": SPLIT_FILES["train"]} if args.split == "train" else EVAL_SPLITS
-    experiment, extra = VARIANTS[args.variant]
-    component, hits = None, {}
-    for split, file in splits.items():
-        cfg = compose_run(experiment, [*overrides, *extra, f"seed={args.seed}", f"data.val_questions={file}",
-                                       f"qff.val_negatives={args.work / f'pools/hardneg_{split}.json'}",
-                                       f"qff.checkpoint={args.work / 'runs' / run_id(args.variant, args.seed) / 'qff'}",
-                                       "qff.max_val_samples=null", "qff.vit_cache=null"])
-        component = component or build_qff_component(cfg.components.qformer, cfg.qff)
-        hits.update({f"{split}/{k}": v for k, v in score(component, cfg).items()})
+    hits = score_splits(args.variant, args.work / "runs" / run_id(args.variant, args.seed) / "qff", overrides,
+                        args.work, args.seed, splits)
     records = {f"{split}/{r['data_id']}": r for split, file in splits.items() for r in world["questions"][file]
                if "data_id" in r}
     losers, groups = Counter(), {}
     for key, hit in hits.items():
-        (gold, gold_score), *rest = hit[4].items()
-        siblings = [(candidate, s) for candidate, s in rest if candidate[0] == gold[0]]
-        if not siblings:
+        scores = hit[4]
+        sibling = best_sibling(scores)
+        if sibling is None:
             continue
-        (_, index), best = max(siblings, key=lambda cs: cs[1])
-        won = gold_score > best
-        if not won:
-            title = kb[gold[0]]["section_titles"][index]
-            losers["a filler section" if title in FILLERS else "the lead section" if index == 0
-                   else "another fact section"] += 1
         record = records[key]
-        fact = record["fact"].removesuffix("_early").removesuffix("_recent")
+        won = next(iter(scores.values())) > sibling[1]       # the positive comes first
+        if not won:
+            losers[section_kind(entities[record["entity"]], sibling[0])] += 1
+        fact = unsurveyed_key(record["fact"])
         where = "evidence in the lead section" if record["evidence_section_id"] == 0 else "evidence in a fact section"
         for group in (f"type {record['question_type']}", f"fact {fact}", where, "all"):
             groups.setdefault(group, []).append(won)
+    if not groups:
+        raise SystemExit(f"no {args.split} sample under {args.work} holds another section of its gold article; "
+                         "study a world with qff.keep_gold_negatives=true")
     print(f"{args.variant} seed {args.seed}, {args.split} questions with siblings in the sample: evidence tops them "
           f"in {sum(groups['all'])} of {len(groups['all'])}; it loses to " +
           ", ".join(f"{kind} {n}" for kind, n in losers.most_common()))

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from qkvqa.utils.io import atomic_write_json
+
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
 # Each benchmark, with arguments that keep the whole run within tens of minutes on a 2-core machine.
@@ -106,18 +108,19 @@ def section_qff(d: dict) -> str:
 RENDER = {"kb_store": section_kb_store, "kb_store_2m": section_kb_store, "bem": section_bem, "qff": section_qff}  # the others: bench/out/NAME.md as the bench wrote it
 
 
-RUN_RECORD = "run_all.json"   # under OUT: where and when the last run ran, so that --render-only keeps it
+RUN_RECORD = "run_all"   # OUT/run_all.json: where and when the last run ran, so that --render-only keeps it
 
 
-def record_run(names: list[str], results: dict[str, dict]) -> dict:
-    """Write OUT/run_all.json for a run of `names` (every benchmark, or an --only subset): the machine, the date and
-    each benchmark's exit code and seconds (`results`; an --only run keeps the earlier record's for the others)."""
-    earlier = _load(Path(RUN_RECORD).stem) or {}
-    kept = {k: v for k, v in earlier.get("results", {}).items() if k not in names}
+def record_run(results: dict[str, dict]) -> dict:
+    """Write OUT/run_all.json for the benchmarks this run has finished (`results`: exit code and seconds each): the
+    machine, the date, which ran (all of them, or an --only or stopped run's subset), and the earlier record's
+    results for the others. Written atomically after every benchmark, so a stopped run keeps what it measured."""
+    earlier = _load(RUN_RECORD) or {}
+    kept = {k: v for k, v in earlier.get("results", {}).items() if k not in results}
     run = {"node": platform.node(), "cpus": os.cpu_count(), "machine": platform.machine(),
-           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "ran": names,
-           "all": set(names) == set(BENCHMARKS), "results": {**kept, **results}}
-    (OUT / RUN_RECORD).write_text(json.dumps(run, indent=1))
+           "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"), "ran": list(results),
+           "all": set(results) == set(BENCHMARKS), "results": {**kept, **results}}
+    atomic_write_json(OUT / f"{RUN_RECORD}.json", run, indent=1)
     return run
 
 
@@ -127,14 +130,14 @@ def header(run: Optional[dict]) -> str:
         return "Rendered from bench/out by `bench/run_all.py --render-only`; no record of the run that produced it."
     where = (f"on {run['node']} ({run['cpus']} CPUs, {run['machine']}, Python {run['python']}), {run['date']}")
     scope = ("One `make bench` run" if run["all"] else
-             f"`bench/run_all.py --only {' '.join(run['ran'])}` (the other benchmarks' figures are from earlier runs)")
+             f"A `bench/run_all.py` run of {', '.join(run['ran'])} (the other benchmarks' figures are from earlier runs)")
     return (f"{scope} {where}. Ratios are measured side by side within each benchmark; absolute times depend on the "
             "machine's load.")
 
 
 def write_results(ran: dict[str, dict]) -> Path:
     """Compose RESULTS.md from bench/out/*.json and *.md, under the header of the run recorded in OUT/run_all.json."""
-    run = _load(Path(RUN_RECORD).stem)
+    run = _load(RUN_RECORD)
     lines = ["# Benchmark results", "", header(run), ""]
     for name in BENCHMARKS:
         data, md = _load(name), _md(name)
@@ -172,15 +175,14 @@ def main(argv=None) -> int:
     ran: dict[str, dict] = {}
     if not args.render_only:
         OUT.mkdir(exist_ok=True)
-        names = list(args.only or BENCHMARKS)
-        for name in names:
+        for name in args.only or BENCHMARKS:
             print(f"== bench/{name}.py", flush=True)
             start = time.perf_counter()
             with open(OUT / f"{name}.log", "w") as log:
                 rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py"), *BENCHMARKS[name]],
                                      stdout=log, stderr=subprocess.STDOUT, cwd=BENCH.parent)
             ran[name] = {"rc": rc, "seconds": time.perf_counter() - start}
-            record_run(names, ran)              # after every benchmark: a stopped run keeps what it measured
+            record_run(ran)
             print(f"   exit {rc} in {ran[name]['seconds']:.0f} s", flush=True)
     print(f"wrote {write_results(ran)}")
     return 0 if all(r["rc"] == 0 for r in ran.values()) else 1

@@ -218,14 +218,21 @@ def survey_rivals(world: dict) -> dict[str, tuple[str, int]]:
     return rivals
 
 
+def best_sibling(scores: dict) -> Optional[tuple[int, float]]:
+    """(section index, score) of the best-scored other section of the gold article in one sample (`{(url, section):
+    score}`, the positive first), None when the sample holds none."""
+    (gold, _), *rest = scores.items()
+    siblings = [(index, score) for (url, index), score in rest if url == gold[0]]
+    return max(siblings, key=lambda sibling: sibling[1]) if siblings else None
+
+
 def within_article(scores: dict) -> tuple[bool, Optional[bool]]:
     """Split one sample's outcome (`{(url, section): score}`, the positive first) in two: is the top-scored candidate
     a section of the gold article, and does the evidence outscore every other section of that article in the sample
     (None when the sample holds none): telling the article (the image's work) from choosing within it (the text's)."""
-    (gold, gold_score), *rest = scores.items()
-    top = max(scores, key=scores.get)
-    siblings = [score for (url, _), score in rest if url == gold[0]]
-    return top[0] == gold[0], (all(gold_score > score for score in siblings) if siblings else None)
+    (gold, gold_score), *_ = scores.items()
+    sibling = best_sibling(scores)
+    return max(scores, key=scores.get)[0] == gold[0], (None if sibling is None else gold_score > sibling[1])
 
 
 def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
@@ -233,7 +240,8 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
     also section R@1 with focus switched off at test time and the mean relative change focus makes; with `rivals`
     (survey_rivals), `pair_accuracy`: how often the evidence outscores its rival, over the questions whose
     sample holds it (50 % is chance: the words alone cannot tell the two apart); and (within_article) how often the
-    top candidate is a section of the gold article, and the evidence tops the gold article's other sections."""
+    top candidate is a section of the gold article, and the evidence tops the gold article's other sections, over
+    the `within_article_n` samples that hold one (None when none does)."""
     out = {}
     for name, keys in (("all", list(hits)), ("multi", [k for k in hits if k in multi])):
         n = max(len(keys), 1)
@@ -241,8 +249,9 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
                      "article_r1": 100 * sum(hits[k][1] for k in keys) / n}
         split = [within_article(hits[k][4]) for k in keys]
         out[name]["top_in_gold_article"] = 100 * sum(right for right, _ in split) / n
-        among = [best for _, best in split if best is not None]
-        out[name]["within_article_r1"] = 100 * sum(among) / max(len(among), 1)
+        among = [best for _, best in split if best is not None]      # the samples that hold a sibling
+        out[name]["within_article_n"] = len(among)
+        out[name]["within_article_r1"] = 100 * sum(among) / len(among) if among else None
         if keys and hits[keys[0]][2] is not None:
             out[name]["section_r1_focus_off"] = 100 * sum(hits[k][2] for k in keys) / n
             out[name]["focus_change"] = sum(hits[k][3] for k in keys) / n
@@ -254,27 +263,34 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
     return out
 
 
-def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, multi: set,
-             seed: int = 0, rivals: Optional[dict] = None, splits: Optional[dict] = None) -> dict:
-    """Section / article R@1 of one model (None: untrained) over every question of `splits` (split -> E-VQA file;
-    default the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`)."""
+def score_splits(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, seed: int = 0,
+                 splits: Optional[dict] = None) -> dict:
+    """`score` of one model (checkpoint None: untrained) over every question of `splits` (split -> E-VQA file; default
+    the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`), keyed "split/data_id"."""
     from qkvqa.qff.builder import build_qff_component
 
+    hits, component = {}, None
+    experiment, extra = VARIANTS[focus]
+    for split, file in (splits or EVAL_SPLITS).items():
+        cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}", f"data.val_questions={file}",
+                                       f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
+                                       f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
+                                       "qff.max_val_samples=null",   # every question, whatever the seed
+                                       "qff.vit_cache=null"])        # the cache holds train + val images
+        if component is None:                  # the model is the same for every split: build it once
+            component = build_qff_component(cfg.components.qformer, cfg.qff)
+        hits.update({f"{split}/{k}": v for k, v in score(component, cfg).items()})
+    return hits
+
+
+def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, multi: set,
+             seed: int = 0, rivals: Optional[dict] = None, splits: Optional[dict] = None) -> dict:
+    """Section / article R@1 of one model (None: untrained) over every question of `splits` (`score_splits`), on one
+    intra-op thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        hits, component = {}, None
-        for split, file in (splits or EVAL_SPLITS).items():
-            experiment, extra = VARIANTS[focus]
-            cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}", f"data.val_questions={file}",
-                                                   f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
-                                                   f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
-                                                   "qff.max_val_samples=null",   # every question, whatever the seed
-                                                   "qff.vit_cache=null"])        # the cache holds train + val images
-            if component is None:                  # the model is the same for both splits: build it once
-                component = build_qff_component(cfg.components.qformer, cfg.qff)
-            hits.update({f"{split}/{k}": v for k, v in score(component, cfg).items()})
-        return figures(hits, multi, rivals)
+        return figures(score_splits(focus, checkpoint, overrides, work, seed, splits), multi, rivals)
     finally:
         torch.set_num_threads(threads)
 

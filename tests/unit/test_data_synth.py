@@ -264,6 +264,10 @@ def test_the_focus_study_pairs_each_bound_question_with_its_rival_and_scores_the
     # the top candidate is in the gold article in the first and third sample (the second's is another article's);
     # the evidence tops its siblings in the first only (the third has none in its sample, the second loses to its rival)
     assert out["all"]["top_in_gold_article"] == 200 / 3 and out["all"]["within_article_r1"] == 50.0
+    assert out["all"]["within_article_n"] == 2
+    # no sample with a sibling: no within-article figure (not a 0 %)
+    alone = figures({"val/unpaired": hits["val/unpaired"]}, set())
+    assert alone["all"]["within_article_n"] == 0 and alone["all"]["within_article_r1"] is None
 
 
 def test_the_cli_offers_every_named_world():

@@ -48,3 +48,33 @@ def test_coinciding_recall_curves_are_drawn_distinguishably_and_say_so():
     assert top.get_markerfacecolor() == "none"                          # hollow, so the one below shows through
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["retrieval only", "QFF per_layer (same curve as retrieval only)", "QFF input"]
+
+
+def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
+    """The demo's report and the README quote the focus study; the figures they quote must be those of
+    bench/out/qff_focus.json, so that a rerun study cannot leave them stale."""
+    import json
+    from pathlib import Path
+    from statistics import mean, stdev
+
+    from qkvqa.demo.run import HONEST
+
+    repo = Path(__file__).resolve().parents[2]
+    study = json.loads((repo / "bench/out/qff_focus.json").read_text())["worlds"]
+    text = " ".join(HONEST.split())
+
+    def seeds(world, variant):
+        return [s["all"]["section_r1"] for s in study[world]["variants"][variant]["per_seed"].values()]
+
+    for variant in ("per_layer", "none"):
+        values = seeds("controlled", variant)
+        assert f"{mean(values):.1f} +- {stdev(values):.1f}" in text
+    controlled = study["controlled"]["variants"]["per_layer"]["diff_vs_none"]["section_r1"]
+    assert (f"{controlled['mean']:.1f} points (95 % interval {controlled['ci95_low']:.1f} to "
+            f"{controlled['ci95_high']:+.1f})") in text
+    default = study["default"]["variants"]["per_layer"]["diff_vs_none"]["section_r1"]
+    assert f"{default['mean']:.1f} ({default['ci95_low']:.1f} to {default['ci95_high']:+.1f})" in text
+    assert f"from {min(default['per_seed']):.1f} to {max(default['per_seed']):+.1f}" in text
+    readme = " ".join((repo / "README.md").read_text(encoding="utf-8").split()).replace("−", "-")
+    assert (f"section R@1 {controlled['mean']:.1f} points, 95 % interval {controlled['ci95_low']:.1f} to "
+            f"{controlled['ci95_high']:+.1f}") in readme

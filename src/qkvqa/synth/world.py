@@ -103,7 +103,7 @@ def _facts(specs: dict[str, tuple]) -> tuple[FactSpec, ...]:
     return tuple(FactSpec(key, *spec) for key, spec in specs.items())
 
 
-def _unsurveyed_key(key: str) -> str:
+def unsurveyed_key(key: str) -> str:
     """`diet` for `diet_early` / `diet_recent` (and for `diet`)."""
     for survey in SURVEYS:
         key = key.removesuffix(f"_{survey}")
@@ -433,7 +433,7 @@ def _group_facts(facts: tuple[FactSpec, ...], facts_per_section: int, rng: rando
     while True:
         rng.shuffle(content)
         groups = [content[i:i + facts_per_section] for i in range(0, len(content), facts_per_section)]
-        if all(len({_unsurveyed_key(fact.key) for fact in group}) == len(group) for group in groups):
+        if all(len({unsurveyed_key(fact.key) for fact in group}) == len(group) for group in groups):
             break
     return {"": lead, **dict(zip(rng.sample(DENSE_SECTION_TITLES, len(groups)), groups))}
 
