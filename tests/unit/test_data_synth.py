@@ -15,7 +15,7 @@ from qkvqa.data.images import ImageLoader, QueryImageResolver
 from qkvqa.data.kb import KBStore, build_kb_store
 from qkvqa.data.questions import (read_evqa_csv, read_infoseek_csv, read_infoseek_jsonl_questions,
                                   read_infoseek_references)
-from qkvqa.errors import DataError
+from qkvqa.errors import ConfigError, DataError
 from qkvqa.synth.world import DENSE_SECTION_TITLES, generate_world
 from tests.fixtures_world import make_world
 
@@ -30,7 +30,7 @@ def world(tmp_path_factory) -> dict:
 
 def _data_files(root: Path) -> dict[str, str]:
     """sha256 of every file except world.json, the yaml configs (absolute root) and the KB store (timestamps)."""
-    skip = {"world.json", "data_evqa.yaml", "data_infoseek.yaml"}
+    skip = {"world.json", "data_evqa.yaml", "data_infoseek.yaml", ".qkvqa-synth-world"}
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
             if p.is_file() and p.name not in skip and "store" not in p.relative_to(root).parts[:2]}
 
@@ -336,7 +336,7 @@ def test_the_kb_has_unicode_titles_articles_without_images_and_excluded_sections
 
 def test_a_non_world_directory_is_never_overwritten(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
-    with pytest.raises(DataError, match="not a synthetic world"):
+    with pytest.raises(ConfigError, match="holds files that qkvqa synth --out did not write"):
         generate_world(tmp_path, entities=12)
     assert (tmp_path / "keep.txt").read_text() == "mine"
 

@@ -157,21 +157,79 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
     return ref
 
 
-# Tiny models live under $QKVQA_TINY_DIR (else the system temp dir) / qkvqa-tiny, one directory per content key.
+# Tiny models live under $QKVQA_TINY_DIR (else ~/.cache/qkvqa/tiny), one directory per content key. The root is the
+# user's own (created 0700; another owner or group/world write bits are refused) and every code file in a model
+# directory must be byte-identical to the package's copy (registered by its writer), because the tiny EVA-CLIP is
+# loaded with trust_remote_code: docs/security.md.
 TINY_KEEP = 32                     # directories kept; beyond them the least recently used go (once not in use)
 TINY_MAX_AGE_S = 7 * 24 * 3600     # a directory unused this long goes whatever the count
 TINY_IN_USE_S = 3600               # a directory used (or a partial one written) this recently is never removed
 TINY_RECORD = ".qkvqa_tiny.json"   # inside each directory: its key and what its writer did to torch's RNG
+TINY_CODE_SUFFIXES = (".py",)      # files a remote-code load may import
 _SOURCE_DIGEST: list[str] = []
+_TINY_CODE: dict[str, str] = {}    # code file name -> sha256 of the package's own copy
+
+
+def register_tiny_code(name: str, text: str) -> None:
+    """Declare a code file (`name`, its package text) that a tiny writer puts in its model directory; any other code
+    file found there, or this one with other bytes, makes the directory be written again before it is loaded."""
+    import hashlib
+
+    _TINY_CODE[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def default_tiny_root() -> Path:
+    """$QKVQA_TINY_DIR, else $XDG_CACHE_HOME/qkvqa/tiny, else ~/.cache/qkvqa/tiny."""
+    if os.environ.get("QKVQA_TINY_DIR"):
+        return Path(os.environ["QKVQA_TINY_DIR"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "qkvqa" / "tiny"
+
+
+def check_private_dir(path: Path, what: str, fix: str) -> None:
+    """Refuse `path` unless it is a real directory owned by this user with no group or world write bit."""
+    import stat
+
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror}; {fix}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        problem = "is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory"
+    elif info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o})"
+    else:
+        return
+    raise ConfigError(f"{what} {path} {problem}, so code in it could be someone else's; {fix}")
 
 
 def tiny_root() -> Path:
-    """The directory that holds the tiny models (created on demand)."""
-    import tempfile
-
-    root = Path(os.environ.get("QKVQA_TINY_DIR") or tempfile.gettempdir()) / "qkvqa-tiny"
-    root.mkdir(parents=True, exist_ok=True)
+    """The directory that holds the tiny models: created 0700 on demand, refused unless it is the user's own."""
+    root = default_tiny_root()
+    if not os.path.lexists(root):
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+    check_private_dir(root, "tiny-model cache", "remove it or set QKVQA_TINY_DIR to a new folder of your own "
+                      "(qkvqa creates it with mode 0700)")
     return root
+
+
+def _code_files_match(directory: Path) -> bool:
+    """Whether every code file in `directory` is one the package registered, byte for byte."""
+    import hashlib
+
+    for path in directory.rglob("*"):
+        if path.suffix in TINY_CODE_SUFFIXES or path.is_symlink():
+            if path.is_symlink() or not path.is_file():
+                return False
+            if _TINY_CODE.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest():
+                return False
+    return True
 
 
 def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Path:
@@ -244,7 +302,9 @@ def _read_record(directory: Path, key: str, read_json: Callable) -> Optional[dic
         return None
     if not isinstance(record, dict) or record.get("key") != key:
         return None
-    return record if record.get("files") == _file_sizes(directory) else None
+    if record.get("files") != _file_sizes(directory) or not _code_files_match(directory):
+        return None                                        # damaged, or code that is not the package's: written anew
+    return record
 
 
 def _file_sizes(directory: Path) -> dict[str, int]:

@@ -17,12 +17,14 @@ from typing import Optional, Sequence
 from qkvqa.inspect.runs import CATEGORIES, RunTraces, flips, headline, load_run, pair_runs
 from qkvqa.inspect.thumbs import make_thumb, thumb_name
 from qkvqa.utils.io import atomic_write_text
+from qkvqa.utils.owned_dir import OwnedDir
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
 
 SHARD_SIZE = 500
+SITE_MARKER = ".qkvqa-inspect-site"   # in a site's folder: the files the last build wrote (and the only ones served)
 STATIC = ("index.html", "app.js", "style.css")
 PREDICTION_CHARS = 120          # the table shows this much of a prediction; the question view shows all of it
 # index.js: one array per question, in these columns (the b_* ones only in compare mode; ranks 1-based, 0 = absent;
@@ -167,12 +169,9 @@ def _make_thumbs(runs: Sequence[RunTraces], out: Path) -> dict[str, Optional[str
     return names
 
 
-def _remove_stale(out: Path, keep: set[Path]) -> None:
-    """Remove data shards and thumbnails a previous build left that this one did not write."""
-    for folder, pattern in (("data", "*/*.js"), ("thumbs", "*.jpg")):
-        for path in (out / folder).glob(pattern) if (out / folder).is_dir() else []:
-            if path not in keep:
-                path.unlink()
+def site_dir(out: Path) -> OwnedDir:
+    """The site folder `out`: written only when new, empty or holding SITE_MARKER, which lists its files."""
+    return OwnedDir(out, SITE_MARKER, "qkvqa inspect --out")
 
 
 def default_out(run_dir: Path, compare: Optional[Path] = None) -> Path:
@@ -192,7 +191,8 @@ def build_site(run_dir: str | Path, out: Optional[str | Path] = None, compare: O
     b = load_run(compare) if compare is not None else None
     pairing = pair_runs(a, b) if b is not None else None
     out = Path(out).expanduser().resolve() if out else default_out(a.run_dir, b.run_dir if b else None)
-    out.mkdir(parents=True, exist_ok=True)
+    owned = site_dir(out)
+    previous = owned.claim()                     # a folder of the user's is refused before anything is written
     runs = [a] + ([b] if b is not None else [])
     thumbs = _make_thumbs(runs, out)
     keep = {out / "thumbs" / name for name in thumbs.values() if name}
@@ -210,8 +210,12 @@ def build_site(run_dir: str | Path, out: Optional[str | Path] = None, compare: O
     static = resources.files("qkvqa.inspect") / "static"
     for name in STATIC:
         atomic_write_text(out / name, (static / name).read_text(encoding="utf-8"))
-    _remove_stale(out, keep)
-    site = Site(out, out / "index.html", len(a.traces), sum(1 for p in keep if p.parent.parent.name == "data"),
+    keep |= {out / name for name in STATIC}
+    written = {str(path.relative_to(out)) for path in keep}
+    owned.record(written)
+    owned.remove_old(previous, written)          # shards and thumbnails of an earlier build not written again
+    site = Site(out, out / "index.html", len(a.traces), sum(1 for p in keep if p.parent.parent.name == "data"
+                                                             and p.parent.parent.parent == out),
                 sum(1 for n in set(thumbs.values()) if n), time.perf_counter() - start, counts)
     log.info("inspect site of %d questions in %.1f s: %s", site.questions, site.seconds, site.index_html)
     return site

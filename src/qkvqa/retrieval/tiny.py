@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from qkvqa.components.registry import register_tiny_code
 from qkvqa.components.tiny_tokenizers import BASE_WORDS
 
 CLIP_BOS, CLIP_EOS = "<|startoftext|>", "<|endoftext|>"
@@ -42,6 +43,7 @@ class TinyEvaCLIPModel(CLIPModel):
     def encode_text(self, input_ids):
         return self.get_text_features(input_ids=input_ids)
 '''
+register_tiny_code(f"{TINY_EVACLIP_MODULE}.py", TINY_EVACLIP_CODE)   # checked before every load
 
 
 def _words(texts: Iterable[str]) -> list[str]:
