@@ -33,7 +33,6 @@ import hashlib
 import io
 import json
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ import numpy as np
 from qkvqa.synth.render import PALETTE, PATTERNS, Signature, encode, render
 from qkvqa.errors import DataError
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
+from qkvqa.utils.owned_dir import OwnedDir
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -813,13 +813,14 @@ def _data_configs(out: Path) -> dict[str, dict]:
     return {"evqa": evqa, "infoseek": infoseek}
 
 
-def _prepare_out_dir(out: Path) -> None:
-    """Create `out`; an old world there is removed, any other non-empty directory is refused."""
-    if out.exists() and any(out.iterdir()):
-        if not (out / "world.json").is_file():
-            raise DataError(f"{out}: not empty and not a synthetic world (no world.json); choose another --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+WORLD_MARKER = ".qkvqa-synth-world"     # in a world's folder: the files `qkvqa synth` wrote there
+
+
+def _prepare_out_dir(owned: OwnedDir) -> set[str]:
+    """Claim the world's folder (new, empty, or holding WORLD_MARKER; anything else is refused), remove the files an
+    old world wrote there and return the files that stay (a user's own, which the new world's record leaves out)."""
+    owned.remove_old(owned.claim(), ())
+    return owned.all_files()
 
 
 # Named worlds (`qkvqa synth --world NAME`): generate_world options. `focus` is the world where the section encoding
@@ -858,7 +859,8 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
                         f"generic section), got facts_per_section={facts_per_section}")
     started = time.time()
     out = Path(out_dir)
-    _prepare_out_dir(out)
+    owned = OwnedDir(out, WORLD_MARKER, "qkvqa synth --out")
+    users_files = _prepare_out_dir(owned)
     rng = random.Random(seed)
     world = _make_entities(entities, rng, bound_facts)
     kb = {entity.url: _build_article(entity, world, rng, facts_per_section) for entity in world}
@@ -941,6 +943,7 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         "generation_seconds": round(time.time() - started, 2),
     }
     atomic_write_json(out / "world.json", manifest)
+    owned.record(owned.all_files() - users_files)
     log.info("synthetic world %s: %d entities, %d images, %s (%.1fs)", out, len(world), writer.count,
              ", ".join(f"{n} {len(r)}" for n, r in questions.items()), manifest["generation_seconds"])
     return manifest
