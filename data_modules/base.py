@@ -188,9 +188,27 @@ class KBVQADataModule(L.LightningDataModule):
         return self._kb_store
 
     def article_images(self) -> ArticleImageIndex:
-        """KB article images by title, from `data.images.kb_image_csvs`."""
+        """KB article images by title, from `data.images.kb_image_csvs`, checked on first use: when more than
+        `data.images.max_missing_fraction` of the images the CSVs list for the KB store's articles are missing (a
+        kb_image_root one folder off), or none of its articles has one, DataError before any stage uses them."""
         if self._article_images is None:
             if not self.config.images.kb_image_csvs:
                 raise ConfigError("data.images.kb_image_csvs is not set (the OMGM title -> image CSVs)")
-            self._article_images = ArticleImageIndex.from_config(self.config.images, self.config.root)
+            index = ArticleImageIndex.from_config(self.config.images, self.config.root)
+            titles = kb_titles(self.kb_store()) if self.config.kb_store is not None else None
+            counts = index.check_missing(self.config.images.max_missing_fraction, titles,
+                                         "the KB store's articles" if titles is not None else "their titles")
+            if counts["missing"]:
+                log.warning("%d of %d KB images the title -> image CSVs list are missing (under the bound "
+                            "data.images.max_missing_fraction=%s): those articles use their next image or none",
+                            counts["missing"], counts["tried"], self.config.images.max_missing_fraction)
+            self._article_images = index
         return self._article_images
+
+
+def kb_titles(store: KBStore) -> list[str]:
+    """Every article title of a KB store (one column read, no article bodies parsed)."""
+    titles = getattr(store, "titles", None)
+    if callable(titles):
+        return list(titles())
+    return [title for (title,) in store._connection().execute("SELECT title FROM articles")]

@@ -32,7 +32,7 @@ from qkvqa.data.questions import Question, is_training_question
 from qkvqa.data_modules.base import KBVQADataModule
 from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
                                          rank_and_world, trainer_batches_done)
-from qkvqa.errors import ConfigError
+from qkvqa.errors import ConfigError, DataError
 from qkvqa.qff.mining import (ArticleFactsSource, Candidate, PoolFile, SamplePool, image_key, image_paths_for)
 from qkvqa.utils.logging import get_logger
 
@@ -385,8 +385,40 @@ class QFFTrainDataModule(KBVQADataModule):
         self.setup_drops[split] = {"kept": len(kept), "dropped_by_reason": dict(reasons), "dropped": dropped}
         log.info("QFF %s samples: %d kept; dropped %s", split, len(kept),
                  ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or "none")
+        if not kept:
+            message = (f"QFF {split}: 0 of {sum(reasons.values())} questions give a training sample with the pools "
+                       f"{pools.path} (dropped: {', '.join(f'{r} {n}' for r, n in sorted(reasons.items())) or 'none'})")
+            if split == "train":
+                raise DataError(message + ": nothing to train on. `no_gold_image` for all is a KB image root or "
+                                "title -> image CSVs that do not match the KB (data.images.kb_image_root is the folder "
+                                "holding full/); `not_in_pools` is pools mined for other questions")
+            log.warning("%s: validation has no samples", message)
         self.samples[split] = kept
         return kept
+
+    def check_article_images(self, splits: Sequence[str] = ("train",)) -> dict[str, int]:
+        """Before fit: at most data.images.max_missing_fraction of the distinct article images the kept samples of
+        `splits` use exist under data.images.kb_image_root (pools store them relative to it); DataError with the
+        counts and the first paths tried otherwise (pools mined under another root, a root one folder off)."""
+        stored: dict[str, None] = {}
+        for split in (s for s in splits if s in self.splits()):
+            pools = self.pool_file(split)
+            s = self.settings
+            for ref in self.build_samples(split):
+                pool = pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
+                if not isinstance(pool, str):
+                    stored.update((c.image, None) for c in (pool.positive, *pool.negatives))
+        missing = [(name, self.image_paths.resolve(name)) for name in stored
+                   if not self.image_paths.resolve(name).is_file()]
+        bound = float(self.config.images.max_missing_fraction)
+        if stored and len(missing) > bound * len(stored):
+            examples = ", ".join(str(path) for _, path in missing[:3])
+            raise DataError(f"{len(missing)} of the {len(stored)} article images the QFF samples use are missing "
+                            f"({100 * len(missing) / len(stored):.1f}%, more than data.images.max_missing_fraction="
+                            f"{bound}); tried {examples}. Pools store them relative to data.images.kb_image_root (the "
+                            f"folder holding full/) or data.root: check those against the ones the pools were mined "
+                            f"under (or raise the bound)")
+        return {"images": len(stored), "missing": len(missing)}
 
     def needed_images(self, splits: Sequence[str] = ("train", "val")) -> list[str]:
         """Every image id the samples of `splits` can use (query images, pool and rerank article images), sorted."""
@@ -422,6 +454,8 @@ class QFFTrainDataModule(KBVQADataModule):
         for split in self.splits():
             if split == "val" or stage in (None, "fit"):
                 self.build_samples(split)
+        if stage in (None, "fit"):
+            self.check_article_images()
         self.feature_cache()
 
     def collator(self) -> QFFCollator:

@@ -141,6 +141,10 @@ def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encod
     good = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)
     wrong = world_cfg(world, tmp_path)
     wrong.data.images.landmarks_root = str(tmp_path / "nowhere")
+    with pytest.raises(DataError, match="landmarks image folder"):       # stopped before the encoder runs
+        embed_set(wrong, "query_images", split="test", encoder=encoder)
+    (tmp_path / "nowhere").mkdir()
+    wrong.data.images.max_missing_fraction = 1.0                          # raised on purpose: the skips are kept
     bad = embed_set(wrong, "query_images", split="test", encoder=encoder)
     assert bad.set.path != good.set.path and len(bad.set.skipped()) > len(good.set.skipped())
     again = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)

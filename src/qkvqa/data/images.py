@@ -47,6 +47,50 @@ def _under(root: Optional[str | os.PathLike], path: Optional[str | os.PathLike])
 
 
 MISSING = "missing"          # the file entry of an image that is not on disk
+OUTSIDE_ROOT = "outside_root"   # the skip reason of an image path that leaves its configured root
+# What decoding does to pixels (`to_rgb`): part of every query-image identity, so a cache of images decoded the old
+# way is not reused. 2: EXIF orientation applied, 16-bit and float modes scaled, alpha composited on white.
+IMAGE_DECODE_VERSION = 2
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """`image` as 8-bit RGB, faithfully: EXIF orientation applied, 16-bit / 32-bit grey scaled to 0-255 (PIL's
+    `convert("RGB")` clips them, so a 16-bit PNG turned all white), palette and alpha modes composited on white,
+    CMYK and the rest through PIL's conversion."""
+    from PIL import ImageOps
+
+    image = ImageOps.exif_transpose(image)
+    mode = image.mode
+    if mode.startswith("I;16") or mode == "I":
+        import numpy as np
+
+        grey = np.asarray(image, dtype=np.float64)
+        # I;16*: 16-bit samples. I: 32-bit samples, which PIL also uses for 16-bit PNG and TIFF grey; values above
+        # 65535 only occur in true 32-bit files, whose range is then the full one.
+        full = 65535.0 if mode != "I" or grey.max(initial=0) <= 65535 else float(2 ** 32 - 1)
+        grey = np.clip(grey, 0, None) if mode == "I" else grey
+        return Image.fromarray(np.rint(grey * (255.0 / full)).astype(np.uint8), "L").convert("RGB")
+    if mode == "F":
+        import numpy as np
+
+        grey = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        scale = 255.0 if grey.max(initial=0) <= 1.0 else 1.0             # [0, 1] floats, or already 0-255
+        return Image.fromarray(np.rint(np.clip(grey * scale, 0, 255)).astype(np.uint8), "L").convert("RGB")
+    if mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    elif mode == "PA":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def inside_root(root: Path, path: Path) -> bool:
+    """Whether `path`, with symlinks and `..` resolved, is `root` (resolved) or below it."""
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 class QueryImageResolver:
@@ -111,12 +155,20 @@ class QueryImageResolver:
                 missing.append(q)
         bound = float(self.config.max_missing_fraction)
         if questions and len(missing) > bound * len(questions):
-            examples = ", ".join(f"{q.image_id} ({(self.candidates(q.dataset_name, q.image_id) or ['no path'])[0]})"
+            examples = ", ".join(f"{q.image_id} ({self._tried(q.dataset_name, q.image_id)})"
                                  if q.dataset_name not in self.shard_patterns else q.image_id for q in missing[:3])
             raise DataError(f"{len(missing)} of {len(questions)} {split} query images are missing "
                             f"({100 * len(missing) / len(questions):.1f}%, more than data.images.max_missing_fraction="
                             f"{bound}), e.g. {examples}: check data.images.*_root and data.root (or raise the bound)")
         return {"questions": len(questions), "missing": len(missing), "max_missing_fraction": bound}
+
+    def _tried(self, dataset_name: str, image_id: str) -> str:
+        """The first path tried for an image, for messages (one outside its root says so)."""
+        paths = self.candidates(dataset_name, image_id)
+        if paths:
+            return str(paths[0])
+        outside = self.outside(dataset_name, image_id)
+        return f"{outside}: outside the root, never read" if outside is not None else "no path"
 
     def check_roots(self, questions) -> None:
         """Before any work: every image root the questions use is set and is a folder (one line naming the
@@ -151,7 +203,16 @@ class QueryImageResolver:
         return self._id2name
 
     def candidates(self, dataset_name: str, image_id: str) -> list[Path]:
-        """The files tried for an image, in order; empty for an id the id2name map lacks or too short to shard."""
+        """The files tried for an image, in order; empty for an id the id2name map lacks or too short to shard, and
+        for a path that leaves the dataset's root (absolute, `..`, a symlink out: `outside`)."""
+        return [p for p in self._paths(dataset_name, image_id) if inside_root(self._root(dataset_name), p)]
+
+    def outside(self, dataset_name: str, image_id: str) -> Optional[Path]:
+        """The first path of an image that resolves outside its dataset's root (never read), or None."""
+        root = self._root(dataset_name)
+        return next((p for p in self._paths(dataset_name, image_id) if not inside_root(root, p)), None)
+
+    def _paths(self, dataset_name: str, image_id: str) -> list[Path]:
         root = self._root(dataset_name)
         layout = self.layouts[dataset_name]
         if layout == "id2name":
@@ -226,6 +287,7 @@ def query_images_identity(data) -> dict:
            for key in keys}
     maps = [images.inaturalist_id2name, *images.inaturalist_id2name_extra]
     files = [resolve_data_path(data, name) for name in maps if name]
+    out["decode_version"] = IMAGE_DECODE_VERSION
     out["id2name_files"] = [file_identity(f) if f.is_file() else {"path": str(f), "missing": True} for f in files]
     if images.infoseek_shards:
         out["infoseek_shard_files"] = file_identity(resolve_data_path(data, images.infoseek_shards))
@@ -261,6 +323,12 @@ class ImageLoader:
             return self._load_from_shards(shards, dataset_name, image_id)
         candidates = self.resolver.candidates(dataset_name, image_id)
         path = next((p for p in candidates if p.is_file()), None)
+        if path is None and not candidates and self.resolver.outside(dataset_name, image_id) is not None:
+            outside = self.resolver.outside(dataset_name, image_id)
+            self.record(SkippedImage(image_id, dataset_name, OUTSIDE_ROOT, str(outside),
+                                     f"leaves data.images.{dataset_name}_root {self.resolver.roots[dataset_name]}; "
+                                     "never read"))
+            return None
         if path is None:
             tried = ", ".join(str(p) for p in candidates) or f"nothing: no {self.resolver.layouts[dataset_name]} path"
             self.record(SkippedImage(image_id, dataset_name, "missing", str(candidates[0]) if candidates else None,
@@ -287,7 +355,7 @@ class ImageLoader:
                     self.record(SkippedImage(image_id, dataset_name, "too_small", where,
                                              f"{image.size[0]}x{image.size[1]} px; at least {MIN_IMAGE_SIDE} px a side"))
                     return None
-                return image.convert("RGB")
+                return to_rgb(image)
         except FileNotFoundError:
             self.record(SkippedImage(image_id, dataset_name, "missing", where))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
@@ -306,7 +374,7 @@ class ImageLoader:
 
     def counts(self) -> dict[str, int]:
         """Number of distinct skipped image ids per reason."""
-        counts = {"missing": 0, "corrupt": 0, "too_small": 0}
+        counts = {"missing": 0, "corrupt": 0, "too_small": 0, OUTSIDE_ROOT: 0}
         for skip in self.skipped.values():
             counts[skip.reason] = counts.get(skip.reason, 0) + 1
         return counts
@@ -319,8 +387,8 @@ class ImageLoader:
         counts = self.counts()
         skipped = sorted(self.skipped.values(), key=lambda s: (s.dataset_name, s.image_id))
         atomic_write_json(path, {"counts": counts, "skipped": [asdict(s) for s in skipped]})
-        log.info("skipped images: %d missing, %d corrupt, %d too small (ids in %s)", counts["missing"], counts["corrupt"],
-                 counts["too_small"], path)
+        log.info("skipped images: %d missing, %d corrupt, %d too small, %d outside their root (ids in %s)",
+                 counts["missing"], counts["corrupt"], counts["too_small"], counts[OUTSIDE_ROOT], path)
         return path
 
 
@@ -339,7 +407,8 @@ def _expand_globs(patterns: Iterable[str], root: Optional[str | os.PathLike]) ->
         pattern_path = _under(root, pattern)
         matches = sorted(glob.glob(str(pattern_path)))
         if not matches:
-            raise DataError(f"{pattern_path}: no title -> image CSV matches")
+            raise DataError(f"{pattern_path}: no title -> image CSV matches (data.images.kb_image_csvs; OMGM's release "
+                            f"keeps them in wiki_image/output/)")
         paths.extend(Path(m) for m in matches)
     return paths
 
@@ -350,24 +419,76 @@ def url_store_path(store: Path, url: str) -> Path:
     return store / parts.netloc / unquote(parts.path).lstrip("/")
 
 
+MISSING_EXAMPLES = 1000          # (title, path) of the first missing CSV images kept for the bound's message
+
+
+class _Containment:
+    """Checks CSV `img_path`s against their root: lexically (absolute, `..`), then each distinct parent folder's real
+    path once, and a symlinked file's target (the OMGM release has 13 image folders, so this costs one lstat a row)."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.real_base = os.path.realpath(base)
+        self._parents: dict[str, bool] = {}
+
+    def _under(self, real: str) -> bool:
+        return real == self.real_base or real.startswith(self.real_base.rstrip(os.sep) + os.sep)
+
+    def check(self, img_path: str) -> tuple[str, Path]:
+        """("ok" | "missing" | OUTSIDE_ROOT, the path tried) of one CSV `img_path`."""
+        relative = Path(img_path)
+        if relative.is_absolute() or img_path.startswith(("/", "\\")) or ".." in relative.parts \
+                or ".." in img_path.replace("\\", "/").split("/"):
+            return OUTSIDE_ROOT, relative
+        path = self.base / relative
+        parent = str(path.parent)
+        inside_parent = self._parents.get(parent)
+        if inside_parent is None:
+            inside_parent = self._parents[parent] = self._under(os.path.realpath(parent))
+        if not inside_parent:
+            return OUTSIDE_ROOT, path
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return "missing", path
+        if stat.S_ISLNK(st.st_mode):
+            if not self._under(os.path.realpath(path)):
+                return OUTSIDE_ROOT, path
+            return ("ok" if path.is_file() else "missing"), path
+        return ("ok" if stat.S_ISREG(st.st_mode) else "missing"), path
+
+
 class ArticleImageIndex:
     """KB article images by title (OMGM `get_title2wikiimg`): at most N existing files per title, in CSV order.
 
-    The main image of an article is its first listed image; without one, the KB's `image_urls[0]`
-    from the local pixel store; articles that still have none are counted.
+    `img_path` is relative to `data.images.kb_image_root`, the folder that holds `full/` (OMGM's
+    `wiki_img_path_prefix`; the paths read `full/wiki_image_split/wiki_entity_image_N/FILE`). A path that is
+    absolute or leaves that root (`..`, a symlink out) is never read: it counts as a missing image. The main
+    image of an article is its first listed image; without one, the KB's `image_urls[0]` from the local pixel
+    store; articles that still have none are counted. `check_missing` bounds the share of missing images.
     """
 
-    def __init__(self, by_title: dict[str, list[ArticleImage]], url_store: Optional[Path] = None):
+    def __init__(self, by_title: dict[str, list[ArticleImage]], url_store: Optional[Path] = None,
+                 image_root: Optional[Path] = None):
         self.by_title = by_title
         self.url_store = url_store
+        self.image_root = image_root
         self.fallback_titles: set[str] = set()
         self.titles_without_image: set[str] = set()
         self.unreadable: set[str] = set()
         self._decoded: OrderedDict[str, Optional[Image.Image]] = OrderedDict()
+        # What reading the CSVs found (filled by from_csvs): CSV rows tried per title (existing or not), missing per
+        # title, the first missing (title, path, reason) in CSV order, and the CSV files read.
+        self.tried_by_title: dict[str, int] = {}
+        self.missing_by_title: dict[str, int] = {}
+        self.missing_examples: list[tuple[str, str, str]] = []
+        self.outside_root = 0
+        self.csv_paths: list[Path] = []
 
     @classmethod
     def from_config(cls, config: ImagesConfig, root: Optional[str | os.PathLike] = None) -> "ArticleImageIndex":
-        """Read the configured CSVs; `kb_image_root` (or the CSV's folder) is what `img_path` is relative to."""
+        """Read the configured CSVs; `kb_image_root` (the folder holding `full/`; else the CSV's folder) is what
+        `img_path` is relative to."""
         csv_paths = _expand_globs(config.kb_image_csvs, root)
         image_root = _under(root, config.kb_image_root)
         return cls.from_csvs(csv_paths, image_root, config.max_images_per_title,
@@ -376,11 +497,17 @@ class ArticleImageIndex:
     @classmethod
     def from_csvs(cls, csv_paths: Iterable[Path], image_root: Optional[Path], max_per_title: int = 10,
                   url_store: Optional[Path] = None) -> "ArticleImageIndex":
-        """Keep, per title, the first `max_per_title` rows whose file exists (row[0] title, row[2] img_path)."""
+        """Keep, per title, the first `max_per_title` rows whose file exists (row[0] title, row[2] img_path);
+        rows tried and missing are counted per title for `check_missing`."""
         by_title: dict[str, list[ArticleImage]] = {}
-        missing_files = 0
+        tried: dict[str, int] = {}
+        missing_by_title: dict[str, int] = {}
+        examples: list[tuple[str, str, str]] = []
+        outside = 0
+        csv_paths = list(csv_paths)
         for csv_path in csv_paths:
             base = image_root if image_root is not None else csv_path.parent
+            containment = _Containment(base)
             with open(csv_path, newline="", encoding="utf-8") as f:
                 reader = csv.reader(f)
                 for row in progress(reader, desc=f"article images {csv_path.name}", unit="row"):
@@ -393,19 +520,92 @@ class ArticleImageIndex:
                     images = by_title.setdefault(title, [])
                     if len(images) >= max_per_title:
                         continue
-                    path = base / img_path
-                    if path.is_file():
+                    status, path = containment.check(img_path)
+                    tried[title] = tried.get(title, 0) + 1
+                    if status == "ok":
                         images.append(ArticleImage(path, caption, image_url))
-                    else:
-                        missing_files += 1
+                        continue
+                    missing_by_title[title] = missing_by_title.get(title, 0) + 1
+                    outside += status == OUTSIDE_ROOT
+                    if len(examples) < MISSING_EXAMPLES:
+                        examples.append((title, str(path), status))
+                    if status == OUTSIDE_ROOT and outside <= MAX_LOGGED_SKIPS:
+                        log.warning("%s: line %d: field 'img_path': %r leaves the image root %s; not read (counted "
+                                    "as a missing image)", csv_path, reader.line_num, img_path, base)
         by_title = {title: images for title, images in by_title.items() if images}
-        log.info("article images: %d titles with images; %d listed files missing on disk", len(by_title),
-                 missing_files)
-        return cls(by_title, url_store)
+        log.info("article images: %d titles with images; %d of %d listed files tried missing on disk%s", len(by_title),
+                 sum(missing_by_title.values()), sum(tried.values()),
+                 f" ({outside} outside the image root)" if outside else "")
+        index = cls(by_title, url_store, image_root)
+        index.tried_by_title, index.missing_by_title, index.missing_examples = tried, missing_by_title, examples
+        index.outside_root, index.csv_paths = outside, csv_paths
+        return index
+
+    def missing_counts(self, titles: Optional[Iterable[str]] = None) -> dict[str, int]:
+        """CSV images tried and missing (outside the root included), over `titles` (default: every CSV title)."""
+        if titles is None:
+            return {"tried": sum(self.tried_by_title.values()), "missing": sum(self.missing_by_title.values()),
+                    "titles_with_images": len(self.by_title)}
+        tried = missing = with_images = 0
+        for title in titles:
+            tried += self.tried_by_title.get(title, 0)
+            missing += self.missing_by_title.get(title, 0)
+            with_images += title in self.by_title
+        return {"tried": tried, "missing": missing, "titles_with_images": with_images}
+
+    def check_missing(self, max_missing_fraction: float, titles: Optional[Iterable[str]] = None,
+                      what: str = "the KB's articles") -> dict[str, int]:
+        """Before any work: at most `max_missing_fraction` of the CSV images listed for `titles` (the KB's) are missing,
+        and at least one of them has an image (unless a url store may supply them); DataError with the counts, the
+        first paths tried and, when a folder one level off holds them, that folder. Returns the counts."""
+        titles = None if titles is None else set(titles)
+        counts = self.missing_counts(titles)
+        bound = float(max_missing_fraction)
+        if counts["tried"] and counts["missing"] > bound * counts["tried"]:
+            raise DataError(f"{counts['missing']} of {counts['tried']} KB images that the title -> image CSVs list for "
+                            f"{what} are missing ({100 * counts['missing'] / counts['tried']:.1f}%, more than "
+                            f"data.images.max_missing_fraction={bound}); tried {self._examples(titles)}. img_path is "
+                            f"relative to data.images.kb_image_root ({self.image_root}), the folder that holds full/ "
+                            f"(OMGM's wiki_img_path_prefix){self._one_folder_off(titles)}; fix it or data.root "
+                            f"(or raise the bound)")
+        if titles is not None and not counts["titles_with_images"] and self.url_store is None:
+            listed = sum(1 for t in titles if t in self.tried_by_title)
+            raise DataError(f"none of the {len(titles)} articles of {what} has an image: the title -> image CSVs "
+                            f"({', '.join(str(p) for p in self.csv_paths[:2])}{' ...' if len(self.csv_paths) > 2 else ''})"
+                            f" list {listed} of their titles; they are another KB's CSVs, or data.images.kb_image_csvs "
+                            f"names the wrong files")
+        return counts
+
+    def _examples(self, titles: Optional[set[str]], count: int = 3) -> str:
+        chosen = [e for e in self.missing_examples if titles is None or e[0] in titles][:count]
+        return ", ".join(f"{path}{' (outside the image root)' if reason == OUTSIDE_ROOT else ''}"
+                         for _, path, reason in chosen)
+
+    def _one_folder_off(self, titles: Optional[set[str]]) -> str:
+        """`; the files are under X: set kb_image_root to X` when the first missing file exists one folder up or down."""
+        if self.image_root is None:
+            return ""
+        for title, path, reason in self.missing_examples:
+            if reason == OUTSIDE_ROOT or (titles is not None and title not in titles):
+                continue
+            relative = Path(path).relative_to(self.image_root)
+            below = [p for p in self.image_root.iterdir() if p.is_dir()] if self.image_root.is_dir() else []
+            for folder in (self.image_root.parent, *below):
+                if (folder / relative).is_file():
+                    return f"; {relative} exists under {folder}: kb_image_root should be that folder"
+            return ""
+        return ""
 
     def images(self, title: str) -> list[ArticleImage]:
         """The kept images of `title`, in CSV order (may be empty)."""
         return self.by_title.get(title, [])
+
+    def url_store_file(self, url: str) -> Optional[Path]:
+        """The url store's file of `url` when it exists inside the store (a URL whose path leaves it is never read)."""
+        if self.url_store is None:
+            return None
+        path = url_store_path(self.url_store, url)
+        return path if path.is_file() and inside_root(self.url_store, path) else None
 
     def main_image(self, title: str, image_urls: Iterable[str] = ()) -> Optional[Path]:
         """The article's main image file, or None (counted in `titles_without_image`)."""
@@ -413,9 +613,9 @@ class ArticleImageIndex:
         if images:
             return images[0].path
         first_url = next(iter(image_urls), None)
-        if self.url_store is not None and first_url is not None:
-            path = url_store_path(self.url_store, first_url)
-            if path.is_file():
+        if first_url is not None:
+            path = self.url_store_file(first_url)
+            if path is not None:
                 self.fallback_titles.add(title)
                 return path
         self.titles_without_image.add(title)
@@ -433,7 +633,7 @@ class ArticleImageIndex:
             return self._decoded[key]
         try:
             with Image.open(path) as image:
-                loaded: Optional[Image.Image] = image.convert("RGB")
+                loaded: Optional[Image.Image] = to_rgb(image)
         except (OSError, ValueError) as e:
             log.warning("article image %s of %r unreadable (%s); the article is used as one without image",
                         path, title, e)

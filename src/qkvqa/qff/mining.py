@@ -386,6 +386,21 @@ def mine_to_dir(cfg, split: str, out_dir: str | os.PathLike, datamodule=None) ->
     """Mine `split` and write `hardneg_{split}.json`, its `.articles.json` and `mining_report_{split}.json` to `out_dir`."""
     result = mine_split(cfg, split, datamodule)
     out_dir = Path(out_dir)
+    report_path = out_dir / f"mining_report_{split}.json"
+    atomic_write_json(report_path, result.report)
+    check_kept(result.report, report_path)
     path, _ = write_pools(out_dir / f"hardneg_{split}.json", result)
-    atomic_write_json(out_dir / f"mining_report_{split}.json", result.report)
     return path
+
+
+def check_kept(report: dict, report_path: Optional[Path] = None) -> None:
+    """DataError when mining kept no sample of the questions it mined (no pools are written then: a training run
+    would have nothing to learn from), naming the drop reasons; `no_gold_image` for all of them is a KB image root
+    or title -> image CSVs that do not match the KB."""
+    if report["kept"] or not report["mined"]:
+        return
+    reasons = ", ".join(f"{r} {n}" for r, n in report["dropped_by_reason"].items() if n)
+    hint = (" Every gold article lacks its main image: check data.images.kb_image_csvs and data.images.kb_image_root "
+            "(the folder holding full/)." if report["dropped_by_reason"].get("no_gold_image") == report["mined"] else "")
+    raise DataError(f"mining {report['split']} kept 0 of {report['mined']} samples (dropped: {reasons})"
+                    f"{f'; the report is {report_path}' if report_path else ''}.{hint}")

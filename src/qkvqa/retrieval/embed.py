@@ -167,7 +167,7 @@ class KBImageSource:
                 "max_images_per_article": self.max_per_article, "images": self.images_config}
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
-        from qkvqa.data.images import url_store_path
+        from qkvqa.data.images import inside_root, url_store_path
 
         article_images = self.article_images() if self.article_images is not None else None
         items = []
@@ -180,7 +180,9 @@ class KBImageSource:
             for url in urls:
                 candidates = [csv_files[url]] if url in csv_files else []
                 if self.url_store is not None:
-                    candidates.append(url_store_path(self.url_store, url))
+                    stored = url_store_path(self.url_store, url)
+                    if inside_root(self.url_store, stored):          # a URL path with `..` is never followed
+                        candidates.append(stored)
                 items.append(_Item(id=[article.row_id, url], candidates=tuple(candidates),
                                    dataset_name=KB_IMAGE_DATASET, image_id=url))
         return items
@@ -218,6 +220,19 @@ class QueryImageSource:
 
 
 # ----------------------------------------------------------------------------------------- the set
+
+def check_finite(vectors: np.ndarray, ids: Sequence[Any], where: str) -> None:
+    """DataError naming `where`, the first bad row and its id when a vector holds NaN or Inf (in the stored dtype: a
+    float32 value beyond float16's range is Inf there); such a row would rank in faiss as nothing else does."""
+    if not vectors.size:
+        return
+    finite = np.isfinite(vectors).all(axis=1) if vectors.ndim == 2 else np.isfinite(vectors)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise DataError(f"{where}: {len(bad)} of {len(vectors)} vectors hold NaN or Inf (first: row {int(bad[0])}, id "
+                        f"{json.dumps(ids[int(bad[0])]) if len(ids) > bad[0] else '?'}); not written. The encoder "
+                        f"produced them (a half-precision overflow, a broken image or weights): fix that and rerun")
+
 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
     from qkvqa.utils.io import atomic_write
@@ -257,6 +272,7 @@ class EmbeddingSet:
         if len(vectors) != len(ids):
             raise ValueError(f"shard {i}: {len(vectors)} vectors but {len(ids)} ids")
         array = np.asarray(vectors).astype(self.manifest["dtype"])
+        check_finite(array, ids, f"{self.shard_file(i, '.npy')}")
         npy = self.shard_file(i, ".npy")
         _save_npy_atomic(npy, array)
         atomic_write_json(self.shard_file(i, ".ids.json"), list(ids), indent=None)
@@ -531,6 +547,8 @@ class Embedder:
             todo = todo[:max_shards]
         if todo:
             log.info("embedding %s: %d of %d shards to compute in %s", self.kind, len(todo), emb.n_shards, emb.path)
+        if todo:
+            self.check_sources(emb, todo)
         if todo and encoder is None:
             encoder = _build_encoder(self.encoder_spec)
         if todo and encoder.identity != emb.manifest["encoder"]:
@@ -541,7 +559,43 @@ class Embedder:
             report.computed.append(i)
         report.pending = emb.pending(verify=False)
         report.seconds = time.time() - started
+        if not report.pending:
+            counts = emb.counts()
+            if not counts["vectors"]:
+                skipped = {k: v for k, v in counts.items() if k != "vectors" and v}
+                raise DataError(f"embedding set {emb.path} is complete but holds 0 vectors (of {emb.manifest['n_rows']} "
+                                f"source rows; skipped: {skipped or 'none'}): nothing to index. Every {self.kind} item "
+                                f"was skipped; see skipped_images.json, fix the image paths and rerun")
         return report
+
+    def check_sources(self, emb: EmbeddingSet, shards: Sequence[int]) -> dict:
+        """Before the encoder is built: the images the shards need are there. Query images: the split's bound
+        (`QueryImageResolver.check_images`). KB images: the title -> image CSVs' own bound (`article_images`), then
+        at most data.images.max_missing_fraction of the shards' KB images without a file; DataError with the counts
+        and the first paths tried otherwise. Returns {"images", "missing"} (empty for texts)."""
+        if self.kind == "query_images":
+            self.dm.image_loader.resolver.check_images(self.dm.questions(self.split), self.split)
+            return {}
+        if self.kind != "kb_images":
+            return {}
+        total, missing, examples = 0, 0, []
+        for i in shards:
+            start, stop = emb.shard_rows(i)
+            for item in self.source.items(start, stop, {}):
+                total += 1
+                if not any(Path(p).is_file() for p in item.candidates):
+                    missing += 1
+                    if len(examples) < 3:
+                        tried = ", ".join(map(str, item.candidates)) or "no CSV row with this image_URL, no url store"
+                        examples.append(f"{item.image_id} ({tried})")
+        bound = float(self.dm.config.images.max_missing_fraction)
+        if total and missing > bound * total:
+            raise DataError(f"{missing} of {total} KB images to embed have no file ({100 * missing / total:.1f}%, more "
+                            f"than data.images.max_missing_fraction={bound}); tried e.g. {'; '.join(examples)}. A KB image "
+                            f"is the title -> image CSV row with its image_URL (under data.images.kb_image_root, the "
+                            f"folder holding full/) or data.images.kb_image_url_store/HOST/PATH: fix those or data.root "
+                            f"(or raise the bound)")
+        return {"images": total, "missing": missing}
 
     def _embed_shard(self, emb: EmbeddingSet, i: int, encoder, position: str) -> None:
         started = time.time()
@@ -573,7 +627,7 @@ class Embedder:
         emb.write_shard(i, array, [item.id for item in kept], skipped=skipped, counts=counts,
                         preprocess=encoder.preprocess.describe(), seconds=time.time() - started)
         if skipped:
-            log.info("shard %d: %d images skipped (%s)", i, len(skipped),
+            log.warning("shard %d: %d images skipped (%s)", i, len(skipped),
                      ", ".join(f"{s['reason']} {s['image_id']}" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
 
 
