@@ -44,8 +44,9 @@ def evqa_row(question_type: str = "templated", **overrides: str) -> dict[str, st
            "wikipedia_title": "A", "evidence": "The wingspan is 30 cm.", "evidence_section_id": "1",
            "evidence_section_title": "Description", "encyclopedic_vqa_split": "test",
            "question_original": "What is the wingspan of this bird?", "wikipedia_url_used_in_train": "True"}
-    if question_type == "2_hop":
-        row["wikipedia_url"] = "https://en.wikipedia.org/wiki/A|https://en.wikipedia.org/wiki/B"
+    if question_type == "2_hop":      # the three per-hop fields hold `a|b` (google-research encyclopedic_vqa/README.md)
+        row.update(wikipedia_url="https://en.wikipedia.org/wiki/A|https://en.wikipedia.org/wiki/B",
+                   evidence_section_id="0|1", evidence_section_title="A|Description")
     row.update(overrides)
     return row
 

@@ -39,7 +39,13 @@ def _check_traces(run_dir: Path, top_k: int = 20) -> list[dict]:
     for t, r in zip(traces, rows):
         assert set(t) >= TRACE_FIELDS and t["trace_version"] == 1 and t["dataset"] == "evqa", t.keys()
         assert (t["prediction"], t["skipped"], t["context"]) == (r["prediction"], r.get("skipped"), r.get("context_text"))
-        assert set(t["gold"]) == {"answers", "urls", "section_index"} and t["gold"]["urls"]
+        assert set(t["gold"]) == {"answers", "urls", "section_index", "hops", "url_used_in_train"} and t["gold"]["urls"]
+        # every hop keeps its URL and evidence section (a 2_hop row two, from its `a|b` fields)
+        hops = t["gold"]["hops"]
+        assert [h["url"] for h in hops] == t["gold"]["urls"] and hops[0]["section_index"] == t["gold"]["section_index"]
+        assert len(hops) == (2 if t["question_type"] == "2_hop" else 1)
+        assert all(isinstance(h["section_index"], int) and h["section_title"] for h in hops)
+        assert isinstance(t["gold"]["url_used_in_train"], bool)
         assert set(t["seconds"]) == {"retrieve", "filter", "select", "generate"}
         articles = t["filter"]["articles"]
         assert [a["url"] for a in articles] == [a["url"] for a in r.get("ranking") or []]

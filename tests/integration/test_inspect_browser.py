@@ -130,6 +130,21 @@ def test_a_question_shows_its_image_and_highlights_the_gold_answer_in_its_contex
     screenshot(browser, sites["shots"] / "inspect_question.png")
 
 
+def test_a_two_hop_question_shows_both_hops_with_their_evidence_sections(browser, sites):
+    traces = _traces(sites["a"])
+    chosen = next(i for i, t in enumerate(traces) if t["question_type"] == "2_hop")
+    hops = traces[chosen]["gold"]["hops"]
+    assert len(hops) == 2 and hops[0]["url"] != hops[1]["url"]
+    _open(browser, sites["single"], f"#/q/{chosen}")
+    wait_for(browser, f"document.getElementById('view-question').dataset.loaded === '{chosen}'")
+    text = browser.execute_script("return document.getElementById('q-gold').textContent;")
+    for number, hop in enumerate(hops, 1):
+        assert f"hop {number}: {hop['title']} · evidence section {hop['section_index']}" in text, text
+        assert hop["section_title"] in text
+    seen = traces[chosen]["gold"]["url_used_in_train"]
+    assert ("unseen in training" if seen is False else "seen in training") in text
+
+
 def test_compare_mode_counts_the_flips_the_two_correct_sets_differ_by(browser, sites):
     a, b = _traces(sites["a"]), _traces(sites["b"])
     right_to_wrong, wrong_to_right = len(_correct(a) - _correct(b)), len(_correct(b) - _correct(a))

@@ -32,8 +32,10 @@ def _evqa_csv(path):
                 else f"https://en.wikipedia.org/wiki/Q{i}"
             writer.writerow({"question": question, "answer": answer, "dataset_image_ids": f"img{i}|img{i}b",
                              "dataset_name": "inaturalist", "question_type": question_type, "wikipedia_url": url,
-                             "wikipedia_title": "T", "evidence": "e", "evidence_section_id": "0",
-                             "evidence_section_title": "Intro"})
+                             "wikipedia_title": "T", "evidence": "e",
+                             # a 2_hop row holds one section id and title per hop (encyclopedic_vqa/README.md)
+                             "evidence_section_id": "0|0" if question_type == "2_hop" else "0",
+                             "evidence_section_title": "Intro|Intro" if question_type == "2_hop" else "Intro"})
     return str(path)
 
 

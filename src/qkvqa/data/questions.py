@@ -58,19 +58,37 @@ class Question:
     image_id: str                         # the FIRST of image_ids (the only one used)
     image_ids: list[str]
     dataset_name: str                     # inaturalist | landmarks | infoseek
-    gold_urls: list[str]                  # one URL; two for 2_hop
-    gold_title: str
-    evidence_section_id: Optional[int]    # index into the gold entry's unfiltered section lists
-    evidence_section_title: str
+    gold_urls: list[str]                  # one URL; two for 2_hop (hop 1: the entity in the image)
+    gold_title: str                       # the `wikipedia_title` field as written (per hop: gold_titles)
+    evidence_section_id: Optional[int]    # index into the (first) gold entry's unfiltered section lists
+    evidence_section_title: str           # the field as written (2_hop: `a|b`; per hop: evidence_section_titles)
     split: str
     source: str                           # "file:line" of the row
     row: dict[str, Any] = field(default_factory=dict)
     reference: Optional[InfoSeekReference] = None  # InfoSeek scoring data, when joined
+    # Per hop, parallel to gold_urls (one hop; two for 2_hop, whose fields hold `a|b`, google-research
+    # encyclopedic_vqa/README.md): the article title (None where the file gives one title for two URLs), the
+    # evidence section's index into that article's unfiltered section lists and its title.
+    gold_titles: list[Optional[str]] = field(default_factory=list)
+    evidence_section_ids: list[Optional[int]] = field(default_factory=list)
+    evidence_section_titles: list[Optional[str]] = field(default_factory=list)
+    # `wikipedia_url_used_in_train` (E-VQA): whether the gold URL is also a training question's; None when the file
+    # has no such column or the row leaves it empty (EchoSight's InfoSeek CSVs).
+    url_used_in_train: Optional[bool] = None
 
     @property
     def gold_url(self) -> str:
         """The gold article URL (the first one for 2_hop)."""
         return self.gold_urls[0]
+
+    @property
+    def hops(self) -> list[dict[str, Any]]:
+        """`{url, title, section_index, section_title}` per gold URL, in the file's order (two for 2_hop)."""
+        def at(values: list, i: int) -> Any:
+            return values[i] if i < len(values) else None
+
+        return [{"url": url, "title": at(self.gold_titles, i), "section_index": at(self.evidence_section_ids, i),
+                 "section_title": at(self.evidence_section_titles, i)} for i, url in enumerate(self.gold_urls)]
 
 
 def is_training_question(question: Question) -> bool:
@@ -113,7 +131,7 @@ def _open_csv(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
             raise DataError(not_utf8(path, e)) from None
 
 
-def _parse_section_id(path: Path, line: int, value: str) -> Optional[int]:
+def _parse_section_id(path: Path, line: int, value: str, question_type: str = "") -> Optional[int]:
     value = value.strip()
     if not value:
         return None
@@ -122,8 +140,38 @@ def _parse_section_id(path: Path, line: int, value: str) -> Optional[int]:
     except ValueError:
         number = float("nan")
     if number != number or number != int(number) or number < 0:
-        raise DataError(f"{path}: line {line}: field 'evidence_section_id': {value!r} is not a section index")
+        hint = (" (only 2_hop rows hold two ids joined by '|')" if "|" in value and question_type != TWO_HOP_TYPE
+                else "")
+        raise DataError(f"{path}: line {line}: field 'evidence_section_id': {value!r} is not a section index{hint}")
     return int(number)
+
+
+# `wikipedia_url_used_in_train` as the E-VQA release writes it ("Boolean", pandas' True / False); empty: not known.
+USED_IN_TRAIN_COLUMN = "wikipedia_url_used_in_train"
+_BOOLEANS = {"true": True, "false": False}
+
+
+def _parse_used_in_train(path: Path, line: int, row: dict[str, str]) -> Optional[bool]:
+    value = (row.get(USED_IN_TRAIN_COLUMN) or "").strip()
+    if not value:
+        return None
+    if value.lower() not in _BOOLEANS:
+        raise DataError(f"{path}: line {line}: field '{USED_IN_TRAIN_COLUMN}': {value!r} is neither True nor False "
+                        f"(the E-VQA release writes True or False; leave it empty when unknown)")
+    return _BOOLEANS[value.lower()]
+
+
+def _hop_values(path: Path, line: int, name: str, value: str, hops: int, allow_one: bool = False) -> list[str]:
+    """The `|`-joined values of a 2_hop field, one per hop: exactly `hops` of them (or one with `allow_one`), none
+    empty; an empty field gives []."""
+    if not value.strip():
+        return []
+    parts = [p.strip() for p in value.split("|")]
+    if len(parts) != hops and not (allow_one and len(parts) == 1) or not all(parts):
+        raise DataError(f"{path}: line {line}: field '{name}': {value!r} holds {len(parts)} value(s)"
+                        f"{' with an empty one' if len(parts) == hops else ''}; a 2_hop row holds {hops} joined by '|' "
+                        f"(one per URL of wikipedia_url, google-research encyclopedic_vqa/README.md)")
+    return parts
 
 
 def _question_from_row(path: Path, line: int, row: dict[str, str], data_id: str, split: str) -> Question:
@@ -138,9 +186,28 @@ def _question_from_row(path: Path, line: int, row: dict[str, str], data_id: str,
     image_ids = [i.strip() for i in row["dataset_image_ids"].split("|") if i.strip()]
     if not image_ids:
         raise fail("dataset_image_ids", "no image id")
-    gold_urls = [u.strip() for u in row["wikipedia_url"].split("|") if u.strip()]
-    if question_type != TWO_HOP_TYPE and len(gold_urls) != 1:
-        raise fail("wikipedia_url", f"{len(gold_urls)} URLs for a {question_type} question (expected 1)")
+    gold_urls = [u.strip() for u in row["wikipedia_url"].split("|")]
+    if question_type == TWO_HOP_TYPE:
+        if len(gold_urls) != 2 or not all(gold_urls):
+            raise fail("wikipedia_url", f"{row['wikipedia_url']!r}: a 2_hop row holds two URLs joined by '|' "
+                                        f"(google-research encyclopedic_vqa/README.md), found {len(gold_urls)} "
+                                        f"value(s){' with an empty one' if len(gold_urls) == 2 else ''}")
+        ids = [_parse_section_id(path, line, v, question_type)
+               for v in _hop_values(path, line, "evidence_section_id", row["evidence_section_id"], 2)]
+        section_titles: list[Optional[str]] = list(_hop_values(path, line, "evidence_section_title",
+                                                               row["evidence_section_title"], 2))
+        titles: list[Optional[str]] = list(_hop_values(path, line, "wikipedia_title", row["wikipedia_title"], 2,
+                                                       allow_one=True))
+        if len(titles) == 1:                 # the README documents two values only for the three other fields
+            titles.append(None)
+    else:
+        gold_urls = [u for u in gold_urls if u]
+        if len(gold_urls) != 1:
+            raise fail("wikipedia_url", f"{len(gold_urls)} URLs for a {question_type} question (expected 1)")
+        section_id = _parse_section_id(path, line, row["evidence_section_id"], question_type)
+        ids = [section_id] if section_id is not None else []
+        section_titles = [row["evidence_section_title"]] if row["evidence_section_title"].strip() else []
+        titles = [row["wikipedia_title"]]
     return Question(
         data_id=data_id,
         question=row["question"],
@@ -152,11 +219,15 @@ def _question_from_row(path: Path, line: int, row: dict[str, str], data_id: str,
         dataset_name=row["dataset_name"].strip(),
         gold_urls=gold_urls,
         gold_title=row["wikipedia_title"],
-        evidence_section_id=_parse_section_id(path, line, row["evidence_section_id"]),
+        evidence_section_id=ids[0] if ids else None,
         evidence_section_title=row["evidence_section_title"],
         split=row.get("encyclopedic_vqa_split") or split,
         source=f"{path}:{line}",
         row=dict(row),
+        gold_titles=titles,
+        evidence_section_ids=ids,
+        evidence_section_titles=section_titles,
+        url_used_in_train=_parse_used_in_train(path, line, row),
     )
 
 

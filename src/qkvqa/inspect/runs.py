@@ -140,6 +140,10 @@ def headline(run: RunTraces) -> dict[str, Any]:
            "judge": (s.get("benchmark") or {}).get("label"),
            "answer in context %": s.get("answer_in_context"),
            "section R@1": (s.get("section_recall") or {}).get("evidence_section_recall@1")}
+    seen_unseen = (s.get("benchmark") or {}).get("seen_unseen") or {}
+    for name in ("seen", "unseen"):                # E-VQA: gold article also a training question's, or not
+        if (seen_unseen.get(name) or {}).get("n"):
+            out[f"accuracy {name}"], out[f"n {name}"] = seen_unseen[name]["accuracy"], seen_unseen[name]["n"]
     for k in (1, 5, 10, 20):
         if f"recall@{k}" in before:
             out[f"R@{k} stage 1"] = before[f"recall@{k}"]

@@ -40,6 +40,17 @@ def evqa_hop_accuracy(scores: Sequence[float], question_types: Sequence[str]) ->
             "all": accuracy_summary(list(scores))}
 
 
+def seen_unseen_accuracy(scores: Sequence[float], used_in_train: Sequence[Optional[bool]]) -> dict:
+    """E-VQA's seen / unseen split (the release's `wikipedia_url_used_in_train`: whether the question's gold article
+    is also a training question's): `seen` (True), `unseen` (False), each `accuracy_summary` with its n, and
+    `n_unknown`, the questions whose file gives no value (counted in neither row, never guessed)."""
+    if len(scores) != len(used_in_train):
+        raise DataError(f"{len(scores)} scores but {len(used_in_train)} used-in-train flags")
+    return {"seen": accuracy_summary([s for s, u in zip(scores, used_in_train) if u is True]),
+            "unseen": accuracy_summary([s for s, u in zip(scores, used_in_train) if u is False]),
+            "n_unknown": sum(1 for u in used_in_train if u is None)}
+
+
 def error_analysis(gold_at_top1: Mapping[str, bool], scores: Mapping[str, float]) -> dict:
     """Paper Table 3 over questions joined by id (both mappings must hold the same ids), in percent.
 

@@ -13,7 +13,7 @@ import string
 from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 
 from qkvqa.errors import DataError
-from qkvqa.metrics.analysis import evqa_hop_accuracy, grouped_accuracy
+from qkvqa.metrics.analysis import evqa_hop_accuracy, grouped_accuracy, seen_unseen_accuracy
 from qkvqa.metrics.coverage import check_coverage, coverage_report
 from qkvqa.metrics.inputs import Rows, field, is_skipped, load_rows
 
@@ -203,13 +203,29 @@ def _load_questions(questions: Rows) -> dict[str, dict]:
         answer = field(row, "answer", where)
         by_id[qid] = {"question": field(row, "question", where),
                       "reference_list": answer.split("|") if isinstance(answer, str) else answer,
-                      "question_type": field(row, "question_type", where)}
+                      "question_type": field(row, "question_type", where),
+                      "used_in_train": _used_in_train(row.get(USED_IN_TRAIN), where)}
     return by_id
+
+
+USED_IN_TRAIN = "wikipedia_url_used_in_train"      # optional question field: the release's True / False
+
+
+def _used_in_train(value: Any, where: str) -> Optional[bool]:
+    """A question's `wikipedia_url_used_in_train` as a bool (the CSV's "True" / "False" or a JSON bool); None when
+    absent or empty; anything else is a DataError naming the place."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", ""):
+        return {"true": True, "false": False}.get(value.strip().lower())
+    raise DataError(f"{where}: field {USED_IN_TRAIN!r}: {value!r} is neither True nor False")
 
 
 def evaluate(predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = None, strict: bool = False) -> dict:
     """E-VQA accuracy (%) of `{data_id, prediction}` rows joined with `{data_id, question, answer,
-    question_type}` rows: single-hop (not 2_hop), two-hop, all, and per question type.
+    question_type}` rows: single-hop (not 2_hop), two-hop, all, and per question type; with the rows' optional
+    `wikipedia_url_used_in_train` (True / False, the release's column), also `seen_unseen` (every scored question
+    split by it, each with its n; `n_unknown` counts the rows without a value).
 
     qkvqa's choices (the official code has no aggregate): each question counts once and the last of
     repeated predictions wins; the denominator is the questions that have a prediction; unknown ids
@@ -242,7 +258,9 @@ def evaluate_with_details(predictions: Rows, questions: Rows, bem: Optional[Answ
     coverage["n_skipped"] = sum(skipped)
     types = [example["question_type"] for example in examples]
     summary = {"label": judge_label(bem), **evqa_hop_accuracy(scores, types),
-               "per_question_type": grouped_accuracy(scores, types), "coverage": coverage}
+               "per_question_type": grouped_accuracy(scores, types),
+               "seen_unseen": seen_unseen_accuracy(scores, [example["used_in_train"] for example in examples]),
+               "coverage": coverage}
     details = [{"data_id": example["data_id"], "question_type": example["question_type"], "score": score,
                 "references": refs} for example, score, refs in zip(examples, scores, references)]
     return summary, details

@@ -113,7 +113,9 @@ def evidence_section_recall(top1: Mapping[str, tuple[str, int]], questions: Iter
     best section is the row's `evidence_section_id` (an index into the unfiltered KB section list).
 
     `top1` maps data_id -> (top-1 article URL, its best section's KB index); a query without an
-    entry is a miss. Rows are `{data_id, wikipedia_url, question_type, evidence_section_id}`.
+    entry is a miss. Rows are `{data_id, wikipedia_url, question_type, evidence_section_id}`, optionally with
+    `evidence_section_ids`, one per URL of `wikipedia_url` (a 2_hop row's `a|b`): then under the `first` and `any`
+    policies a hit is the top-1 article of a hop with that hop's evidence section.
     """
     hits = 0
     n = 0
@@ -123,13 +125,18 @@ def evidence_section_recall(top1: Mapping[str, tuple[str, int]], questions: Iter
         if urls is None:
             excluded += 1
             continue
+        per_hop = row.get("evidence_section_ids")
+        values = list(per_hop) if per_hop is not None else [row["evidence_section_id"]] * len(urls)
+        if len(values) < len(urls):
+            raise DataError(f"data_id {row['data_id']}: {len(urls)} gold URLs but evidence_section_ids "
+                            f"{values!r}")
         try:
-            evidence = int(row["evidence_section_id"])
+            evidence = {(url, int(value)) for url, value in zip(urls, values)}
         except (TypeError, ValueError):
             raise DataError(f"data_id {row['data_id']}: evidence_section_id must be an integer, "
-                            f"got {row['evidence_section_id']!r}") from None
+                            f"got {values!r}") from None
         n += 1
         found = top1.get(row["data_id"])
-        hits += found is not None and found[0] in urls and int(found[1]) == evidence
+        hits += found is not None and (found[0], int(found[1])) in evidence
     return {"evidence_section_recall@1": 100.0 * hits / n if n else None, "n_queries": n,
             "two_hop_policy": two_hop_policy, "n_excluded_two_hop": excluded}

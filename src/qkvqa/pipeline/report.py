@@ -88,9 +88,16 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
                                             ("unseen entity", "unseen_entity_score"))]), ""]
     if dataset == "evqa" and scores.get("benchmark"):
         b = scores["benchmark"]
-        parts += ["## E-VQA single-hop / two-hop / all", "",
-                  "The headline accuracy is `all` (paper section 4.1: complete results including two-hop).", "",
-                  _table(["subset", "n", "accuracy"],
-                         [[k, (b.get(k) or {}).get("n"), (b.get(k) or {}).get("accuracy")]
-                          for k in ("single_hop", "two_hop", "all")]), ""]
+        seen_unseen = b.get("seen_unseen") or {}
+        rows = [[k, (b.get(k) or {}).get("n"), (b.get(k) or {}).get("accuracy")]
+                for k in ("single_hop", "two_hop", "all")]
+        rows += [[f"all, gold article {name} in training", (seen_unseen.get(key) or {}).get("n"),
+                  (seen_unseen.get(key) or {}).get("accuracy")] for key, name in (("seen", "seen"), ("unseen", "unseen"))]
+        unknown = seen_unseen.get("n_unknown")
+        parts += ["## E-VQA single-hop / two-hop / all, seen / unseen", "",
+                  "The headline accuracy is `all` (paper section 4.1: complete results including two-hop). Seen / "
+                  "unseen split `all` by the question file's `wikipedia_url_used_in_train` (whether the gold article "
+                  "is also a training question's)"
+                  + (f"; {unknown} questions have no value there and are in neither row" if unknown else "") + ".", "",
+                  _table(["subset", "n", "accuracy"], rows), ""]
     return "\n".join(parts)

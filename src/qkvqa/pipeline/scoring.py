@@ -50,8 +50,8 @@ def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question],
                 {d["data_id"]: d["references"] for d in details})
     from qkvqa.metrics import evqa
 
-    refs = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer, "question_type": q.question_type}
-            for q in (questions[r["data_id"]] for r in rows)]
+    refs = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer, "question_type": q.question_type,
+             "wikipedia_url_used_in_train": q.url_used_in_train} for q in (questions[r["data_id"]] for r in rows)]
     result, details = evqa.evaluate_with_details(predictions, refs, bem=judge, strict=True)
     return result, {d["data_id"]: float(d["score"]) for d in details}, {d["data_id"]: d["references"] for d in details}
 
@@ -129,7 +129,8 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
 
         top1 = {r["data_id"]: tuple(r["top1_section"]) for r in counted if r.get("top1_section")}
         rows_for_recall = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls),
-                            "question_type": q.question_type, "evidence_section_id": q.evidence_section_id}
+                            "question_type": q.question_type, "evidence_section_id": q.evidence_section_id,
+                            "evidence_section_ids": q.evidence_section_ids or None}
                            for q in scored_questions if q.evidence_section_id is not None]
         out["section_recall"] = evidence_section_recall(top1, rows_for_recall, two_hop_policy)
     return out
@@ -148,6 +149,9 @@ def flat_metrics(scores: dict) -> dict[str, float]:
             flat[key] = float(value)
 
     put("eval/accuracy", scores.get("accuracy"))
+    seen_unseen = (scores.get("benchmark") or {}).get("seen_unseen") or {}
+    for name in ("seen", "unseen"):
+        put(f"eval/accuracy_{name}", (seen_unseen.get(name) or {}).get("accuracy"))
     put("eval/answer_in_context", scores.get("answer_in_context"))
     put("eval/n_skipped", scores.get("n_skipped"))
     for when in ("before_filter", "after_filter"):

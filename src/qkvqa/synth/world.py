@@ -55,6 +55,7 @@ COMMONS = "https://upload.wikimedia.org/wikipedia/commons/"
 KB_IMAGE_PARTS = 3
 MULTI_ENTITY_SHARE = 0.4           # share of E-VQA questions whose image shows 2-3 entities
 TWO_HOP_SHARE = 0.35               # share of entities with a 2_hop question
+UNSEEN_EVQA_EVERY = 7              # every 7th entity (coprime to the 6 categories): no E-VQA training question
 INFOSEEK_SHARE = 0.67              # share of entities with InfoSeek questions
 KNOWN_MISSING_INFOSEEK_IMAGE = "oven_05001795"   # missing in the real release too (mKG-RAG)
 WORLD_MAX_MISSING = 0.34                          # data.images.max_missing_fraction of the world's configs
@@ -623,6 +624,8 @@ def _evqa_questions(entities: list[_Entity], images: _QueryImages, rng: random.R
                 qtype = rng.choice(("templated", "automatic"))
                 text = fact.templated if qtype == "templated" else fact.automatic
             split = rng.choices(("train", "val", "test"), weights=(70, 15, 15))[0]
+            if split == "train" and entity.index % UNSEEN_EVQA_EVERY == 3:
+                split = ("val", "test")[len(rows["test"]) % 2]      # an unseen subject (the rng draws stay the same)
             rows[split].append(_evqa_row(entity, fact.key, text, qtype, split, images,
                                          rng, entities))
         if entity.related is not None:
@@ -649,19 +652,24 @@ def _evqa_row(entity: _Entity, key: str, question: str, qtype: str, split: str, 
     answer_entity = hop or entity
     if hop is None and images.same_category_groups:
         question = question.replace(f"this {_noun(entity)}", f"this {_kind_word(entity)}")
+    section = entity.fact_section[key] if hop is None else 0
     if hop is None:
-        section = entity.fact_section[key]
         evidence = entity.sentences[key]
         urls, titles = entity.url, entity.title
+        section_ids, section_titles = str(section), entity.section_titles[section]
     else:
-        section = 0
+        # 2_hop, as the release writes it (google-research encyclopedic_vqa/README.md): wikipedia_url,
+        # evidence_section_id and evidence_section_title each hold one value per hop joined by '|': the lead section of
+        # the entity in the image (it names the related entity), then the answer's section of the related entity.
         evidence = f"It is frequently associated with the {hop.title}. {hop.sentences[key]}"
         urls, titles = f"{entity.url}|{hop.url}", f"{entity.title}|{hop.title}"
+        section_ids = f"{section}|{hop.fact_section[key]}"
+        section_titles = f"{entity.section_titles[section]}|{hop.section_titles[hop.fact_section[key]]}"
     row = {
         "question": question, "answer": answer_entity.answers[key], "dataset_image_ids": "|".join(image_ids),
         "dataset_category_id": str(entity.category_id), "dataset_name": dataset, "question_type": qtype,
         "wikipedia_url": urls, "wikipedia_title": titles, "evidence": evidence,
-        "evidence_section_id": str(section), "evidence_section_title": entity.section_titles[section],
+        "evidence_section_id": section_ids, "evidence_section_title": section_titles,
         "encyclopedic_vqa_split": split, "question_original": question, "wikipedia_url_used_in_train": "",
     }
     image_key = f"{dataset}/{image_ids[0]}"

@@ -222,6 +222,17 @@
     const found = (t.stage1 || []).find((a) => a.url === url) || ((t.filter || {}).articles || []).find((a) => a.url === url);
     return found && found.title ? found.title : url;
   }
+  // The gold article(s) with each hop's evidence section (a 2_hop question has two hops: the entity in the image, then
+  // the article holding the answer), and whether the gold article is also a training question's.
+  function goldText(t) {
+    const g = t.gold || {};
+    const hops = g.hops && g.hops.length ? g.hops : (g.urls || []).map((u, i) => ({url: u, section_index: i ? null : g.section_index}));
+    const one = (h) => esc(h.title || articleTitle(t, h.url)) + (h.section_index !== null && h.section_index !== undefined
+      ? ` · evidence section ${h.section_index}${h.section_title ? ` “${esc(h.section_title)}”` : ""}` : "");
+    const text = hops.length > 1 ? hops.map((h, i) => `hop ${i + 1}: ${one(h)}`).join(" → ") : hops.map(one).join("") || "–";
+    const seen = g.url_used_in_train === true ? " · seen in training" : g.url_used_in_train === false ? " · unseen in training" : "";
+    return `gold article${hops.length > 1 ? "s" : ""}: ${text}${seen}`;
+  }
   function renderTrace(t, label) {
     const gold = new Set((t.gold || {}).urls || []);
     const answers = (t.gold || {}).answers || [];
@@ -233,7 +244,7 @@
         <div class="muted"><code>${esc(t.data_id)}</code> · ${esc(t.dataset)} · ${esc(t.split)} · ${esc(t.question_type || "–")}</div>
         <div class="question">${esc(t.question)}</div>
         <div>gold answers: <b>${answers.map(esc).join("</b> | <b>") || "–"}</b></div>
-        <div class="muted">gold article${gold.size > 1 ? "s" : ""}: ${[...gold].map((u) => esc(articleTitle(t, u))).join(", ") || "–"}${(t.gold || {}).section_index !== null && (t.gold || {}).section_index !== undefined ? ` · evidence section ${t.gold.section_index}` : ""}</div>
+        <div class="muted" id="${label === "B" ? "q-gold-b" : "q-gold"}">${goldText(t)}</div>
         <div>Table 3: ${catName(t.category)} · gold rank ${moveText(gr.before || 0, gr.after || 0)} · answer in context: ${flag(t.answer_in_context)}</div>
       </div></div>`;
     h += `<h3>Prediction</h3>`;
