@@ -192,3 +192,23 @@ def test_the_wandb_run_carries_job_type_notes_tags_the_learning_rate_and_relativ
     assert summary["last_model_path"] == "last.ckpt"                    # relative to the run directory
     assert json.loads((run_root / "meta" / "summary.json").read_text())["last_model_path"].startswith("/")
     assert "train/loss" in summary and any(k.startswith("lr-") or k.startswith("train/lr") for k in summary)
+
+
+@pytest.mark.slow
+def test_a_value_read_from_the_environment_never_reaches_the_run_records(run_root, wandb_offline, monkeypatch):
+    """Issue 31 item 7: `${oc.env:...}` values (API keys) are used, but config.yaml, the checkpoints and the W&B
+    config keep the interpolation's text."""
+    secret = "sk-test-9f8e7d6c5b4a"
+    monkeypatch.setenv("QKVQA_TEST_SECRET", secret)
+    _fit(run_root, "run_id=secret", "trainer.max_steps=1", "logger.wandb.group=${oc.env:QKVQA_TEST_SECRET}")
+    run_dir = run_root / "secret"
+    logged = logged_config(_offline_dirs(run_dir)[0])
+    assert logged["logger"]["wandb"]["group"] == "${oc.env:QKVQA_TEST_SECRET}"
+    assert secret not in json.dumps(logged)
+    assert "${oc.env:QKVQA_TEST_SECRET}" in (run_dir / "config.yaml").read_text()
+    for path in run_dir.rglob("*"):
+        if path.is_file() and not path.name.endswith(".wandb"):
+            assert secret.encode() not in path.read_bytes(), path
+    # the run itself used the value: W&B's group is the secret's value in the run record it sent
+    runs = [r.run for r in finished_records(_offline_dirs(run_dir)[0]) if r.WhichOneof("record_type") == "run"]
+    assert runs and runs[0].run_group == secret

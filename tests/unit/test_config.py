@@ -1,6 +1,7 @@
 """Config composition: merge order, overrides, ~key, unknown keys, types, floats and None."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,24 @@ def test_run_id_none_or_null_means_no_run_id_and_a_new_run(exp_root, tmp_path, m
 def test_a_run_id_that_only_contains_none_is_kept(exp_root):
     assert compose(None, [], ["run_id=none-2"], root=exp_root).run_id == "none-2"
     assert compose(None, [], ["qff.focus=none"], root=exp_root).qff.focus == "none"       # the focus mode, not null
+
+
+def test_environment_values_are_used_but_records_keep_the_interpolation(exp_root, monkeypatch, tmp_path):
+    """Issue 31 item 7: a secret read with oc.env is resolved when read, never in to_yaml / to_plain, and a saved
+    config reloads (and compares for resume) as the same config."""
+    from qkvqa.config.load import environment_keys, from_saved, to_plain, to_yaml
+    from qkvqa.run.resume import config_changes
+
+    monkeypatch.setenv("QKVQA_TEST_SECRET", "hunter2")
+    cfg = compose(None, [], ["logger.wandb.group=${oc.env:QKVQA_TEST_SECRET}", "logger.wandb.project=p_${seed}",
+                             "logger.wandb.entity=team_${logger.wandb.group}"], root=exp_root)
+    assert cfg.logger.wandb.group == "hunter2" and cfg.logger.wandb.project == f"p_{cfg.seed}"
+    assert cfg.logger.wandb.entity == "team_hunter2"
+    assert environment_keys(cfg) == {"logger.wandb.group", "logger.wandb.entity"}
+    assert "hunter2" not in to_yaml(cfg) and "hunter2" not in json.dumps(to_plain(cfg))
+    assert to_plain(cfg)["logger"]["wandb"] == {**to_plain(cfg)["logger"]["wandb"],
+                                                "group": "${oc.env:QKVQA_TEST_SECRET}",
+                                                "project": f"p_{cfg.seed}"}
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    saved = from_saved(tmp_path / "config.yaml")
+    assert saved.logger.wandb.group == "hunter2" and config_changes(saved, cfg) == {}

@@ -49,9 +49,22 @@ def register(subparsers) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from qkvqa.data.kb import build_kb_store
+    import os
+    import sqlite3
 
-    manifest = build_kb_store(args.source, args.out, kb_format=args.format)
+    from qkvqa.data.kb import build_kb_store
+    from qkvqa.errors import DataError
+    from qkvqa.utils.io import disk_error_message
+
+    try:
+        manifest = build_kb_store(args.source, args.out, kb_format=args.format)
+    except sqlite3.OperationalError as e:          # SQLite names no file: say which, and what the store needs
+        import errno
+
+        needed = os.path.getsize(args.source) if os.path.isfile(args.source) else None
+        code = errno.ENOSPC if "full" in str(e) else errno.EROFS if "readonly" in str(e) else errno.EACCES
+        raise DataError(f"kb build: the store could not be written (SQLite: {e}): "
+                        f"{disk_error_message(OSError(code, os.strerror(code)), args.out, needed)}") from None
     print(json.dumps({"store": args.out, "articles": manifest["articles"], "issues": manifest["issues"]}))
     return 0
 

@@ -108,7 +108,37 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             return e.exit_code
         print(f"qkvqa {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        line = _disk_error_line(e)
+        if line is None:
+            raise
+        print(f"qkvqa {args.command}: error: {line}", file=sys.stderr)
+        return 2
+    except Exception as e:                # sqlite3.OperationalError without importing sqlite3 for every command
+        line = _sqlite_disk_line(e)
+        if line is None:
+            raise
+        print(f"qkvqa {args.command}: error: {line}", file=sys.stderr)
+        return 2
     return 0 if rc is None else int(rc)
+
+
+def _disk_error_line(e: OSError) -> Optional[str]:
+    """One line for a full, read-only or forbidden filesystem (the path, the free space there), else None."""
+    from qkvqa.utils.io import DISK_ERRNOS, disk_error_message
+
+    return disk_error_message(e) if e.errno in DISK_ERRNOS else None
+
+
+def _sqlite_disk_line(e: Exception) -> Optional[str]:
+    """One line for SQLite's full-disk and read-only errors, whose exceptions name no file, else None."""
+    if type(e).__module__ != "sqlite3" or type(e).__name__ != "OperationalError":
+        return None
+    text = str(e)
+    if not any(w in text for w in ("disk is full", "readonly", "read-only", "unable to open", "disk I/O error")):
+        return None
+    return (f"SQLite: {text}: a KB store or cache is on a full, read-only or foreign folder; free space there or "
+            "point data.kb_store / paths.* at a writable folder of your own")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

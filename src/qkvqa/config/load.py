@@ -16,7 +16,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from qkvqa.config.schema import Config, check_values
@@ -300,7 +300,7 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
         key, value = parse_override(token)
         cfg = _apply_override(cfg, key, value)
     try:
-        OmegaConf.resolve(cfg)
+        _resolve_except_environment(cfg)
     except OmegaConfBaseException as e:
         raise _explain(e, "interpolation") from None
     if isinstance(cfg.run_id, str) and cfg.run_id.strip().lower() in NO_RUN_ID:
@@ -309,14 +309,55 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
     return cfg
 
 
+# An interpolation that reads the environment (`${oc.env:WANDB_API_KEY}`) may carry a secret: compose leaves it, and
+# every value that refers to it, unresolved in the config (read, it resolves as usual), and the run records (config.yaml,
+# W&B config, checkpoints) keep the interpolation's text, never the value (docs/security.md).
+_READS_ENVIRONMENT = re.compile(r"\$\{\s*(?:oc\.env|env)\s*:")
+_REFERENCE = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*\}")
+
+
+def _leaves(node, prefix: str = ""):
+    """(dotted key, parent container, key) of every leaf of a config."""
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        path = f"{prefix}{key}"
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)) and not child._is_none() and not child._is_interpolation():
+            yield from _leaves(child, path + ".")
+        else:
+            yield path, node, key
+
+
+def environment_keys(cfg: DictConfig) -> set[str]:
+    """The keys whose values come from the environment: an `oc.env` interpolation, or one referring to such a key."""
+    raw = {path: str(parent._get_node(key)._value()) for path, parent, key in _leaves(cfg)
+           if OmegaConf.is_interpolation(parent, key)}
+    found = {path for path, text in raw.items() if _READS_ENVIRONMENT.search(text)}
+    while True:
+        more = {path for path, text in raw.items() if path not in found and any(
+            ref == key or key.startswith(ref + ".") for ref in _REFERENCE.findall(text) for key in found)}
+        if not more:
+            return found
+        found |= more
+
+
+def _resolve_except_environment(cfg: DictConfig) -> None:
+    """Resolve every interpolation in place except those of `environment_keys`."""
+    keep = environment_keys(cfg)
+    for path, parent, key in list(_leaves(cfg)):
+        if path not in keep and OmegaConf.is_interpolation(parent, key):
+            parent[key] = parent[key]                       # the resolved value replaces the interpolation
+
+
 def to_plain(cfg: DictConfig) -> dict:
-    """The resolved config as plain Python containers (safe for torch.save with weights_only)."""
-    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    """The resolved config as plain Python containers (safe for torch.save with weights_only); values read from the
+    environment stay as their interpolation's text."""
+    return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
 
 
 def to_yaml(cfg: DictConfig) -> str:
-    """The resolved config as YAML text."""
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    """The resolved config as YAML text, values read from the environment as their interpolation's text."""
+    return OmegaConf.to_yaml(cfg, resolve=False)
 
 
 def from_saved(path: str | Path, overrides: Iterable[str] = ()) -> DictConfig:

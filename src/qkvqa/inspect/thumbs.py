@@ -24,7 +24,9 @@ def thumb_name(image: Optional[str]) -> Optional[str]:
         stat = os.stat(image)
     except OSError:
         return None
-    key = f"{os.path.abspath(image)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    from qkvqa.data.images import IMAGE_DECODE_VERSION
+
+    key = f"{os.path.abspath(image)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{IMAGE_DECODE_VERSION}"
     return hashlib.sha1(key.encode("utf-8")).hexdigest()[:20] + ".jpg"
 
 
@@ -34,10 +36,12 @@ def make_thumb(image: str, target: Path, px: int = THUMB_PX) -> bool:
         return True
     from PIL import Image, UnidentifiedImageError
 
+    from qkvqa.data.images import to_rgb
+
     try:
         with Image.open(image) as img:
             img.draft("RGB", (px, px))                  # JPEG: decode at a reduced scale, much faster
-            thumb = img.convert("RGB")
+            thumb = to_rgb(img)                         # EXIF orientation, 16-bit and alpha as the models see them
             thumb.thumbnail((px, px))
     except (OSError, UnidentifiedImageError, ValueError) as e:
         log.warning("no thumbnail for %s: %s", image, e)

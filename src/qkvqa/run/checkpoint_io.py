@@ -20,20 +20,10 @@ from typing import Any, Callable, Optional
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from qkvqa.errors import DataError
-from qkvqa.utils.io import atomic_write, atomic_write_text, sha256_file
+from qkvqa.utils.io import (atomic_write, atomic_write_text, disk_error_message, remove_dead_partials,
+                           sha256_file)
 
 SIDECAR_SUFFIX = ".sha256"
-
-
-def _alive(pid: str) -> bool:
-    """Whether the process that owns a partial file still runs (its name ends in the PID)."""
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sidecar_of(path: str | os.PathLike) -> Path:
@@ -58,15 +48,43 @@ def _unreadable(path: str | os.PathLike, error: BaseException) -> DataError:
                      "torch checkpoint: restore it, or start a new run (another run_id)")
 
 
+def _refused_pickle(path: str | os.PathLike, error: BaseException) -> DataError:
+    return DataError(f"{path}: refused: it holds Python objects that a weights-only load does not allow "
+                     f"({' '.join(str(error).split())[:120]}), as a crafted or foreign pickle does; qkvqa never runs "
+                     "code from a checkpoint: use a checkpoint qkvqa wrote, or start a new run (another run_id)")
+
+
 def load_torch_checkpoint(path: str | os.PathLike, **kwargs: Any) -> dict:
-    """`torch.load` of a checked checkpoint; an unreadable (truncated, foreign) file is one DataError line."""
+    """`torch.load` of a checked checkpoint; an unreadable (truncated, foreign) file or a pickle that a weights-only
+    load refuses is one DataError line."""
+    import pickle
+
     import torch
 
     verify_checkpoint(path)
     try:
         return torch.load(path, **kwargs)
+    except pickle.UnpicklingError as e:
+        raise _refused_pickle(path, e) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise _unreadable(path, e) from None
+
+
+class _WriteErrors:
+    """A file that remembers the OSError of a failed write before torch wraps it in a RuntimeError."""
+
+    def __init__(self, f, errors: list[OSError]):
+        self._f, self._errors = f, errors
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self._errors.append(e)
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 class CheckedCheckpointIO(TorchCheckpointIO):
@@ -80,19 +98,24 @@ class CheckedCheckpointIO(TorchCheckpointIO):
             raise TypeError("CheckedCheckpointIO takes no storage_options")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(".*.partial-*"):       # any killed save's, a top-k file's included
-            if not _alive(stale.name.rsplit("-", 1)[-1]):
-                stale.unlink(missing_ok=True)
+        remove_dead_partials(path.parent)                   # any killed save's, a top-k file's included
         sidecar = sidecar_of(path)
         previous = sidecar.read_text() if sidecar.is_file() and path.is_file() else None
         sidecar.unlink(missing_ok=True)
+        failed: list[OSError] = []
         try:
-            atomic_write(path, lambda f: torch.save(checkpoint, f))
-        except OSError as e:
+            atomic_write(path, lambda f: torch.save(checkpoint, _WriteErrors(f, failed)))
+        except (OSError, RuntimeError) as e:
+            # torch's zip writer turns the OSError of a full disk into RuntimeError("unexpected pos ..."): the
+            # wrapper kept the OSError, so both say the same line; any other RuntimeError is not ours to explain.
+            error = e if isinstance(e, OSError) else (failed[0] if failed else None)
             if previous is not None:
                 atomic_write_text(sidecar, previous)        # the previous checkpoint stays whole and checked
-            raise DataError(f"{path}: the checkpoint could not be saved ({e.strerror or e}); the previous one is "
-                            f"intact: free space on {path.parent} (or fix its permissions) and resume") from None
+            if error is None:
+                raise
+            needed = path.stat().st_size if path.is_file() else None
+            raise DataError(f"{path}: the checkpoint could not be saved; the previous one is intact. "
+                            f"{disk_error_message(error, path.parent, needed)}") from None
         except BaseException:
             if previous is not None:
                 atomic_write_text(sidecar, previous)
@@ -101,9 +124,13 @@ class CheckedCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Optional[Callable] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
+        import pickle
+
         verify_checkpoint(path)
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except pickle.UnpicklingError as e:
+            raise _refused_pickle(path, e) from None
         except (RuntimeError, EOFError) as e:
             raise _unreadable(path, e) from None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from qkvqa.errors import ConfigError
-from qkvqa.utils.io import atomic_write_json, read_json
+from qkvqa.utils.io import atomic_write_json, pid_alive, read_json
 
 MANIFEST_NAME = "sweep_manifest.json"
 LOCK_NAME = ".runner.lock"
@@ -59,16 +59,6 @@ class Manifest:
         return self.trials[trial_id]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RunnerLock:
     """Only one runner per sweep directory; a lock left by a dead runner on this host is taken over."""
 
@@ -86,7 +76,7 @@ class RunnerLock:
                     holder = json.loads(self.path.read_text() or "{}")
                 except (OSError, json.JSONDecodeError):
                     holder = {}
-                if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
+                if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
                     self.path.unlink(missing_ok=True)
                     continue
                 raise ConfigError(f"sweep directory {self.path.parent} is in use by a runner (pid {holder.get('pid')} "

@@ -1,17 +1,92 @@
 """Atomic writes and JSON helpers used by every stage that must never leave a half-written file."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 
 def partial_path(path: str | os.PathLike) -> Path:
     """The temporary file an atomic write of `path` goes to: beside it (one filesystem), named by this process."""
     path = Path(path)
     return path.with_name(f".{path.name}.partial-{os.getpid()}")
+
+
+def pid_alive(pid: str | int) -> bool:
+    """Whether a process of this host with that PID runs (a partial file's name ends in its writer's PID)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_partials(directory: str | os.PathLike) -> list[Path]:
+    """Remove the `.NAME.partial-PID` files in `directory` whose writer is gone (a SIGKILLed build or save leaves
+    one, up to the size of what it was writing); returns them."""
+    directory = Path(directory)
+    removed = []
+    for stale in directory.glob(".*.partial-*") if directory.is_dir() else ():
+        pid = stale.name.rsplit("-", 1)[-1]
+        if stale.is_file() and not stale.is_symlink() and pid.isdigit() and not pid_alive(pid):
+            try:
+                stale.unlink()
+                removed.append(stale)
+            except OSError:
+                pass
+    return removed
+
+
+# errno values of a write the user fixes by freeing space or choosing another folder: one line, not a traceback.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def free_space(path: str | os.PathLike) -> Optional[int]:
+    """Bytes free on the filesystem of `path` (or of its nearest existing parent), or None."""
+    import shutil
+
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
+def human_bytes(n: Optional[float]) -> str:
+    """1536 -> '1.5 KiB'."""
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_error_message(error: OSError, path: Optional[str | os.PathLike] = None,
+                       needed: Optional[int] = None) -> str:
+    """One line for a write that failed on a full, read-only or forbidden filesystem: the path, the free space
+    there and, when known, how much the write needs."""
+    where = Path(path if path is not None else (error.filename or "."))
+    reason = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        need = f", and this needs about {human_bytes(needed)}" if needed else ""
+        fix = (f"{human_bytes(free_space(where))} free there{need}: free space on that filesystem (or point the "
+               "output at another) and rerun; finished work is kept")
+    elif error.errno == errno.EROFS:
+        fix = "that filesystem is mounted read-only: point the output (paths.*, --out) at a writable folder"
+    elif error.errno in (errno.EACCES, errno.EPERM):
+        fix = "you may not write there: fix its permissions or point the output (paths.*, --out) at your own folder"
+    else:
+        fix = "fix that folder (a file or folder in the way, its permissions) or point the output elsewhere"
+    return f"{where}: {reason}; {fix}"
 
 
 def current_umask() -> int:
