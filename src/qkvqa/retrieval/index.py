@@ -202,8 +202,9 @@ def _write_index_files(index, rows: np.ndarray, out_dir: Path) -> None:
     """Write index.faiss and vector_rows.npy, each to a partial file renamed into place (the manifest comes last)."""
     import faiss
 
-    from qkvqa.utils.io import atomic_write
+    from qkvqa.utils.io import atomic_write, remove_dead_partials
 
+    remove_dead_partials(out_dir)                         # a SIGKILLed build's index-sized leftovers
     def write_index(f) -> None:
         writer = faiss.PyCallbackIOWriter(f.write)        # streamed: no in-memory copy of a large index
         faiss.write_index(index, writer)
