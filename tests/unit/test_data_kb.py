@@ -236,13 +236,14 @@ def test_the_manifest_records_the_sha256_of_the_source_while_streaming(tmp_path)
 
 
 def test_a_reflectiva_wiki100k_kb_becomes_articles_with_paragraph_sections(tmp_path):
-    """ReflectiVA's KB layout {url: {"wikipedia_content": text}}: title from the URL, paragraphs as sections."""
+    """ReflectiVA's KB layout {url: {"wikipedia_content": text}}: title from the URL, paragraphs as sections (the
+    blank-line switch; the default, ReflectiVA's own passages, is tests/unit/test_reflectiva_passages.py)."""
     entries = {W + "Blue_jay": {"wikipedia_content": "The blue jay is a bird.\n\nIt lives in North America.\n\n"},
                W + "Caf%C3%A9_racer": {"wikipedia_content": "A café racer is a motorcycle.", "wikipedia_title": "Café racer"},
                W + "Empty": {"wikipedia_content": ""}}
     source = tmp_path / "Wiki100k_ver_1_0-all.json"
     source.write_text(json.dumps(entries), encoding="utf-8")
-    manifest = build_kb_store(source, tmp_path / "store")
+    manifest = build_kb_store(source, tmp_path / "store", reflectiva_passages="blank_lines")
     assert manifest["source"]["entry_layouts"] == {"evqa": 0, "reflectiva": 3}
     store = KBStore.open(tmp_path / "store", source=source)
     jay = store.get_by_url(W + "Blue_jay")

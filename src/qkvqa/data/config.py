@@ -43,6 +43,11 @@ class DataConfig:
     root: Optional[str] = None                   # relative paths below are resolved against it
     kb_source: Optional[str] = None              # KB JSON dict or JSONL
     kb_store: Optional[str] = None               # directory written by `qkvqa kb build`
+    # How a ReflectiVA Wiki100k entry's `wikipedia_content` becomes sections (data-formats.md section 2.3):
+    # spacy_300 (default) = ReflectiVA's own passages, spaCy blank-English sentences packed into passages of at most
+    # 300 spaCy tokens (aimagelab/ReflectiVA rag_evaluation/infoseek/release_retrieval.py); blank_lines = one section
+    # per blank-line paragraph. Set at `qkvqa kb build --reflectiva-passages`; a store cut by the other rule is refused.
+    reflectiva_passages: str = "spacy_300"
     train_questions: Optional[str] = None       # E-VQA CSV or EchoSight-style InfoSeek CSV
     val_questions: Optional[str] = None
     test_questions: Optional[str] = None         # InfoSeek: also the official infoseek_val.jsonl

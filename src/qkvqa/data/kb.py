@@ -1,8 +1,10 @@
 """KB store: streams a KB JSON dict or JSONL into SQLite for random access by row id (KB order) or URL.
 
 Two entry layouts are read: the E-VQA / InfoSeek one (title, section_titles, section_texts, image
-fields) and ReflectiVA's Wiki100k one (`wikipedia_content`, one text per article; its paragraphs,
-split at blank lines, become untitled sections). The manifest records the source's size, sha256 and
+fields) and ReflectiVA's Wiki100k one (`wikipedia_content`, one text per article), whose passages become
+untitled sections: by default as ReflectiVA builds them (`spacy_300`: spaCy sentences packed into passages of at
+most 300 tokens, `qkvqa.data.sections.reflectiva_passages`), or split at blank lines (`blank_lines`); the store's
+manifest records which (`reflectiva_passages`). The manifest records the source's size, sha256 and
 a sampled fingerprint, so a copied or touched KB file is still recognised (`check_source`).
 """
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import ijson
 
 from qkvqa.data.sections import (CandidateSection, candidate_sections, is_empty_section, is_excluded_section,
-                                 section_string)
+                                 reflectiva_passages, section_string)
 from qkvqa.errors import DataError, StaleArtifactError
-from qkvqa.utils.io import atomic_write_json, make_shareable, mark_verified, sha256_file
+from qkvqa.utils.io import atomic_write_json, make_shareable, mark_verified, remove_dead_partials, sha256_file
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
@@ -33,6 +35,11 @@ MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "report.json"
 SCHEMA_VERSION = 2
 KB_FORMATS = ("json_dict", "jsonl")
+# How a ReflectiVA entry's `wikipedia_content` becomes sections (data-formats.md section 2.3): `spacy_300`, ReflectiVA's
+# own passages (the default), or `blank_lines`, one section per paragraph (the reading of stores built before the
+# manifest recorded it).
+REFLECTIVA_PASSAGES = ("spacy_300", "blank_lines")
+DEFAULT_REFLECTIVA_PASSAGES = "spacy_300"
 # The sampled fingerprint of a KB source: its size and SAMPLE_BLOCKS blocks of SAMPLE_BLOCK bytes at evenly
 # spaced offsets (the first and the last included): 4 MiB read, whatever the file's size.
 SAMPLE_BLOCKS = 64
@@ -187,9 +194,11 @@ def is_reflectiva_entry(value: Any) -> bool:
     return isinstance(value, dict) and "wikipedia_content" in value and "section_texts" not in value
 
 
-def from_reflectiva_entry(key: str, value: dict) -> tuple[dict, list[str]]:
-    """The E-VQA-layout entry of a ReflectiVA one, and its problems: title from `wikipedia_title` or the URL,
-    the content's paragraphs (split at blank lines) as untitled sections, no images."""
+def from_reflectiva_entry(key: str, value: dict,
+                          passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> tuple[dict, list[str]]:
+    """The E-VQA-layout entry of a ReflectiVA one, and its problems: title from `wikipedia_title` or the URL, the
+    content's passages as untitled sections (`passages`: `spacy_300`, ReflectiVA's spaCy sentence packs of at most 300
+    tokens, or `blank_lines`, its paragraphs split at blank lines), no images."""
     problems = []
     content = value["wikipedia_content"]
     if not isinstance(content, str):
@@ -198,20 +207,26 @@ def from_reflectiva_entry(key: str, value: dict) -> tuple[dict, list[str]]:
     title = value.get("wikipedia_title", value.get("title"))
     if not isinstance(title, str) or not title.strip():
         title = title_from_url(key)
-    paragraphs = [p.strip() for p in content.split("\n\n") if p.strip()] or [""]
+    if passages == "spacy_300":
+        paragraphs = reflectiva_passages(content) or [""]
+    elif passages == "blank_lines":
+        paragraphs = [p.strip() for p in content.split("\n\n") if p.strip()] or [""]
+    else:
+        raise DataError(f"unknown ReflectiVA passage rule {passages!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}")
     return {"url": value.get("url", key), "title": title, "section_titles": [""] * len(paragraphs),
             "section_texts": paragraphs, "image_urls": [], "image_reference_descriptions": [],
             "image_section_indices": []}, problems
 
 
-def normalise_entry(key: str, value: Any) -> tuple[str, dict[str, list], list[str]]:
+def normalise_entry(key: str, value: Any, reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES
+                    ) -> tuple[str, dict[str, list], list[str]]:
     """(title, list fields, problems) of one raw entry; anything malformed becomes an empty value plus a problem."""
     problems: list[str] = []
     if not isinstance(value, dict):
         problems.append(f"entry is a {type(value).__name__}, not an object")
         value = {}
     if is_reflectiva_entry(value):
-        value, problems = from_reflectiva_entry(key, value)
+        value, problems = from_reflectiva_entry(key, value, reflectiva_passages)
     url = value.get("url", key)
     if url != key:
         problems.append(f"url field {url!r} differs from its key")
@@ -252,8 +267,12 @@ def _entry_issues(key: str, title: str, fields: dict[str, list], problems: list[
     return issues
 
 
-def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_format: str = "auto") -> dict:
+def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_format: str = "auto",
+                   reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> dict:
     """Stream `source` into `out_dir/kb.sqlite` (built in a temp file, then renamed) and write manifest and report.
+
+    `reflectiva_passages` is how ReflectiVA entries' `wikipedia_content` becomes sections (REFLECTIVA_PASSAGES),
+    recorded in the manifest.
 
     Every key becomes one row, in file order, so row ids equal the entry indexes of json.load (a
     duplicated key keeps its first position and its last value, as json.load does). Malformed entries
@@ -264,23 +283,27 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
     if not source.is_file():
         raise DataError(f"{source}: KB source file not found (or not a regular file)")
     kb_format = detect_kb_format(source) if kb_format == "auto" else kb_format
+    if reflectiva_passages not in REFLECTIVA_PASSAGES:
+        raise DataError(f"unknown ReflectiVA passage rule {reflectiva_passages!r}; expected one of "
+                        f"{', '.join(REFLECTIVA_PASSAGES)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     stat = source.stat()
     started = time.time()
     tmp_path = out_dir / f".{STORE_FILE}.partial-{os.getpid()}"
+    remove_dead_partials(out_dir)                  # a SIGKILLed build's store, up to the full store's size
     if tmp_path.exists():
         tmp_path.unlink()
     conn = sqlite3.connect(tmp_path)
     try:
         conn.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;" + _SCHEMA)
         content = hashlib.sha256()
-        count, checksum, layouts = _fill_store(conn, source, kb_format, stat.st_size, content)
+        count, checksum, layouts = _fill_store(conn, source, kb_format, stat.st_size, content, reflectiva_passages)
         counts = _issue_counts(conn)
         manifest = {
             "schema_version": SCHEMA_VERSION,
             "source": {"path": str(source), "format": kb_format, "size": stat.st_size, "mtime": stat.st_mtime,
                        "sha256": content.hexdigest(), "sample_sha256": sampled_fingerprint(source),
-                       "entry_layouts": layouts},
+                       "entry_layouts": layouts, "reflectiva_passages": reflectiva_passages},
             "articles": count,
             "url_checksum": checksum,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -325,8 +348,8 @@ def sampled_fingerprint(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: int,
-                content: Any) -> tuple[int, str, dict[str, int]]:
+def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: int, content: Any,
+                reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> tuple[int, str, dict[str, int]]:
     """Insert every entry in file order, feeding the file's bytes to `content`; returns (article count, URL
     checksum, entries per layout)."""
     digest = hashlib.sha256()
@@ -344,7 +367,7 @@ def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: in
             if not isinstance(key, str) or not key:
                 raise DataError(f"{source}: {position}: empty KB key")
             layouts["reflectiva" if is_reflectiva_entry(value) else "evqa"] += 1
-            title, fields, problems = normalise_entry(key, value)
+            title, fields, problems = normalise_entry(key, value, reflectiva_passages)
             body = json.dumps([fields[name] for name in LIST_FIELDS], ensure_ascii=False)
             issues = _entry_issues(key, title, fields, problems)
             try:
@@ -409,9 +432,11 @@ class KBStore:
         self._conn_pid: Optional[int] = None
 
     @classmethod
-    def open(cls, store_dir: str | os.PathLike, source: Optional[str | os.PathLike] = None) -> "KBStore":
+    def open(cls, store_dir: str | os.PathLike, source: Optional[str | os.PathLike] = None,
+             reflectiva_passages: Optional[str] = None) -> "KBStore":
         """Open a store; with `source`, refuse it when that KB file is not the one it was built from (`check_source`).
-        A kb.sqlite of another size than the build wrote, or one SQLite cannot read, is refused naming the file."""
+        A kb.sqlite of another size than the build wrote, or one SQLite cannot read, is refused naming the file. With
+        `reflectiva_passages`, a store of ReflectiVA entries whose sections were cut by another rule is refused."""
         store_dir = Path(store_dir)
         manifest_path, db_path = store_dir / MANIFEST_FILE, store_dir / STORE_FILE
         rebuild = f"rebuild the store with `qkvqa kb build --source KB.json --out {store_dir}`"
@@ -444,7 +469,29 @@ class KBStore:
                                      f"rebuild the store with `qkvqa kb build`")
         if source is not None:
             store.check_source(source)
+        if reflectiva_passages is not None:
+            store.check_passages(reflectiva_passages)
         return store
+
+    @property
+    def reflectiva_passages(self) -> Optional[str]:
+        """How the ReflectiVA entries' `wikipedia_content` became sections (REFLECTIVA_PASSAGES); None when the store
+        holds none. A store built before the manifest recorded it split them at blank lines."""
+        source = self.manifest["source"]
+        if not (source.get("entry_layouts") or {}).get("reflectiva"):
+            return None
+        return source.get("reflectiva_passages", "blank_lines")
+
+    def check_passages(self, wanted: str) -> None:
+        """StaleArtifactError when the store's ReflectiVA sections were cut by another rule than `wanted`."""
+        if wanted not in REFLECTIVA_PASSAGES:
+            raise DataError(f"unknown ReflectiVA passage rule {wanted!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}")
+        built = self.reflectiva_passages
+        if built is not None and built != wanted:
+            raise StaleArtifactError(
+                f"KB store {self.store_dir}: its ReflectiVA articles were cut into sections by rule {built!r}, the run "
+                f"asks for {wanted!r}; rebuild it with `qkvqa kb build --source {self.manifest['source']['path']} --out "
+                f"{self.store_dir} --reflectiva-passages {wanted}`")
 
     def check_source(self, source: str | os.PathLike, full: bool = False) -> None:
         """Raise StaleArtifactError when `source` is not the KB file this store was built from.

@@ -65,6 +65,52 @@ def candidate_sections(title: str, section_titles: Sequence[str], section_texts:
         yield CandidateSection(index, section_title, section_string(title, section_title, section_texts[index]))
 
 
+# ReflectiVA's passages of a Wiki100k article's `wikipedia_content` (aimagelab/ReflectiVA,
+# rag_evaluation/infoseek/release_retrieval.py, `uniform_passages_of_sentences`, called with n=300 at line 152):
+# spaCy's blank English pipeline (`spacy.lang.en.English()`) with the rule-based "sentencizer", sentences packed in
+# order into passages of at most REFLECTIVA_PASSAGE_TOKENS spaCy tokens (whitespace tokens such as a blank line
+# count), joined by one space; a sentence longer than that is a passage of its own, never cut.
+REFLECTIVA_PASSAGE_TOKENS = 300
+_REFLECTIVA_NLP = None
+
+
+def _reflectiva_nlp():
+    global _REFLECTIVA_NLP
+    if _REFLECTIVA_NLP is None:
+        from spacy.lang.en import English
+
+        nlp = English()
+        nlp.add_pipe("sentencizer")
+        _REFLECTIVA_NLP = nlp
+    return _REFLECTIVA_NLP
+
+
+def reflectiva_passages(text: str, max_tokens: int = REFLECTIVA_PASSAGE_TOKENS) -> list[str]:
+    """ReflectiVA's `uniform_passages_of_sentences(text, n=max_tokens)`, line for line: the passages it reads an
+    article's `wikipedia_content` as. `[]` for a text without sentences (as ReflectiVA). A text over spaCy's
+    `max_length` (1,000,000 characters), which ReflectiVA's call would refuse, is read whole all the same."""
+    nlp = _reflectiva_nlp()
+    if len(text) >= nlp.max_length:
+        nlp.max_length = len(text) + 1
+    passages: list[str] = []
+    passage: list[str] = []
+    tokens_in_passage = 0
+    for sent in nlp(text).sents:
+        if tokens_in_passage + len(sent) > max_tokens:
+            if passage:
+                passages.append(" ".join(passage))
+                passage = [sent.text]
+                tokens_in_passage = len(sent)
+            else:
+                passages.append(sent.text)
+        else:
+            passage.append(sent.text)
+            tokens_in_passage += len(sent)
+    if passage:
+        passages.append(" ".join(passage))
+    return passages
+
+
 def blip_caption(text: str, max_words: int = BLIP_CAPTION_MAX_WORDS) -> str:
     """LAVIS `blip_caption` eval preprocessing: lowercase, `.!"()*#:;~` to spaces, squeeze, keep `max_words` words."""
     text = _BLIP_PUNCTUATION.sub(" ", text.lower())
