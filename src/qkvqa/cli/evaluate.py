@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "restarted with the same run_id and resume=auto skips the questions already answered. "
                     "Under DDP (preset=ddp / ddp_cpu_sim) every question is answered exactly once. "
                     "split=X is short for eval.split=X, as for retrieve, mine and rerank.")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse what is otherwise counted and warned: question rows that repeat another row "
+                             "exactly (eval.strict=true)")
     add_override_args(parser)
     parser.set_defaults(func=_evaluate, opens_run=True)
 
@@ -28,7 +31,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
     from qkvqa.pipeline.evaluate import run_evaluation
 
-    args.overrides = expand_shorthands(args.overrides, SHORTHANDS)
+    args.overrides = expand_shorthands(args.overrides, SHORTHANDS) + (["eval.strict=true"] if args.strict else [])
     scores = run_evaluation(config_from_args(args))
     if scores:
         from qkvqa.pipeline.scoring import flat_metrics

@@ -164,6 +164,8 @@ class EvalConfig:
     stop_after: str = "generation"
     # Under torchrun/srun, ranks >= 1 wait this long for rank zero's stage-1 results (the barrier after stage 1).
     stage1_wait_s: float = 7200.0
+    # Refuse what is otherwise counted and warned: question rows that repeat another row exactly (`--strict`).
+    strict: bool = False
 
 
 @dataclass

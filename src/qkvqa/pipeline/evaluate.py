@@ -240,13 +240,39 @@ def warn_articles_without_image(benchmark: Any, retrieved: dict, top_k: int) -> 
                     counts["without_image"], counts["ranked_articles"], 100 * share)
 
 
-def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path]) -> dict:
+def duplicate_rows(questions: Sequence[Any]) -> list[tuple[str, str]]:
+    """(source of the repeat, source of the first) for every question row that repeats an earlier one in every column
+    (ids aside: E-VQA numbers its rows, so an exact repeat gets an id of its own and would be scored twice)."""
+    first: dict[str, str] = {}
+    repeats = []
+    for q in questions:
+        row = q.row if q.row else {"question": q.question, "image": q.image_ids, "answer": q.raw_answer,
+                                   "type": q.question_type, "urls": q.gold_urls}
+        key = json.dumps({k: v for k, v in row.items() if k != "data_id"}, sort_keys=True, default=str)
+        if key in first:
+            repeats.append((q.source, first[key]))
+        else:
+            first[key] = q.source
+    return repeats
+
+
+def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path],
+                 strict: bool = False) -> dict:
     """The evaluated question set (file, n per question type and split, sampling), refused before any model
     runs when it cannot give a meaningful headline: InfoSeek's harmonic mean is 0 when a split is empty."""
     if not questions:
         raise DataError(f"{source}: no questions to evaluate in the {split} split (check data.{split}_questions)")
+    repeats = duplicate_rows(questions)
+    if repeats:
+        shown = "; ".join(f"{a} repeats {b}" for a, b in repeats[:3])
+        if strict:
+            raise DataError(f"{source}: {len(repeats)} question rows repeat another row exactly ({shown}): remove them, "
+                            "or run without --strict (eval.strict) to score them as the file has them, warned")
+        log.warning("%s: %d question rows repeat another row exactly and are scored as extra questions (%s); "
+                    "eval.strict=true (--strict) refuses them", source, len(repeats), shown)
     types = Counter(q.question_type for q in questions)
-    out = {"file": str(source), "n": len(questions), "per_question_type": dict(sorted(types.items())),
+    out = {"file": str(source), "n": len(questions), "duplicate_rows": len(repeats),
+           "per_question_type": dict(sorted(types.items())),
            "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
            "max_questions": data.max_questions}
     if dataset == "infoseek":
@@ -333,7 +359,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
     benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
     dataset, split = benchmark.config.dataset, cfg.eval.split
     questions = benchmark.questions(split)
-    evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"))
+    evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"),
+                             strict=cfg.eval.strict)
     evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
     produced_by = preflight(cfg, benchmark)
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
