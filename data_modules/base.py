@@ -179,10 +179,14 @@ class KBVQADataModule(L.LightningDataModule):
             store = self.path("kb_store")
             if store is None:
                 raise ConfigError("data.kb_store is not set; build one with `qkvqa kb build --source KB --out DIR`")
-            if self.config.root is None and not store.is_absolute() and not store.exists():
-                raise ConfigError(f"data.root is not set, so data.kb_store {str(store)!r} was looked up relative to "
-                                  f"{Path.cwd()}; set data.root (the demo presets read it from paths.world_dir: "
-                                  "paths.world_dir=DIR, a world written by `qkvqa synth --out DIR`)")
+            root = self.config.root
+            if (root is None or not Path(root).expanduser().is_dir()) and not store.exists() \
+                    and not Path(self.config.kb_store).expanduser().is_absolute():
+                where = (f"data.root is not set, so data.kb_store {str(store)!r} was looked up relative to {Path.cwd()}"
+                         if root is None else f"data.root {root!r} is not a folder (data.kb_store {str(store)!r})")
+                raise ConfigError(f"{where}; set data.root (the demo presets read it from paths.world_dir, "
+                                  "${paths.world_dir}/evqa: paths.world_dir=DIR, a world written by `qkvqa synth "
+                                  "--out DIR`)")
             source = self.path("kb_source")
             self._kb_store = KBStore.open(store, source=source if source is not None and source.exists() else None)
         return self._kb_store

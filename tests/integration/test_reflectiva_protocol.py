@@ -36,14 +36,14 @@ def reflectiva_world(world: dict, out: Path) -> dict:
         {url: {"wikipedia_content": "\n\n".join(entry["section_texts"])} for url, entry in kb.items()}), encoding="utf-8")
     for name in ("infoseek_val.jsonl", "infoseek_val_qtype.jsonl"):
         shutil.copy(src / "infoseek" / name, out / name)
-    (out / "wiki_image").symlink_to(src / "kb_images")          # OMGM's title -> image CSVs, as the preset expects
+    (out / "wiki_image").symlink_to(src / "infoseek/wiki_image")   # OMGM's wiki images (output/, full/), as released
     refs = [json.loads(line) for line in (out / "infoseek_val.jsonl").read_text().splitlines() if line.strip()]
     with_image = 0
     for shard in range(3):
         with tarfile.open(out / f"val-{shard:04d}.tar", "w") as tar:
             for ref in refs[shard::3]:
                 _add(tar, f"{ref['data_id']}.question", ref["question"].encode("utf-8"))
-                image = next((p for p in (src / "infoseek/images").glob(f"{ref['image_id']}.*")), None)
+                image = next((p for p in (src / "infoseek/images/val").glob(f"{ref['image_id']}.*")), None)
                 if image is not None:
                     corrupt = ref is refs[1]
                     _add(tar, f"{ref['data_id']}.img.jpg", b"not a jpeg" if corrupt else image.read_bytes())

@@ -62,7 +62,7 @@ def test_loader_returns_rgb_and_counts_missing_and_corrupt_images_once_each(tmp_
     assert loader.load("infoseek", "text") is None
     assert loader.load("infoseek", "gone") is None
     assert loader.load("infoseek", "gone") is None
-    assert loader.counts() == {"missing": 1, "corrupt": 2, "too_small": 0}
+    assert loader.counts() == {"missing": 1, "corrupt": 2, "too_small": 0, "outside_root": 0}
     assert loader.skipped[("infoseek", "gone")].path == str(tmp_path / "gone.jpg")
 
 
@@ -72,7 +72,7 @@ def test_skipped_ids_are_written_to_the_run_directory(tmp_path):
     path = loader.write_skipped(tmp_path / "run")
     record = json.loads(path.read_text())
     assert path.name == "skipped_images.json"
-    assert record["counts"] == {"missing": 1, "corrupt": 0, "too_small": 0}
+    assert record["counts"] == {"missing": 1, "corrupt": 0, "too_small": 0, "outside_root": 0}
     assert [s["image_id"] for s in record["skipped"]] == ["oven_05001795"]
 
 
@@ -85,16 +85,17 @@ def _write_title_csv(path, rows):
 
 
 def test_article_images_keep_at_most_n_existing_files_per_title_in_csv_order(tmp_path):
-    rows = [["Kestrel", f"https://x/{i}.jpg", f"wiki_image_split/wiki_entity_image_1/k{i}.jpg", f"cap {i}"]
+    rows = [["Kestrel", f"https://x/{i}.jpg", f"full/wiki_image_split/wiki_entity_image_1/k{i}.jpg", f"cap {i}"]
             for i in range(14)]
     for i in range(14):
         if i != 0:
             write_image(tmp_path / f"full/wiki_image_split/wiki_entity_image_1/k{i}.jpg")
-    rows.append(["Ørsted moth", "https://x/o.jpg", "wiki_image_split/wiki_entity_image_2/o.png", "moth"])
+    rows.append(["Ørsted moth", "https://x/o.jpg", "full/wiki_image_split/wiki_entity_image_2/o.png", "moth"])
     write_image(tmp_path / "full/wiki_image_split/wiki_entity_image_2/o.png", image_format="PNG")
     _write_title_csv(tmp_path / "wiki_image_url_part_1_processed.csv", rows[:8])
     _write_title_csv(tmp_path / "wiki_image_url_part_2_processed.csv", rows[8:])
-    config = ImagesConfig(kb_image_csvs=["wiki_image_url_part_*_processed.csv"], kb_image_root="full")
+    # img_path is relative to the folder holding full/ (OMGM's wiki_img_path_prefix), here tmp_path itself
+    config = ImagesConfig(kb_image_csvs=["wiki_image_url_part_*_processed.csv"], kb_image_root=".")
     index = ArticleImageIndex.from_config(config, root=tmp_path)
     kept = index.images("Kestrel")
     assert [img.caption for img in kept] == [f"cap {i}" for i in range(1, 11)]
@@ -144,7 +145,7 @@ def test_a_tiny_query_image_is_a_counted_skip_of_that_question_only(tmp_path):
     loader = ImageLoader(QueryImageResolver(ImagesConfig(infoseek_root="q"), tmp_path))
     assert loader.load("infoseek", "dot") is None and loader.load("infoseek", "strip") is None
     assert loader.load("infoseek", "fine").size == (40, 30)
-    assert loader.counts() == {"missing": 0, "corrupt": 0, "too_small": 2}
+    assert loader.counts() == {"missing": 0, "corrupt": 0, "too_small": 2, "outside_root": 0}
 
 
 def test_more_missing_images_than_the_bound_stop_the_run_before_any_work(tmp_path):

@@ -146,3 +146,57 @@ def test_a_url_store_path_that_leaves_the_store_is_never_read(tmp_path):
     index = ArticleImageIndex({}, url_store=store)
     assert index.main_image("Sneaky", ["https://host/../../secret.jpg"]) is None
     assert secret.is_file() and index.coverage()["titles_without_image"] == 1
+
+
+def test_mining_that_keeps_no_sample_stops_and_writes_no_pools(tmp_path):
+    """Every gold article without its image (a wrong kb_image_root) once dropped every sample as no_gold_image and
+    wrote empty pools, exit 0."""
+    from qkvqa.data.questions import Question
+    from qkvqa.qff.mining import ArticleFactsSource, ImagePaths, check_kept, mine_pools
+    from qkvqa.retrieval.results import Retrieved
+
+    store = _datamodule(tmp_path, "wiki_image").kb_store()
+    facts = ArticleFactsSource(store, ArticleImageIndex({}), ImagePaths(tmp_path / "wiki_image", tmp_path))
+    urls = [f"https://en.wikipedia.org/wiki/Entity_{i}" for i in range(16)]
+    questions = [Question(data_id=f"q{i}", question="what?", answers=["x"], raw_answer="x", question_type="templated",
+                          image_id=f"img{i}", image_ids=[f"img{i}"], dataset_name="landmarks", gold_urls=[urls[i]],
+                          gold_title=f"Entity {i}", evidence_section_id=0, evidence_section_title="", split="train",
+                          source="test") for i in range(4)]
+    results = {q.data_id: Retrieved(urls, [None] * 16, [1.0] * 16) for q in questions}
+    mined = mine_pools(questions, results, facts, lambda q: q.image_id, split="train")
+    assert mined.report["kept"] == 0 and mined.report["dropped_by_reason"]["no_gold_image"] == 4
+    with pytest.raises(DataError, match=r"mining train kept 0 of 4 samples \(dropped: no_gold_image 4\).*"
+                                        r"kb_image_root \(the folder holding full/\)"):
+        check_kept(mined.report, tmp_path / "mining_report_train.json")
+
+
+def test_embedding_kb_images_stops_before_the_encoder_and_never_ends_with_0_vectors(world, tmp_path):
+    """`embed` once logged "16 images skipped" at INFO and exited 0 with 0 vectors."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.config.load import compose
+    from qkvqa.retrieval.embed import embed_set
+
+    data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
+    tiny = {"kind": "evaclip_hf", "tiny": True, "device": "cpu", "dtype": "fp32"}
+    (tmp_path / "empty").mkdir()
+    data["images"]["kb_image_root"] = str(tmp_path / "empty")              # every CSV file missing
+    cfg = OmegaConf.merge(compose(), {"data": data, "components": {"image_encoder": tiny, "text_encoder": tiny},
+                                      "paths": {"cache_dir": str(tmp_path / "cache")},
+                                      "retrieval": {"shard_size": 1000}})
+
+    class NoEncoder:                                   # the check must come before any pixel is encoded
+        identity = None
+
+        def __getattr__(self, name):
+            raise AssertionError(f"the encoder was used ({name})")
+
+    with pytest.raises(DataError, match=r"KB images that the title -> image CSVs list for the KB store's articles are "
+                                        r"missing .*tried .*empty/"):
+        embed_set(cfg, "kb_images", encoder=NoEncoder())
+    cfg.data.images.max_missing_fraction = 1.0
+    cfg.data.images.kb_image_url_store = str(tmp_path / "empty")           # no fallback pixels either
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
+        with pytest.raises(DataError, match=r"is complete but holds 0 vectors .*missing_images"):
+            embed_set(cfg, "kb_images")

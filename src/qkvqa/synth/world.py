@@ -7,17 +7,20 @@ Layout of a world directory (all paths in `world.json` are relative to it):
     kb/encyclopedic_kb_wiki.json             KB as one JSON dict {url: entry}
     kb/encyclopedic_kb_wiki.jsonl            the same KB, one {url: entry} per line
     kb/store/                                the KB store (`qkvqa kb build`) of the JSON dict
+    evqa/                                    the E-VQA release as preset evqa_data reads it (its data.root):
     evqa/{train,val,test}.csv                E-VQA question CSVs (all four question types)
-    evqa/{train,val}_id2name.json            iNaturalist id -> relative path maps
-    evqa/images/inaturalist/{train,val}/...  iNaturalist images (id2name layout)
+    evqa/encyclopedic_kb_wiki.json, kb_store/  the KB and its store
+    evqa/images/inaturalist/{train,val}/{NNNNN_category}/{uuid}.jpg   iNaturalist 2021 images
+    evqa/images/inaturalist/{train,val}_id2name.json   EchoSight's id -> path maps, beside the images
     evqa/images/landmarks/a/b/c/{id}.jpg     GLDv2 images (sharded layout)
     infoseek/infoseek_val.jsonl              official reference file (answer_eval, data_split)
     infoseek/infoseek_val_qtype.jsonl        String / Numerical / Time
     infoseek/infoseek_{train,test}_filtered.csv  EchoSight-style CSVs (E-VQA columns + data_id)
-    infoseek/images/{id}.jpg|.JPEG           InfoSeek images
-    kb_images/wiki_image_url_part_{k}_processed.csv        OMGM title -> image CSVs
-    kb_images/full/wiki_image_split/wiki_entity_image_{k}/  their images
-    kb_images/url_store/{host}/{path}        local pixels of some KB image_urls (the fallback)
+    infoseek/images/{val,train}/{id}.jpg|.JPEG   InfoSeek images
+    infoseek/wiki_100_dict_v4.json, kb_store/    EchoSight's InfoSeek KB (the world's KB) and its store
+    {evqa,infoseek}/wiki_image/output/wiki_image_url_part_{k}_processed.csv   OMGM title -> image CSVs
+    {evqa,infoseek}/wiki_image/full/wiki_image_split/wiki_entity_image_{k}/    their images (img_path full/...)
+    {evqa,infoseek}/kb_image_url_store/{host}/{path}   local pixels of some KB image_urls (the fallback)
 
 Each fact sits in one sentence of one section, among distractor sentences; questions share words
 with that sentence. Many query images show 2-3 entities of different categories, so only the
@@ -59,6 +62,20 @@ UNSEEN_EVQA_EVERY = 7              # every 7th entity (coprime to the 6 categori
 INFOSEEK_SHARE = 0.67              # share of entities with InfoSeek questions
 KNOWN_MISSING_INFOSEEK_IMAGE = "oven_05001795"   # missing in the real release too (mKG-RAG)
 WORLD_MAX_MISSING = 0.34                          # data.images.max_missing_fraction of the world's configs
+# Image folders as the releases lay them out, relative to each release's folder in the world (evqa/, infoseek/):
+# OMGM's wiki images (README "Wiki Images": output/ holds the CSVs, full/wiki_image_split/ the images; img_path
+# `full/wiki_image_split/wiki_entity_image_N/FILE` is relative to the folder holding full/, utils/utils.py:77 and
+# :101), iNaturalist 2021's `train/` and `val/` category folders with EchoSight's id2name maps beside them
+# (EchoSight README: "put id2name file in the same folder"), InfoSeek's images per split.
+WIKI_IMAGE = "wiki_image"
+WIKI_IMAGE_CSVS = f"{WIKI_IMAGE}/output/wiki_image_url_part_*_processed.csv"
+URL_STORE = "kb_image_url_store"              # qkvqa's own fallback pixels (not a release): {host}/{path}
+INAT_ROOT = "images/inaturalist"
+INFOSEEK_IMAGES = {"val": "infoseek/images/val", "train": "infoseek/images/train"}
+# The release folders (data.root of preset evqa_data and infoseek_data, and of demo_world: evqa/) with the KB file each
+# holds, and where the presets keep its store.
+RELEASES = {"evqa": "encyclopedic_kb_wiki.json", "infoseek": "wiki_100_dict_v4.json"}
+RELEASE_STORE = "kb_store"
 
 EVQA_COLUMNS = ("question", "answer", "dataset_image_ids", "dataset_category_id", "dataset_name",
                 "question_type", "wikipedia_url", "wikipedia_title", "evidence", "evidence_section_id",
@@ -580,7 +597,9 @@ class _QueryImages:
             return f"evqa/images/landmarks/{image_id[0]}/{image_id[1]}/{image_id[2]}/{image_id}.jpg"
         folder = "train" if pool == "train" else "val"
         category_dir = f"{list(CATEGORIES).index(category):05d}_{category}"
-        name = f"{folder}/{category_dir}/{hashlib.md5(image_id.encode()).hexdigest()}.jpg"
+        digest = hashlib.md5(image_id.encode()).hexdigest()             # iNat 2021 names its files by UUID
+        uuid = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:]}"
+        name = f"{folder}/{category_dir}/{uuid}.jpg"
         self.id2name[pool][image_id] = name
         return f"evqa/images/inaturalist/{name}"
 
@@ -715,8 +734,8 @@ def _infoseek_questions(entities: list[_Entity], writer: _ImageWriter, rng: rand
             else:
                 status = "ok"
             extension = ".JPEG" if counter % 6 == 0 else ".jpg"
-            writer.write(f"infoseek/{image_id}", f"infoseek/images/{image_id}{extension}", [entity], "single",
-                         status)
+            writer.write(f"infoseek/{image_id}", f"{INFOSEEK_IMAGES[split]}/{image_id}{extension}", [entity],
+                         "single", status)
             data_id = f"infoseek_{split}_{counter:08d}"
             out[split].append(_infoseek_item(entity, fact, data_id, image_id, split, unseen_entity))
     return out
@@ -770,32 +789,38 @@ def _write(out: Path, rel_path: str, text: str) -> None:
 
 
 def _write_kb_images(out: Path, entities: list[_Entity], writer: _ImageWriter) -> dict[str, int]:
-    """OMGM title -> image CSVs, their images, and the url_store pixels of the fallback entities."""
+    """OMGM's title -> image CSVs and their images under evqa/wiki_image (output/ and full/, as released), the
+    url store pixels of the fallback entities (titles the CSVs do not list); infoseek/ gets a copy of both."""
+    import shutil
+
     parts: dict[int, list[list[str]]] = {k: [] for k in range(1, KB_IMAGE_PARTS + 1)}
     counts = {"csv_rows": 0, "url_store_images": 0}
     for entity in entities:
         part = entity.index % KB_IMAGE_PARTS + 1
         for k, url in enumerate(entity.image_urls):
+            if entity.image_mode != "csv":
+                if k == 0:
+                    writer.write(f"article/{url}", f"evqa/{URL_STORE}/" + url.split("://", 1)[1], [entity], "article")
+                    counts["url_store_images"] += 1
+                continue
             file_name = url.rsplit("/", 1)[1]
             image_format = "PNG" if entity.index % 10 == 4 and k == 1 else "JPEG"
             if image_format == "PNG":
                 file_name = file_name[:-4] + ".png"
-            img_path = f"wiki_image_split/wiki_entity_image_{part}/{file_name}"
+            img_path = f"full/wiki_image_split/wiki_entity_image_{part}/{file_name}"
             parts[part].append([entity.title, url, img_path, f"Photograph of the {entity.title}"])
             counts["csv_rows"] += 1
-            if entity.image_mode == "csv":
-                writer.write(f"article/{url}", f"kb_images/full/{img_path}", [entity], "article",
-                             image_format=image_format)
-            elif k == 0:
-                rel = "kb_images/url_store/" + url.split("://", 1)[1]
-                writer.write(f"article/{url}", rel, [entity], "article")
-                counts["url_store_images"] += 1
+            writer.write(f"article/{url}", f"evqa/{WIKI_IMAGE}/{img_path}", [entity], "article",
+                         image_format=image_format)
     for part, rows in parts.items():
         buffer = io.StringIO()
         csv_writer = csv.writer(buffer, lineterminator="\n")
         csv_writer.writerow(["title", "image_URL", "img_path", "caption"])
         csv_writer.writerows(rows)
-        _write(out, f"kb_images/wiki_image_url_part_{part}_processed.csv", buffer.getvalue())
+        _write(out, f"evqa/{WIKI_IMAGE_CSVS.replace('*', str(part))}", buffer.getvalue())
+    for folder in (WIKI_IMAGE, URL_STORE):
+        if (out / "evqa" / folder).is_dir():                 # a world under 14 entities has no url-store entity
+            shutil.copytree(out / "evqa" / folder, out / "infoseek" / folder, dirs_exist_ok=True)
     return counts
 
 
@@ -803,21 +828,23 @@ def _data_configs(out: Path) -> dict[str, dict]:
     """DataConfig sections of the world (keys are exactly DataConfig / ImagesConfig fields)."""
     # The world leaves a few query images missing on purpose (counted skips); WORLD_MAX_MISSING keeps them
     # under the bound even in a 3-question subset, where the real-data default (2%) would stop the run.
-    kb_images = {"kb_image_csvs": ["kb_images/wiki_image_url_part_*_processed.csv"],
-                 "kb_image_root": "kb_images/full", "kb_image_url_store": "kb_images/url_store",
-                 "max_missing_fraction": WORLD_MAX_MISSING}
+    def kb_images(release: str) -> dict:
+        return {"kb_image_csvs": [f"{release}/{WIKI_IMAGE_CSVS}"], "kb_image_root": f"{release}/{WIKI_IMAGE}",
+                "kb_image_url_store": f"{release}/{URL_STORE}", "max_missing_fraction": WORLD_MAX_MISSING}
+
     common = {"root": str(out.resolve()), "kb_source": "kb/encyclopedic_kb_wiki.json", "kb_store": "kb/store"}
     evqa = {"dataset": "evqa", **common, "train_questions": "evqa/train.csv", "val_questions": "evqa/val.csv",
             "test_questions": "evqa/test.csv",
-            "images": {"inaturalist_root": "evqa/images/inaturalist", "inaturalist_layout": "id2name",
-                       "inaturalist_id2name": "evqa/train_id2name.json",
-                       "inaturalist_id2name_extra": ["evqa/val_id2name.json"],
-                       "landmarks_root": "evqa/images/landmarks", "landmarks_layout": "abc_sharded", **kb_images}}
+            "images": {"inaturalist_root": f"evqa/{INAT_ROOT}", "inaturalist_layout": "id2name",
+                       "inaturalist_id2name": f"evqa/{INAT_ROOT}/train_id2name.json",
+                       "inaturalist_id2name_extra": [f"evqa/{INAT_ROOT}/val_id2name.json"],
+                       "landmarks_root": "evqa/images/landmarks", "landmarks_layout": "abc_sharded",
+                       **kb_images("evqa")}}
     infoseek = {"dataset": "infoseek", **common, "train_questions": "infoseek/infoseek_train_filtered.csv",
                 "test_questions": "infoseek/infoseek_test_filtered.csv",
                 "infoseek_references": "infoseek/infoseek_val.jsonl",
                 "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
-                "images": {"infoseek_root": "infoseek/images", **kb_images}}
+                "images": {"infoseek_root": INFOSEEK_IMAGES["val"], **kb_images("infoseek")}}
     return {"evqa": evqa, "infoseek": infoseek}
 
 
@@ -883,6 +910,8 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
     train_urls = {u for item in evqa["train"] for u in item["row"]["wikipedia_url"].split("|")}
 
     _write(out, "kb/encyclopedic_kb_wiki.json", json.dumps(kb, ensure_ascii=False))
+    for release, kb_name in RELEASES.items():          # each release folder holds its KB as it downloads
+        _write(out, f"{release}/{kb_name}", json.dumps(kb, ensure_ascii=False))
     _write(out, "kb/encyclopedic_kb_wiki.jsonl",
            "".join(json.dumps({url: entry}, ensure_ascii=False) + "\n" for url, entry in kb.items()))
     questions: dict[str, list[dict]] = {}
@@ -898,7 +927,7 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         _write(out, f"evqa/{split}.csv", _csv_text(EVQA_COLUMNS, [item["row"] for item in items]))
         questions[f"evqa/{split}.csv"] = [item["record"] for item in items]
     for pool, split in (("train", "train"), ("eval", "val")):
-        _write(out, f"evqa/{split}_id2name.json", json.dumps(images.id2name[pool], indent=1, sort_keys=True))
+        _write(out, f"evqa/{INAT_ROOT}/{split}_id2name.json", json.dumps(images.id2name[pool], indent=1, sort_keys=True))
     infoseek_columns = ("data_id",) + EVQA_COLUMNS
     _write(out, "infoseek/infoseek_test_filtered.csv", _csv_text(infoseek_columns, [i["row"] for i in infoseek["val"]]))
     _write(out, "infoseek/infoseek_train_filtered.csv",
@@ -920,6 +949,8 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         from qkvqa.data.kb import build_kb_store
 
         build_kb_store(out / "kb/encyclopedic_kb_wiki.json", out / "kb/store")
+        for release, kb_name in RELEASES.items():      # `qkvqa kb build --source R/KB --out R/kb_store`, as the presets say
+            build_kb_store(out / release / kb_name, out / release / RELEASE_STORE)
 
     manifest = {
         "seed": seed,
@@ -939,7 +970,9 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
                   "data_infoseek": "data_infoseek.yaml", **{f"questions:{n}": n for n in questions},
                   "infoseek_references": "infoseek/infoseek_val.jsonl",
                   "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
-                  "train_id2name": "evqa/train_id2name.json", "val_id2name": "evqa/val_id2name.json"},
+                  "train_id2name": f"evqa/{INAT_ROOT}/train_id2name.json",
+                  "val_id2name": f"evqa/{INAT_ROOT}/val_id2name.json",
+                  **{f"release:{name}": name for name in RELEASES}},
         "data_configs": configs,
         "deliberate_skips": skips,
         "entities": [{"entity_id": e.entity_id, "category": e.category, "title": e.title, "url": e.url,
