@@ -59,7 +59,7 @@ def test_evqa_test_split_runs_through_a_trainer_and_counts_skips(world, tmp_path
     seen = [i for b in recorder.batches for i in b["data_id"]]
     assert seen == [i for i in expected if i not in dropped]
     assert sorted(i for b in recorder.batches for i in b["dropped_data_ids"]) == sorted(dropped)
-    assert datamodule.image_loader.counts() == {"missing": 1, "corrupt": 1, "too_small": 0}
+    assert datamodule.image_loader.counts() == {"missing": 1, "corrupt": 1, "too_small": 0, "outside_root": 0}
     record = json.loads(datamodule.write_skipped_images(tmp_path).read_text())
     assert {s["image_id"] for s in record["skipped"]} == skipped_ids
 
@@ -72,7 +72,7 @@ def test_infoseek_questions_carry_their_official_references(world):
     splits = {s for b in recorder.batches for s in b["data_split"]}
     assert splits == {"val_unseen_question", "val_unseen_entity"}
     assert all(a is not None for b in recorder.batches for a in b["answer_eval"])
-    assert datamodule.image_loader.counts() == {"missing": 1, "corrupt": 0, "too_small": 0}
+    assert datamodule.image_loader.counts() == {"missing": 1, "corrupt": 0, "too_small": 0, "outside_root": 0}
 
 
 def test_infoseek_questions_can_come_from_the_official_jsonl(world):

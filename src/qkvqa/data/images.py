@@ -323,8 +323,8 @@ class ImageLoader:
             return self._load_from_shards(shards, dataset_name, image_id)
         candidates = self.resolver.candidates(dataset_name, image_id)
         path = next((p for p in candidates if p.is_file()), None)
-        if path is None and not candidates and self.resolver.outside(dataset_name, image_id) is not None:
-            outside = self.resolver.outside(dataset_name, image_id)
+        outside = self.resolver.outside(dataset_name, image_id) if path is None else None
+        if outside is not None:
             self.record(SkippedImage(image_id, dataset_name, OUTSIDE_ROOT, str(outside),
                                      f"leaves data.images.{dataset_name}_root {self.resolver.roots[dataset_name]}; "
                                      "never read"))
