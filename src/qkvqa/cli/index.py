@@ -25,15 +25,29 @@ def register(subparsers) -> None:
     add_override_args(build)
     build.set_defaults(func=_build, opens_run=True)
     imported = commands.add_parser(
-        "import", help="adopt a foreign faiss index with its URL list (ReflectiVA's knn.index + knn.json)",
-        description="Adopt a faiss index built elsewhere as retrieval.index_dir of the config: each vector's URL "
-                    "(--urls: a JSON list, values[row][0] = URL) is mapped to its row in the config's KB store "
-                    "(data.kb_store); more than 1%% of URLs missing from the KB refuses the import. The config's "
-                    "encoders (components.image_encoder for the queries; components.text_encoder for "
-                    "image_to_summary) are recorded as the ones the index was built with, and checked at load time. "
+        "import", help="adopt a released faiss index (ReflectiVA's knn.index, EchoSight's kb_index.faiss, OMGM's "
+                       "summary index)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Adopt a faiss index built elsewhere as retrieval.index_dir of the config, each vector mapped to its\n"
+                    "row in the config's KB store (data.kb_store) by exactly one of:\n"
+                    "  --urls knn.json           a JSON list, values[row][0] = URL (ReflectiVA); more than 1% of URLs\n"
+                    "                            missing from the KB refuses the import\n"
+                    "  --ids kb_index_ids.pkl    EchoSight's pickle: a list with the KB entry index of each vector (one\n"
+                    "                            per KB image; use retrieval.mode=image_to_image), read with an\n"
+                    "                            unpickler that accepts only lists, ints and strings\n"
+                    "  --kb-order                OMGM's summary index (summary_llama3.index): vector i is KB entry i;\n"
+                    "                            its count must equal the KB's\n"
+                    "The config's encoders (components.image_encoder for the queries; components.text_encoder for\n"
+                    "image_to_summary) are recorded as the ones the index was built with, and checked at load time,\n"
+                    "as is retrieval.index_factory against the index's faiss type (a Flat index is Flat).\n"
                     "Example: qkvqa index import --faiss knn.index --urls knn.json preset=infoseek_reflectiva_data")
-    imported.add_argument("--faiss", required=True, help="the foreign faiss index file (knn.index)")
-    imported.add_argument("--urls", required=True, help="its URL list (knn.json: values[row][0] = URL)")
+    imported.add_argument("--faiss", required=True,
+                          help="the foreign faiss index file (knn.index, kb_index.faiss, summary_llama3.index)")
+    ids = imported.add_mutually_exclusive_group(required=True)
+    ids.add_argument("--urls", help="its URL list (knn.json: values[row][0] = URL)")
+    ids.add_argument("--ids", help="its KB entry index per vector (EchoSight's kb_index_ids.pkl)")
+    ids.add_argument("--kb-order", action="store_true",
+                     help="its vectors are in KB order, one per article (OMGM's summary index)")
     add_override_args(imported)
     imported.set_defaults(func=_import)
     check = commands.add_parser(
@@ -73,9 +87,12 @@ def _import(args: argparse.Namespace) -> int:
         raise ConfigError("retrieval.index_dir is not set: name the directory the imported index goes to "
                           "(retrieval.index_dir=DIR), the one evaluations then read")
     manifest = import_index(args.faiss, args.urls, cfg.retrieval.index_dir, kb_store=datamodule_for(cfg).kb_store(),
-                            mode=check_mode(cfg.retrieval.mode), encoders=expected_encoders(cfg))
+                            mode=check_mode(cfg.retrieval.mode), encoders=expected_encoders(cfg), ids_file=args.ids,
+                            kb_order=args.kb_order)
     print(json.dumps({"index_dir": cfg.retrieval.index_dir, "count": manifest["count"], "dim": manifest["dim"],
-                      "metric": manifest["metric"], "unmapped_vectors": manifest["imported"]["unmapped_vectors"]}))
+                      "metric": manifest["metric"], "format": manifest["imported"]["format"],
+                      "factory": manifest["factory_equivalent"],
+                      "unmapped_vectors": manifest["imported"]["unmapped_vectors"]}))
     return 0
 
 

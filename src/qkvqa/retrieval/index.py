@@ -8,6 +8,7 @@ dim, vector count, KB URL checksum and article count, the encoders of both sides
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import time
 from dataclasses import dataclass
@@ -163,9 +164,10 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     rows = np.empty(count, dtype=np.int64)
     filled = 0
     with progress(total=count, desc=f"index add {factory}", unit="vec") as bar:
-        for _, vectors, ids in emb.iter_shards():
+        for shard, vectors, ids in emb.iter_shards():
             for start in range(0, len(vectors), max(1, int(add_batch))):
                 chunk = np.array(vectors[start:start + add_batch], dtype=np.float32)
+                _check_finite(chunk, start, emb.shard_file(shard, ".npy"), ids, rebuild_hint)
                 faiss.normalize_L2(chunk)
                 index.add(chunk)
                 bar.update(len(chunk))
@@ -196,6 +198,34 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     log.info("index %s: %d vectors, dim %d, %s, %s, built in %.1fs", out_dir, count, dim, factory, mode,
              manifest["build_seconds"])
     return manifest
+
+
+def _check_finite(chunk: np.ndarray, start: int, shard: Path, ids: list, rebuild_hint: str) -> None:
+    """DataError naming the shard and row of the first NaN or Inf vector (shards written before `write_shard` refused
+    them, or edited since): faiss would rank it anywhere, and the run would say nothing."""
+    finite = np.isfinite(chunk).all(axis=1)
+    if not finite.all():
+        row = start + int(np.flatnonzero(~finite)[0])
+        raise DataError(f"{shard}: row {row} (id {ids[row] if row < len(ids) else '?'}) holds NaN or Inf, "
+                        f"{int((~finite).sum())} such vectors in rows {start}..{start + len(chunk) - 1}; no index is "
+                        f"built. Delete the shard and recompute it: {rebuild_hint}")
+
+
+def factory_of(index) -> Optional[str]:
+    """The index_factory string an index's faiss type corresponds to (Flat, HNSW32, IVF4096,Flat, IVF4096,PQ64), or
+    None for a type this does not know: what an imported index is checked against retrieval.index_factory by."""
+    import faiss
+
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexFlat):
+        return "Flat"
+    if isinstance(index, faiss.IndexHNSWFlat):
+        return f"HNSW{index.hnsw.nb_neighbors(1)}"
+    if isinstance(index, faiss.IndexIVFPQ):
+        return f"IVF{index.nlist},PQ{index.pq.M}"
+    if isinstance(index, faiss.IndexIVFFlat):
+        return f"IVF{index.nlist},Flat"
+    return None
 
 
 def _write_index_files(index, rows: np.ndarray, out_dir: Path) -> None:
@@ -267,11 +297,105 @@ def read_url_list(path: Path, count: int) -> list[str]:
     return urls
 
 
-def import_index(index_file: str | os.PathLike, urls_file: str | os.PathLike, out_dir: str | os.PathLike, *,
-                 kb_store, mode: str, encoders: dict) -> dict:
-    """Adopt a foreign faiss index (ReflectiVA's knn.index with knn.json) as an index directory over `kb_store`.
+class _ListsStringsIntsOnly(pickle.Unpickler):
+    """An unpickler that imports nothing: any class or function a pickle names (numpy arrays and ints, `os.system`,
+    ...) is refused before it is looked up; `read_id_list` then accepts only a list of ints and strings."""
 
-    Each vector's URL is mapped to its KB row; vectors whose URL the KB lacks map to -1 (never returned),
+    def __init__(self, f, path: Path):
+        super().__init__(f)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        raise DataError(f"{self.path}: the pickle names {module}.{name}; an id list holds only lists, strings and ints "
+                        f"(EchoSight's kb_index_ids.pkl is pickle.dump of a list of ints), so it is not loaded")
+
+    def persistent_load(self, pid):
+        raise DataError(f"{self.path}: the pickle holds a persistent id; an id list holds only lists, strings and ints")
+
+
+def read_id_list(path: Path, count: int) -> list:
+    """EchoSight's `kb_index_ids.pkl` (model/retriever.py `save_faiss_index`: `pickle.dump(self.faiss_index_ids, f)`,
+    a list with one KB entry index per vector, the rows of an entry contiguous), read with an unpickler that accepts
+    only lists, strings and ints; a string entry is taken as the URL of the vector's article. DataError naming the
+    file otherwise (another type, another length, a class or function in the pickle)."""
+    try:
+        with open(path, "rb") as f:
+            values = _ListsStringsIntsOnly(f, path).load()
+    except FileNotFoundError:
+        raise DataError(f"{path}: id list not found") from None
+    except DataError:
+        raise
+    except Exception as e:                          # a truncated or foreign file: pickle's many error types
+        raise DataError(f"{path}: not a readable pickle ({type(e).__name__}: {e}); re-download it") from None
+    if not isinstance(values, list):
+        raise DataError(f"{path}: the pickle holds a {type(values).__name__}; expected a list of KB entry indexes")
+    if len(values) != count:
+        raise DataError(f"{path}: {len(values)} ids, but the index holds {count} vectors: not its id list")
+    for row, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise DataError(f"{path}: entry {row}: {type(value).__name__} {str(value)[:60]!r}; expected a KB entry "
+                            f"index (int) or a URL (str)")
+    return values
+
+
+ID_SOURCES = ("urls", "ids", "kb_order")
+
+
+def _rows_of_urls(urls: list[str], kb_store, source: Path) -> tuple[np.ndarray, list[str]]:
+    rows = np.full(len(urls), -1, dtype=np.int64)
+    unmapped = []
+    for vector, url in enumerate(progress(urls, desc="index import: URLs -> KB rows", unit="url")):
+        try:
+            rows[vector] = kb_store.row_of(url)
+        except KeyError:
+            unmapped.append(url)
+    if len(unmapped) > MAX_UNMAPPED_SHARE * len(urls):
+        raise DataError(f"{source}: {len(unmapped)} of {len(urls)} URLs are not in the KB store {kb_store.store_dir} "
+                        f"(first: {unmapped[:3]}): the index was built over another KB; build the store from its KB")
+    return rows, unmapped
+
+
+def import_rows(index, kb_store, *, urls_file: Optional[Path] = None, ids_file: Optional[Path] = None,
+                kb_order: bool = False) -> tuple[np.ndarray, list[str], str, Optional[Path]]:
+    """(vector -> KB row, unmapped URLs, the source format, its file) of a foreign index, from exactly one of:
+    a URL list (ReflectiVA's knn.json), EchoSight's id pickle (KB entry index per vector), or the KB order itself
+    (OMGM's summary index: vector i is KB entry i, test/step1_img2sum.py via `self.knowledge_base[index_id]`)."""
+    given = [name for name, value in (("urls", urls_file), ("ids", ids_file), ("kb_order", kb_order)) if value]
+    if len(given) != 1:
+        raise ConfigError(f"index import needs exactly one of --urls (a JSON URL list), --ids (EchoSight's "
+                          f"kb_index_ids.pkl) or --kb-order (OMGM's summary index); got {given or 'none'}")
+    count = int(index.ntotal)
+    if kb_order:
+        if count != len(kb_store):
+            raise DataError(f"the index holds {count} vectors but the KB store {kb_store.store_dir} has {len(kb_store)} "
+                            f"articles: a summary index in KB order (OMGM's) has one vector per KB entry, so it was "
+                            f"built over another KB")
+        return np.arange(count, dtype=np.int64), [], "kb_order", None
+    if urls_file is not None:
+        urls_file = Path(urls_file)
+        rows, unmapped = _rows_of_urls(read_url_list(urls_file, count), kb_store, urls_file)
+        return rows, unmapped, "url_list", urls_file
+    ids_file = Path(ids_file)
+    values = read_id_list(ids_file, count)
+    if all(isinstance(v, str) for v in values):
+        rows, unmapped = _rows_of_urls(values, kb_store, ids_file)
+        return rows, unmapped, "id_pickle", ids_file
+    bad = next((row for row, v in enumerate(values) if not isinstance(v, int) or not 0 <= v < len(kb_store)), None)
+    if bad is not None:
+        raise DataError(f"{ids_file}: entry {bad}: {values[bad]!r} is not a row of the KB store {kb_store.store_dir} "
+                        f"({len(kb_store)} articles): the index was built over another KB, or the list mixes URLs "
+                        f"and indexes")
+    return np.asarray(values, dtype=np.int64), [], "id_pickle", ids_file
+
+
+def import_index(index_file: str | os.PathLike, urls_file: Optional[str | os.PathLike], out_dir: str | os.PathLike, *,
+                 kb_store, mode: str, encoders: dict, ids_file: Optional[str | os.PathLike] = None,
+                 kb_order: bool = False) -> dict:
+    """Adopt a foreign faiss index as an index directory over `kb_store`: ReflectiVA's knn.index with knn.json
+    (`urls_file`), EchoSight's kb_index.faiss with kb_index_ids.pkl (`ids_file`) or OMGM's summary index, whose rows
+    are in KB order (`kb_order`).
+
+    Each vector is mapped to its KB row; vectors whose URL the KB lacks map to -1 (never returned),
     counted in the manifest, and more than MAX_UNMAPPED_SHARE of them refuse the import. `encoders` are the
     identities the user declares the index was built with (the config's), checked at load time like a
     built index's; the source files' sha256 are recorded. Returns the manifest.
@@ -281,27 +405,19 @@ def import_index(index_file: str | os.PathLike, urls_file: str | os.PathLike, ou
     from qkvqa.utils.io import sha256_file
 
     started = time.time()
-    index_file, urls_file, out_dir = Path(index_file), Path(urls_file), Path(out_dir)
+    index_file, out_dir = Path(index_file), Path(out_dir)
     if not index_file.is_file():
         raise DataError(f"{index_file}: faiss index not found")
     try:
         index = faiss.read_index(str(index_file))
     except RuntimeError as e:
         raise DataError(f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); re-download it") from None
-    urls = read_url_list(urls_file, int(index.ntotal))
-    rows = np.full(len(urls), -1, dtype=np.int64)
-    unmapped = []
-    for vector, url in enumerate(progress(urls, desc="index import: URLs -> KB rows", unit="url")):
-        try:
-            rows[vector] = kb_store.row_of(url)
-        except KeyError:
-            unmapped.append(url)
-    if len(unmapped) > MAX_UNMAPPED_SHARE * len(urls):
-        raise DataError(f"{urls_file}: {len(unmapped)} of {len(urls)} URLs are not in the KB store {kb_store.store_dir} "
-                        f"(first: {unmapped[:3]}): the index was built over another KB; build the store from its KB")
+    rows, unmapped, source_format, source_file = import_rows(
+        index, kb_store, urls_file=Path(urls_file) if urls_file else None,
+        ids_file=Path(ids_file) if ids_file else None, kb_order=kb_order)
     if unmapped:
         log.warning("%d of %d vectors of %s have a URL the KB lacks (first: %s); they are never returned",
-                    len(unmapped), len(urls), index_file, unmapped[:3])
+                    len(unmapped), len(rows), index_file, unmapped[:3])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
     _write_index_files(index, rows, out_dir)
@@ -309,11 +425,15 @@ def import_index(index_file: str | os.PathLike, urls_file: str | os.PathLike, ou
     manifest = {
         "sha256": _file_hashes(out_dir),
         "format": INDEX_FORMAT, "mode": mode, "factory": f"imported ({type(faiss.downcast_index(index)).__name__})",
+        "factory_equivalent": factory_of(index),
         "metric": metric, "dim": int(index.d), "count": int(index.ntotal),
         "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store), "store": str(kb_store.store_dir)},
         "encoder": dict(encoders), "text_source": None,
         "imported": {"index": {"path": str(index_file.resolve()), "sha256": sha256_file(index_file)},
-                     "urls": {"path": str(urls_file.resolve()), "sha256": sha256_file(urls_file)},
+                     "format": source_format,
+                     **({"urls" if source_format == "url_list" else "ids":
+                         {"path": str(source_file.resolve()), "sha256": sha256_file(source_file)}}
+                        if source_file is not None else {}),
                      "unmapped_vectors": len(unmapped), "unmapped_examples": unmapped[:5]},
         "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": 0, "kb_skipped": {}, "kb_fallbacks": {},
         "gpu": False,
@@ -370,9 +490,18 @@ class LoadedIndex:
         return scores, rows
 
 
+def manifest_factory(manifest: dict) -> Optional[str]:
+    """The factory string an index was built with (an imported one: the one its faiss type corresponds to), or None."""
+    if manifest.get("imported"):
+        return manifest.get("factory_equivalent")
+    return manifest.get("factory")
+
+
 def index_differences(manifest: dict, *, kb_store, mode: Optional[str] = None,
-                      encoders: Optional[dict] = None) -> list[str]:
-    """What differs between an index manifest and the KB store / expected mode / encoders (empty when it fits)."""
+                      encoders: Optional[dict] = None, factory: Optional[str] = None) -> list[str]:
+    """What differs between an index manifest and the KB store / expected mode / encoders / `factory` (the config's
+    retrieval.index_factory) (empty when it fits). An imported index of a faiss type `factory_of` does not know
+    is not compared by factory."""
     diffs = []
     if manifest.get("format") != INDEX_FORMAT:
         diffs.append(f"index format {manifest.get('format')} (this qkvqa writes {INDEX_FORMAT})")
@@ -387,15 +516,22 @@ def index_differences(manifest: dict, *, kb_store, mode: Optional[str] = None,
         built = manifest.get("encoder", {}).get(side)
         if expected is not None and built != expected:
             diffs.append(f"{side} encoder: index {built}, config {expected}")
+    built_factory = manifest_factory(manifest)
+    if factory is not None and built_factory is not None and \
+            re.sub(r"\s+", "", built_factory) != re.sub(r"\s+", "", factory):
+        diffs.append(f"index factory: index {built_factory}"
+                     f"{' (imported ' + str(manifest.get('factory')) + ')' if manifest.get('imported') else ''}, "
+                     f"config retrieval.index_factory={factory}")
     return diffs
 
 
 def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = None,
-               encoders: Optional[dict] = None, use_gpu: bool = False,
+               encoders: Optional[dict] = None, factory: Optional[str] = None, use_gpu: bool = False,
                rebuild_hint: str = "qkvqa embed ... && qkvqa index build ...") -> LoadedIndex:
     """Open an index and refuse it (StaleArtifactError saying what differs and how to rebuild) when its
-    manifest does not match the KB store, the expected `mode` or `encoders` ({"kb": id, "query": id}),
-    or its files disagree with the manifest (count, dim)."""
+    manifest does not match the KB store, the expected `mode`, `encoders` ({"kb": id, "query": id}) or `factory`
+    (retrieval.index_factory: a Flat index is not used, and recorded, as HNSW32), or its files disagree with the
+    manifest (count, dim)."""
     import faiss
 
     path = Path(index_dir)
@@ -404,7 +540,7 @@ def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = 
     manifest = read_json(path / MANIFEST_FILE)
     if mode is not None:
         check_mode(mode)
-    diffs = index_differences(manifest, kb_store=kb_store, mode=mode, encoders=encoders)
+    diffs = index_differences(manifest, kb_store=kb_store, mode=mode, encoders=encoders, factory=factory)
     if not diffs:
         verify_index_files(path, manifest, rebuild_hint)
     index_file, rows_file = path / manifest.get("index_file", INDEX_FILE), path / manifest.get("row_mapping", ROWS_FILE)

@@ -71,7 +71,8 @@ def load_index_from_config(cfg, datamodule=None) -> LoadedIndex:
     else:
         index_dir = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm).set_path())
     return load_index(index_dir, kb_store=dm.kb_store(), mode=check_mode(cfg.retrieval.mode),
-                      encoders=expected_encoders(cfg), use_gpu=cfg.retrieval.index_gpu, rebuild_hint=rebuild_hint(cfg))
+                      encoders=expected_encoders(cfg), factory=cfg.retrieval.index_factory,
+                      use_gpu=cfg.retrieval.index_gpu, rebuild_hint=rebuild_hint(cfg))
 
 
 def recall_ks(top_k: int) -> list[int]:
