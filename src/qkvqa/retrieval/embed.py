@@ -271,7 +271,8 @@ class EmbeddingSet:
         """Write shard i: the .npy (cast to the set's dtype) and the id map atomically, then its done record."""
         if len(vectors) != len(ids):
             raise ValueError(f"shard {i}: {len(vectors)} vectors but {len(ids)} ids")
-        array = np.asarray(vectors).astype(self.manifest["dtype"])
+        with np.errstate(over="ignore"):                  # a value beyond float16's range becomes Inf: refused below
+            array = np.asarray(vectors).astype(self.manifest["dtype"])
         check_finite(array, ids, f"{self.shard_file(i, '.npy')}")
         npy = self.shard_file(i, ".npy")
         _save_npy_atomic(npy, array)
