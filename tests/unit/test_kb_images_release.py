@@ -9,6 +9,7 @@ OMGM (ChaoLinAViy/OMGM) lays its wiki images out as `output/wiki_image_url_part_
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,36 @@ def test_embedding_kb_images_stops_before_the_encoder_and_never_ends_with_0_vect
         mp.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
         with pytest.raises(DataError, match=r"is complete but holds 0 vectors .*missing_images"):
             embed_set(cfg, "kb_images")
+
+
+def _qff_datamodule(world: dict, tmp_path: Path, *overrides: str):
+    from qkvqa.config.load import compose
+    from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.qff.builder import build_qff_component
+    from tests.helpers.qff_study import mine_world
+
+    mined = mine_world(world, tmp_path, splits=("train",))
+    cfg = compose("demo/qff_per_layer", [], [*mined, "qff.val_negatives=null", "data.val_questions=null", *overrides])
+    component = build_qff_component(cfg.components.qformer, cfg.qff)
+    return QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
+                              component.image_processor), tmp_path / "pools/hardneg_train.json"
+
+
+def test_qff_training_stops_before_fit_on_0_kept_samples_and_on_missing_article_images(world, tmp_path):
+    dm, pools = _qff_datamodule(world, tmp_path / "a")
+    sidecar = pools.with_name("hardneg_train.articles.json")
+    facts = json.loads(sidecar.read_text())
+    images = {url: f["image"] for url, f in facts["articles"].items() if f["image"]}
+    for f in facts["articles"].values():
+        f["image"] = None                                    # pools mined when no article had its image
+    sidecar.write_text(json.dumps(facts))
+    with pytest.raises(DataError, match=r"QFF train: 0 of \d+ questions give a training sample .*no_gold_image"):
+        dm.setup("fit")
+    for url, f in facts["articles"].items():                 # the images are back, but the root moved
+        f["image"] = images.get(url)
+    sidecar.write_text(json.dumps(facts))
+    (tmp_path / "empty").mkdir()
+    moved, _ = _qff_datamodule(world, tmp_path / "b", f"data.images.kb_image_root={tmp_path / 'empty'}",
+                               f"qff.negatives={pools}")
+    with pytest.raises(DataError, match=r"of the \d+ article images the QFF samples use are missing .*tried "):
+        moved.setup("fit")
