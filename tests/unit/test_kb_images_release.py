@@ -234,3 +234,18 @@ def test_qff_training_stops_before_fit_on_0_kept_samples_and_on_missing_article_
                                f"qff.negatives={pools}")
     with pytest.raises(DataError, match=r"of the \d+ article images the QFF samples use are missing .*tried "):
         moved.setup("fit")
+
+
+def test_a_repeated_row_of_a_title_takes_no_second_slot(tmp_path):
+    """OMGM keeps at most 10 images per title and skips a repeated {caption, img_path} (utils/utils.py:103)."""
+    folder = _release(tmp_path, titles=["Entity 0"])
+    rows = [["title", "image_URL", "img_path", "caption"]]
+    for i in range(12):
+        write_image(folder / f"full/wiki_image_split/wiki_entity_image_1/p{i}.jpg")
+        row = ["Entity 0", f"https://x/{i}.jpg", f"full/wiki_image_split/wiki_entity_image_1/p{i}.jpg", f"c{i}"]
+        rows += [row, row] if i == 0 else [row]
+    with open(folder / "output/wiki_image_url_part_1_processed.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    index = ArticleImageIndex.from_config(ImagesConfig(kb_image_csvs=["wiki_image/output/*_part_1_*.csv"],
+                                                       kb_image_root="wiki_image"), root=tmp_path)
+    assert [i.caption for i in index.images("Entity 0")] == [f"c{i}" for i in range(10)]

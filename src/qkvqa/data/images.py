@@ -521,6 +521,8 @@ class ArticleImageIndex:
                     if len(images) >= max_per_title:
                         continue
                     status, path = containment.check(img_path)
+                    if status == "ok" and any(i.path == path and i.caption == caption for i in images):
+                        continue           # OMGM skips a repeated {caption, img_path} of a title (utils/utils.py:103)
                     tried[title] = tried.get(title, 0) + 1
                     if status == "ok":
                         images.append(ArticleImage(path, caption, image_url))
