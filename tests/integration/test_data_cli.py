@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from qkvqa.cli.main import main
 
@@ -37,3 +38,14 @@ def test_a_truncated_kb_is_one_clear_error_line(tmp_path, capsys):
     assert main(["kb", "build", "--source", str(source), "--out", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("qkvqa kb: error:") and str(source) in err[-1] and "https://a" in err[-1]
+
+
+def test_kb_build_takes_the_reflectiva_passage_rule(tmp_path, capsys):
+    """`qkvqa kb build --reflectiva-passages` reaches the store's manifest (ReflectiVA's spaCy 300-token passages by
+    default; blank lines on request)."""
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "public" / "reflectiva" / "Wiki100k_ver_1_0-all.json"
+    for rule in ("spacy_300", "blank_lines"):
+        argv = ["kb", "build", "--source", str(source), "--out", str(tmp_path / rule)]
+        assert main(argv + ([] if rule == "spacy_300" else ["--reflectiva-passages", rule])) == 0
+        capsys.readouterr()
+        assert json.loads((tmp_path / rule / "manifest.json").read_text())["source"]["reflectiva_passages"] == rule

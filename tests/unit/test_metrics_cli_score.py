@@ -139,3 +139,22 @@ def test_a_skipped_question_is_wrong_in_both_scorers(infoseek_files, tmp_path, c
     result = json.loads(capsys.readouterr().out)
     assert result["all"]["n"] == 4 and result["all"]["correct"] == 3.0 and result["coverage"]["n_skipped"] == 1
     assert result["single_hop"] == {"n": 3, "correct": 2.0, "accuracy": pytest.approx(200 / 3)}
+
+
+def test_score_evqa_gives_seen_and_unseen_from_the_release_column(tmp_path, capsys):
+    """`wikipedia_url_used_in_train` (encyclopedic_vqa/README.md) reaches `qkvqa score evqa`'s seen / unseen rows."""
+    path = _evqa_csv(tmp_path / "test.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for row, used in zip(rows, ["True", "False", "False", ""]):
+        row["wikipedia_url_used_in_train"] = used
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, EVQA_COLUMNS + ["wikipedia_url_used_in_train"])
+        writer.writeheader()
+        writer.writerows(rows)
+    preds = [{"data_id": "E-VQA_0", "prediction": "blue"}, {"data_id": "E-VQA_1", "prediction": "1.5"},
+             {"data_id": "E-VQA_2", "prediction": "moss"}]
+    files = {"--predictions": _jsonl(tmp_path / "p.jsonl", preds), "--questions": path}
+    assert main(_argv("evqa", files, "--em-only", "--single-hop-only")) == 0
+    seen_unseen = json.loads(capsys.readouterr().out)["seen_unseen"]
+    assert seen_unseen["seen"]["n"] == 1 and seen_unseen["unseen"]["n"] == 1 and seen_unseen["n_unknown"] == 1

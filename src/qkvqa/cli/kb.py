@@ -26,6 +26,10 @@ def register(subparsers) -> None:
     build.add_argument("--out", required=True, help="store directory (created; an old store is replaced at the end)")
     build.add_argument("--format", default="auto", choices=["auto", "json_dict", "jsonl"],
                        help="KB layout (default: from the suffix, .json or .jsonl)")
+    build.add_argument("--reflectiva-passages", default="spacy_300", choices=["spacy_300", "blank_lines"],
+                       help="how a ReflectiVA entry's wikipedia_content becomes sections: spacy_300 (default, as "
+                            "ReflectiVA builds its passages: spaCy sentences packed into passages of at most 300 "
+                            "tokens) or blank_lines (one section per paragraph); docs/data-formats.md section 2.3")
     build.set_defaults(func=_build)
 
     check = commands.add_parser(
@@ -57,7 +61,8 @@ def _build(args: argparse.Namespace) -> int:
     from qkvqa.utils.io import disk_error_message
 
     try:
-        manifest = build_kb_store(args.source, args.out, kb_format=args.format)
+        manifest = build_kb_store(args.source, args.out, kb_format=args.format,
+                                  reflectiva_passages=args.reflectiva_passages)
     except sqlite3.OperationalError as e:          # SQLite names no file: say which, and what the store needs
         import errno
 

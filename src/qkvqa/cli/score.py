@@ -185,7 +185,7 @@ def _score_evqa(args: argparse.Namespace) -> int:
     from qkvqa.metrics.evqa import evaluate_with_details
 
     questions = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer,
-                  "question_type": q.question_type}
+                  "question_type": q.question_type, "wikipedia_url_used_in_train": q.url_used_in_train}
                  for q in read_evqa_csv(args.questions, include_two_hop=not args.single_hop_only)]
     judge = _build_judge(args, [q["question"] + " " + q["answer"] for q in questions])
     result, details = evaluate_with_details(args.predictions, questions, bem=judge, strict=args.strict)
