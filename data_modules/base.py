@@ -188,7 +188,8 @@ class KBVQADataModule(L.LightningDataModule):
                                   "${paths.world_dir}/evqa: paths.world_dir=DIR, a world written by `qkvqa synth "
                                   "--out DIR`)")
             source = self.path("kb_source")
-            self._kb_store = KBStore.open(store, source=source if source is not None and source.exists() else None)
+            self._kb_store = KBStore.open(store, source=source if source is not None and source.exists() else None,
+                                          reflectiva_passages=self.config.reflectiva_passages)
         return self._kb_store
 
     def article_images(self) -> ArticleImageIndex:

@@ -251,7 +251,8 @@ def split_metrics(results: dict[str, RerankedQuestion], questions, dataset: str,
     metrics = retrieval_metrics(results, questions, dataset=dataset, top_k=int(cfg.retrieval.top_k),
                                 two_hop_policy=cfg.retrieval.two_hop_policy)
     rows = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type,
-             "evidence_section_id": q.evidence_section_id} for q in questions
+             "evidence_section_id": q.evidence_section_id,
+             "evidence_section_ids": q.evidence_section_ids or None} for q in questions
             if q.gold_urls and q.evidence_section_id is not None]
     top1 = {qid: best for qid, r in results.items() if (best := r.best_section()) is not None}
     section = evidence_section_recall(top1, rows, cfg.retrieval.two_hop_policy)
