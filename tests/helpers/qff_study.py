@@ -272,7 +272,9 @@ def score_splits(focus: str, checkpoint: Optional[Path], overrides: Sequence[str
     hits, component = {}, None
     experiment, extra = VARIANTS[focus]
     for split, file in (splits or EVAL_SPLITS).items():
-        cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}", f"data.val_questions={file}",
+        # world.json keys the files from the world's folder; data.root is its evqa/ release folder (preset demo_world)
+        cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}",
+                                       f"data.val_questions={Path(file).relative_to('evqa')}",
                                        f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
                                        f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
                                        "qff.max_val_samples=null",   # every question, whatever the seed

@@ -58,7 +58,7 @@ def test_training_into_a_file_prints_progress_lines_while_it_runs(world, tmp_pat
     assert [n for n in NOISE if n in text] == [], text[-3000:]
 
 
-def test_evaluate_into_a_file_shows_prediction_lines_and_no_reranker_bars(eval_env, tmp_path):
+def test_evaluate_into_a_file_shows_prediction_lines_and_no_reranker_bars(eval_env, world, tmp_path):
     log_path = tmp_path / "evaluate.out"
     # two pairs per reranker batch: FlagReranker would draw its bars for every question
     cmd = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "run_id=eval-lines",
@@ -69,5 +69,6 @@ def test_evaluate_into_a_file_shows_prediction_lines_and_no_reranker_bars(eval_e
     text = log_path.read_text()
     assert done.returncode == 0, text[-3000:]
     predict = re.findall(r"predict: (\d+)/(\d+) batches .*? (\d+) questions, [\d.,]+ questions/s", text)
-    assert predict and predict[-1][0] == predict[-1][1] and int(predict[-1][2]) == 38, text[-3000:]
+    n_test = len(world["questions"]["evqa/test.csv"])              # every row of the test CSV, 2_hop included
+    assert predict and predict[-1][0] == predict[-1][1] and int(predict[-1][2]) == n_test, text[-3000:]
     assert [n for n in NOISE if n in text] == [], text[-3000:]

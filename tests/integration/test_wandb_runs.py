@@ -26,7 +26,7 @@ def offline(monkeypatch, eval_env):
     clear_run_env()
 
 
-def test_an_evaluation_logs_its_questions_as_a_table_with_job_type_evaluate(offline):
+def test_an_evaluation_logs_its_questions_as_a_table_with_job_type_evaluate(offline, world):
     assert main(["evaluate", "experiment=world_eval", "run_id=wb-eval", "eval.judge=em_only",
                  "logger.wandb.enabled=true", "logger.wandb.eval_table_images=true"]) == 0
     (run_dir,) = _offline_dirs(offline["runs"] / "wb-eval")
@@ -34,7 +34,8 @@ def test_an_evaluation_logs_its_questions_as_a_table_with_job_type_evaluate(offl
     assert [r["run"]["job_type"] for r in records if r.get("type") == "run"] == ["evaluate"]
     rows = [r["history"]["item"] for r in records if r.get("type") == "history"]
     (table,) = [row for row in rows if "eval/predictions.path" in row]
-    assert table["eval/predictions._type"] == "table-file" and table["eval/predictions.nrows"] == 38
+    n_test = len(world["questions"]["evqa/test.csv"])              # every row of the test CSV, 2_hop included
+    assert table["eval/predictions._type"] == "table-file" and table["eval/predictions.nrows"] == n_test
     content = json.loads((run_dir / "files" / table["eval/predictions.path"]).read_text())
     assert content["columns"] == ["id", "question", "gold_answer", "prediction", "correct", "gold_rank_before_filter",
                                   "gold_rank_after_filter", "context_tokens", "category", "answer_in_context",

@@ -25,13 +25,15 @@ class ImagesConfig:
     infoseek_shards: Optional[str] = None
     extensions: List[str] = field(default_factory=lambda: [".jpg", ".JPEG"])
     kb_image_csvs: List[str] = field(default_factory=list)   # OMGM title -> image CSVs (globs allowed)
-    kb_image_root: Optional[str] = None                      # root the CSVs' img_path is relative to
+    # The folder holding OMGM's full/ (its wiki_img_path_prefix): the CSVs' img_path is full/wiki_image_split/...
+    kb_image_root: Optional[str] = None
     max_images_per_title: int = 10
     # Local pixel store for KB `image_urls` (fallback when a title has no CSV image): the file of
     # https://host/a/b.jpg is {kb_image_url_store}/host/a/b.jpg (a `wget --force-directories` mirror).
     kb_image_url_store: Optional[str] = None
-    # The share of a split's query images that may be missing before any work starts; above it the run
-    # stops with the counts (a wrong root or a half-copied folder), below it each is a counted skip.
+    # The share of a split's query images, and of the KB's listed article images, that may be missing (or lie outside
+    # their root) before any work starts; above it the run stops with the counts and the first paths tried (a wrong
+    # root or a half-copied folder), below it each is a counted skip.
     max_missing_fraction: float = 0.02
 
 
