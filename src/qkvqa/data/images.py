@@ -19,7 +19,7 @@ from PIL import Image
 from qkvqa.data.config import ImagesConfig
 from qkvqa.data.shards import ShardIndex, shard_paths
 from qkvqa.errors import ConfigError, DataError
-from qkvqa.utils.io import atomic_write_json
+from qkvqa.utils.io import atomic_write_json, path_within, real_path_within
 from qkvqa.utils.logging import get_logger, global_rank
 from qkvqa.utils.progress import progress
 
@@ -88,9 +88,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def inside_root(root: Path, path: Path) -> bool:
-    """Whether `path`, with symlinks and `..` resolved, is `root` (resolved) or below it."""
-    real_root, real = os.path.realpath(root), os.path.realpath(path)
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+    """Whether `path`, with symlinks and `..` resolved, is `root` (resolved) or below it (`qkvqa.utils.io.path_within`)."""
+    return path_within(path, root)
 
 
 class QueryImageResolver:
@@ -432,7 +431,7 @@ class _Containment:
         self._parents: dict[str, bool] = {}
 
     def _under(self, real: str) -> bool:
-        return real == self.real_base or real.startswith(self.real_base.rstrip(os.sep) + os.sep)
+        return real_path_within(real, self.real_base)
 
     def check(self, img_path: str) -> tuple[str, Path]:
         """("ok" | "missing" | OUTSIDE_ROOT, the path tried) of one CSV `img_path`."""

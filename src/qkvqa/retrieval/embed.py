@@ -221,14 +221,19 @@ class QueryImageSource:
 
 # ----------------------------------------------------------------------------------------- the set
 
+def non_finite_rows(vectors: np.ndarray) -> np.ndarray:
+    """The rows of `vectors` (one vector, or one per row) that hold NaN or Inf; empty when all are finite."""
+    if not vectors.size:
+        return np.zeros(0, dtype=np.int64)
+    finite = np.isfinite(vectors).all(axis=1) if vectors.ndim == 2 else np.isfinite(vectors)
+    return np.flatnonzero(~finite)
+
+
 def check_finite(vectors: np.ndarray, ids: Sequence[Any], where: str) -> None:
     """DataError naming `where`, the first bad row and its id when a vector holds NaN or Inf (in the stored dtype: a
     float32 value beyond float16's range is Inf there); such a row would rank in faiss as nothing else does."""
-    if not vectors.size:
-        return
-    finite = np.isfinite(vectors).all(axis=1) if vectors.ndim == 2 else np.isfinite(vectors)
-    if not finite.all():
-        bad = np.flatnonzero(~finite)
+    bad = non_finite_rows(vectors)
+    if len(bad):
         raise DataError(f"{where}: {len(bad)} of {len(vectors)} vectors hold NaN or Inf (first: row {int(bad[0])}, id "
                         f"{json.dumps(ids[int(bad[0])]) if len(ids) > bad[0] else '?'}); not written. The encoder "
                         f"produced them (a half-precision overflow, a broken image or weights): fix that and rerun")

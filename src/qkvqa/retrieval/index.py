@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
-from qkvqa.retrieval.embed import EmbeddingSet, check_mode
+from qkvqa.retrieval.embed import EmbeddingSet, check_mode, non_finite_rows
 from qkvqa.utils.io import atomic_write_json, read_json
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
@@ -203,11 +203,11 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
 def _check_finite(chunk: np.ndarray, start: int, shard: Path, ids: list, rebuild_hint: str) -> None:
     """DataError naming the shard and row of the first NaN or Inf vector (shards written before `write_shard` refused
     them, or edited since): faiss would rank it anywhere, and the run would say nothing."""
-    finite = np.isfinite(chunk).all(axis=1)
-    if not finite.all():
-        row = start + int(np.flatnonzero(~finite)[0])
+    bad = non_finite_rows(chunk)
+    if len(bad):
+        row = start + int(bad[0])
         raise DataError(f"{shard}: row {row} (id {ids[row] if row < len(ids) else '?'}) holds NaN or Inf, "
-                        f"{int((~finite).sum())} such vectors in rows {start}..{start + len(chunk) - 1}; no index is "
+                        f"{len(bad)} such vectors in rows {start}..{start + len(chunk) - 1}; no index is "
                         f"built. Delete the shard and recompute it: {rebuild_hint}")
 
 

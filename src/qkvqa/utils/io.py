@@ -15,6 +15,17 @@ def partial_path(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.partial-{os.getpid()}")
 
 
+def real_path_within(real: str, real_root: str) -> bool:
+    """Whether the resolved path `real` is the resolved folder `real_root` or below it (both from os.path.realpath)."""
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def path_within(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether `path`, with symlinks and `..` resolved, is `root` (resolved) or below it: the one containment rule of
+    every path taken from data (image paths, url-store URLs, a site's file list)."""
+    return real_path_within(os.path.realpath(path), os.path.realpath(root))
+
+
 def pid_alive(pid: str | int) -> bool:
     """Whether a process of this host with that PID runs (a partial file's name ends in its writer's PID)."""
     try:

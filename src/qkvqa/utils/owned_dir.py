@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from qkvqa.errors import ConfigError
-from qkvqa.utils.io import atomic_write_json
+from qkvqa.utils.io import atomic_write_json, path_within
 
 
 class OwnedDir:
@@ -56,7 +56,7 @@ class OwnedDir:
         """`relative` as a path under the folder, or None when it leaves it (absolute, `..`, a symlink out)."""
         root = self.path.resolve()
         target = (root / relative).resolve()
-        return target if target != root and root in target.parents else None
+        return target if target != root and path_within(target, root) else None
 
     def remove_old(self, previous: Iterable[str], keep: Iterable[str]) -> None:
         """Remove the files of an earlier build (`previous`) that this one did not write (`keep`), and the folders
