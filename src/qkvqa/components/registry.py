@@ -39,6 +39,9 @@ class ComponentSpec:
     dtype: str = "fp32"                  # fp32 | fp16 | bf16
     device: str = "auto"                 # auto | cpu | cuda | cuda:N
     allow_download: bool = False         # let transformers fetch a hub id that is not cached
+    # the hub commit (or tag) of a hub id's weights: loaded from the local cache at that revision; a local directory
+    # written by `huggingface-cli download --local-dir` is checked against it by `qkvqa doctor`
+    revision: Optional[str] = None
     options: Dict[str, Any] = field(default_factory=dict)   # kind-specific settings
 
     def torch_dtype(self):
@@ -145,15 +148,25 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
             f"(`huggingface-cli download <hub id> --local-dir {ref}`) or set "
             f"components.<name>.pretrained to a hub id or another directory.")
     if spec.allow_download:
+        if spec.revision:                # from_pretrained is given the snapshot of that revision, not the hub's newest
+            from huggingface_hub import snapshot_download
+
+            from qkvqa.components.hub import HUB_FILES
+
+            return snapshot_download(ref, revision=spec.revision, allow_patterns=HUB_FILES.get(ref))
         return ref
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(ref, required_files[0])
+    cached = try_to_load_from_cache(ref, required_files[0], revision=spec.revision)
     if not isinstance(cached, str):
+        at = f" at revision {spec.revision}" if spec.revision else ""
         raise MissingWeightsError(
-            f"component {spec.kind!r}: weights for hub id {ref!r} are not in the local cache and downloads are off. "
-            f"Run `huggingface-cli download {ref} --local-dir weights/{ref}` on a machine with internet and set "
-            f"pretrained: weights/{ref}, or set allow_download: true.")
+            f"component {spec.kind!r}: weights for hub id {ref!r}{at} are not in the local cache and downloads are off. "
+            f"Run `huggingface-cli download {ref}{' --revision ' + spec.revision if spec.revision else ''} "
+            f"--local-dir weights/{ref}` on a machine with internet and set paths.weights_dir=weights "
+            f"(preset=local_weights) or pretrained: weights/{ref}, or set allow_download: true.")
+    if spec.revision:
+        return str(Path(cached).parent)  # the cache's snapshot folder of that revision: from_pretrained loads it
     return ref
 
 

@@ -20,6 +20,9 @@ class PathsConfig:
     checkpoints_root: str = "checkpoints"        # one directory per run below it
     cache_dir: str = ".cache/qkvqa"              # reusable artefacts (embeddings, indexes, ViT cache)
     world_dir: Optional[str] = None              # a synthetic world written by `qkvqa synth`
+    # the folder the README's `huggingface-cli download ... --local-dir` commands fill (preset=local_weights sets
+    # `weights`): when set, each component's hub id is read from {weights_dir}/{hub id} (qkvqa.components.hub)
+    weights_dir: Optional[str] = None
 
 
 @dataclass
@@ -310,8 +313,10 @@ def check_values(cfg: Any) -> None:
     """Refuse a value outside CHOICES / BOUNDS with one line naming the key, the value and what is allowed."""
     from omegaconf import OmegaConf
 
+    from qkvqa.components.hub import under_weights_dir
     from qkvqa.errors import ConfigError
 
+    under_weights_dir(cfg)                       # paths.weights_dir: hub ids read from the download layout
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:

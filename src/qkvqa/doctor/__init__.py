@@ -1,0 +1,1 @@
+"""`qkvqa doctor`: checks a whole setup (paths, questions and images, KB, indexes, models, GPU, disk) before any GPU hour."""
