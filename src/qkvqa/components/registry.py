@@ -141,12 +141,17 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
                 f"component {spec.kind!r}: {ref} exists but lacks {missing}; it should be a directory written by "
                 "`save_pretrained` or downloaded from the hub (`huggingface-cli download <id> --local-dir <dir>`)")
         return ref
-    looks_like_path = ref.startswith((".", "/", "~")) or os.sep in ref and ref.count("/") > 1
+    # A path, not a hub id: it starts like one, has more than one slash, exists (a file), or its first component is a
+    # local directory (`weights/llama31-8b-generator-ft` below an existing `weights/`).
+    looks_like_path = (ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.path.lexists(ref)
+                       or os.path.isdir(ref.split("/", 1)[0]))
     if looks_like_path:
         raise MissingWeightsError(
-            f"component {spec.kind!r}: no directory at {ref}. Download the weights there "
+            f"component {spec.kind!r}: no directory at {ref} ({os.path.abspath(ref)}). Download the weights there "
             f"(`huggingface-cli download <hub id> --local-dir {ref}`) or set "
-            f"components.<name>.pretrained to a hub id or another directory.")
+            f"components.<name>.pretrained to a hub id or another directory."
+            + (f" Kind reflectiva loads what `qkvqa convert-llava SRC --vision-tower DIR --out {ref}` writes."
+               if spec.kind == "reflectiva" else ""))
     if spec.allow_download:
         if spec.revision:                # from_pretrained is given the snapshot of that revision, not the hub's newest
             from huggingface_hub import snapshot_download
@@ -162,6 +167,8 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
         at = f" at revision {spec.revision}" if spec.revision else ""
         raise MissingWeightsError(
             f"component {spec.kind!r}: weights for hub id {ref!r}{at} are not in the local cache and downloads are off. "
+            f"Nor is there a local directory {os.path.abspath(ref)}: to use one, put the weights there "
+            f"(`huggingface-cli download <hub id> --local-dir {ref}`). "
             f"Run `huggingface-cli download {ref}{' --revision ' + spec.revision if spec.revision else ''} "
             f"--local-dir weights/{ref}` on a machine with internet and set paths.weights_dir=weights "
             f"(preset=local_weights) or pretrained: weights/{ref}, or set allow_download: true.")
