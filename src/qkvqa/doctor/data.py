@@ -109,6 +109,16 @@ def _open_ok(path: Path) -> Optional[str]:
         return str(e) or type(e).__name__
 
 
+def question_kind(question: Any) -> str:
+    """The question type a report counts by: E-VQA's question_type; InfoSeek's official type (String / Numerical /
+    Time) and split (unseen_question / unseen_entity) when its reference is joined."""
+    ref = question.reference
+    if ref is not None:
+        split = str(ref.data_split).replace("val_", "").replace("test_", "")
+        return f"{ref.question_type or '?'}/{split}"
+    return question.question_type or "-"
+
+
 def question_checks(dm: Any, splits: list[str], open_images: int = OPEN_IMAGES) -> list[Check]:
     """Per split: the questions read per question type, and per image source the query images found, missing (first
     path tried) and unreadable (header read, a sample beyond `open_images`); fail above max_missing_fraction."""
@@ -125,7 +135,7 @@ def question_checks(dm: Any, splits: list[str], open_images: int = OPEN_IMAGES) 
         except Exception as e:                          # DataError names file, line, field: that is the line shown
             checks.append(Check("questions", split, "fail", _err(e)))
             continue
-        types = Counter(q.question_type or "-" for q in questions)
+        types = Counter(question_kind(q) for q in questions)
         checks.append(Check("questions", split, "ok" if questions else "fail",
                             f"{len(questions):,} questions read from {dm.path(f'{split}_questions')}: "
                             + ", ".join(f"{t} {n:,}" for t, n in sorted(types.items()))))
@@ -152,7 +162,7 @@ def question_checks(dm: Any, splits: list[str], open_images: int = OPEN_IMAGES) 
             share = len(missing) / len(qs) if qs else 0.0
             status = "fail" if share > bound else "warn" if missing or unreadable else "ok"
             detail = f"{len(found):,} of {len(qs):,} found"
-            missing_types = Counter(q.question_type or "-" for q in missing)
+            missing_types = Counter(question_kind(q) for q in missing)
             if missing:
                 first = missing[0]
                 detail += (f", {len(missing):,} missing ({100 * share:.1f}%, bound {100 * bound:g}%; "
