@@ -356,6 +356,9 @@ def run_evaluation(cfg: DictConfig) -> dict:
     from qkvqa.run.trainer import build_trainer, check_hardware, world_size_of
 
     check_hardware(cfg, used_components(cfg))
+    from qkvqa.components.hardware import warn_cpu_fallback
+
+    warn_cpu_fallback(cfg, used_components(cfg))     # real models on device: auto without a usable GPU: one line
     benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
     dataset, split = benchmark.config.dataset, cfg.eval.split
     questions = benchmark.questions(split)
