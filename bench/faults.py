@@ -146,7 +146,7 @@ def faults() -> list[Fault]:
     retrieve = ["retrieve", "experiment=w"]
     qff = ["evaluate", "experiment=w", "eval.stop_after=filter", "run_id=f", "qff.checkpoint={root}/runs/trained/qff",
            "qff.image_transform=squash", "qff.blip_text_preprocess=false"]     # what demo_world trained it with
-    evaluate_filter = ["evaluate", "experiment=w", "eval.stop_after=filter", "run_id=f"]
+    evaluate_filter = ["evaluate", "experiment=w", "eval.stop_after=filter", "run_id=f", "qff.allow_untrained=true"]
     score_strict = ["score", "infoseek", "--predictions", "{root}/infoseek_predictions.jsonl", "--references",
                     "{root}/world/infoseek/infoseek_val.jsonl", "--qtypes", "{root}/world/infoseek/infoseek_val_qtype.jsonl",
                     "--strict"]

@@ -51,7 +51,8 @@ def main(argv=None) -> int:
                            "qformer": tiny("blip2_qff"), "reranker": tiny("bge_reranker"),
                            "generator": tiny("llama3"), "judge": tiny("bem")},
             "trainer": {"accelerator": "cpu", "enable_progress_bar": False}, "logger": {"wandb": {"enabled": False}},
-            "generation": {"max_new_tokens": args.max_new_tokens}, "eval": {"judge": "em_only"}}))
+            "generation": {"max_new_tokens": args.max_new_tokens}, "eval": {"judge": "em_only"},
+            "qff": {"allow_untrained": True}}))
         os.environ["QKVQA_EXPERIMENTS"] = str(root)
         for command in (["embed", "experiment=bench"], ["index", "build", "experiment=bench"]):
             clear_run_env()

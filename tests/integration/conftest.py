@@ -36,6 +36,7 @@ def eval_env(world, tmp_path_factory):
         "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
         "logger": {"wandb": {"enabled": False}},
         "generation": {"max_new_tokens": 4, "batch_size": 4},
+        "qff": {"allow_untrained": True},            # the tiny QFF evaluated untrained, on purpose
         "retrieval": {"shard_size": 64}}), encoding="utf-8")
     previous = os.environ.get("QKVQA_EXPERIMENTS")
     os.environ["QKVQA_EXPERIMENTS"] = str(root)          # only while building; tests set it themselves

@@ -39,7 +39,7 @@ def tiny_overrides(world: dict, dataset: str, runs: Path, cache: Path) -> list[s
         tokens += [f"components.{name}.kind={kind}", f"components.{name}.tiny=true",
                    f"components.{name}.device=cpu", f"components.{name}.dtype=fp32"]
     tokens += ["components.generator.tiny=true", "components.generator.device=cpu", "components.generator.dtype=fp32",
-               "qff.checkpoint=null", "generation.max_new_tokens=3", "retrieval.shard_size=64",
+               "qff.checkpoint=null", "qff.allow_untrained=true", "generation.max_new_tokens=3", "retrieval.shard_size=64",
                "retrieval.mode=image_to_summary",             # the index the eval_env fixture built
                f"paths.checkpoints_root={runs}", f"paths.cache_dir={cache}", "preset=cpu",
                "trainer.max_steps=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",

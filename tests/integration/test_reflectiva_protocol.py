@@ -89,7 +89,8 @@ def test_the_reflectiva_protocol_runs_from_its_own_files_and_says_whose_numbers_
                        "generator": tiny("llama3"), "judge": tiny("bem")},
         "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
         "trainer": {"accelerator": "cpu", "enable_progress_bar": False}, "logger": {"wandb": {"enabled": False}},
-        "generation": {"max_new_tokens": 4, "batch_size": 4}, "retrieval": {"shard_size": 64}}), encoding="utf-8")
+        "generation": {"max_new_tokens": 4, "batch_size": 4}, "retrieval": {"shard_size": 64},
+        "qff": {"allow_untrained": True}}), encoding="utf-8")
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(root))
 
     def run(*argv: str) -> str:

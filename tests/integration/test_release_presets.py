@@ -47,7 +47,7 @@ def run(tmp_path, monkeypatch, capsys):
             "presets": [preset], "data": {"root": str(data_root)}, "components": TINY_COMPONENTS,
             "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
             "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
-            "logger": {"wandb": {"enabled": False}}}), encoding="utf-8")
+            "logger": {"wandb": {"enabled": False}}, "qff": {"allow_untrained": True}}), encoding="utf-8")
         clear_run_env()
         capsys.readouterr()
         assert main([*argv, f"experiment={preset}"]) == 0, argv

@@ -16,6 +16,7 @@ validation is logged once.
 """
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +27,11 @@ from qkvqa.utils.logging import get_logger
 from qkvqa.utils.stop_signals import note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Ctrl-C (SIGINT) stops as SIGTERM does: save, record `interrupted`, exit 130; a second Ctrl-C stops at once (Lightning
+# turned a first one into SystemExit(1): the run was recorded `failed`, with no last.ckpt to resume from).
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+CTRL_C_NOTE = ("\nCtrl-C: finishing this batch, then saving and stopping (the run can be resumed); "
+               "press Ctrl-C again to stop at once\n")
 
 
 def _validation_follows(trainer: pl.Trainer) -> bool:
@@ -38,7 +43,7 @@ def _validation_follows(trainer: pl.Trainer) -> bool:
 
 
 class LastCheckpoint(pl.Callback):
-    """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1 it finishes the batch,
+    """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1/SIGINT it finishes the batch,
     saves on every rank's agreement and stops training; `preempted` tells the caller to mark the run interrupted."""
 
     def __init__(self, run_dir: str | Path, every_n_train_steps: Optional[int] = None, save_on_exception: bool = True):
@@ -112,8 +117,13 @@ class LastCheckpoint(pl.Callback):
         # (SIGUSR1) saved hpc_ckpt_N inside the signal handler and requeued the job while this callback saved
         # last.ckpt a step later. Lightning's is switched off (run.trainer: SLURMEnvironment(auto_requeue=False));
         # the requeue after a SIGUSR1 save is `qkvqa.run.slurm.requeue`.
+        if signum == signal.SIGINT and self.received is not None:
+            note_stop_signal(signum)
+            raise KeyboardInterrupt           # a second Ctrl-C: stop at once (recorded `interrupted`, exit 130)
         self.received = signum
         note_stop_signal(signum)              # the run record says `interrupted` whatever fails next (run.job)
+        if signum == signal.SIGINT:
+            os.write(2, CTRL_C_NOTE.encode())  # (no logging inside a signal handler: it takes locks)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # From here on the state is the restored one (or a fresh start): nothing before it may be saved over last.ckpt.

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from qkvqa.run.command_line import remember
+
+    remember("train", args.overrides)          # the resume command a stop prints is this one, run_id=... resume=auto
     cfg = config_from_args(args)               # a config typo is reported before the torch import (seconds)
     summary = train_qff(cfg)
     if summary:
@@ -45,6 +48,11 @@ def train_qff(cfg, callbacks=()) -> dict:
         raise ConfigError(f"trainer.max_steps={steps} runs past the OneCycle schedule of qff.schedule_steps={schedule} "
                           f"(it would crash at step {schedule + 1} after training, a resume included): train at most "
                           f"{schedule} steps, or plan qff.schedule_steps >= {steps} in a new run")
+    from qkvqa.run.trainer import finished_run_summary
+
+    finished = finished_run_summary(cfg)       # resume=auto on a finished run: said, nothing built or touched
+    if finished is not None:
+        return finished
     import functools
 
     from omegaconf import OmegaConf

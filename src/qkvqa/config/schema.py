@@ -99,6 +99,7 @@ class QFFConfig:
     vit_cache: Optional[str] = None              # directory written by `qkvqa cache-vit`
     negatives: Optional[str] = None              # hard-negative pools (OMGM step1_HardNeg layout)
     checkpoint: Optional[str] = None             # trained QFF weights (safetensors) for rerank/evaluate
+    allow_untrained: bool = False                # evaluate with eval.filter=qff and no qff.checkpoint: an untrained QFF, on purpose
     max_train_samples: Optional[int] = None
     section_batch_size: int = 64                 # sections encoded per forward at inference
     question_batch_size: int = 8                 # questions whose sections are scored together at inference (rerank, evaluate)
@@ -279,7 +280,11 @@ EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")              # qkvqa.qff.attention
 STOP_AFTER = ("generation", "filter")
 PROGRESS_MODES = ("auto", "bar", "lines", "off")         # qkvqa.utils.progress.MODES
+SPLITS = ("train", "val", "test")                          # eval.split: the data.<split>_questions files
+# eval.split spellings read as the split they name (`eval.split=validation` is the val split)
+SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val", "testing": "test", "training": "train"}
 CHOICES = {
+    "eval.split": SPLITS,
     "resume": ("never", "auto"), "task": ("train", "evaluate", "retrieve", "rerank"),
     "data.dataset": ("evqa", "infoseek"), "data.protocol": tuple(PROTOCOLS),
     "retrieval.mode": ("image_to_summary", "image_to_image"), "retrieval.two_hop_policy": ("exclude", "first", "any"),
@@ -317,10 +322,15 @@ def check_values(cfg: Any) -> None:
     from qkvqa.errors import ConfigError
 
     under_weights_dir(cfg)                       # paths.weights_dir: hub ids read from the download layout
+    split = OmegaConf.select(cfg, "eval.split")
+    if isinstance(split, str) and split.lower() in SPLIT_ALIASES and not OmegaConf.is_readonly(cfg):
+        OmegaConf.update(cfg, "eval.split", SPLIT_ALIASES[split.lower()])       # an alias reads as its split
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
+            aliases = (" (read as a split: validation, valid, dev = val; testing = test; training = train)"
+                       if key == "eval.split" else "")
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}{aliases}")
     protocol = OmegaConf.select(cfg, "data.protocol")
     if protocol is not None and PROTOCOLS[protocol].dataset not in ("any", OmegaConf.select(cfg, "data.dataset")):
         raise ConfigError(f"data.protocol={protocol!r} is a {PROTOCOLS[protocol].dataset} protocol, but data.dataset is "

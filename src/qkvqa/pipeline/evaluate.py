@@ -167,6 +167,9 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     from qkvqa.pipeline.protocol import used_components
 
     notes = []
+    if cfg.eval.filter == "qff" and not cfg.qff.checkpoint:
+        notes.append("The QFF is untrained: no qff.checkpoint was given and qff.allow_untrained=true asked for an "
+                     "untrained, randomly initialised filter, so the filter figures are not those of a trained QFF.")
     if cfg.eval.stop_after == "filter":
         notes.append("Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
                      "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist.")
@@ -195,6 +198,17 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
 
 
 QUESTION_IDS = "question_ids.json"
+
+
+def record_earlier_skips(benchmark: Any, rows: Sequence[dict], questions: Sequence[Any]) -> None:
+    """A resumed evaluation loads only the images of the questions it answers now (none when it only re-scores),
+    so skipped_images.json was rewritten with 0 missing while the scores kept the earlier skips: each skipped row's
+    image is looked up again here, so the file lists every skip the predictions hold."""
+    loader, by_id = benchmark.image_loader, {q.data_id: q for q in questions}
+    for row in rows:
+        q = by_id.get(row.get("data_id"))
+        if row.get("skipped") and q is not None and (q.dataset_name, q.image_id) not in loader.skipped:
+            loader.load(q.dataset_name, q.image_id)
 
 
 def query_image_path(benchmark: Any):
@@ -334,7 +348,24 @@ def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
     if checkpoint and not Path(checkpoint).expanduser().exists():
         raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or a "
                                   ".ckpt file)")
+    if cfg.eval.filter == "qff" and not checkpoint and not cfg.qff.allow_untrained:
+        raise ConfigError(untrained_qff_refusal(cfg))
     return made
+
+
+def untrained_qff_refusal(cfg: DictConfig) -> str:
+    """The one line that refuses an evaluation of an untrained QFF (eval.filter=qff without qff.checkpoint), naming
+    the runs under paths.checkpoints_root that hold a trained `qff/`."""
+    from qkvqa.run.rundir import trained_qff_dirs
+
+    root = cfg.paths.checkpoints_root
+    trained = trained_qff_dirs(root)
+    where = (f"trained QFFs under {root}/: {', '.join(map(str, trained))}; pass qff.checkpoint={trained[0]}"
+             if trained else f"no run under {root}/ holds a trained qff/ (train one with `qkvqa train`, then pass "
+                             "qff.checkpoint=RUN/qff)")
+    return (f"eval.filter=qff needs qff.checkpoint, the trained QFF to evaluate; it is not set, so the filter would "
+            f"be an untrained, randomly initialised QFF. {where}. Or eval.filter=retrieval for no filter, or "
+            f"qff.allow_untrained=true to evaluate an untrained QFF on purpose (the report says so)")
 
 
 def run_evaluation(cfg: DictConfig) -> dict:
@@ -417,6 +448,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         atomic_write_json(run_dir / "scores.json", scores)
         label = (scores.get("benchmark") or {}).get("label")
         atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
+        record_earlier_skips(benchmark, rows, questions)   # a resumed run: the skips of the attempts before it
         benchmark.write_skipped_images(run_dir)
         flat = flat_metrics(scores)
         # No step: a re-score (`qkvqa score run`) is a new W&B step, not one the resumed run has passed (dropped).

@@ -13,6 +13,7 @@ from qkvqa.config.load import to_plain
 from qkvqa.errors import RunInterrupted
 from qkvqa.loggers.wandb import job_run
 from qkvqa.run.agent import stop_with_the_agent
+from qkvqa.run.command_line import resume_command
 from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
 from qkvqa.run.resume import prepare_resume
@@ -60,9 +61,11 @@ def _clear_stale_wandb_env(run: RunContext) -> None:
 
 
 @contextmanager
-def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool = False) -> Iterator[Job]:
+def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool = False,
+            trains: bool = False) -> Iterator[Job]:
     """Open the run record (rank zero writes it), yield the job, then mark it finished or failed; with `defer_stop`
-    a stop signal before training only is noted, and every rank stops together after the first batch."""
+    a stop signal before training only is noted, and every rank stops together after the first batch. `trains`:
+    the job fits a model (it resumes from last.ckpt)."""
     stop_with_the_agent()                     # a torchrun worker whose agent dies saves and stops (qkvqa.run.agent)
     run = resolve_run(cfg)
     _clear_stale_wandb_env(run)
@@ -73,7 +76,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
         run.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             lock = RunLock.acquire(run.run_dir)
-            ckpt, changes = prepare_resume(cfg, run)
+            ckpt, changes = prepare_resume(cfg, run, trains)
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -89,14 +92,19 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
                      {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None)
         log.info("run %s -> %s", run.run_id, run.run_dir)
     received = None
+    again = resume_command(command, run.run_id, cfg.experiment)
     try:
-        with interrupt_on_signals(run.run_id, defer_stop), progress_settings(**cfg.logger.progress), \
+        with interrupt_on_signals(run.run_id, defer_stop, again), progress_settings(**cfg.logger.progress), \
                 job_run(cfg, run, command):     # the W&B run of a job without a Trainer (embed, index, mine, ...)
             yield job
     except (KeyboardInterrupt, RunInterrupted) as e:
         received = getattr(e, "signum", None)
         if run.is_rank_zero:
             record.finish("interrupted", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C outside the loops that stop cleanly: the same record and exit
+            received = signal.SIGINT
+            raise RunInterrupted(f"run {run.run_id} stopped on Ctrl-C (SIGINT); continue it with: {again}",
+                                 signum=signal.SIGINT) from e
         raise
     except BaseException as e:
         received = stop_signal_received()
@@ -104,8 +112,9 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
             name = signal.Signals(received).name
             if run.is_rank_zero:
                 record.finish("interrupted", f"stopped on {name}, then {type(e).__name__}: {e}")
-            raise RunInterrupted(f"run {run.run_id} stopped on {name} (then {type(e).__name__}: {e}); continue it "
-                                 f"with the same command plus run_id={run.run_id} resume=auto", signum=received) from e
+            then = "" if isinstance(e, SystemExit) else f" (then {type(e).__name__}: {e})"   # Lightning's Ctrl-C exit
+            raise RunInterrupted(f"run {run.run_id} stopped on {name}{then}; continue it with: {again}",
+                                 signum=received) from e
         if run.is_rank_zero:
             record.finish("failed", f"{type(e).__name__}: {e}")
             if fresh and _is_user_error(e):
@@ -117,8 +126,9 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
         if received is None and late is not None:  # noted too late to stop anything: said, not dropped in silence
             log.warning("received %s after the work it could stop (training on every rank, the last batch): the run "
                         "finished as it would have", signal.Signals(late).name)
-        if run.is_rank_zero:
-            record.finish(job.final_state)
+        if run.is_rank_zero:                   # an interrupted run's record names the signal that stopped it
+            record.finish(job.final_state, f"stopped on {signal.Signals(received).name} after saving"
+                          if job.final_state == "interrupted" and received else None)
     finally:
         forget_stop_signals()
         if lock is not None:
@@ -128,7 +138,7 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
 
 
 @contextmanager
-def interrupt_on_signals(run_id: str, defer: bool = False) -> Iterator[None]:
+def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "") -> Iterator[None]:
     """SIGTERM/SIGUSR1 outside the training loop (data preparation, evaluation) stop the job at once with
     RunInterrupted, so its record says `interrupted` and it exits 143; inside `fit`, LastCheckpoint takes the
     signals over for the time of training (it saves and stops after the batch), then hands them back.
@@ -136,7 +146,11 @@ def interrupt_on_signals(run_id: str, defer: bool = False) -> Iterator[None]:
     `defer` (training on several ranks): a rank that stopped alone before training left the others blocked for good
     in the process-group rendezvous (C++ code, where no Python signal handler runs; the SLURM time-limit test: rank
     0 hung until the limit, its record `running`). So the signal is only noted (qkvqa.utils.stop_signals), and
-    LastCheckpoint stops every rank together after the first batch, with a checkpoint."""
+    LastCheckpoint stops every rank together after the first batch, with a checkpoint.
+
+    Ctrl-C (SIGINT) is noted too and stops at once with KeyboardInterrupt (Lightning turns one inside `fit` into
+    SystemExit(1)): `run_job` records `interrupted` either way and exits 130; with `defer`, the first one is only
+    noted, as the other signals, and a second stops at once. `again`: the command that continues the run."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -144,15 +158,18 @@ def interrupt_on_signals(run_id: str, defer: bool = False) -> Iterator[None]:
         return
 
     def stop(signum, frame):
+        first = stop_signal_received() is None
         note_stop_signal(signum)
+        if signum == signal.SIGINT and not (defer and first):
+            raise KeyboardInterrupt
         if defer:
             log.warning("received %s: noted; training stops on every rank after its next batch (none once training "
                         "is over)", signal.Signals(signum).name)
             return
-        raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with the same "
-                             f"command plus run_id={run_id} resume=auto", signum=signum)
+        raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with: "
+                             f"{again or f'the same command plus run_id={run_id} resume=auto'}", signum=signum)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     try:
         held = stop_signal_received()     # arrived during start-up (qkvqa.utils.stop_signals): stop now
         if held is not None:

@@ -54,11 +54,12 @@ def check_resume_config(saved_path: Path, current: DictConfig) -> dict[str, tupl
     return {k: v for k, v in changes.items() if k not in ("run_id", "experiment")}
 
 
-def prepare_resume(cfg: DictConfig, run: RunContext) -> tuple[Optional[str], dict]:
+def prepare_resume(cfg: DictConfig, run: RunContext, trains: bool = True) -> tuple[Optional[str], dict]:
     """Decide what to resume from: (checkpoint path or None, allowed config changes).
 
     resume=never on a directory that already holds a run is refused, so no run is overwritten.
-    resume=auto continues `last.ckpt` when present, and trains from scratch on the first launch.
+    resume=auto continues `last.ckpt` when present, and trains from scratch on the first launch; a job that does
+    not train (`trains` False: evaluate, embed, ...) continues in its directory from what it wrote there.
     """
     if cfg.resume not in RESUME_MODES:
         raise ConfigError(f"resume must be one of {RESUME_MODES}, got {cfg.resume!r}")
@@ -72,8 +73,43 @@ def prepare_resume(cfg: DictConfig, run: RunContext) -> tuple[Optional[str], dic
     last = run.run_dir / "last.ckpt"
     if changes:
         log.info("resuming %s with changed keys: %s", run.run_id, changes)
+    if not trains:
+        log.info("resume=auto: continuing %s in %s", run.run_id, run.run_dir)
+        return None, changes
     if last.exists():
         log.info("resuming %s from %s", run.run_id, last)
         return str(last), changes
     log.info("resume=auto: %s has no last.ckpt yet, starting from scratch in the same directory", run.run_id)
     return None, changes
+
+
+# The keys that decide where training ends: a finished run resumed with a larger one trains on.
+_TRAINING_LENGTH = ("trainer.max_steps", "trainer.max_epochs")
+
+
+def finished_training(cfg: DictConfig, run: RunContext) -> Optional[str]:
+    """With resume=auto on a training run that finished (status.json) and whose length keys are unchanged: the line
+    that says so (there is nothing to train, and refitting "from step N to N" re-exported its weights), else None."""
+    import json
+
+    status_path, saved_path = run.run_dir / "status.json", run.run_dir / "config.yaml"
+    if cfg.resume != "auto" or not run.resumed or not status_path.is_file():
+        return None
+    try:
+        status = json.loads(status_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if status.get("state") != "finished":
+        return None
+    changes = config_changes(from_saved(saved_path), cfg)
+    if any(key in changes for key in _TRAINING_LENGTH) or immutable_changes(changes):
+        return None                               # trains on, or is refused by name (prepare_resume)
+    summary_path = run.run_dir / "summary.json"
+    try:
+        step = json.loads(summary_path.read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError):
+        step = None
+    at = f" at step {step}" if step is not None else ""
+    return (f"run {run.run_id} is finished{at} (trainer.max_steps={cfg.trainer.max_steps}, trainer.max_epochs="
+            f"{cfg.trainer.max_epochs}; {status_path}): nothing to resume, nothing touched. To train further, raise "
+            f"trainer.max_steps (or max_epochs) with run_id={run.run_id} resume=auto; to train again, use another run_id")

@@ -116,3 +116,14 @@ def clear_run_env() -> None:
     """Forget an inherited run identity (used between runs in one process, e.g. tests)."""
     for key in (ENV_RUN_ID, ENV_RUN_DIR):
         os.environ.pop(key, None)
+
+
+def trained_qff_dirs(root: str | os.PathLike, limit: int = 5) -> list[Path]:
+    """The `RUN/qff` directories under the checkpoints `root` that hold a trained QFF (its model.safetensors), the
+    most recent first, at most `limit` of them (for messages that suggest a `qff.checkpoint`)."""
+    base = Path(root).expanduser()
+    if not base.is_dir():
+        return []
+    found = [p.parent for p in base.glob("*/qff/model.safetensors") if p.is_file()]
+    found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    return [Path(root) / p.parent.name / p.name for p in found[:limit]]

@@ -1,6 +1,7 @@
 """Build the Lightning Trainer of a job and run `fit` inside its run record."""
 from __future__ import annotations
 
+import signal
 from typing import Any, Iterable, Optional
 
 import lightning.pytorch as pl
@@ -123,8 +124,11 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
 
     check_hardware(cfg)
+    finished = finished_run_summary(cfg)
+    if finished is not None:
+        return finished
     world_size = world_size_of(cfg)
-    with run_job(cfg, command, world_size, defer_stop=world_size > 1) as job:   # see interrupt_on_signals
+    with run_job(cfg, command, world_size, defer_stop=world_size > 1, trains=True) as job:   # see interrupt_on_signals
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, [LearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
         with srun_hint_only_when_useful(world_size_of(cfg)):
@@ -143,7 +147,27 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 **{k: float(v) for k, v in trainer.callback_metrics.items()}})
             log_run_files(job.run.run_dir)
     if job.final_state == "interrupted":          # after run_job has recorded the state (and requeued on SIGUSR1)
-        raise RunInterrupted(f"run {job.run.run_id} stopped on a signal at step {trainer.global_step} and saved "
-                             f"{job.run.run_dir / 'last.ckpt'}; continue it with the same command plus "
-                             f"run_id={job.run.run_id} resume=auto")
+        from qkvqa.run.command_line import resume_command
+
+        name = signal.Signals(job.received_signal).name if job.received_signal else "a signal"
+        raise RunInterrupted(f"run {job.run.run_id} stopped on {name} at step {trainer.global_step} and saved "
+                             f"{job.run.run_dir / 'last.ckpt'}; continue it with: "
+                             f"{resume_command(command, job.run.run_id, cfg.experiment)}", signum=job.received_signal)
     return summary
+
+
+def finished_run_summary(cfg: DictConfig) -> Optional[dict]:
+    """`resume=auto` on a training run that has finished: say so and return its summary (nothing is rebuilt, refit,
+    exported or rewritten; the command exits 0), else None (train)."""
+    import json
+
+    from qkvqa.run.resume import finished_training
+    from qkvqa.run.rundir import resolve_run
+
+    run = resolve_run(cfg)
+    line = finished_training(cfg, run)
+    if line is None:
+        return None
+    log.info("%s", line)
+    path = run.run_dir / "summary.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
