@@ -1,4 +1,4 @@
-"""Generator backends (kinds `llama3`, `qwen2_5_vl`): chat formatting, batched greedy transformers generation, token counting."""
+"""Generator backends (kinds `llama3`, `qwen2_5_vl`, `reflectiva`): chat formatting, batched greedy transformers generation, token counting."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError
-from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt
+from qkvqa.generation.llava_convert import IMAGE_TOKEN, RECORD, read_record
+from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt, reflectiva_prompt
 from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, write_tiny_llama3, write_tiny_qwen2_5_vl
+from qkvqa.generation.tiny_llava import write_tiny_reflectiva
 from qkvqa.utils.logging import get_logger
 
 if TYPE_CHECKING:
@@ -20,6 +22,8 @@ OPTION_KEYS = {
     "attn_implementation",        # transformers attention (default sdpa)
     "min_pixels", "max_pixels",   # Qwen2.5-VL image processor limits (default: the checkpoint's)
     "python", "engine_args", "work_dir",   # vLLM backend (qkvqa.generation.vllm_client)
+    "short_prompt",               # reflectiva: end the passages with ". Give a short answer." (default true, as
+                                  # ReflectiVA's release scripts run with --short_prompt)
 }
 
 
@@ -42,6 +46,22 @@ class ChatFormat(ABC):
     def stop_token_ids(self) -> list[int]:
         """Token ids that end generation."""
         return [self.tokenizer.eos_token_id]
+
+    @property
+    def suppress_token_ids(self) -> list[int]:
+        """Token ids generation never produces (none but a placeholder the model's vocabulary gained)."""
+        return []
+
+    def answer_prompt(self, request: GenerationRequest, settings: "GenerationConfig") -> Prompt:
+        """The answer prompt of a request (the appendix prompt for its dataset and this generator type, or the template)."""
+        return answer_prompt(request, self.generator_type, settings)
+
+    def messages(self, prompt: Prompt, content) -> list[dict]:
+        """Chat messages of a prompt: system, earlier turns, the user message; `content(parts)` renders each turn."""
+        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else [])
+        messages.extend({"role": role, "content": content(parts)} for role, parts in prompt.history)
+        messages.append({"role": "user", "content": content(prompt.parts)})
+        return messages
 
     def count_tokens(self, text: str) -> int:
         """Number of tokens of `text` without special tokens."""
@@ -95,8 +115,7 @@ class Llama3Format(ChatFormat):
 
     def render(self, prompt: Prompt) -> str:
         """The prompt through the tokenizer's chat template."""
-        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else [])
-        messages.append({"role": "user", "content": prompt.user_text()})
+        messages = self.messages(prompt, lambda parts: "".join(p for p in parts if isinstance(p, str)))
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, texts, images):
@@ -116,16 +135,101 @@ class QwenVLFormat(ChatFormat):
 
     def render(self, prompt: Prompt) -> str:
         """The prompt through the processor's chat template (one vision placeholder per image)."""
-        content = [{"type": "text", "text": part} if isinstance(part, str) else {"type": "image"}
-                   for part in prompt.parts]
-        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else [])
-        messages.append({"role": "user", "content": content})
+        messages = self.messages(prompt, lambda parts: [{"type": "text", "text": part} if isinstance(part, str)
+                                                        else {"type": "image"} for part in parts])
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, texts, images):
         """Processor inputs: the texts with their images (flattened in order), left-padded."""
         flat = [image.convert("RGB") for per_text in images for image in per_text]
         return self.processor(text=list(texts), images=flat or None, padding=True, return_tensors="pt")
+
+
+class LlavaFormat(ChatFormat):
+    """ReflectiVA's generator as `qkvqa convert-llava` writes it: conversation `llama_3_1` through the checkpoint's own
+    chat template, the image as `<image>` in the text (expanded by the processor to one token per image feature).
+
+    ReflectiVA renders its conversation with `add_generation_prompt=False` after an empty assistant turn
+    (llava/conversation.py, SeparatorStyle.LLAMA_3_1) and reads the first generated token as its reflective token
+    (release_retrieval.py: `128251 == output_ids[0][0]`), so its prompt ends where the assistant answers: when the
+    template leaves the assistant's opening out, it is added (the text the template gives with
+    `add_generation_prompt=True`). Prompts are tokenised without an added bos, as `tokenizer_image_token(...)[1:]`
+    leaves one bos, the template's.
+    """
+
+    generator_type = "vlm"
+    TEXT_IMAGE_TOKEN = "< image>"           # a literal "<image>" in a passage would be read as the image placeholder
+
+    def __init__(self, processor, record: dict, eos_ids: Sequence[int] = (), short_prompt: bool = True):
+        super().__init__(processor.tokenizer)
+        self.processor = processor
+        self.record = record
+        self.image_token = processor.image_token
+        self.image_token_id = processor.image_token_id
+        self.short_prompt = short_prompt
+        self.max_length = (record.get("llava") or {}).get("tokenizer_model_max_length")
+        self._eos_ids = list(eos_ids)
+        self.over_length = 0                # prompts longer than LLaVA's tokenizer_model_max_length (it cuts them)
+        self.text_image_tokens = 0          # literal "<image>" strings replaced in passages
+        probe = [{"role": "user", "content": "x"}]
+        plain = self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
+        # whether the template leaves the assistant's opening out (it is then added to every prompt): for the card
+        self.opening_added = self.render(Prompt(None, ("x",))) != plain
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The checkpoint's generation_config eos ids, eos and `<|eot_id|>` (conv llama_3_1's stop_token_ids)."""
+        eot = self.tokenizer.convert_tokens_to_ids("<|eot_id|>")
+        ids = self._eos_ids + [self.tokenizer.eos_token_id] + ([eot] if eot not in (None, self.tokenizer.unk_token_id) else [])
+        return list(dict.fromkeys(i for i in ids if i is not None))
+
+    @property
+    def suppress_token_ids(self) -> list[int]:
+        """`<image>`: the converter's placeholder, which the original model could never generate."""
+        return [self.image_token_id]
+
+    def answer_prompt(self, request: GenerationRequest, settings: "GenerationConfig") -> Prompt:
+        """ReflectiVA's own conversation with `generation.prompt: auto`; the configured template otherwise."""
+        if settings.prompt == "auto":
+            return reflectiva_prompt(request, short=self.short_prompt)
+        return answer_prompt(request, self.generator_type, settings)
+
+    def _content(self, parts) -> str:
+        out = []
+        for part in parts:
+            if isinstance(part, str):
+                if self.image_token in part:
+                    self.text_image_tokens += part.count(self.image_token)
+                    log.warning("a prompt text holds %r; written as %r so that it is not read as an image",
+                                self.image_token, self.TEXT_IMAGE_TOKEN)
+                    part = part.replace(self.image_token, self.TEXT_IMAGE_TOKEN)
+                out.append(part)
+            else:
+                out.append(self.image_token)
+        return "".join(out)
+
+    def render(self, prompt: Prompt) -> str:
+        """The conversation through the checkpoint's chat template, ending with the assistant's opening."""
+        messages = self.messages(prompt, self._content)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        opened = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if opened.startswith(text) and not text.endswith(opened[len(text):]):
+            text = opened
+        return text
+
+    def encode(self, texts, images):
+        """Processor inputs (no added bos: the template holds it), left-padded; images flattened in order."""
+        flat = [image.convert("RGB") for per_text in images for image in per_text]
+        inputs = self.processor(text=list(texts), images=flat or None, padding=True, add_special_tokens=False,
+                                return_token_type_ids=False, return_tensors="pt")
+        if self.max_length:
+            over = int((inputs["attention_mask"].sum(1) > int(self.max_length)).sum())
+            if over:
+                self.over_length += over
+                log.warning("%d prompt(s) longer than the checkpoint's tokenizer_model_max_length (%s tokens, images "
+                            "included), which LLaVA's prepare_inputs_labels_for_multimodal cuts from the end; "
+                            "generated in full", over, self.max_length)
+        return inputs
 
 
 class HFRunner:
@@ -144,6 +248,7 @@ class HFRunner:
 
         config = HFGenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                     eos_token_id=self.chat.stop_token_ids,
+                                    suppress_tokens=self.chat.suppress_token_ids or None,
                                     pad_token_id=self.chat.tokenizer.pad_token_id,
                                     bos_token_id=self.model.generation_config.bos_token_id)
         answers: list[str] = []
@@ -179,6 +284,11 @@ class Generator:
         """llm (text only) or vlm (reads the image)."""
         return self.chat.generator_type
 
+    @property
+    def conversion(self) -> Optional[dict]:
+        """The `qkvqa convert-llava` record of a converted checkpoint (source fingerprint, converter version), else None."""
+        return getattr(self.chat, "record", None)
+
     def count_tokens(self, text: str) -> int:
         """Generator tokens of `text`, without special tokens (the CDA chunk length)."""
         return self.chat.count_tokens(text)
@@ -189,7 +299,7 @@ class Generator:
 
     def generate(self, batch: Sequence[GenerationRequest]) -> list[str]:
         """One answer per request, in order."""
-        return self.generate_prompts([answer_prompt(r, self.generator_type, self.settings) for r in batch])
+        return self.generate_prompts([self.chat.answer_prompt(r, self.settings) for r in batch])
 
     def generate_prompts(self, prompts: Sequence[Prompt], max_new_tokens: Optional[int] = None) -> list[str]:
         """One output per prompt, in order (images dropped for an LLM)."""
@@ -202,7 +312,7 @@ class Generator:
 
 
 # Kind -> writer of its tiny random checkpoint.
-WRITERS = {"llama3": write_tiny_llama3, "qwen2_5_vl": write_tiny_qwen2_5_vl}
+WRITERS = {"llama3": write_tiny_llama3, "qwen2_5_vl": write_tiny_qwen2_5_vl, "reflectiva": write_tiny_reflectiva}
 
 
 def _check_options(spec: ComponentSpec) -> None:
@@ -214,7 +324,31 @@ def _check_options(spec: ComponentSpec) -> None:
 def _model_path(spec: ComponentSpec, write_tiny) -> str:
     if spec.tiny:
         return str(tiny_model(spec, write_tiny, seed=int(spec.options.get("seed", 0))))
-    return resolve_pretrained(spec)
+    path = resolve_pretrained(spec)
+    if spec.kind == "reflectiva":
+        _check_converted(path)
+    return path
+
+
+def _check_converted(path: str) -> None:
+    """Refuse anything but a directory written by `qkvqa convert-llava` for kind reflectiva."""
+    import json
+    import os
+
+    fix = ("convert ReflectiVA's checkpoint first: `qkvqa convert-llava weights/aimagelab/ReflectiVA --vision-tower "
+           "weights/openai/clip-vit-large-patch14-336 --out weights/reflectiva-llava-hf` (docs/generation.md)")
+    if not os.path.isdir(path):
+        raise ConfigError(f"components.generator.pretrained: kind reflectiva loads a local directory written by "
+                          f"`qkvqa convert-llava`, not the hub id {path!r}; {fix}")
+    if not os.path.exists(os.path.join(path, RECORD)):
+        try:
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+                model_type = json.load(handle).get("model_type")
+        except (OSError, ValueError):
+            model_type = None
+        what = "is the original LLaVA layout (model_type llava_llama), which transformers cannot load" \
+            if model_type == "llava_llama" else f"has no {RECORD} (it was not written by `qkvqa convert-llava`)"
+        raise ConfigError(f"components.generator.pretrained: {path} {what}; {fix}")
 
 
 def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
@@ -223,6 +357,27 @@ def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
         from transformers import AutoTokenizer
 
         return Llama3Format(AutoTokenizer.from_pretrained(path, local_files_only=local_only))
+    if spec.kind == "reflectiva":
+        import json
+        import os
+
+        from transformers import AutoTokenizer, GenerationConfig as HFGenerationConfig, LlavaImageProcessor, LlavaProcessor
+
+        # The slow LlavaImageProcessor: its PIL resize is the one CLIPImageProcessor ran in ReflectiVA's process_images
+        # (the fast one resizes with torch, other pixels); do_pad is expand2square.
+        with open(os.path.join(path, "processor_config.json"), encoding="utf-8") as handle:
+            settings = {k: v for k, v in json.load(handle).items() if k != "processor_class"}
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, use_fast=True)
+        processor = LlavaProcessor(image_processor=LlavaImageProcessor.from_pretrained(path, local_files_only=True),
+                                   tokenizer=tokenizer, chat_template=tokenizer.chat_template, **settings)
+        eos = []
+        if os.path.exists(os.path.join(path, "generation_config.json")):
+            eos_id = HFGenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+            eos = list(eos_id) if isinstance(eos_id, (list, tuple)) else ([eos_id] if eos_id is not None else [])
+        short = spec.options.get("short_prompt", True)
+        if not isinstance(short, bool):
+            raise ConfigError(f"components.generator.options.short_prompt: expected true or false, got {short!r}")
+        return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short)
     from transformers import AutoProcessor
 
     pixels = {k: int(spec.options[k]) for k in ("min_pixels", "max_pixels") if k in spec.options}
@@ -237,6 +392,10 @@ def _load_model(spec: ComponentSpec, path: str):
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if spec.kind == "reflectiva":
+        from transformers import LlavaForConditionalGeneration
+
+        return LlavaForConditionalGeneration.from_pretrained(path, **kwargs)
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(path, **kwargs)
@@ -257,6 +416,9 @@ def build_generator(spec: ComponentSpec | dict, generation: Optional["Generation
     if settings.backend not in BACKENDS:
         raise ConfigError(f"generation.backend: {settings.backend!r} is not one of {', '.join(BACKENDS)}")
     _check_options(spec)
+    if spec.kind == "reflectiva" and settings.backend == "vllm":
+        raise ConfigError("generation.backend: vllm does not run kind reflectiva here (its worker renders no LLaVA "
+                          "image placeholders); use backend: hf")
     path = _model_path(spec, WRITERS[spec.kind])
     chat = _load_chat(spec, path)
     if settings.backend == "vllm":
@@ -275,4 +437,10 @@ def build_llama3(spec: ComponentSpec) -> Generator:
 @register_component("qwen2_5_vl")
 def build_qwen2_5_vl(spec: ComponentSpec) -> Generator:
     """Qwen2.5-VL-7B-Instruct with transformers and the default `generation:` settings (see build_generator)."""
+    return build_generator(spec)
+
+
+@register_component("reflectiva")
+def build_reflectiva(spec: ComponentSpec) -> Generator:
+    """ReflectiVA's LLaVA generator (a `qkvqa convert-llava` directory) with the default `generation:` settings (see build_generator)."""
     return build_generator(spec)

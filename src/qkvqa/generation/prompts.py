@@ -1,4 +1,4 @@
-"""Generator prompts: the paper's appendix prompts (section 6.1-6.5) verbatim, custom templates, and the summary prompt."""
+"""Generator prompts: the paper's appendix prompts (section 6.1-6.5) verbatim, ReflectiVA's answering conversation, custom templates, and the summary prompt."""
 from __future__ import annotations
 
 import re
@@ -85,6 +85,17 @@ DEFAULT_SUMMARY_TEMPLATE = (
 
 FILTER_MERGE_JOINER = "\n"
 
+# ReflectiVA's answering conversation (aimagelab/ReflectiVA rag_evaluation/{encyclopedic,infoseek}/release_retrieval.py
+# `concat_paragraph`, conv mode llama_3_1 of llava/conversation.py): the system prompt of conv_llava_llama_3_1, the
+# user's image and question (IMAGE_TOKEN = "<image>\n\n"), the assistant's "[Retrieval]", then the user's passages,
+# with ". Give a short answer." under --short_prompt, which both release scripts (scripts/ReflectiVA_*.sh) pass.
+REFLECTIVA_SYSTEM = ("You are a helpful language and vision assistant. You are able to understand the visual content "
+                     "that the user provides, and assist the user with a variety of tasks using natural language.")
+REFLECTIVA_IMAGE_SEPARATOR = "\n\n"
+REFLECTIVA_RETRIEVAL = "[Retrieval]"
+REFLECTIVA_PARAGRAPH = "Consider this paragraph: <paragraph>{context}</paragraph>"
+REFLECTIVA_SHORT = ". Give a short answer."
+
 Part = Union[str, "Image"]
 
 
@@ -94,11 +105,14 @@ class Prompt:
 
     system: Optional[str]
     parts: tuple[Part, ...]
+    # earlier turns, before the final user message: (role, parts) with role user | assistant (ReflectiVA's prompt)
+    history: tuple[tuple[str, tuple[Part, ...]], ...] = ()
 
     @property
     def images(self) -> list["Image"]:
-        """The images of the user message, in order."""
-        return [part for part in self.parts if not isinstance(part, str)]
+        """The images of the earlier turns, then of the user message, in order."""
+        return [part for _, parts in self.history for part in parts if not isinstance(part, str)] + \
+            [part for part in self.parts if not isinstance(part, str)]
 
     def user_text(self) -> str:
         """The user message without its images (what a text-only LLM reads)."""
@@ -179,6 +193,17 @@ def answer_prompt(request: GenerationRequest, generator_type: str, settings: "Ge
     else:
         raise ConfigError(f"generation.prompt: {settings.prompt!r} is not one of {', '.join(PROMPT_MODES)}")
     return Prompt(system, fill_template(template, values, {"image": image}))
+
+
+def reflectiva_prompt(request: GenerationRequest, short: bool = True) -> Prompt:
+    """ReflectiVA's answering conversation for a request: user image + question, assistant "[Retrieval]", user
+    passages (the CDA context), ending where the assistant answers. Without an image the question stands alone."""
+    if request.dataset not in DATASETS:
+        raise ConfigError(f"request dataset {request.dataset!r} is not one of {', '.join(DATASETS)}")
+    first: tuple[Part, ...] = ((request.image, REFLECTIVA_IMAGE_SEPARATOR + request.question)
+                               if request.image is not None else (request.question,))
+    passages = REFLECTIVA_PARAGRAPH.replace("{context}", request.context) + (REFLECTIVA_SHORT if short else "")
+    return Prompt(REFLECTIVA_SYSTEM, (passages,), history=(("user", first), ("assistant", (REFLECTIVA_RETRIEVAL,))))
 
 
 def article_sections_text(article: "ArticleLike") -> str:
