@@ -35,6 +35,8 @@ ARCHITECTURES = {
     "clip_hf": ("CLIPModel",),
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# first path parts that name the usual local folders, not a hub owner (`weights/reflectiva-llava-hf` is a folder)
+LOCAL_FOLDERS = ("weights", "checkpoints", "data", "cache", "models")
 _WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
 
 
@@ -44,7 +46,8 @@ def is_hub_id(ref: Any) -> bool:
         return False
     if ref in ALIASES:
         return True
-    return bool(_HUB_ID.match(ref)) and not ref.endswith(_WEIGHT_SUFFIXES) and not ref.startswith((".", "~"))
+    return (bool(_HUB_ID.match(ref)) and not ref.endswith(_WEIGHT_SUFFIXES) and not ref.startswith((".", "~"))
+            and ref.split("/")[0] not in LOCAL_FOLDERS and not os.path.exists(ref))
 
 
 def local_dir(weights_dir: str | os.PathLike, hub_id: str) -> Path:
