@@ -157,11 +157,12 @@ class LastCheckpoint(pl.Callback):
                              dataloader_idx: int = 0) -> None:
         if self.received is not None:
             from qkvqa.errors import RunInterrupted
+            from qkvqa.run.command_line import resume_command
 
             received, self.received = self.received, None
             raise RunInterrupted(f"evaluation stopped on {signal.Signals(received).name} after batch {batch_idx} (its "
-                                 f"answers are stored); continue it with the same command and resume=auto",
-                                 signum=received)
+                                 f"answers are stored); continue it with: "
+                                 f"{resume_command('evaluate', self.path.parent.name)}", signum=received)
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_signals()
