@@ -155,17 +155,22 @@ def test_empty_and_sectionless_inputs(splitter):
     assert sections.chunks == [] and sections.text == ""
 
 
-@pytest.mark.parametrize("by, qff, section, score", [
-    ("qff", {0: 0.2, 2: 0.7}, 2, 0.7),               # QFF alone prefers Diet
-    ("bge", {}, 0, 0.8),                             # the reranker reads "wide ... wingspan" in Description
-    ("fused", {0: 0.2, 2: 0.7}, 0, (0.2 + 0.8) / 2),  # the mean of both: Description 0.5 against Diet 0.35
-    ("fused", {0: 0.0, 2: 1.0}, 2, (1.0 + 0.0) / 2),  # a strong QFF preference outweighs the reranker
+@pytest.mark.parametrize("by, beta, qff, section, score", [
+    ("qff", 0.2, {0: 0.2, 2: 0.7}, 2, 0.7),                    # QFF alone prefers Diet
+    ("bge", 0.2, {}, 0, 0.8),                                  # the reranker reads "wide ... wingspan" in Description
+    ("fused", 0.5, {0: 0.2, 2: 0.7}, 0, (0.2 + 0.8) / 2),      # beta 0.5, the mean: Description 0.5 against Diet 0.35
+    ("fused", 0.5, {0: 0.0, 2: 1.0}, 2, (1.0 + 0.0) / 2),      # a strong QFF preference outweighs the reranker
+    # OMGM's step-3 mix, beta 0.2 (the default): the reranker weighs 0.8, so the same QFF preference loses
+    ("fused", 0.2, {0: 0.0, 2: 1.0}, 0, 0.2 * 0.0 + 0.8 * 0.8),
 ])
-def test_top1_section_by_qff_bge_or_both(splitter, by, qff, section, score):
+def test_top1_section_by_qff_bge_or_both(splitter, by, beta, qff, section, score):
     scorer = KeywordScorer()
-    ctx = select_context(QUESTION, [RankedArticle(HERON, 0.9, qff)], cfg(mode="top1_section", top1_section_by=by),
+    ctx = select_context(QUESTION, [RankedArticle(HERON, 0.9, qff)],
+                         cfg(mode="top1_section", top1_section_by=by, top1_section_beta=beta),
                          scorer if by != "qff" else None, words, splitter)
     assert [(c.section_index, c.score) for c in ctx.chunks] == [(section, pytest.approx(score))]
+    if by != "qff":          # the reranker reads each pair up to OMGM's 6000 tokens, not the chunk length
+        assert {call["max_length"] for call in scorer.calls} == {6000}
     # the References section is never a candidate, whichever model picks
     assert all("References" not in passage for call in scorer.calls for _, passage in call["pairs"])
 

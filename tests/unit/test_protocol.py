@@ -4,13 +4,16 @@ from __future__ import annotations
 import pytest
 
 from qkvqa.config.load import compose
+from qkvqa.config.paper_rows import paper_row
 from qkvqa.pipeline.protocol import comparability_line, not_comparable_because, used_components, weights_fingerprint
 
 
 def paper_scores(**overrides) -> dict:
     scores = {"dataset": "evqa", "n_questions": 5750, "n_skipped": 12, "exclude_skipped": False, "two_hop_rows": True,
               "question_set": {"max_questions": None, "sample_questions": None},
-              "benchmark": {"label": "BEM (PyTorch reproduction)"}}
+              "benchmark": {"label": "BEM (PyTorch reproduction)"},
+              # stage 1 searched an imported OMGM summary index, as the paper's rows do
+              "stage1_text": {"text": "llama3_summaries", "index": "index/omgm", "detail": "imported OMGM summary index"}}
     return {**scores, **overrides}
 
 
@@ -19,15 +22,15 @@ def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
     used = used_components(cfg)
     assert {"image_encoder", "text_encoder", "qformer", "reranker", "generator", "judge"} == set(used)
     assert not_comparable_because(cfg, paper_scores(), used) == []
-    card = {"paper": cfg.paper, "comparable": True, "not_comparable_because": []}
-    assert comparability_line(card) == f"comparable to paper {cfg.paper}: yes" and "48.0" in cfg.paper
+    card = {"paper": paper_row(cfg.paper).title, "comparable": True, "not_comparable_because": []}
+    assert comparability_line(card) == f"comparable to paper {card['paper']}: yes" and "48.0" in card["paper"]
     for overrides, reason in [({"n_questions": 4750, "two_hop_rows": False}, "single-hop rows only"),
                               ({"exclude_skipped": True}, "12 unanswerable questions are left out"),
                               ({"question_set": {"max_questions": 50, "sample_questions": None}}, "first 50"),
                               ({"benchmark": {"label": "BEM approximate (two segments)"}}, "approximate")]:
         assert any(reason in r for r in not_comparable_because(cfg, paper_scores(**overrides), used)), reason
     other = compose("eval/evqa_qwen", [], ["data.protocol=custom"])
-    assert any("data.protocol is 'custom'" in r for r in not_comparable_because(other, paper_scores(), used))
+    assert any("data.protocol = custom" in r for r in not_comparable_because(other, paper_scores(), used))
     em = compose("eval/evqa_qwen", [], ["eval.judge=em_only"])
     assert any("exact match only" in r for r in not_comparable_because(em, paper_scores(), used_components(em)))
 
@@ -35,7 +38,8 @@ def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
 def test_table_6_wants_its_1k_subset():
     cfg = compose("table6/infoseek_1k", [], [])
     subset = {"dataset": "infoseek", "n_questions": 1000, "n_skipped": 0, "exclude_skipped": False,
-              "question_set": {"max_questions": None, "sample_questions": 1000}, "benchmark": {}}
+              "question_set": {"max_questions": None, "sample_questions": 1000}, "benchmark": {},
+              "stage1_text": paper_scores()["stage1_text"]}
     assert verdict(cfg, subset) == []
     whole = {**subset, "question_set": {"max_questions": None, "sample_questions": None}}
     assert any("1K subset" in r for r in verdict(cfg, whole))

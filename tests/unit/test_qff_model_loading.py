@@ -232,7 +232,9 @@ def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_
 
     out = tiny(image_transform="squash").save_pretrained(tmp_path / "qff")
     meta = json.loads((out / "qff_config.json").read_text())
-    assert meta["preprocessing"] == {"image_transform": "squash", "blip_text_preprocess": True}
+    assert meta["preprocessing"] == {"image_transform": "squash", "image_geometry": "hf_squash",
+                                     "blip_text_preprocess": True}
+    assert meta["vit_dtype"] == "fp32"          # issue 32 item 6: the dtype its ViT ran in, recorded with it
     spec = {"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}
     with pytest.raises(StaleArtifactError, match=r"qff.image_transform: trained with 'squash', this config has "
                                                  r"'targetpad'.*qff.image_transform='squash'"):
@@ -249,3 +251,37 @@ def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_
     weights.write_bytes(bytes(data[:200]))
     with pytest.raises(DataError, match=r"model\.safetensors: unreadable safetensors"):
         build_component({**spec, "options": {"image_transform": "squash"}})
+
+
+def test_the_vit_dtype_of_training_is_recorded_checked_on_load_and_on_the_card(tmp_path, caplog):
+    """Issue 32 item 6: training runs the ViT in bf16, inference in fp16; the checkpoint says which it was trained in,
+    an unknown value is refused, a difference is said in one line, and the card shows both."""
+    import json
+    import logging
+
+    from qkvqa.config.load import compose
+    from qkvqa.errors import DataError
+    from qkvqa.pipeline.protocol import protocol_card
+
+    out = tiny().save_pretrained(tmp_path / "qff", vit_dtype="bf16")
+    meta_path = out / "qff_config.json"
+    assert json.loads(meta_path.read_text())["vit_dtype"] == "bf16"
+    spec = {"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}
+    with caplog.at_level(logging.INFO, logger="qkvqa.qff.builder"):
+        build_component(spec)
+    assert "was trained with its ViT in bf16; this run's ViT runs in fp32" in caplog.text
+
+    class KB:
+        store_dir, url_checksum = tmp_path / "kb", "sha256:0"
+
+        def __len__(self):
+            return 3
+
+    cfg = compose("demo/evaluate", [], [f"qff.checkpoint={out}"])
+    scores = {"dataset": "evqa", "n_questions": 3, "n_skipped": 0, "question_set": {}, "benchmark": {}}
+    card = protocol_card(cfg, scores, KB())
+    assert card["models"]["qformer"]["vit_dtype"] == "fp32 here, bf16 in training"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "vit_dtype": "int3"}))
+    with pytest.raises(DataError, match=r"qff_config\.json: vit_dtype 'int3' is not one of"):
+        build_component(spec)

@@ -6,7 +6,7 @@ import os
 import string
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import BASE_WORDS
@@ -19,11 +19,13 @@ BACKENDS = ("flagembedding", "native")
 OPTION_KEYS = {"backend", "batch_size", "max_length", "normalize", "query_max_length", "seed"}
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_MAX_LENGTH = 512
+BGE_M3_POSITIONS = 8192          # BGE-Reranker-v2-m3 (XLM-R) reads pairs of up to 8192 tokens
 
-# The tiny XLM-R cross-encoder of models.md section 8 (positions start at pad + 1, hence + 2); a wide
-# initialisation spreads its random scores, so that backend comparisons are not trivially equal.
+# The tiny XLM-R cross-encoder of models.md section 8, with BGE-M3's 8192 positions (they start at pad + 1, hence
+# + 2), so that OMGM's 6000-token top-1 section pairs fit as they do in the real model; a wide initialisation
+# spreads its random scores, so that backend comparisons are not trivially equal.
 TINY_XLMR = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                 max_position_embeddings=DEFAULT_MAX_LENGTH + 2, type_vocab_size=1, pad_token_id=1,
+                 max_position_embeddings=BGE_M3_POSITIONS + 2, type_vocab_size=1, pad_token_id=1,
                  bos_token_id=0, eos_token_id=2, num_labels=1, initializer_range=0.5)
 
 
@@ -50,6 +52,7 @@ class Reranker(ABC):
         self.max_length = max_length
         self.normalize = normalize
         self.query_max_length = query_max_length
+        self.positions: Optional[int] = None        # the longest pair the model reads (set by the subclasses)
 
     def score(self, pairs: Sequence[tuple[str, str]], batch_size: Optional[int] = None,
               max_length: Optional[int] = None, normalize: Optional[bool] = None) -> list[float]:
@@ -58,6 +61,9 @@ class Reranker(ABC):
         if not pairs:
             return []
         max_length = self.max_length if max_length is None else int(max_length)
+        if self.positions is not None and max_length > self.positions:
+            raise ConfigError(f"the reranker reads pairs of at most {self.positions} tokens, but {max_length} were "
+                              "asked for (cda.reranker_max_length / cda.top1_section_max_length); lower it")
         query_max_length = self.query_max_length if self.query_max_length is not None else max_length * 3 // 4
         return self._score(pairs, self.batch_size if batch_size is None else int(batch_size), max_length,
                            query_max_length, self.normalize if normalize is None else bool(normalize))
@@ -86,11 +92,21 @@ class FlagEmbeddingReranker(Reranker):
         tokenizer = getattr(self.model, "tokenizer", None)
         if isinstance(getattr(tokenizer, "deprecation_warnings", None), dict):
             tokenizer.deprecation_warnings["Asking-to-pad-a-fast-tokenizer"] = True
+        self.positions = pair_positions(getattr(self.model.model, "config", None))
 
     def _score(self, pairs, batch_size, max_length, query_max_length, normalize):
         scores = self.model.compute_score(pairs, batch_size=batch_size, max_length=max_length,
                                           query_max_length=query_max_length, normalize=normalize)
         return [float(s) for s in scores]
+
+
+def pair_positions(config: Any) -> Optional[int]:
+    """The longest token sequence a cross-encoder's position table holds (RoBERTa-style tables start at pad + 1)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    offset = int(getattr(config, "pad_token_id", 0) or 0) + 1 if config.model_type in ("xlm-roberta", "roberta") else 0
+    return int(positions) - offset
 
 
 def _silence_flag_progress_bars() -> None:
@@ -125,6 +141,7 @@ class NativeReranker(Reranker):
         self.model = model.eval().to(device)
         self.tokenizer = tokenizer
         self.device = device
+        self.positions = pair_positions(model.config)
 
     def _score(self, pairs, batch_size, max_length, query_max_length, normalize):
         import torch
@@ -180,7 +197,7 @@ def write_tiny_xlmr_reranker(out_dir: Path, words: Sequence[str] = (), seed: int
     tokenizer_class = getattr(transformers, "XLMRobertaTokenizerFast", None) or transformers.XLMRobertaTokenizer
     tokenizer = tokenizer_class(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", sep_token="</s>",
                                 cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
-                                model_max_length=DEFAULT_MAX_LENGTH)
+                                model_max_length=BGE_M3_POSITIONS)
     tokenizer.save_pretrained(str(out_dir))
     torch.manual_seed(seed)
     model = XLMRobertaForSequenceClassification(XLMRobertaConfig(vocab_size=len(pieces), **TINY_XLMR))

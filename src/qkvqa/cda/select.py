@@ -201,10 +201,15 @@ class ContextSelector:
                              text=article.section_texts[i].strip(), token_count=0, article_rank=0) for i in indices}
         scores = {i: float(ranked.section_scores[i]) for i in indices} if by != "bge" else {}
         if by != "qff":
+            # OMGM's step 3 reads each (question, section) pair whole (6000 tokens) and mixes
+            # beta * section similarity + (1 - beta) * sigmoid(BGE) (test/step3_secaugmented_gen.py).
             bge = self.reranker.score([(question, sections[i].render()) for i in indices],
-                                      batch_size=self.cfg.reranker_batch_size, max_length=self.cfg.reranker_max_length,
+                                      batch_size=self.cfg.reranker_batch_size,
+                                      max_length=self.cfg.top1_section_max_length,
                                       normalize=self.cfg.reranker_normalize)
-            scores = {i: (scores[i] + b) / 2 if by == "fused" else b for i, b in zip(indices, map(float, bge))}
+            beta = float(self.cfg.top1_section_beta)
+            scores = {i: beta * scores[i] + (1 - beta) * b if by == "fused" else b
+                      for i, b in zip(indices, map(float, bge))}
         index = max(indices, key=lambda i: (scores[i], -i))
         best = sections[index]
         chosen = replace(best, token_count=self.count_tokens(best.text), score=scores[index])

@@ -123,8 +123,10 @@ class CDAConfig:
     mode: str = "full"                           # full | top1_section | first_chunk | top1_article_chunks
     # top1_section mode (Table 5 before CDA, "the top-1 section from the top-1 article using QFF and
     # BGE-Reranker-v2-m3"): the section of the top-1 article with the best qff score, bge score (sigmoid),
-    # or fused = their mean (both models, the paper's sentence; docs/cda.md).
+    # or fused = beta * qff + (1 - beta) * bge, OMGM's step-3 mix (beta 0.2 in its script; docs/cda.md).
     top1_section_by: str = "fused"
+    top1_section_beta: float = 0.2               # the QFF score's weight in the fused top-1 section score (OMGM: 0.2)
+    top1_section_max_length: int = 6000          # BGE reads (question, section) up to this many tokens (OMGM: 6000)
     U: Optional[int] = 2                         # at most U articles; null lifts the limit
     theta: Optional[float] = 0.01                # keep article i when S_1 - S_i <= theta; null lifts it
     chunk_tokens: int = 60                       # L, in generator tokens (60 E-VQA, 90 InfoSeek)
@@ -253,7 +255,7 @@ class Config:
     resume: str = "never"                        # never | auto (continue checkpoints/<run_id>/last.ckpt)
     seed: int = 0
     notes: str = ""
-    paper: Optional[str] = None                  # the paper row an experiment reproduces ("Table 2, ...: 48.0"), for the protocol card
+    paper: Optional[str] = None                  # the paper row an experiment reproduces (a key of qkvqa.config.paper_rows), for the protocol card
     tags: List[str] = field(default_factory=list)
     paths: PathsConfig = field(default_factory=PathsConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -309,6 +311,7 @@ BOUNDS = {
     "qff.dropout": (0.0, 1.0), "qff.val_top_k": (1, None),
     "cda.U": (1, None), "cda.theta": (0.0, None), "cda.chunk_tokens": (1, None), "cda.K1": (1, None),
     "cda.K2": (0, None), "cda.reranker_batch_size": (1, None), "cda.reranker_max_length": (1, None),
+    "cda.top1_section_beta": (0.0, 1.0), "cda.top1_section_max_length": (1, None),
     "generation.max_new_tokens": (1, None), "generation.batch_size": (1, None), "generation.filter_top_n": (1, None),
     "logger.progress.every_s": (0.0, None), "logger.progress.every_fraction": (0.0, 1.0),
 }
@@ -335,6 +338,9 @@ def check_values(cfg: Any) -> None:
     if protocol is not None and PROTOCOLS[protocol].dataset not in ("any", OmegaConf.select(cfg, "data.dataset")):
         raise ConfigError(f"data.protocol={protocol!r} is a {PROTOCOLS[protocol].dataset} protocol, but data.dataset is "
                           f"{OmegaConf.select(cfg, 'data.dataset')!r}")
+    from qkvqa.config.paper_rows import paper_row
+
+    paper_row(OmegaConf.select(cfg, "paper"))          # an unknown row name stops here, listing the rows
     for key, (low, high) in BOUNDS.items():
         value = OmegaConf.select(cfg, key)
         if value is None:

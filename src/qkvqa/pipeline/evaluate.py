@@ -34,7 +34,7 @@ def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero
         write_results(path, result.results)
         atomic_write_json(meta_path, {"seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
                                       "metrics": result.metrics, "source": cfg.retrieval.results or "in-process",
-                                      "kb_url_checksum": kb})
+                                      "kb_url_checksum": kb, "stage1_text": result.stage1_text})
     if not rank_zero:
         _wait_for_rank_zero(meta_path, run_dir, float(cfg.eval.stage1_wait_s))
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -440,6 +440,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         write_traces(run_dir, traces)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
+        scores["stage1_text"] = meta.get("stage1_text")
         scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store(), produced_by)
         if cfg.eval.filter == "qff":
             scores["qff_article_images"] = ranked_articles_without_image(benchmark, rows)

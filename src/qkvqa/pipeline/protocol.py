@@ -8,13 +8,15 @@ left-out denominator, single-hop only, EM without BEM, another question count).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Optional
 
+from qkvqa.config.paper_rows import LLAMA3_SUMMARIES, paper_row, row_differences, show, varied_values
 from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions, protocol_named
 
-TABLE6_SUBSET = 1000
+TABLE6_ROW, TABLE6_SUBSET = "table6/infoseek_1k", 1000
 FINGERPRINT_BYTES = 4 << 20          # bytes read at each end of a weight file
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".json", ".model")
 
@@ -60,48 +62,41 @@ def component_card(spec: Any, trained: Optional[str] = None) -> dict:
 
 
 def _component(spec: Any, trained: Optional[str] = None) -> dict:
-    """Kind, weights and fingerprint of one component; `trained` (qff.checkpoint) replaces its base weights."""
+    """Kind, weights (with their revision, or what they were converted from) and fingerprint of one component;
+    `trained` (qff.checkpoint) replaces its base weights."""
+    revision = spec.get("revision")
     if trained:
         return {"kind": spec.kind, "weights": str(trained), "base": "tiny (random)" if spec.tiny else str(spec.pretrained),
-                "fingerprint": weights_fingerprint(trained)}
+                "dtype": spec.dtype, "fingerprint": weights_fingerprint(trained)}
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
-    return {"kind": spec.kind, "weights": str(spec.pretrained), "dtype": spec.dtype,
+    return {"kind": spec.kind, "weights": str(spec.pretrained), "revision": revision,
+            "converted_from": converted_from(spec.pretrained), "dtype": spec.dtype,
             "fingerprint": weights_fingerprint(spec.pretrained)}
 
 
 def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]:
-    """Every reason the run's numbers do not mean what the paper's row means (empty: comparable)."""
+    """Every reason the run's numbers do not mean what the paper's row means (empty: comparable): each setting the
+    row declares (`qkvqa.config.paper_rows`) that the config changes, then the question set and the judge."""
     reasons = []
-    dataset, split, paper = scores["dataset"], cfg.eval.split, cfg.paper or ""
-    if not paper:
+    dataset, split = scores["dataset"], cfg.eval.split
+    row = paper_row(cfg.paper)
+    if row is None:
         reasons.append("the experiment names no paper row (config key `paper`)")
+    elif row.dataset != dataset:
+        reasons.append(f"data.dataset = {dataset} where the row is on {row.dataset}")
     protocol, wanted = cfg.data.protocol, PAPER_PROTOCOLS.get(dataset)
     if protocol != wanted:
         peers = protocol_named(protocol)
-        reasons.append(f"data.protocol is {protocol!r}, where the paper's {dataset} numbers use {wanted!r}"
+        reasons.append(f"data.protocol = {show(protocol)} where the paper's {dataset} numbers use {wanted}"
                        + (f" (this run's numbers compare with {peers.comparable_to})" if peers else ""))
     tiny = [name for name in used if cfg.components[name].tiny]
     if tiny:
         reasons.append(f"tiny random components ({', '.join(tiny)})")
-    question_set = scores.get("question_set") or {}
-    if question_set.get("max_questions") is not None:
-        reasons.append(f"only the first {question_set['max_questions']} questions (data.max_questions)")
-    sample = question_set.get("sample_questions")
-    if paper.startswith("Table 6"):
-        if sample != TABLE6_SUBSET:
-            reasons.append(f"Table 6 uses a random 1K subset; this run has data.sample_questions={sample}")
-    else:
-        if sample is not None:
-            reasons.append(f"a random sample of {sample} questions (data.sample_questions)")
-        expected = expected_questions(dataset, split, protocol)
-        if expected is not None and scores["n_questions"] != expected:
-            reasons.append(f"{scores['n_questions']} questions, where the {protocol or wanted} {split} set has "
-                           f"{expected:,}")
-    if scores.get("exclude_skipped") and scores["n_skipped"]:
-        reasons.append(f"{scores['n_skipped']} unanswerable questions are left out (eval.exclude_skipped)")
-    if dataset == "evqa" and not scores.get("two_hop_rows"):
-        reasons.append("single-hop rows only (data.include_two_hop=false); the paper's headline is all rows")
+    if row is not None:
+        reasons += row_differences(cfg, row, stage1_text=stage1_text(cfg, scores),
+                                   converted_from=converted_sources(cfg, used), trained=trained_record(cfg))
+    reasons += _question_set_reasons(cfg, scores, row, dataset, split, protocol or wanted)
     generated = cfg.eval.stop_after != "filter"
     if generated and dataset == "evqa" and cfg.eval.judge != "bem":
         reasons.append("exact match only; the paper judges E-VQA answers with BEM")
@@ -109,6 +104,84 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     if "approximate" in judge.lower():
         reasons.append(f"the BEM judge is approximate ({judge})")
     return reasons
+
+
+def _question_set_reasons(cfg: Any, scores: dict, row: Any, dataset: str, split: str, protocol: str) -> list[str]:
+    """The question set against the row's: the whole split (Table 6: its seeded 1K subset), every row, none left out."""
+    reasons = []
+    question_set = scores.get("question_set") or {}
+    if question_set.get("max_questions") is not None:
+        reasons.append(f"only the first {question_set['max_questions']} questions (data.max_questions)")
+    sample = question_set.get("sample_questions")
+    if row is not None and row.key == TABLE6_ROW:
+        if sample != TABLE6_SUBSET:
+            reasons.append(f"Table 6 uses a random 1K subset; this run has data.sample_questions={sample}")
+    else:
+        if sample is not None:
+            reasons.append(f"a random sample of {sample} questions (data.sample_questions)")
+        expected = expected_questions(dataset, split, cfg.data.protocol)
+        if expected is not None and scores["n_questions"] != expected:
+            reasons.append(f"{scores['n_questions']} questions, where the {protocol} {split} set has {expected:,}")
+    if scores.get("exclude_skipped") and scores["n_skipped"]:
+        reasons.append(f"{scores['n_skipped']} unanswerable questions are left out (eval.exclude_skipped)")
+    if dataset == "evqa" and not scores.get("two_hop_rows"):
+        reasons.append("single-hop rows only (data.include_two_hop=false); the paper's headline is all rows")
+    return reasons
+
+
+def stage1_text(cfg: Any, scores: dict) -> Optional[str]:
+    """What stage 1 embedded on the KB side, for the row check: from the index the run searched (scores'
+    `stage1_text`), else from the config (`retrieval.summary_source`); a results file's stage 1 is the file's."""
+    if cfg.retrieval.results:
+        return LLAMA3_SUMMARIES if cfg.retrieval.mode == "image_to_summary" else "images"
+    found = scores.get("stage1_text")
+    if found:
+        return found["text"]
+    if cfg.retrieval.mode == "image_to_image":
+        return "images"
+    return LLAMA3_SUMMARIES if cfg.retrieval.summary_source == "summaries" else cfg.retrieval.summary_source
+
+
+def converted_sources(cfg: Any, used: list[str]) -> dict[str, str]:
+    """Per used component, the hub id its local weights were converted from (the converter's record), if any."""
+    out = {}
+    for name in used:
+        spec = cfg.components[name]
+        source = None if spec.tiny else converted_from(spec.pretrained)
+        if source:
+            out[name] = source
+    return out
+
+
+def converted_from(ref: Optional[str]) -> Optional[str]:
+    """The hub id a weights directory written by `qkvqa convert-llava` records as its source, else None."""
+    from qkvqa.generation.llava_convert import RECORD
+
+    if not ref:
+        return None
+    record = Path(os.path.expanduser(str(ref))) / RECORD
+    if not record.is_file():
+        return None
+    try:
+        return json.loads(record.read_text(encoding="utf-8")).get("source", {}).get("hub_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def trained_record(cfg: Any) -> dict:
+    """What qff.checkpoint records of its training (focus, gate, vit_dtype), from its config file; empty when unset or
+    not a readable qkvqa QFF directory."""
+    checkpoint = cfg.qff.checkpoint
+    if not checkpoint:
+        return {}
+    from qkvqa.qff.model import CHECKPOINT_CONFIG
+
+    path = Path(os.path.expanduser(str(checkpoint))) / CHECKPOINT_CONFIG
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {key: meta.get(key) for key in ("focus", "gate", "vit_dtype")}
 
 
 def filter_card(cfg: Any, produced_by: Optional[dict] = None) -> dict:
@@ -139,6 +212,8 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
     used = used_components(cfg)
     reasons = not_comparable_because(cfg, scores, used)
     question_set = scores.get("question_set") or {}
+    row = paper_row(cfg.paper)
+    text = scores.get("stage1_text") or {}
     card = {
         "dataset": scores["dataset"], "protocol": cfg.data.protocol, "split": cfg.eval.split,
         "protocol_kb": getattr(protocol_named(cfg.data.protocol), "kb", None),
@@ -148,14 +223,21 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
         "per_split": question_set.get("per_split"), "questions_file": question_set.get("file"),
         "kb": {"path": str(kb.store_dir), "articles": len(kb), "url_checksum": kb.url_checksum},
         "stage1": {"results_file": cfg.retrieval.results} if cfg.retrieval.results else {
-            "mode": cfg.retrieval.mode, "summary_source": cfg.retrieval.summary_source if
-            cfg.retrieval.mode == "image_to_summary" else None, "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory,
+            "mode": cfg.retrieval.mode, "text": text.get("detail") or (
+                f"retrieval.summary_source={cfg.retrieval.summary_source}" if cfg.retrieval.mode == "image_to_summary"
+                else "KB images"),
+            "index": text.get("index") or cfg.retrieval.index_dir or cfg.retrieval.index_factory,
             "top_k": cfg.retrieval.top_k},
         "filter": filter_card(cfg, produced_by),
         "models": {name: _component(cfg.components[name], cfg.qff.checkpoint if name == "qformer" else None)
                    for name in used},
         "stop_after": cfg.eval.stop_after,
+        "unanswerable": "left out (eval.exclude_skipped)" if scores.get("exclude_skipped") else "counted as wrong",
     }
+    if "qformer" in used:
+        trained = trained_record(cfg)
+        card["models"]["qformer"]["vit_dtype"] = (f"{cfg.components.qformer.dtype} here, "
+                                                  f"{trained.get('vit_dtype') or 'not recorded'} in training")
     if cfg.eval.stop_after != "filter":
         card["generation"] = {"kind": cfg.components.generator.kind, "decoding": "greedy",
                               "max_new_tokens": cfg.generation.max_new_tokens, "prompt": cfg.generation.prompt,
@@ -165,7 +247,9 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
         card["context"] = {"selector": cfg.eval.context, "mode": cfg.cda.mode, "U": cfg.cda.U, "theta": cfg.cda.theta,
                            "L": cfg.cda.chunk_tokens, "K1": cfg.cda.K1, "K2": cfg.cda.K2,
                            "top1_section_by": cfg.cda.top1_section_by}
-    card["paper"] = cfg.paper
+    card["paper"] = row.title if row else None
+    card["paper_row"] = row.key if row else None
+    card["paper_varies"] = varied_values(cfg, row) if row and row.varies else None
     card["comparable"] = not reasons
     card["not_comparable_because"] = reasons
     return card
@@ -174,6 +258,8 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
 def comparability_line(card: dict) -> str:
     """'comparable to paper <row>: yes' or '...: no, because ...'."""
     row = card["paper"] or "(no paper row)"
+    if card.get("paper_varies"):
+        row += " at " + ", ".join(f"{key}={show(value)}" for key, value in card["paper_varies"].items())
     if card["comparable"]:
         return f"comparable to paper {row}: yes"
     return f"comparable to paper {row}: no, because " + "; ".join(card["not_comparable_because"])
@@ -184,13 +270,14 @@ def render_card(card: dict) -> str:
     def cell(value: Any) -> str:
         if isinstance(value, dict):
             return ", ".join(f"{k} {cell(v)}" for k, v in value.items() if v is not None)
-        return "-" if value is None else str(value)
+        return "-" if value is None else show(value)
 
     lines = ["## Protocol", "", "| what | value |", "|---|---|",
              f"| dataset / protocol / split | {card['dataset']} / {cell(card['protocol'])} / {card['split']} |",
              *([f"| protocol | {card['protocol_kb']}; its numbers compare with {card['protocol_comparable_to']} |"]
                if card.get("protocol_kb") else []),
-             f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, counted as wrong); "
+             f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, "
+             f"{card.get('unanswerable', 'counted as wrong')}); "
              f"by type: {cell(card['per_question_type'])}"
              + (f"; by split: {cell(card['per_split'])}" if card.get("per_split") else "") + " |",
              f"| KB | {cell(card['kb'])} |", f"| stage 1 | {cell(card['stage1'])} |", f"| filter | {cell(card['filter'])} |"]

@@ -59,6 +59,11 @@ class SectionRequest:
     focus: Optional[str] = None                           # the component's focus by default
 
 
+def dtype_name(dtype: Any) -> str:
+    """bf16 / fp16 / fp32 for a torch dtype (its torch name otherwise)."""
+    return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(str(dtype), str(dtype))
+
+
 class QFFComponent:
     """A QFF model bundled with its tokenizer and image processor; tokenises, preprocesses and scores sections.
 
@@ -94,7 +99,10 @@ class QFFComponent:
 
     def preprocessing(self) -> dict:
         """The input preprocessing a trained QFF must be used with (recorded with its weights, checked on load)."""
-        return {"image_transform": self.image_transform, "blip_text_preprocess": self.blip_text_preprocess}
+        from qkvqa.qff.image_processing import IMAGE_GEOMETRY
+
+        return {"image_transform": self.image_transform, "image_geometry": IMAGE_GEOMETRY.get(self.image_transform),
+                "blip_text_preprocess": self.blip_text_preprocess}
 
     @property
     def device(self):
@@ -293,9 +301,11 @@ class QFFComponent:
             attention_mask[row, :len(seq)] = 1
         return input_ids.to(self.device), attention_mask.to(self.device)
 
-    def save_pretrained(self, out_dir: str | Path) -> Path:
-        """Write the model (safetensors + qff_config.json) and tokenizer so that `pretrained: out_dir` rebuilds it."""
-        out_dir = self.model.save_pretrained(out_dir, preprocessing=self.preprocessing())
+    def save_pretrained(self, out_dir: str | Path, vit_dtype: Optional[str] = None) -> Path:
+        """Write the model (safetensors + qff_config.json) and tokenizer so that `pretrained: out_dir` rebuilds it;
+        `vit_dtype`: the dtype the ViT ran in while it was trained (default: the model's, bf16 / fp16 / fp32)."""
+        out_dir = self.model.save_pretrained(out_dir, preprocessing=self.preprocessing(),
+                                             vit_dtype=vit_dtype or dtype_name(self.model.vision_dtype))
         self.tokenizer.save_pretrained(str(out_dir))
         return out_dir
 
@@ -419,6 +429,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
                                          gradient_checkpointing=options["gradient_checkpointing"],
                                          attention=options["attention"])
         _check_preprocessing(Path(ref), options)
+        _check_vit_dtype(Path(ref), model)
         tokenizer = _load_tokenizer(ref, local_only=True)
     else:
         if spec.tiny:
@@ -440,6 +451,29 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
                         image_transform=options["image_transform"], vit_lru_size=options["vit_lru_size"])
 
 
+def _check_vit_dtype(path: Path, model: Any) -> Optional[str]:
+    """The dtype a trained QFF's ViT ran in during training (`vit_dtype` in its config; None before it was recorded),
+    said in one line when this run's ViT dtype differs (the paper trains in bf16 and evaluates in fp16; another
+    pair is named on the protocol card). An unknown recorded dtype is refused."""
+    import json
+
+    from qkvqa.components.registry import DTYPES
+    from qkvqa.errors import DataError
+    from qkvqa.qff.model import CHECKPOINT_CONFIG
+
+    trained = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8")).get("vit_dtype")
+    if trained is None:
+        return None
+    if trained not in DTYPES:
+        raise DataError(f"{path / CHECKPOINT_CONFIG}: vit_dtype {trained!r} is not one of {sorted(DTYPES)}; "
+                        "re-export the QFF with `qkvqa train`")
+    here = dtype_name(model.vision_dtype)
+    if here != trained:
+        log.info("QFF %s was trained with its ViT in %s; this run's ViT runs in %s (components.qformer.dtype)",
+                 path, trained, here)
+    return trained
+
+
 def _check_preprocessing(path: Path, options: dict) -> None:
     """Refuse a trained QFF under other input preprocessing than it was trained with (its scores would shift in
     silence); checkpoints written before the preprocessing was recorded are not checked."""
@@ -448,7 +482,16 @@ def _check_preprocessing(path: Path, options: dict) -> None:
     from qkvqa.errors import StaleArtifactError
     from qkvqa.qff.model import CHECKPOINT_CONFIG
 
+    from qkvqa.qff.image_processing import IMAGE_GEOMETRY
+
     trained = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8")).get("preprocessing") or {}
+    geometry = trained.get("image_geometry")
+    if trained.get("image_transform") == "targetpad" and geometry != IMAGE_GEOMETRY["targetpad"]:
+        raise StaleArtifactError(
+            f"{path}: trained with image geometry {geometry or 'targetpad_square (unrecorded: qkvqa before the OMGM geometry)'}, which pads "
+            f"wide photos to a full square; this qkvqa uses OMGM's {IMAGE_GEOMETRY['targetpad']} (a 1.25:1 pad), so "
+            "most 4:3 and 3:2 images would get other pixels than in training. Retrain the QFF (`qkvqa train`)")
+    options = {**options, "image_geometry": IMAGE_GEOMETRY.get(options.get("image_transform"))}
     differs = [f"qff.{key}: trained with {value!r}, this config has {options[key]!r}"
                for key, value in trained.items() if value is not None and options.get(key) != value]
     if differs:

@@ -333,9 +333,11 @@ class QFFModel(nn.Module):
         return out if rows is None else out[:, :rows]
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, out_dir: str | Path, preprocessing: Optional[dict] = None) -> Path:
+    def save_pretrained(self, out_dir: str | Path, preprocessing: Optional[dict] = None,
+                        vit_dtype: Optional[str] = None) -> Path:
         """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json` (with the
-        weights' sha256, checked on load, and the input `preprocessing` the weights were trained with)."""
+        weights' sha256, checked on load, the input `preprocessing` the weights were trained with, and `vit_dtype`,
+        the dtype the frozen ViT ran in during training)."""
         from safetensors.torch import save_file
 
         from qkvqa.utils.io import atomic_write_json, make_shareable, sha256_file
@@ -350,7 +352,7 @@ class QFFModel(nn.Module):
         atomic_write_json(out_dir / CHECKPOINT_CONFIG, {
             "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus, "gate": self.gate,
             "base_class": type(self.base).__name__, "weights_sha256": sha256_file(out_dir / CHECKPOINT_WEIGHTS),
-            "preprocessing": preprocessing, "base_config": self.base.config.to_dict()})
+            "preprocessing": preprocessing, "vit_dtype": vit_dtype, "base_config": self.base.config.to_dict()})
         return out_dir
 
     @classmethod

@@ -105,6 +105,7 @@ class SplitRetrieval:
     metrics: dict
     skipped_images: list[dict] = field(default_factory=list)
     query_set: Optional[Path] = None
+    stage1_text: Optional[dict] = None           # what the index embedded (`index_text_source`); None: a results file
 
 
 def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: Optional[LoadedIndex] = None,
@@ -124,15 +125,42 @@ def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: 
     top_k = int(cfg.retrieval.top_k)
     if top_k < 1:
         raise ConfigError(f"retrieval.top_k must be >= 1, got {top_k}")
+    text = None
     if cfg.retrieval.results:
         results, skipped, query_set = _read_for_split(cfg, dm, questions), [], None
     else:
         dm.image_loader.resolver.check_images(questions, split)
+        if index is None:
+            index = load_index_from_config(cfg, dm)
+        text = index_text_source(index.manifest, str(index.path))
         results, skipped, query_set = _search_split(cfg, dm, split, questions, top_k, index, encoder)
     metrics = retrieval_metrics(results, questions, dataset=dm.config.dataset, top_k=top_k,
                                 two_hop_policy=cfg.retrieval.two_hop_policy)
     metrics["n_missing_query_images"] = sum(1 for q in questions if not results.get(q.data_id, Retrieved()).urls)
-    return SplitRetrieval(split, results, metrics, skipped, query_set)
+    return SplitRetrieval(split, results, metrics, skipped, query_set, text)
+
+
+# What stage 1's KB side is, as the protocol card names it (`text`): OMGM's LLaMA-3 summaries (an imported index
+# whose rows are in KB order, OMGM's `summary_llama3.index`, or summaries written by `qkvqa summarize`), the lead
+# sections, another imported index, or images.
+def index_text_source(manifest: dict, index_dir: str) -> dict:
+    """{"text": llama3_summaries | lead_section | imported <format> | images, "index": dir, "detail": ...}."""
+    from qkvqa.config.paper_rows import LLAMA3_SUMMARIES
+
+    imported = manifest.get("imported")
+    if manifest.get("mode") == "image_to_image":
+        text, detail = "images", "KB images"
+    elif imported:
+        summaries = imported.get("format") == "kb_order"
+        text = LLAMA3_SUMMARIES if summaries else f"imported {imported.get('format')}"
+        detail = (f"imported {'OMGM summary ' if summaries else ''}index {imported['index']['path']} "
+                  f"(sha256 {str(imported['index'].get('sha256', ''))[:12]})")
+    else:
+        source = (manifest.get("text_source") or {}).get("summary_source", "lead_section")
+        text = LLAMA3_SUMMARIES if source == "summaries" else str(source)
+        detail = (f"summaries {manifest['text_source'].get('summaries')} (qkvqa summarize)" if source == "summaries"
+                  else "each article's lead section (retrieval.summary_source=lead_section)")
+    return {"text": text, "index": index_dir, "detail": detail}
 
 
 def _read_for_split(cfg, dm, questions) -> dict[str, Retrieved]:

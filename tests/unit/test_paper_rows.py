@@ -1,0 +1,182 @@
+"""Issue 32 item 2: each paper row declares the settings its number means, and the protocol card says "no, because
+KEY = VALUE where the row uses WANTED" for every one of them that a run changes (every row, every setting)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from qkvqa.config.load import compose
+from qkvqa.config.paper_rows import PAPER_ROWS, STAGE1_TEXT, Model, Trained, paper_row
+from qkvqa.config.schema import CHOICES
+from qkvqa.errors import ConfigError
+from qkvqa.pipeline.protocol import not_comparable_because, render_card, used_components
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+OMGM_STAGE1 = {"text": "llama3_summaries", "index": "index/omgm", "detail": "imported OMGM summary index"}
+QUESTIONS = {"evqa": 5750, "infoseek": 71335}
+
+
+def scores_of(row, **overrides) -> dict:
+    """Scores of a run over the row's whole question set, stage 1 on OMGM's imported summary index."""
+    sample = 1000 if row.key == "table6/infoseek_1k" else None
+    scores = {"dataset": row.dataset, "n_questions": sample or QUESTIONS[row.dataset], "n_skipped": 3,
+              "exclude_skipped": False, "two_hop_rows": row.dataset == "evqa",
+              "question_set": {"max_questions": None, "sample_questions": sample},
+              "benchmark": {"label": "BEM (PyTorch reproduction)"} if row.dataset == "evqa" else {},
+              "stage1_text": OMGM_STAGE1}
+    return {**scores, **overrides}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A directory as `qkvqa convert-llava` leaves it, as far as the card reads it: its record names the source."""
+    from qkvqa.generation.llava_convert import RECORD
+
+    out = tmp_path_factory.mktemp("reflectiva-hf")
+    (out / RECORD).write_text(json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA", "path": "/src"}}))
+    return out
+
+
+def row_config(row, converted=None):
+    """The row's experiment as shipped, with a trained QFF where the row reads one (its run directory) and, for the
+    Gen. FT rows, ReflectiVA's generator converted by `qkvqa convert-llava` (`converted`)."""
+    cfg = compose(row.experiments[0] if row.experiments else "eval/evqa_qwen", [], [f"paper={row.key}"])
+    if row.key == "figure5/alpha":
+        OmegaConf.update(cfg, "eval.stop_after", "filter")
+    if any(isinstance(v, Trained) and v.trained for v in row.settings.values()):
+        OmegaConf.update(cfg, "qff.checkpoint", "checkpoints/evqa_qff/qff")
+    generator = row.settings.get("components.generator")
+    if converted is not None and generator is not None and generator.weights == "aimagelab/ReflectiVA":
+        OmegaConf.update(cfg, "components.generator.pretrained", str(converted))
+    return cfg
+
+
+def verdict(cfg, scores):
+    return not_comparable_because(cfg, scores, used_components(cfg))
+
+
+def other_value(key, value):
+    """A valid value other than `value` for `key`."""
+    if key in CHOICES:
+        return next(v for v in CHOICES[key] if v != value)
+    if key == "generation.prompt":
+        return "template"
+    if key.endswith(".dtype"):
+        return "bf16" if value != "bf16" else "fp16"
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return round(value / 2, 6)
+    raise AssertionError(f"no other value for {key}={value!r}")
+
+
+ROWS = sorted(PAPER_ROWS)
+
+
+def test_every_experiment_names_a_row_that_names_it_back():
+    for path in EXPERIMENTS.rglob("*.yaml"):
+        text = OmegaConf.load(path)
+        if not isinstance(text, dict) and "paper" not in text or text.get("paper") is None:
+            continue
+        name = str(path.relative_to(EXPERIMENTS))[:-len(".yaml")]
+        row = paper_row(text["paper"])
+        assert name in row.experiments, (name, row.key)
+    for row in PAPER_ROWS.values():
+        for experiment in row.experiments:
+            assert compose(experiment, [], []).paper == row.key
+
+
+def test_an_unknown_row_is_refused_with_the_list():
+    with pytest.raises(ConfigError, match=r"paper='table9/x' is not a paper row; use one of eval/evqa_qwen"):
+        compose("eval/evqa_qwen", [], ["paper=table9/x"])
+    # a run recorded before the keys (its title as `paper`) still names its row
+    assert paper_row(PAPER_ROWS["eval/evqa_qwen"].title).key == "eval/evqa_qwen"
+
+
+@pytest.mark.parametrize("key", ROWS)
+def test_each_row_with_its_own_settings_is_comparable(key, converted):
+    row = PAPER_ROWS[key]
+    cfg = row_config(row, converted)
+    assert verdict(cfg, scores_of(row)) == []
+
+
+@pytest.mark.parametrize("key", ROWS)
+def test_each_setting_of_each_row_is_a_reason_when_changed(key, converted):
+    row = PAPER_ROWS[key]
+    base = row_config(row, converted)
+    checked = 0
+    for setting, wanted in row.settings.items():
+        cfg, scores = copy.deepcopy(base), scores_of(row)
+        if setting == STAGE1_TEXT:
+            scores["stage1_text"] = {"text": "lead_section", "index": "i", "detail": "lead sections"}
+            expected = "stage 1 embeds lead_section where the row uses OMGM's LLaMA-3 article summaries"
+        elif isinstance(wanted, Model):
+            if wanted.weights:
+                OmegaConf.update(cfg, f"{setting}.pretrained", "someone/other-model")
+                expected = f"{setting}.pretrained = someone/other-model where the row uses {wanted.weights}"
+            else:
+                OmegaConf.update(cfg, f"{setting}.kind", "other_kind")
+                expected = f"{setting}.kind = other_kind where the row uses {wanted.kind}"
+        elif isinstance(wanted, Trained):
+            OmegaConf.update(cfg, "qff.checkpoint", None if wanted.trained else "checkpoints/x/qff")
+            expected = "qff.checkpoint = "
+        else:
+            value = other_value(setting, wanted)
+            OmegaConf.update(cfg, setting, value)
+            expected = f"{setting} = "
+        reasons = verdict(cfg, scores)
+        if setting in row.varies:
+            assert not any(setting in r for r in reasons), (setting, reasons)
+        else:
+            assert any(r.startswith(expected) or expected in r for r in reasons), (row.key, setting, reasons)
+            checked += 1
+    assert checked >= len(row.settings) - len(row.varies)
+
+
+def test_a_swept_axis_is_named_on_the_card_not_a_reason():
+    row = PAPER_ROWS["figure5/alpha"]
+    cfg = row_config(row)
+    OmegaConf.update(cfg, "qff.alpha", 0.3)
+    assert verdict(cfg, scores_of(row)) == []
+    from qkvqa.pipeline.protocol import comparability_line
+
+    card = {"paper": row.title, "paper_varies": {"qff.alpha": 0.3}, "comparable": True, "not_comparable_because": []}
+    assert comparability_line(card) == f"comparable to paper {row.title} at qff.alpha=0.3: yes"
+
+
+def test_an_alpha_sweep_trial_on_the_table_2_row_is_not_comparable():
+    """The issue's case: every alpha trial used to say "comparable to Table 2 ... 48.0: yes"."""
+    row = PAPER_ROWS["eval/evqa_qwen"]
+    cfg = row_config(row)
+    OmegaConf.update(cfg, "qff.alpha", 0.3)
+    OmegaConf.update(cfg, "cda.K1", 8)
+    reasons = verdict(cfg, scores_of(row))
+    assert "qff.alpha = 0.3 where the row uses 0.9" in reasons and "cda.K1 = 8 where the row uses 4" in reasons
+
+
+def test_a_local_copy_of_the_weights_matches_its_hub_id():
+    row = PAPER_ROWS["eval/evqa_qwen"]
+    cfg = row_config(row)
+    OmegaConf.update(cfg, "components.generator.pretrained", "/data/weights/Qwen2.5-VL-7B-Instruct")
+    assert verdict(cfg, scores_of(row)) == []
+    OmegaConf.update(cfg, "components.generator.pretrained", "/data/weights/Qwen2.5-VL-3B-Instruct")
+    assert any("components.generator.pretrained = /data/weights/Qwen2.5-VL-3B-Instruct" in r
+               for r in verdict(cfg, scores_of(row)))
+
+
+def test_the_card_says_counted_as_wrong_only_when_they_are():
+    row = PAPER_ROWS["eval/evqa_qwen"]
+    base = {"dataset": "evqa", "protocol": None, "split": "test", "n_questions": 10, "n_unanswerable": 2,
+            "per_question_type": {}, "kb": {}, "stage1": {}, "filter": {}, "models": {}, "paper": row.title,
+            "comparable": False, "not_comparable_because": ["x"]}
+    assert "2 unanswerable, counted as wrong" in render_card({**base, "unanswerable": "counted as wrong"})
+    left_out = render_card({**base, "unanswerable": "left out (eval.exclude_skipped)"})
+    assert "counted as wrong" not in left_out and "2 unanswerable, left out" in left_out
+    # no raw Python values: null, not None
+    assert "| dataset / protocol / split | evqa / - / test |" in left_out
