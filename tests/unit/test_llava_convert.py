@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qkvqa.errors import DataError
-from qkvqa.generation.llava_convert import CONVERTER_VERSION, RECORD, convert_llava, map_key
+from qkvqa.generation.llava_convert import CONVERTER_VERSION, RECORD, card_fields, convert_llava, map_key
 from qkvqa.generation.tiny_llava import write_tiny_clip_tower, write_tiny_llava_source
 
 IMAGE_TOKEN_INDEX = -200          # llava/constants.py
@@ -296,3 +296,37 @@ def test_cli_converts_and_refuses_in_one_line(checkpoint, tmp_path, capsys):
     status = main(["convert-llava", str(tower), "--vision-tower", str(tower), "--out", str(tmp_path / "bad")])
     err = capsys.readouterr().err.strip().splitlines()
     assert status != 0 and len(err) == 1 and "config.json" in err[0] and "model_type" in err[0]
+
+
+def test_pytorch_bin_shards_convert_to_the_same_weights(checkpoint, tmp_path):
+    """Older LLaVA saves write pytorch_model-*.bin with an index; the conversion reads them the same way."""
+    source, tower, converted, _ = checkpoint
+    copy = _copy_source(source, tmp_path / "src")
+    index = json.loads((copy / "model.safetensors.index.json").read_text())
+    weight_map = {}
+    for name in sorted(set(index["weight_map"].values())):
+        with safe_open(str(copy / name), framework="pt") as handle:
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+        binary = name.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+        torch.save(tensors, copy / binary)
+        weight_map.update({k: binary for k in tensors})
+        (copy / name).unlink()
+    (copy / "model.safetensors.index.json").unlink()
+    (copy / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    convert_llava(copy, tmp_path / "out", vision_tower=tower, progress=lambda m: None)
+    a, _ = _converted(converted)
+    b, _ = _converted(tmp_path / "out")
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_source_in_the_hf_cache_records_its_hub_id_and_revision(checkpoint, tmp_path):
+    source, tower, _, _ = checkpoint
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = _copy_source(source, tmp_path / "models--aimagelab--ReflectiVA" / "snapshots" / revision)
+    convert_llava(snapshot, tmp_path / "out", vision_tower=tower, progress=lambda m: None)
+    fields = card_fields(tmp_path / "out")
+    assert fields["converted_from"] == "aimagelab/ReflectiVA" and fields["revision"] == revision
+    assert fields["converter_version"] == CONVERTER_VERSION and fields["converter_current"]
+    assert fields["vision_tower_weights"] == "vision_tower_dir" and len(fields["source_sha256"]) == 64
+    assert card_fields(tmp_path) is None

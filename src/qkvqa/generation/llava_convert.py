@@ -399,3 +399,19 @@ def read_record(directory: str | os.PathLike) -> Optional[dict]:
     """The conversion record of a converted directory, or None when it has none."""
     path = Path(directory) / RECORD
     return read_json(path) if path.exists() else None
+
+
+def card_fields(directory: str | os.PathLike) -> Optional[dict]:
+    """What a protocol card shows of a converted directory: source hub id and revision, source sha256, the converter
+    version that wrote it and whether it is this code's, the tower and where its weights came from; None when the
+    directory holds no record."""
+    record = read_record(directory)
+    if record is None:
+        return None
+    source, tower = record.get("source") or {}, record.get("vision_tower") or {}
+    return {"converted_from": source.get("hub_id"), "revision": source.get("revision"),
+            "source_sha256": (source.get("fingerprint") or {}).get("sha256"),
+            "converter_version": record.get("converter_version"),
+            "converter_current": record.get("converter_version") == CONVERTER_VERSION,
+            "vision_tower": tower.get("name"), "vision_tower_weights": tower.get("weights_from"),
+            "vision_tower_sha256": (tower.get("fingerprint") or {}).get("sha256")}
