@@ -165,6 +165,9 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert card["comparable"] is False and "no paper row" in because and "tiny random components" in because
     assert f"{len(rows)} questions" in because and "exact match only" in because
     assert "**comparable to paper (no paper row): no, because" in report
+    # issue 32 item 3: stage 1 names the text of the index it searched, read from that index's manifest
+    assert card["stage1"]["text"] == "each article's lead section (retrieval.summary_source=lead_section)"
+    assert "(0 unanswerable, counted as wrong)" in report or "unanswerable, counted as wrong" in report
     # Issue 14 item 4: the judge may change on a finished run, which is re-scored without regenerating.
     answers = (run_dir / "predictions.jsonl").read_text()
     capsys.readouterr()

@@ -180,3 +180,27 @@ def test_the_card_says_counted_as_wrong_only_when_they_are():
     assert "counted as wrong" not in left_out and "2 unanswerable, left out" in left_out
     # no raw Python values: null, not None
     assert "| dataset / protocol / split | evqa / - / test |" in left_out
+
+
+def test_every_alpha_sweep_trial_compares_with_figure_5_at_its_alpha():
+    from qkvqa.sweep.spec import load_sweep
+
+    spec = load_sweep(EXPERIMENTS / "sweeps" / "alpha_sweep.yaml")
+    row = PAPER_ROWS["figure5/alpha"]
+    for params in spec.trial_params(None, 0):
+        cfg = compose("eval/evqa_qwen", [], [f"{k}={v}" for k, v in params.items()]
+                      + ["qff.checkpoint=checkpoints/evqa_qff/qff"])
+        assert cfg.paper == "figure5/alpha" and verdict(cfg, scores_of(row)) == []
+    # the CDA grid's trials are Table 6 cells: the swept keys are the cell, not reasons
+    grid = load_sweep(EXPERIMENTS / "sweeps" / "cda_grid.yaml")
+    table6 = PAPER_ROWS["table6/infoseek_1k"]
+    for params in grid.trial_params(None, 0)[:12]:
+        cfg = compose("table6/infoseek_1k", [], [f"{k}={'null' if v is None else v}" for k, v in params.items()]
+                      + ["qff.checkpoint=checkpoints/evqa_qff/qff"])
+        assert verdict(cfg, scores_of(table6)) == []
+
+
+def test_docs_protocol_lists_every_row():
+    text = (EXPERIMENTS.parent / "docs" / "protocol.md").read_text(encoding="utf-8")
+    for row in PAPER_ROWS.values():
+        assert f"| `{row.key}` | {row.title} |" in text, row.key

@@ -217,3 +217,39 @@ def test_an_index_of_another_factory_than_the_configs_is_refused(kb, tmp_path):
     with pytest.raises(StaleArtifactError, match=r"index factory: index HNSW32 \(imported imported \(IndexHNSWFlat\)\)"
                                                  r", config retrieval.index_factory=Flat"):
         load_index(tmp_path / "imported", kb_store=kb, factory="Flat")
+
+
+def test_stage_1_names_its_text_from_the_index_it_searched(kb, tmp_path):
+    """Issue 32 item 3: the paper retrieves with OMGM's LLaMA-3 summary index; the card names what the index holds,
+    and the lead sections (the default) are a reason for "no" while an imported OMGM index or summaries are not."""
+    import faiss
+
+    from qkvqa.config.load import compose
+    from qkvqa.pipeline.protocol import not_comparable_because, used_components
+    from qkvqa.retrieval.retrieve import index_text_source
+
+    vectors = _unit(N, seed=10)
+    emb = _set(tmp_path / "set", kb, vectors)
+    emb.write_shard(0, vectors, list(range(N)))
+    built = build_index(emb, tmp_path / "lead", kb_store=kb, factory="Flat", query_encoder=ENCODER)
+    lead = index_text_source(built, str(tmp_path / "lead"))
+    assert lead["text"] == "lead_section" and "lead section" in lead["detail"]
+    index = faiss.IndexFlatIP(DIM)
+    index.add(vectors)
+    faiss.write_index(index, str(tmp_path / "summary_llama3.index"))
+    imported = import_index(tmp_path / "summary_llama3.index", None, tmp_path / "omgm", kb_store=kb,
+                            mode="image_to_summary", encoders=ENCODERS, kb_order=True)
+    omgm = index_text_source(imported, str(tmp_path / "omgm"))
+    assert omgm["text"] == "llama3_summaries" and "summary_llama3.index" in omgm["detail"]
+    knn = import_index(tmp_path / "summary_llama3.index", None, tmp_path / "other", kb_store=kb, mode="image_to_summary",
+                       encoders=ENCODERS, ids_file=None, kb_order=True)
+    assert index_text_source({**knn, "imported": {**knn["imported"], "format": "url_list"}}, "x")["text"] == \
+        "imported url_list"
+
+    cfg = compose("eval/evqa_qwen", [], ["qff.checkpoint=checkpoints/evqa_qff/qff"])
+    scores = {"dataset": "evqa", "n_questions": 5750, "n_skipped": 0, "exclude_skipped": False, "two_hop_rows": True,
+              "question_set": {}, "benchmark": {"label": "BEM"}}
+    because = not_comparable_because(cfg, {**scores, "stage1_text": lead}, used_components(cfg))
+    assert because == ["stage 1 embeds lead_section where the row uses OMGM's LLaMA-3 article summaries (import "
+                       "OMGM's summary index, or `qkvqa summarize`; docs/retrieval.md)"]
+    assert not_comparable_because(cfg, {**scores, "stage1_text": omgm}, used_components(cfg)) == []

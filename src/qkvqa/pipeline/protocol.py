@@ -238,6 +238,8 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
         trained = trained_record(cfg)
         card["models"]["qformer"]["vit_dtype"] = (f"{cfg.components.qformer.dtype} here, "
                                                   f"{trained.get('vit_dtype') or 'not recorded'} in training")
+        if trained.get("focus"):
+            card["models"]["qformer"]["trained_with"] = f"focus {trained['focus']}, gate {trained.get('gate')}"
     if cfg.eval.stop_after != "filter":
         card["generation"] = {"kind": cfg.components.generator.kind, "decoding": "greedy",
                               "max_new_tokens": cfg.generation.max_new_tokens, "prompt": cfg.generation.prompt,
