@@ -293,6 +293,8 @@ def test_cli_converts_and_refuses_in_one_line(checkpoint, tmp_path, capsys):
     written = json.loads((tmp_path / "cli" / RECORD).read_text())
     assert written["source"]["fingerprint"] == record["source"]["fingerprint"]
     capsys.readouterr()
+    assert main(["convert-llava", str(source), "--vision-tower", str(tower), "--out", str(tmp_path / "anon")]) == 0
+    assert "--source-id" in capsys.readouterr().err            # no hub id known: the card could not match the row
     status = main(["convert-llava", str(tower), "--vision-tower", str(tower), "--out", str(tmp_path / "bad")])
     err = capsys.readouterr().err.strip().splitlines()
     assert status != 0 and len(err) == 1 and "config.json" in err[0] and "model_type" in err[0]

@@ -32,7 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _convert(args: argparse.Namespace) -> int:
     from qkvqa.generation.llava_convert import convert_llava
 
+    import sys
+
     record = convert_llava(args.src, args.out, vision_tower=args.vision_tower, source_id=args.source_id)
+    if not record["source"].get("hub_id"):
+        print("qkvqa convert-llava: the record names no hub id (the source is not in the HF cache); convert again "
+              "with --source-id OWNER/NAME (aimagelab/ReflectiVA) so that the protocol card can match the paper row",
+              file=sys.stderr)
     print(json.dumps({"out": args.out, "converter_version": record["converter_version"],
                       "source_sha256": record["source"]["fingerprint"]["sha256"],
                       "vision_tower_weights": record["vision_tower"]["weights_from"]}))
