@@ -12,7 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qkvqa.errors import DataError
-from qkvqa.generation.llava_convert import CONVERTER_VERSION, RECORD, card_fields, convert_llava, map_key
+from qkvqa.generation.llava_convert import (CONVERTER_VERSION, RECORD, card_fields, convert_llava,
+                                            image_processor_for, map_key)
 from qkvqa.generation.tiny_llava import write_tiny_clip_tower, write_tiny_llava_source
 
 IMAGE_TOKEN_INDEX = -200          # llava/constants.py
@@ -332,3 +333,21 @@ def test_a_source_in_the_hf_cache_records_its_hub_id_and_revision(checkpoint, tm
     assert fields["converter_version"] == CONVERTER_VERSION and fields["converter_current"]
     assert fields["vision_tower_weights"] == "vision_tower_dir" and len(fields["source_sha256"]) == 64
     assert card_fields(tmp_path) is None
+
+
+def test_the_openai_336_preprocessing_as_released_pads_like_expand2square(tmp_path):
+    """openai/clip-vit-large-patch14-336's preprocessor_config.json (integer size and crop_size, bicubic): the
+    converted processor gives process_images' pixels for a 5:3 and a 3:5 photo-like image at 336 x 336."""
+    import numpy as np
+
+    config = {"crop_size": 336, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+              "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
+              "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 336}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    ours = image_processor_for(tmp_path, "pad")
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((300, 500, 3), (500, 300, 3))]
+    got = torch.as_tensor(ours(images, return_tensors="pt")["pixel_values"])
+    expected = process_images(images, tmp_path)
+    assert got.shape == (2, 3, 336, 336)
+    assert torch.allclose(got, expected, atol=1e-6, rtol=0)
