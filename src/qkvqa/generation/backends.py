@@ -53,7 +53,7 @@ class ChatFormat(ABC):
         return []
 
     def answer_prompt(self, request: GenerationRequest, settings: "GenerationConfig") -> Prompt:
-        """The answer prompt of a request (the appendix prompt for its dataset and this generator type, or the template)."""
+        """The answer prompt of a request: the appendix prompt for its dataset and generator type, or the template."""
         return answer_prompt(request, self.generator_type, settings)
 
     def messages(self, prompt: Prompt, content) -> list[dict]:
@@ -180,7 +180,8 @@ class LlavaFormat(ChatFormat):
     def stop_token_ids(self) -> list[int]:
         """The checkpoint's generation_config eos ids, eos and `<|eot_id|>` (conv llama_3_1's stop_token_ids)."""
         eot = self.tokenizer.convert_tokens_to_ids("<|eot_id|>")
-        ids = self._eos_ids + [self.tokenizer.eos_token_id] + ([eot] if eot not in (None, self.tokenizer.unk_token_id) else [])
+        ids = self._eos_ids + [self.tokenizer.eos_token_id]
+        ids += [eot] if eot not in (None, self.tokenizer.unk_token_id) else []
         return list(dict.fromkeys(i for i in ids if i is not None))
 
     @property
@@ -286,7 +287,7 @@ class Generator:
 
     @property
     def conversion(self) -> Optional[dict]:
-        """The `qkvqa convert-llava` record of a converted checkpoint (source fingerprint, converter version), else None."""
+        """The `qkvqa convert-llava` record of a converted checkpoint (source fingerprint, converter version)."""
         return getattr(self.chat, "record", None)
 
     def count_tokens(self, text: str) -> int:
@@ -361,7 +362,8 @@ def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
         import json
         import os
 
-        from transformers import AutoTokenizer, GenerationConfig as HFGenerationConfig, LlavaImageProcessor, LlavaProcessor
+        from transformers import AutoTokenizer, LlavaImageProcessor, LlavaProcessor
+        from transformers import GenerationConfig as HFGenerationConfig
 
         # The slow LlavaImageProcessor: its PIL resize is the one CLIPImageProcessor ran in ReflectiVA's process_images
         # (the fast one resizes with torch, other pixels); do_pad is expand2square.
@@ -442,5 +444,5 @@ def build_qwen2_5_vl(spec: ComponentSpec) -> Generator:
 
 @register_component("reflectiva")
 def build_reflectiva(spec: ComponentSpec) -> Generator:
-    """ReflectiVA's LLaVA generator (a `qkvqa convert-llava` directory) with the default `generation:` settings (see build_generator)."""
+    """ReflectiVA's LLaVA generator (a `qkvqa convert-llava` directory) with the default `generation:` settings."""
     return build_generator(spec)

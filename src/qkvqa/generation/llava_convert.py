@@ -306,7 +306,8 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
                 if new in weight_map or new in shard:
                     raise _fail(path, key, f"maps to {new}, which another key already gave")
                 if new in EMBED_KEYS and vocab_size > tensor.shape[0]:
-                    extra = tensor.float().mean(0, keepdim=True).to(tensor.dtype).expand(vocab_size - tensor.shape[0], -1)
+                    mean = tensor.float().mean(0, keepdim=True).to(tensor.dtype)
+                    extra = mean.expand(vocab_size - tensor.shape[0], -1)
                     tensor = torch.cat([tensor, extra], 0)
                 shard[new] = tensor.contiguous()
             write_shard(shard, path.name)
@@ -327,7 +328,8 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
             required.append("lm_head.weight")
         for key in required:
             if key not in weight_map:
-                raise DataError(f"{src}: weights: no tensor for {key} (mapped names) in {[p.name for p in weight_files]}")
+                raise DataError(f"{src}: weights: no tensor for {key} (mapped names) in "
+                                f"{[p.name for p in weight_files]}")
         atomic_write_json(partial / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
 
         vision_cfg = CLIPVisionConfig(**vision)
@@ -336,8 +338,8 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
         patches = (vision_cfg.image_size // vision_cfg.patch_size) ** 2
         proj = shapes["model.multi_modal_projector.linear_1.weight"]
         if proj != (text["hidden_size"], vision_cfg.hidden_size):
-            raise _fail(src / "config.json", "mm_hidden_size", f"the projector's first layer is {proj}, not (hidden_size, "
-                        f"vision hidden_size) = ({text['hidden_size']}, {vision_cfg.hidden_size})")
+            raise _fail(src / "config.json", "mm_hidden_size", f"the projector's first layer is {proj}, not "
+                        f"(hidden_size, vision hidden_size) = ({text['hidden_size']}, {vision_cfg.hidden_size})")
         llava = LlavaConfig(
             vision_config=vision_cfg.to_dict(), text_config=LlamaConfig(**text).to_dict(),
             image_token_index=image_token_id, projector_hidden_act="gelu",   # builder.py: nn.GELU() (exact)
