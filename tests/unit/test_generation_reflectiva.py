@@ -121,3 +121,20 @@ def test_the_original_layout_and_vllm_are_refused(tmp_path):
         build_generator({"kind": "reflectiva", "tiny": True, "device": "cpu", "options": {"short_prompt": "yes"}},
                         SETTINGS)
     assert json.loads((source / "config.json").read_text())["model_type"] == "llava_llama"
+
+
+def test_appendix_prompt_style_gives_the_papers_vlm_prompt(generator):
+    from qkvqa.generation.prompts import EVQA_VLM_SYSTEM, answer_prompt
+
+    request = requests()[0]
+    chat = generator.chat
+    try:
+        chat.prompt_style = "appendix"
+        prompt = chat.answer_prompt(request, SETTINGS)
+    finally:
+        chat.prompt_style = "reflectiva"
+    assert prompt == answer_prompt(request, "vlm", SETTINGS) and prompt.system == EVQA_VLM_SYSTEM
+    assert "<image>" in chat.render(prompt) and not prompt.history
+    with pytest.raises(ConfigError, match="prompt_style"):
+        build_generator({"kind": "reflectiva", "tiny": True, "device": "cpu", "options": {"prompt_style": "x"}},
+                        SETTINGS)

@@ -24,7 +24,10 @@ OPTION_KEYS = {
     "python", "engine_args", "work_dir",   # vLLM backend (qkvqa.generation.vllm_client)
     "short_prompt",               # reflectiva: end the passages with ". Give a short answer." (default true, as
                                   # ReflectiVA's release scripts run with --short_prompt)
+    "prompt_style",               # reflectiva, with generation.prompt auto: reflectiva (ReflectiVA's conversation,
+                                  # default) | appendix (the paper's VLM prompt, appendix 6.2 / 6.4)
 }
+PROMPT_STYLES = ("reflectiva", "appendix")
 
 
 class ChatFormat(ABC):
@@ -160,13 +163,15 @@ class LlavaFormat(ChatFormat):
     generator_type = "vlm"
     TEXT_IMAGE_TOKEN = "< image>"           # a literal "<image>" in a passage would be read as the image placeholder
 
-    def __init__(self, processor, record: dict, eos_ids: Sequence[int] = (), short_prompt: bool = True):
+    def __init__(self, processor, record: dict, eos_ids: Sequence[int] = (), short_prompt: bool = True,
+                 prompt_style: str = "reflectiva"):
         super().__init__(processor.tokenizer)
         self.processor = processor
         self.record = record
         self.image_token = processor.image_token
         self.image_token_id = processor.image_token_id
         self.short_prompt = short_prompt
+        self.prompt_style = prompt_style
         self.max_length = (record.get("llava") or {}).get("tokenizer_model_max_length")
         self._eos_ids = list(eos_ids)
         self.over_length = 0                # prompts longer than LLaVA's tokenizer_model_max_length (it cuts them)
@@ -190,8 +195,9 @@ class LlavaFormat(ChatFormat):
         return [self.image_token_id]
 
     def answer_prompt(self, request: GenerationRequest, settings: "GenerationConfig") -> Prompt:
-        """ReflectiVA's own conversation with `generation.prompt: auto`; the configured template otherwise."""
-        if settings.prompt == "auto":
+        """ReflectiVA's own conversation with `generation.prompt: auto` (unless options.prompt_style is appendix: the
+        paper's VLM prompt); the configured template otherwise."""
+        if settings.prompt == "auto" and self.prompt_style == "reflectiva":
             return reflectiva_prompt(request, short=self.short_prompt)
         return answer_prompt(request, self.generator_type, settings)
 
@@ -379,7 +385,11 @@ def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
         short = spec.options.get("short_prompt", True)
         if not isinstance(short, bool):
             raise ConfigError(f"components.generator.options.short_prompt: expected true or false, got {short!r}")
-        return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short)
+        style = spec.options.get("prompt_style", "reflectiva")
+        if style not in PROMPT_STYLES:
+            raise ConfigError(f"components.generator.options.prompt_style: {style!r} is not one of "
+                              f"{', '.join(PROMPT_STYLES)}")
+        return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short, prompt_style=style)
     from transformers import AutoProcessor
 
     pixels = {k: int(spec.options[k]) for k in ("min_pixels", "max_pixels") if k in spec.options}
