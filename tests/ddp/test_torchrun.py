@@ -42,9 +42,9 @@ def _launch(root: Path, seen: Path, *overrides: str, fault: str = "", out=subpro
             for rank in (0, 1)]
 
 
-def _torchrun(root: Path, seen: Path, *overrides: str, fault: str = "") -> list[subprocess.CompletedProcess]:
+def _torchrun(root: Path, seen: Path, *overrides: str, fault: str = "", **env: str) -> list[subprocess.CompletedProcess]:
     """Launch the toy run with two torchrun agents (node ranks 0 and 1) and wait for both, bounded."""
-    agents = _launch(root, seen, *overrides, fault=fault)
+    agents = _launch(root, seen, *overrides, fault=fault, **env)
     done = []
     try:
         for agent in agents:
@@ -92,6 +92,29 @@ def test_torchrun_two_nodes_one_run_dir_and_a_crash_resumes_exactly_on_both_rank
     assert _order(seen) == _order(tmp_path / "ref.jsonl")                     # both ranks, every step
     status = json.loads((root / "crash" / "status.json").read_text())
     assert status["state"] == "finished" and status["resumed_from"].endswith("last.ckpt")
+
+
+def test_each_rank_resumes_with_its_own_random_generators(tmp_path):
+    """Issue 37 item 2: every rank restored rank 0's generator states, so a rank whose dropout stream differs (here
+    seeded per rank) did not continue where it stopped, and the resumed weights differed from the uninterrupted
+    run's. Now each rank saves and restores its own (CPU here; CUDA: its own device's, tests/unit/test_rng_state.py)."""
+    ref_root = tmp_path / "reference"
+    agents = _torchrun(ref_root, tmp_path / "ref.jsonl", "run_id=ref", TOY_RANK_SEED="1")
+    assert all(a.returncode == 0 for a in agents), agents[0].stdout[-3000:] + agents[1].stdout[-3000:]
+    ref = torch.load(ref_root / "ref" / "last.ckpt", weights_only=True)
+    per_rank = ref["qkvqa"]["rng_per_rank"]
+    assert len(per_rank) == 2 and not torch.equal(per_rank[0]["torch"], per_rank[1]["torch"])   # two streams
+    root = tmp_path / "runs"
+    crashed = _torchrun(root, tmp_path / "seen.jsonl", "run_id=crash", fault="sigkill@train:7", TOY_RANK_SEED="1")
+    assert all(a.returncode != 0 for a in crashed)
+    assert torch.load(root / "crash" / "last.ckpt", weights_only=True)["global_step"] == 6
+    resumed = _torchrun(root, tmp_path / "seen.jsonl", "run_id=crash", "resume=auto", TOY_RANK_SEED="1")
+    assert all(a.returncode == 0 for a in resumed), resumed[0].stdout[-3000:] + resumed[1].stdout[-3000:]
+    final = torch.load(root / "crash" / "last.ckpt", weights_only=True)
+    for key in ref["state_dict"]:
+        assert torch.equal(final["state_dict"][key], ref["state_dict"][key]), key
+    for rank in (0, 1):
+        assert torch.equal(final["qkvqa"]["rng_per_rank"][rank]["torch"], per_rank[rank]["torch"]), rank
 
 
 def _signal_every_process_of(pid: int, sig: int) -> int:

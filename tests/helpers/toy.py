@@ -74,6 +74,12 @@ class ToyRegressor(pl.LightningModule):
         self.net = torch.nn.Linear(dim, 1)
         self.drop = torch.nn.Dropout(0.2)       # consumes RNG, so resume must restore it
 
+    def setup(self, stage: str) -> None:
+        if os.environ.get("TOY_RANK_SEED"):
+            # Each rank draws its own dropout masks (as ranks do whose RNG streams differ): a resume is exact only if
+            # every rank gets its own generator states back, not rank zero's. Before the checkpoint is restored.
+            torch.manual_seed(1000 + 7919 * self.global_rank)
+
     def training_step(self, batch, batch_idx):
         if self.hparams.fail_at_step is not None and self.global_step == self.hparams.fail_at_step:
             raise RuntimeError(f"injected failure at step {self.global_step}")

@@ -35,6 +35,7 @@ class RunStateCallback(pl.Callback):
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         batch = self.batch_size or 0
+        per_rank = gather_rng_states(trainer)
         checkpoint[CHECKPOINT_KEY] = {
             "config": self.plain_config,
             "run_id": self.run_id,
@@ -43,7 +44,9 @@ class RunStateCallback(pl.Callback):
             "global_batch_size": int(batch * trainer.world_size * trainer.accumulate_grad_batches),
             "mid_epoch": _epoch_position(trainer) == "mid",
             "epoch_position": _epoch_position(trainer),
-            "rng": rng_state(),
+            # every rank's own generators (rank r restores entry r); "rng" is rank zero's, as older runs saved it
+            "rng": per_rank[0],
+            "rng_per_rank": per_rank,
             # 2: saved by LastCheckpoint after a training batch or a validation, whose restart Lightning gets right
             # itself; 1 (older runs): saved at an epoch end, whose loop counters need the patches below.
             "format": CHECKPOINT_FORMAT,
@@ -68,7 +71,7 @@ class RunStateCallback(pl.Callback):
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(CHECKPOINT_KEY, {})
         if "rng" in state:
-            set_rng_state(state["rng"])
+            set_rng_state(rng_for_rank(state, int(trainer.global_rank), int(trainer.world_size)))
         if state.get("epoch_position") == "mid" and state.get("format", 1) < 2:
             _reopen_epoch(checkpoint)
         elif state.get("epoch_position") == "end" and state.get("format", 1) < 2:
@@ -129,23 +132,65 @@ def _reopen_epoch(checkpoint: dict) -> None:
 
 
 def rng_state() -> dict:
-    """Python, NumPy and torch RNG states as plain lists and tensors (loadable with weights_only)."""
+    """This process's Python, NumPy and torch RNG states as plain lists and tensors (loadable with weights_only); on
+    CUDA the generator of its own device only (`cuda`, with `cuda_device`): where each process sees every GPU, the
+    other devices' generators belong to the other ranks."""
     np_state = np.random.get_state()
     state = {"python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
              "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
                        int(np_state[3]), float(np_state[4])],
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        device = torch.cuda.current_device()
+        state["cuda"], state["cuda_device"] = torch.cuda.get_rng_state(device), device
     return state
 
 
+def gather_rng_states(trainer: pl.Trainer) -> list[dict]:
+    """Every rank's `rng_state()`, in rank order (all ranks save together: a collective, called on each of them)."""
+    import torch.distributed as dist
+
+    own = rng_state()
+    if trainer.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return [own]
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, own)
+    return states
+
+
+def rng_for_rank(state: dict, rank: int, world_size: int) -> dict:
+    """The generator states rank `rank` resumes with: its own entry of `rng_per_rank`; rank zero's (`rng`) from a
+    checkpoint that holds no per-rank states (older runs) or was saved at another world size, said in one line."""
+    per_rank = state.get("rng_per_rank")
+    if per_rank and len(per_rank) == world_size and rank < len(per_rank):
+        return per_rank[rank]
+    if rank > 0:
+        log.warning("rank %d resumes with rank 0's random generator states: the checkpoint holds %s", rank,
+                    "no per-rank states (saved before they were kept)" if not per_rank
+                    else f"the states of {len(per_rank)} ranks, not {world_size}")
+    return state["rng"]
+
+
+def cuda_state_for(state: dict, device: int) -> Optional[torch.Tensor]:
+    """The CUDA generator state to restore on `device` (this process's own): the saved own-device state, or from an
+    older checkpoint's list of every device's states (`get_rng_state_all`) the entry of `device`; None if none."""
+    saved = state.get("cuda")
+    if saved is None:
+        return None
+    if isinstance(saved, (list, tuple)):
+        return saved[device] if device < len(saved) else None
+    return saved
+
+
 def set_rng_state(state: dict) -> None:
-    """Restore the states saved by `rng_state`."""
+    """Restore the states saved by `rng_state` (CUDA: onto this process's own device)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        cuda = cuda_state_for(state, device)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
