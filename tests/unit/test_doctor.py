@@ -139,6 +139,8 @@ def test_a_missing_model_directory_fails_with_the_download_command(world, doctor
     assert status == 1
     detail = failed(rows)[("models", "components.reranker")]
     assert f"no directory at {tmp_path / 'weights' / 'BAAI' / 'bge-reranker-v2-m3'}" in detail
+    assert (f"huggingface-cli download BAAI/bge-reranker-v2-m3 --include '*.json' '*.safetensors' sentencepiece.bpe.model "
+            f"--local-dir {tmp_path / 'weights'}/BAAI/bge-reranker-v2-m3") in detail      # the command that fills it
     other = rows[("models", "components.generator")]
     assert other["status"] == "ok"                                   # a tiny component is not redirected
 

@@ -48,7 +48,9 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
     for key in ("infoseek_references", "infoseek_qtypes"):
         if getattr(data, key) is not None:
             need.append((f"data.{key}", rel(getattr(data, key))))
-    (optional if data.kb_store else need).append(("data.kb_source", rel(data.kb_source))) if data.kb_source else None
+    if data.kb_source:                          # needed to build a store that is not there yet, else only checked against
+        store_built = data.kb_store is not None and rel(data.kb_store).exists()
+        (optional if store_built else need).append(("data.kb_source", rel(data.kb_source)))
     if data.kb_store:
         later.append(("data.kb_store", rel(data.kb_store), "qkvqa kb build --source KB --out DIR writes it"))
     dataset_roots = {"evqa": ("inaturalist_root", "landmarks_root"), "infoseek": ("infoseek_root",)}
@@ -71,15 +73,21 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
         value = OmegaConf.select(cfg, key)
         if value:
             later.append((key, Path(value).expanduser(), hint))
-    if cfg.eval.filter == "qff" and cfg.qff.checkpoint and cfg.task == "evaluate":
-        later.append(("qff.checkpoint", Path(cfg.qff.checkpoint).expanduser(), "qkvqa train experiment=evqa_qff writes it"))
+    untrained = []
+    if cfg.eval.filter == "qff" and cfg.task == "evaluate":
+        if cfg.qff.checkpoint:
+            later.append(("qff.checkpoint", Path(cfg.qff.checkpoint).expanduser(),
+                          "qkvqa train experiment=evqa_qff writes it"))
+        elif not OmegaConf.select(cfg, "qff.allow_untrained", default=False):
+            untrained.append(Check("paths", "qff.checkpoint", "todo", "not set: eval.filter=qff evaluates a trained QFF "
+                                   "(qkvqa train writes RUN/qff; pass qff.checkpoint=RUN/qff)"))
     for key in ("retrieval.results", "eval.reranked_results"):
         value = OmegaConf.select(cfg, key)
         if value:
             need.append((key, Path(value).expanduser()))
     if cfg.paths.weights_dir:
         need.append(("paths.weights_dir", Path(cfg.paths.weights_dir).expanduser()))
-    checks = []
+    checks = untrained
     for key, path in need:
         checks.append(Check("paths", key, "ok" if path.exists() else "fail",
                             str(path) if path.exists() else f"{path}: not found"))

@@ -33,8 +33,9 @@ def used_models(cfg: Any) -> list[str]:
     return used_components(cfg)
 
 
-def model_directory(spec: Any) -> tuple[Optional[Path], str]:
-    """(directory holding the model's files or None, how it was found / why not)."""
+def model_directory(spec: Any, weights_dir: Optional[str] = None) -> tuple[Optional[Path], str]:
+    """(directory holding the model's files or None, how it was found / why not: for a folder of the paths.weights_dir
+    layout, the download command that fills it)."""
     ref = os.path.expanduser(str(spec.pretrained))
     if os.path.isdir(ref):
         return Path(ref), "local directory"
@@ -48,8 +49,27 @@ def model_directory(spec: Any) -> tuple[Optional[Path], str]:
         return None, (f"hub id {ref}{at} is not in the local HF cache and there is no directory of that name; "
                       f"download: {download_command(ref, revision=spec.revision if _is_commit(spec.revision) else None)} "
                       f"and set paths.weights_dir=weights (preset=local_weights)")
+    hub_id = _hub_id_under(ref, weights_dir)
+    if hub_id is not None:
+        return None, (f"no directory at {ref}: download it with "
+                      f"`{download_command(hub_id, str(weights_dir), _commit_or_none(spec.revision))}` (README 'Weights')")
     return None, (f"no directory at {ref}: download the weights there (`huggingface-cli download <hub id> --include ... "
                   f"--local-dir {ref}`, README 'Weights') or fix components.<name>.pretrained / paths.weights_dir")
+
+
+def _hub_id_under(ref: str, weights_dir: Optional[str]) -> Optional[str]:
+    """The hub id whose paths.weights_dir folder `ref` is, or None."""
+    if not weights_dir:
+        return None
+    try:
+        relative = Path(ref).relative_to(Path(os.path.expanduser(str(weights_dir))))
+    except ValueError:
+        return None
+    return str(relative) if len(relative.parts) == 2 else None
+
+
+def _commit_or_none(revision: Optional[str]) -> Optional[str]:
+    return revision if _is_commit(revision) else None
 
 
 def _is_commit(revision: Optional[str]) -> bool:
@@ -187,7 +207,7 @@ def model_checks(cfg: Any, names: list[str]) -> list[Check]:
         if str(spec.pretrained).endswith((".pth", ".pt")):
             checks.append(describe_lavis(name, spec))
             continue
-        directory, how = model_directory(spec)
+        directory, how = model_directory(spec, cfg.paths.weights_dir)
         if directory is None:
             checks.append(Check("models", f"components.{name}", "fail", f"{spec.kind}: {how}"))
             continue
@@ -218,7 +238,7 @@ def load_checks(cfg: Any, names: list[str], device: str = "meta") -> list[Check]
             elif str(spec.pretrained).endswith((".pth", ".pt")):
                 checks.append(Check("models", item, "ok", "LAVIS checkpoint: loaded only with --device cuda"))
             else:
-                directory, how = model_directory(spec)
+                directory, how = model_directory(spec, cfg.paths.weights_dir)
                 checks.append(Check("models", item, "fail", how) if directory is None else _meta(item, spec, directory))
         except Exception as e:
             checks.append(Check("models", item, "fail", f"{type(e).__name__}: {e}"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from qkvqa.doctor.report import Check
 
@@ -30,20 +30,37 @@ def run_doctor(cfg: Any, load: bool = False, device: Optional[str] = None, split
         except Exception as e:
             return checks + [Check("data", "config", "fail", data._err(e))]
         kwargs = {} if open_images is None else {"open_images": open_images}
-        checks += data.question_checks(dm, splits, **kwargs)
+        checks += _guarded("questions", "read", lambda: data.question_checks(dm, splits, **kwargs))
         kb, store = data.kb_checks(dm)
         checks += kb
-        image_checks, counts = data.kb_image_checks(dm, store)
-        checks += image_checks
-        checks += data.index_checks(cfg, dm, store)
+        counts: dict = {}
+
+        def images() -> list[Check]:
+            rows, found = data.kb_image_checks(dm, store)
+            counts.update(found)
+            return rows
+
+        checks += _guarded("kb images", "CSVs", images)
+        checks += _guarded("index", cfg.retrieval.mode, lambda: data.index_checks(cfg, dm, store))
         names = models.used_models(cfg)
-        checks += models.model_checks(cfg, names)
+        checks += _guarded("models", "components", lambda: models.model_checks(cfg, names))
         if load:
-            checks += models.load_checks(cfg, names, device or "meta")
-        checks += system.gpu_checks(cfg, names)
+            checks += _guarded("models", "load", lambda: models.load_checks(cfg, names, device or "meta"))
+        checks += _guarded("gpu", "status", lambda: system.gpu_checks(cfg, names))
         questions = sum(len(dm._questions.get(s, ())) for s in splits)
-        checks += system.disk_checks(cfg, dm, store, questions, counts.get("kb_images", 0))
+        checks += _guarded("disk", "estimate", lambda: system.disk_checks(cfg, dm, store, questions,
+                                                                          counts.get("kb_images", 0)))
     finally:
         quiet.setLevel(level)
     checks.append(Check("doctor", "time", "ok", f"{time.perf_counter() - start:.1f}s"))
     return checks
+
+
+def _guarded(area: str, item: str, run: Callable[[], list[Check]]) -> list[Check]:
+    """The rows of one group of checks, or one FAIL row naming what stopped it (no group stops the others)."""
+    from qkvqa.doctor.data import _err
+
+    try:
+        return run()
+    except Exception as e:
+        return [Check(area, item, "fail", _err(e))]
