@@ -141,3 +141,42 @@ def test_revision_is_recorded_with_the_run_config():
     cfg = compose("eval/evqa_qwen", [], [f"components.qformer.revision={COMMIT_A}"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     assert plain["components"]["qformer"]["revision"] == COMMIT_A                   # config.yaml is this container
+
+
+@pytest.fixture
+def hub_cache(bem_dir, tmp_path, monkeypatch) -> Path:
+    """An HF hub cache as huggingface_hub lays it out (models--OWNER--NAME/snapshots/COMMIT, refs/main) holding the
+    tiny BEM at COMMIT_A."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--kortukov--answer-equivalence-bem"
+    shutil.copytree(bem_dir, repo / "snapshots" / COMMIT_A)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT_A, encoding="utf-8")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))       # where this process's hub cache is
+    return cache
+
+
+def test_a_hub_id_loads_at_its_revision_from_the_cache(hub_cache):
+    from qkvqa.components.registry import ComponentSpec, build_component, resolve_pretrained
+    from qkvqa.errors import MissingWeightsError
+
+    spec = ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem", revision=COMMIT_A, device="cpu")
+    path = resolve_pretrained(spec)
+    assert Path(path) == hub_cache / "models--kortukov--answer-equivalence-bem" / "snapshots" / COMMIT_A
+    assert 0.0 <= build_component(spec).equivalent("q", "a", "a") <= 1.0          # from_pretrained reads that snapshot
+    assert resolve_pretrained(ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem",
+                                            revision="main")).endswith(COMMIT_A)   # a branch resolves through refs/
+    with pytest.raises(MissingWeightsError, match=f"at revision {COMMIT_B}"):
+        resolve_pretrained(ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem", revision=COMMIT_B))
+
+
+def test_doctor_reads_a_hub_id_from_the_cache_with_its_commit(hub_cache):
+    from qkvqa.doctor.models import model_checks
+
+    base = ["eval.judge=bem", "components.judge.tiny=false", "components.judge.pretrained=kortukov/answer-equivalence-bem"]
+    row = model_checks(_cfg(*base, f"components.judge.revision={COMMIT_A}"), ["judge"])[0]
+    assert row.status == "ok" and f"revision {COMMIT_A[:12]}" in row.detail, row.detail
+    row = model_checks(_cfg(*base, f"components.judge.revision={COMMIT_B}"), ["judge"])[0]
+    assert row.status == "fail" and f"at revision {COMMIT_B}" in row.detail
