@@ -196,3 +196,76 @@ def test_ctrl_c_in_evaluation_keeps_every_answered_question_and_exits_130(eval_e
     rows = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
     assert len(rows) >= 3 and len(rows) == len(set(rows))             # every answer before the stop is kept
     assert "run_id=ctrlc-eval resume=auto" in err
+
+
+# ---------------------------------------------------------------- one step convention
+def test_metrics_checkpoint_names_and_summary_count_the_same_optimizer_steps(run_root):
+    clear_run_env()
+    cfg = compose(None, [], [f"paths.checkpoints_root={run_root}", *TOY, "run_id=steps", "trainer.max_steps=6",
+                             "trainer.val_check_interval=3", "checkpoint.monitor=val/loss", "checkpoint.mode=min",
+                             "checkpoint.save_top_k=2"])
+    torch.manual_seed(cfg.seed)
+    summary = fit(cfg, ToyRegressor(total_steps=40), ToyDataModule(n=64, batch_size=8, val_n=8), batch_size=8)
+    from qkvqa.run.record import RunRecord
+
+    rows = RunRecord(run_root / "steps").read_metrics()
+    steps = lambda name: [r["step"] for r in rows if r["name"] == name]          # noqa: E731
+    assert steps("train/loss") == [1, 2, 3, 4, 5, 6] == steps("lr-AdamW")        # step N: the N-th optimizer step
+    assert steps("val/loss") == [3, 6]                                           # measured after 3 and 6 steps
+    named = sorted(int(p.stem.split("step")[1]) for p in (run_root / "steps").glob("epoch*-step*.ckpt"))
+    assert named == [3, 6] and summary["global_step"] == 6 and "step" not in summary
+
+
+# ---------------------------------------------------------------- best and last weights, said plainly
+@pytest.mark.slow
+def test_qff_holds_the_last_weights_the_best_goes_beside_it_and_a_stopped_run_exports_none(world, tmp_path):
+    from safetensors.torch import load_file
+
+    from qkvqa.errors import RunInterrupted
+    from qkvqa.run.record import RunRecord
+    from tests.helpers.faults import FaultInjector
+    from tests.helpers.qff_study import mine_world
+    from tests.integration.test_fault_resume import _train_qff
+
+    overrides = mine_world(world, tmp_path)
+    summary = _train_qff(overrides, "bestlast")
+    run_dir = tmp_path / "runs" / "bestlast"
+    assert summary["qff/weights"] == "last" and summary["qff/step"] == summary["global_step"] == 18
+    assert summary["qff/checkpoint"] == str(run_dir / "qff")
+    vals = [(r["step"], r["value"]) for r in RunRecord(run_dir).read_metrics() if r["name"] == "val/article_r1"]
+    assert [s for s, _ in vals] == [6, 12, 18]                       # a validation each epoch, at the epoch's step
+    best_value = max(v for _, v in vals)
+    assert summary["qff/best_step"] == next(s for s, v in vals if v == best_value)
+    assert summary["qff/best_score"] == pytest.approx(best_value) and summary["qff/best_monitor"] == "val/article_r1"
+    if summary["qff/best_step"] == 18:
+        assert summary["qff/best_checkpoint"] == str(run_dir / "qff") and not (run_dir / "qff_best").exists()
+    else:
+        assert summary["qff/best_checkpoint"] == str(run_dir / "qff_best")
+        best = load_file(str(run_dir / "qff_best" / "model.safetensors"))
+        last = load_file(str(run_dir / "qff" / "model.safetensors"))
+        state = torch.load(summary["qff/best_model_path"], weights_only=True)["state_dict"]
+        shared = [k for k in best if f"model.{k}" in state]
+        assert shared and all(torch.equal(best[k], state[f"model.{k}"].to(best[k].dtype)) for k in shared)
+        assert any(not torch.equal(best[k], last[k]) for k in shared)
+    # stopped by SIGTERM before its last step: no qff/ that looks trained
+    with pytest.raises(RunInterrupted):
+        _train_qff(overrides, "stopped", callbacks=[FaultInjector("sigterm@train:4")])
+    stopped = tmp_path / "runs" / "stopped"
+    assert (stopped / "last.ckpt").is_file() and not (stopped / "qff").exists()
+    assert json.loads((stopped / "summary.json").read_text())["qff/checkpoint"] is None
+
+
+# ---------------------------------------------------------------- fixes that work when copied
+def test_the_missing_index_fix_carries_the_overrides_that_decide_where_the_index_is(eval_env, tmp_path, monkeypatch,
+                                                                                    capsys):
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    cache = tmp_path / "elsewhere"                                   # no embeddings, no index here
+    clear_run_env()
+    capsys.readouterr()
+    code = main(["evaluate", "experiment=world_eval", "run_id=noindex", f"paths.cache_dir={cache}",
+                 "eval.filter=retrieval", "eval.judge=em_only"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2, err
+    embed = f"qkvqa embed experiment=world_eval paths.cache_dir={cache}"
+    assert embed in err and f"qkvqa index build experiment=world_eval paths.cache_dir={cache}" in err, err
+    assert "run_id=noindex" not in err and "eval.filter" not in err

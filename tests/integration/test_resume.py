@@ -53,8 +53,8 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(run_root, stop_at):
     assert a["lr_schedulers"][0]["last_epoch"] == b["lr_schedulers"][0]["last_epoch"] == 14
     assert a["lr_schedulers"][0]["_last_lr"] == b["lr_schedulers"][0]["_last_lr"]
     losses_a, losses_b = _losses(run_root / "A"), _losses(run_root / "B")
-    assert sorted(losses_b) == list(range(14))
-    assert [losses_b[s] for s in range(stop_at, 14)] == [losses_a[s] for s in range(stop_at, 14)]
+    assert sorted(losses_b) == list(range(1, 15))                  # step N: the N-th optimizer step's loss
+    assert [losses_b[s] for s in range(stop_at + 1, 15)] == [losses_a[s] for s in range(stop_at + 1, 15)]
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ def test_run_dir_holds_the_record(run_root):
     assert status["host"] and status["created_at"] and status["finished_at"] and len(status["attempts"]) == 1
     assert summary["global_step"] == 3 and "train/loss" in summary
     rows = RunRecord(run_dir).read_metrics()
-    assert [r["step"] for r in rows if r["name"] == "train/loss"] == [0, 1, 2]
+    assert [r["step"] for r in rows if r["name"] == "train/loss"] == [1, 2, 3]   # step N: after N optimizer steps
 
 
 def test_new_run_ids_are_unique_directories(run_root):
@@ -63,7 +63,7 @@ def test_resume_reuses_the_directory_and_appends_metrics(run_root):
     assert after.startswith(before) and len(after) > len(before)
     assert summary["global_step"] == 6 and sorted(p.name for p in run_root.iterdir()) == ["res"]
     steps = [r["step"] for r in RunRecord(run_root / "res").read_metrics() if r["name"] == "train/loss"]
-    assert steps == [0, 1, 2, 3, 4, 5]
+    assert steps == [1, 2, 3, 4, 5, 6]
     status = json.loads((run_root / "res" / "status.json").read_text())
     assert len(status["attempts"]) == 2 and status["resumed_from"].endswith("last.ckpt")
     assert status["resume_changes"] == {"resume": ["never", "auto"], "trainer.max_steps": [3, 6]}

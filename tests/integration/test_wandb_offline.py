@@ -123,12 +123,12 @@ def test_offline_run_dirs_carry_the_run_id_across_resumes(run_root, wandb_offlin
         assert runs and all(r.run_id == "wb" for r in runs)
     assert sorted(p.name for p in run_root.iterdir()) == ["wb"]
     steps = [r["step"] for r in RunRecord(run_root / "wb").read_metrics() if r["name"] == "train/loss"]
-    assert steps == [0, 1, 2, 3]                           # the local record holds everything too
-    # W&B's own step is Lightning's: the resumed segment continues at step 2 instead of restarting at 0, so
+    assert steps == [1, 2, 3, 4]                           # the local record holds everything too
+    # W&B's own step is the run's (optimizer steps done): the resumed segment continues at step 3 instead of restarting, so
     # `wandb sync` of both segments into run `wb` keeps both (wandb/wandb#5865)
     first, second = (history(d) for d in dirs)
-    assert [r["_step"] for r in first if "train/loss" in r] == [0, 1]
-    assert [r["_step"] for r in second if "train/loss" in r] == [2, 3]
+    assert [r["_step"] for r in first if "train/loss" in r] == [1, 2]
+    assert [r["_step"] for r in second if "train/loss" in r] == [3, 4]
     assert all(r["_step"] == r["trainer/global_step"] for r in first + second if "trainer/global_step" in r)
 
 

@@ -387,8 +387,18 @@ class QFFTrainer(pl.LightningModule):
             checkpoint["state_dict"][frozen["prefix"] + key] = value
 
 
+BEST_EXPORT = "qff_best"       # beside RUN/qff (the last weights): the best monitored validation's weights
+
+
 class QFFExport(pl.Callback):
-    """At the end of fit, rank zero saves the trained QFF (safetensors + tokenizer) to `run_dir/qff` and the sample counts."""
+    """At the end of fit, rank zero saves the trained QFF (safetensors + tokenizer) and the sample counts.
+
+    `RUN/qff` holds the weights after the last step: the paper's QFF is the one at the end of its one-epoch OneCycle
+    schedule (method.md section 3; no checkpoint is selected on validation). With `checkpoint.monitor` set and its
+    best checkpoint at another step, that checkpoint's weights go beside it as `RUN/qff_best`. The summary
+    (`qff/checkpoint`, `qff/step`, `qff/best_checkpoint`, `qff/best_step`, `qff/best_score`) and the log say which is
+    which. A run stopped on a signal before its last step exports nothing: its weights are not the trained QFF
+    (`last.ckpt` resumes it, and loads as `qff.checkpoint=RUN/last.ckpt` for a look at the partial weights)."""
 
     def __init__(self, component, datamodule=None):
         self.component = component
@@ -397,16 +407,57 @@ class QFFExport(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: QFFTrainer) -> None:
         if not trainer.is_global_zero:
             return
+        from qkvqa.callbacks.last_checkpoint import LastCheckpoint
         from qkvqa.run.record import RunRecord
         from qkvqa.utils.io import atomic_write_json
 
         run_dir = Path(trainer.default_root_dir)
+        step = trainer.global_step
+        if any(isinstance(cb, LastCheckpoint) and cb.preempted for cb in trainer.callbacks):
+            RunRecord(run_dir).update_summary({"qff/checkpoint": None, "qff/step": None})
+            log.warning("stopped at step %d before the end of training: %s not written (these are not the trained "
+                        "QFF's weights); resume the run to finish it, or load the partial weights with "
+                        "qff.checkpoint=%s", step, run_dir / "qff", run_dir / "last.ckpt")
+            return
         out = self.component.save_pretrained(run_dir / "qff")
         report = {"samples": self.datamodule.sample_report() if self.datamodule is not None else {},
                   "dropped_in_batches": pl_module.dropped_samples, "empty_batches": pl_module.empty_batches}
         atomic_write_json(run_dir / "qff_samples.json", report)
-        RunRecord(run_dir).update_summary({"qff/checkpoint": str(out), "qff/dropped_in_batches": pl_module.dropped_samples,
+        best = self._export_best(trainer, pl_module, run_dir)
+        RunRecord(run_dir).update_summary({"qff/checkpoint": str(out), "qff/step": step, "qff/weights": "last",
+                                           **best,
+                                           "qff/dropped_in_batches": pl_module.dropped_samples,
                                            "qff/empty_batches": pl_module.empty_batches,
                                            **{f"qff/{split}_samples": r["kept"]
                                               for split, r in report["samples"].items()}})
-        log.info("trained QFF saved to %s (load it with qff.checkpoint=%s)", out, out)
+        log.info("trained QFF saved to %s: the weights after the last step, %d (the paper's QFF: the end of its "
+                 "schedule); load it with qff.checkpoint=%s", out, step, out)
+        if best.get("qff/best_checkpoint"):
+            log.info("the best %s (%.4g, step %d) is saved beside it as %s (qff.checkpoint=%s for those weights)",
+                     best["qff/best_monitor"], best["qff/best_score"], best["qff/best_step"],
+                     best["qff/best_checkpoint"], best["qff/best_checkpoint"])
+
+    def _export_best(self, trainer: pl.Trainer, pl_module: QFFTrainer, run_dir: Path) -> dict:
+        """Write the monitored best checkpoint's weights as RUN/qff_best when it is not the last step's; its summary
+        keys (the step and score also when the best is the last step, which `qff/` then holds)."""
+        ckpt = trainer.checkpoint_callback
+        path = getattr(ckpt, "best_model_path", None)
+        if not path or not getattr(ckpt, "monitor", None) or not Path(path).is_file():
+            return {}
+        from qkvqa.run.checkpoint_io import load_torch_checkpoint
+
+        saved = load_torch_checkpoint(path, map_location="cpu", weights_only=True)
+        score = ckpt.best_model_score
+        keys = {"qff/best_monitor": ckpt.monitor, "qff/best_score": float(score) if score is not None else None,
+                "qff/best_step": int(saved["global_step"]), "qff/best_model_path": str(path)}
+        if int(saved["global_step"]) == trainer.global_step:
+            return {**keys, "qff/best_checkpoint": str(run_dir / "qff")}        # the last step was the best
+        model = self.component.model
+        state = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+        last = {k: v.detach().clone() for k, v in model.state_dict().items() if k in state}
+        model.load_state_dict(state, strict=False)
+        try:
+            out = self.component.save_pretrained(run_dir / BEST_EXPORT)
+        finally:
+            model.load_state_dict(last, strict=False)                            # the module keeps the last weights
+        return {**keys, "qff/best_checkpoint": str(out)}

@@ -20,12 +20,22 @@ log = get_logger(__name__)
 RECALL_KS = (1, 5, 10, 20)
 
 
+# The overrides of the running command that an embed / index build command needs too (where the data, caches and
+# encoders are); run_id, resume, eval.*, qff.*, generation.* ... stay with the command that was run.
+REBUILD_KEYS = ("paths", "data", "components.image_encoder", "components.text_encoder", "retrieval", "seed")
+
+
 def rebuild_hint(cfg) -> str:
-    """The commands that (re)build the KB embeddings and index of this config."""
-    args = f"experiment={cfg.experiment} retrieval.mode={cfg.retrieval.mode}"
+    """The commands that (re)build the KB embeddings and index of this config, with the user's own overrides that
+    decide them (`paths.world_dir=...`, a preset), so that the copied command builds what this one reads."""
+    from qkvqa.run.command_line import suggest
+
+    extra = [f"retrieval.mode={cfg.retrieval.mode}"]
     if cfg.retrieval.index_dir:
-        args += f" retrieval.index_dir={cfg.retrieval.index_dir}"
-    return f"qkvqa embed {args} && qkvqa index build {args}"
+        extra.append(f"retrieval.index_dir={cfg.retrieval.index_dir}")
+    fallback = [f"experiment={cfg.experiment}"]
+    return " && ".join(suggest(command, REBUILD_KEYS, extra=extra, fallback=fallback)
+                       for command in ("embed", "index build"))
 
 
 def expected_encoders(cfg) -> dict:

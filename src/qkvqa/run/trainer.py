@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from qkvqa.callbacks.last_checkpoint import LastCheckpoint
 from qkvqa.callbacks.run_state import RunStateCallback
+from qkvqa.callbacks.steps import EPOCH_KEY, STEP_KEY, OptimizerStepRows
 from qkvqa.loggers.local import RunRecordLogger
 from qkvqa.loggers.wandb import log_run_files, make_wandb_logger, wandb_run_id
 from qkvqa.run.checkpoint_io import CheckedCheckpointIO
@@ -96,7 +97,7 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     with srun_hint_only_when_useful(world_size_of(cfg)):
         return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
-                          callbacks=[*checkpoints, state, *shown, *callbacks],
+                          callbacks=[*checkpoints, state, OptimizerStepRows(), *shown, *callbacks],
                           plugins=[CheckedCheckpointIO(), *slurm_plugins()], enable_checkpointing=bool(ck.save_top_k),
                           **{**trainer_kwargs(cfg), "enable_progress_bar": bar})
 
@@ -118,8 +119,7 @@ def world_size_of(cfg: DictConfig) -> int:
 def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDataModule, command: str = "train",
         callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> dict:
     """Train `module` on `datamodule` as one run; resumes with `resume=auto`; returns the summary."""
-    from lightning.pytorch.callbacks import LearningRateMonitor
-
+    from qkvqa.callbacks.steps import StepLearningRateMonitor
     from qkvqa.errors import RunInterrupted
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
 
@@ -130,7 +130,7 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
     world_size = world_size_of(cfg)
     with run_job(cfg, command, world_size, defer_stop=world_size > 1, trains=True) as job:   # see interrupt_on_signals
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        trainer = build_trainer(job, [LearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
+        trainer = build_trainer(job, [StepLearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
         with srun_hint_only_when_useful(world_size_of(cfg)):
             trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
         last = next(cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint))
@@ -144,7 +144,7 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
                 "best_model_score": getattr(ckpt_cb, "best_model_score", None),
                 "last_model_path": str(job.run.run_dir / "last.ckpt"),
-                **{k: float(v) for k, v in trainer.callback_metrics.items()}})
+                **{k: float(v) for k, v in trainer.callback_metrics.items() if k not in (STEP_KEY, EPOCH_KEY)}})
             log_run_files(job.run.run_dir)
     if job.final_state == "interrupted":          # after run_job has recorded the state (and requeued on SIGUSR1)
         from qkvqa.run.command_line import resume_command
