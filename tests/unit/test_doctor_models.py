@@ -39,7 +39,8 @@ def _cfg(*overrides: str):
 
 
 def test_weights_dir_reads_every_hub_id_from_the_download_layout():
-    cfg = compose("eval/evqa_qwen", ["local_weights"], ["paths.weights_dir=/w"])
+    cfg = compose("eval/evqa_qwen", ["local_weights"], ["paths.weights_dir=/w",
+                                                        "components.image_encoder.options.tokenizer=openai/clip-vit-large-patch14"])
     assert cfg.components.generator.pretrained == "/w/Qwen/Qwen2.5-VL-7B-Instruct"   # the experiment named the hub id
     assert cfg.components.image_encoder.pretrained == "/w/BAAI/EVA-CLIP-8B"
     assert cfg.components.image_encoder.options.tokenizer == "/w/openai/clip-vit-large-patch14"

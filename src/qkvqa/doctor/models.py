@@ -151,6 +151,9 @@ def describe_directory(name: str, spec: Any, directory: Path) -> Check:
     tokenizer_ref = (spec.options or {}).get("tokenizer") or str(directory)
     if spec.kind not in ("qwen2_5_vl",) or not (directory / "tokenizer.json").is_file():
         problem = _tokenizer_check(str(tokenizer_ref), spec.kind)
+        if problem and spec.kind in ("evaclip_hf", "clip_hf") and not (spec.options or {}).get("tokenizer"):
+            problem += ("; EVA-CLIP-8B's model card loads the tokenizer of openai/clip-vit-large-patch14: "
+                        f"components.{name}.options.tokenizer=openai/clip-vit-large-patch14 (README 'Weights')")
         if problem:
             problems.append(problem)
     status = "fail" if problems else "warn" if not _is_commit(spec.revision) and revision is None else "ok"
