@@ -28,3 +28,25 @@ def test_the_shorthand_split_takes_the_alias_too():
 
     cfg = compose(None, [], expand_shorthands(["split=validation"], SHORTHANDS))
     assert cfg.eval.split == "val"
+
+
+def test_config_show_key_prints_that_subtree_only(capsys):
+    import yaml
+
+    assert main(["config", "show", "experiment=demo/qff_per_layer", "qff", "trainer.max_steps"]) == 0
+    out = capsys.readouterr().out
+    shown = yaml.safe_load(out)
+    assert set(shown) == {"qff", "trainer.max_steps"} and shown["qff"]["focus"] == "per_layer"
+    assert main(["config", "show", "qff.alhpa"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did you mean qff.alpha" in err[0]
+
+
+def test_the_dump_shows_a_tiny_models_word_list_as_its_length(capsys):
+    import yaml
+
+    assert main(["config", "show", "experiment=demo/qff_per_layer"]) == 0
+    out = capsys.readouterr().out
+    options = yaml.safe_load(out)["components"]["qformer"]["options"]
+    assert options["vocab_texts"].startswith("<") and "items" in options["vocab_texts"]
+    assert "abbey account" not in out and len(out.splitlines()) < 400
