@@ -267,7 +267,8 @@ def _meta(item: str, spec: Any, directory: Path) -> Check:
     params = sum(p.numel() for p in model.parameters())
     wanted = set(model.state_dict())
     stored = _checkpoint_keys(directory)
-    detail = f"{type(model).__name__} on the meta device, {params / 1e9:.2f}B parameters ({time.perf_counter() - start:.1f}s)"
+    count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params:,}"
+    detail = f"{type(model).__name__} on the meta device, {count} parameters ({time.perf_counter() - start:.1f}s)"
     if stored is None:
         return Check("models", item, "ok", detail + "; checkpoint parameter names not read (.bin)")
     prefix = getattr(model, "base_model_prefix", "") or ""
