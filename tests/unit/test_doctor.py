@@ -173,3 +173,18 @@ def test_an_index_of_other_settings_and_a_corrupt_index_fail(world_copy, doctor,
     status, rows, _ = doctor(world_copy, f"retrieval.index_dir={index}")
     assert status == 1
     assert "index.faiss" in failed(rows)[("index", "image_to_image")]
+
+
+def test_load_builds_every_model_of_the_run(world, doctor):
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = main(["doctor", "--json", "--load", "experiment=demo/evaluate", f"paths.world_dir={world['dir']}"])
+    report = json.loads(out.getvalue())
+    loads = {c["item"]: c for c in report["checks"] if c["item"].startswith("load ")}
+    assert status == 0, [c for c in report["checks"] if c["status"] == "fail"]
+    assert set(loads) == {"load image_encoder", "load qformer", "load reranker", "load generator"}
+    assert all(c["status"] == "ok" for c in loads.values())
+    assert "one image embedded" in loads["load image_encoder"]["detail"]
