@@ -188,3 +188,4 @@ def test_load_builds_every_model_of_the_run(world, doctor):
     assert set(loads) == {"load image_encoder", "load qformer", "load reranker", "load generator"}
     assert all(c["status"] == "ok" for c in loads.values())
     assert "one image embedded" in loads["load image_encoder"]["detail"]
+    assert "model card pairs scored" in loads["load reranker"]["detail"]

@@ -17,6 +17,10 @@ REMOTE_CODE_KINDS = ("evaclip_hf",)                # loaded with trust_remote_co
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "tokenizer.model")
 # model card examples with a known output (checked by the forward of `--load --device cuda`)
 BEM_CARD_EXAMPLE = ("how is the weather in california", "infrequent rain", "rain")   # kortukov/answer-equivalence-bem: ~0
+# BAAI/bge-reranker-v2-m3's model card scores these two pairs: the panda passage above the greeting
+RERANKER_CARD_PAIRS = [("what is panda?", "hi"),
+                       ("what is panda?", "The giant panda (Ailuropoda melanoleuca), sometimes called a panda bear or "
+                                          "simply panda, is a bear species endemic to China.")]
 
 
 def used_models(cfg: Any) -> list[str]:
@@ -325,10 +329,12 @@ def _forward(item: str, spec: Any, real: bool) -> Check:
         if not math.isfinite(norm):
             return Check("models", item, "fail", f"{spec.kind}: {what} (not finite)")
     elif hasattr(component, "score"):
-        scores = component.score([("what is a panda?", "The giant panda is a bear endemic to China.")])
-        what = f"one pair scored {float(scores[0]):.3f}"
-        if not math.isfinite(float(scores[0])):
+        low, high = (float(x) for x in component.score(RERANKER_CARD_PAIRS))
+        what = f"model card pairs scored {low:.3f} (greeting) and {high:.3f} (panda passage)"
+        if not (math.isfinite(low) and math.isfinite(high)):
             return Check("models", item, "fail", f"{spec.kind}: {what} (not finite)")
+        if real and not spec.tiny and high <= low:
+            return Check("models", item, "fail", f"{spec.kind}: {what}; its model card ranks the passage first")
     return Check("models", item, "ok", f"{spec.kind} on {spec.device}: built in {built:.1f}s, {what}")
 
 
