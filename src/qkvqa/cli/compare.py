@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 DESCRIPTION = """\
@@ -10,7 +11,12 @@ Compare runs in one table: run_id, task (the command that ran it: train, evaluat
 build, ...), state, the swept keys (config keys that differ between the compared runs; not paths,
 logging or notes), the final value of each --metric (default: the headline metrics of the runs'
 tasks) and the best value of the first --metric over each run's history, with its step. --all adds
-every differing key, every summary metric, the experiment and the runtime. Sources: run directories,
+every differing key, every summary metric, the experiment and the runtime. Printed, the table fits the
+terminal (floats to 4 significant figures; the columns that do not fit are named below it);
+--format markdown|csv|json writes every column. Paths compare resolved (a relative and an absolute path
+of one world are one value); a key that does not apply to a run (qff.* on a retrieval-only evaluation)
+is an empty cell; an evaluation shows the training settings of the QFF it read as trained.KEY;
+auto-named embed/index/cache-vit/mine runs are left out unless --task or --all. Sources: run directories,
 sweep directories (their manifest) or a checkpoints root (default: checkpoints), all read offline;
 or --wandb ENTITY/PROJECT through the W&B public API. From Python: qkvqa.compare.runs(root) gives
 the same table as a pandas DataFrame.
@@ -38,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="every differing config key and summary metric, the experiment and the runtime")
     parser.add_argument("--goal", choices=["min", "max"], help="is a smaller or larger --metric better (default: "
                         "a sweep dir's goal, else max)")
-    parser.add_argument("--format", choices=["md", "csv"], help="output format (default: from --out, else md)")
+    parser.add_argument("--format", choices=["table", "markdown", "md", "csv", "json"],
+                        help="table: aligned columns that fit the terminal, floats to 4 significant figures (the "
+                             "default when printing); markdown (md), csv or json (every digit; the default for "
+                             "--out by its suffix, else markdown)")
     parser.add_argument("--out", metavar="FILE", help="write the table here instead of printing it")
     parser.add_argument("--plot", metavar="PARAM", help="also plot --metric against this config key (PNG)")
     parser.add_argument("--plot-out", metavar="FILE",
@@ -61,9 +70,16 @@ def _sweep_metric(paths: list[str]) -> tuple[str | None, str | None]:
     return metric.get("name"), goal
 
 
+def _format_of(out: str | None) -> str:
+    """The format of `--out FILE` by its suffix (markdown when none fits); `table` when printing."""
+    if not out:
+        return "table"
+    return {".csv": "csv", ".json": "json"}.get(Path(out).suffix.lower(), "markdown")
+
+
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.compare.rows import collect_local, collect_wandb
-    from qkvqa.compare.table import build_table, check_metrics, filter_rows, write_table
+    from qkvqa.compare.table import build_table, check_metrics, default_view, filter_rows, write_table
     from qkvqa.errors import ConfigError
 
     paths = args.paths or ([] if args.wandb else ["checkpoints"])
@@ -74,10 +90,17 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--plot needs --metric (the value plotted against the parameter)")
     rows = collect_wandb(args.wandb) if args.wandb else collect_local(paths)
     rows = filter_rows(rows, args.where, task=args.task)
+    hidden = []
+    if args.task is None and not args.all_columns:
+        rows, hidden = default_view(rows)
     check_metrics(rows, args.metric or [])
     table = build_table(rows, metric, goal, metrics=args.metric, all_columns=args.all_columns)
-    fmt = args.format or ("csv" if args.out and args.out.endswith(".csv") else "md")
+    fmt = args.format or _format_of(args.out)
     text = write_table(table, fmt, args.out)
+    if hidden:
+        tasks = sorted({(r.task or "").split(" ")[0] for r in hidden})
+        print(f"({len(hidden)} auto-named {'/'.join(tasks)} run(s) not shown: --task {tasks[0]} or --all shows "
+              f"them)", file=sys.stderr)
     if args.out:
         print(f"{len(table.records)} run(s) -> {args.out}")
     else:

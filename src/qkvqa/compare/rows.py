@@ -30,6 +30,7 @@ class RunRow:
     source: str                                # run directory or entity/project/run_id
     series: Callable[[str], Series] = field(repr=False, compare=False, default=lambda name: [])
     task: Optional[str] = None                 # the command that ran it (status.json; W&B: job_type)
+    cwd: Optional[str] = None                  # where it was launched (relative config paths start there)
 
     def best(self, metric: str, goal: str) -> tuple[Optional[float], Optional[int]]:
         """(best value, its step) of `metric` over the run's history; the summary value when it has none."""
@@ -118,18 +119,56 @@ def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
     config = OmegaConf.to_container(OmegaConf.load(record.config_path)) if record.config_path.exists() else {}
     config = compact_config(config)            # a tiny model's word list is data, not a setting to compare
     status = record.status()
+    flat = flatten(config)
+    if status.get("command") == "evaluate":
+        flat.update(trained_with(flat.get("qff.checkpoint"), record.run_dir))
     return RunRow(
         run_id=status.get("run_id") or config.get("run_id") or record.run_dir.name,
         state=record.observed_state(),
         experiment=config.get("experiment"),
-        config=flatten(config),
+        config=flat,
         summary=numeric_metrics(record.summary()),
         # wall time from the first launch to the last update (gaps between resumed attempts included)
         runtime_s=_seconds_between(status.get("created_at"), status.get("finished_at") or status.get("updated_at")),
         source=str(record.run_dir),
         series=_local_series(record),
         task=status.get("command"),
+        cwd=next((a.get("cwd") for a in status.get("attempts", []) if a.get("cwd")), None),
     )
+
+
+# The training settings an evaluation shows as `trained.KEY`, read from the run that trained the QFF it evaluated.
+TRAINED_PREFIXES = ("qff.", "trainer.max_steps", "trainer.max_epochs", "trainer.accumulate_grad_batches", "seed",
+                    "data.batch_size")
+
+
+def training_run_of(checkpoint: Any, eval_run_dir: Path) -> Optional[Path]:
+    """The run directory that wrote `checkpoint` (RUN/qff, RUN/qff_best or RUN/*.ckpt), looked up as given (from
+    where it was run), then beside the evaluation's own run directory; None when none holds a config.yaml."""
+    if not checkpoint or not isinstance(checkpoint, str):
+        return None
+    path = Path(checkpoint).expanduser()
+    for candidate in (path, eval_run_dir.parent / path.parent.name / path.name, eval_run_dir.parent.parent / path):
+        run_dir = candidate.parent
+        if (run_dir / "config.yaml").is_file() and run_dir.resolve() != eval_run_dir.resolve():
+            return run_dir
+    return None
+
+
+def trained_with(checkpoint: Any, eval_run_dir: Path) -> dict[str, Any]:
+    """`trained.KEY` for the training settings (TRAINED_PREFIXES) of the run that made `checkpoint`: comparing
+    evaluations then shows the lr, steps and focus each evaluated QFF was trained with."""
+    from omegaconf import OmegaConf
+
+    run_dir = training_run_of(checkpoint, eval_run_dir)
+    if run_dir is None:
+        return {}
+    try:
+        trained = flatten(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
+    except Exception:                                  # an unreadable record: the evaluation row stays as it is
+        return {}
+    return {f"trained.{k}": v for k, v in trained.items()
+            if k.startswith(TRAINED_PREFIXES) and k != "qff.checkpoint" and not isinstance(v, (list, dict))}
 
 
 def _is_run_dir(path: Path) -> bool:

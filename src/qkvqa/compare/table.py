@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -39,8 +40,59 @@ class Table:
     goal: Optional[str] = None
 
 
-def _key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+def _key(value: Any, cwd: Optional[str] = None, key: str = "") -> str:
+    return json.dumps(_comparable(value, cwd, key), sort_keys=True, default=str)
+
+
+# Config keys whose value is a file or folder (a bare `world` included); other values are paths when they look so.
+PATH_KEY = re.compile(r"(root|dir|path|file|store|source|questions|checkpoint|results|cache|negatives)$")
+
+
+def _looks_like_path(text: str, key: str = "") -> bool:
+    if not text or "://" in text or "${" in text or "\n" in text:
+        return False
+    return "/" in text or text.startswith(("~", ".")) or bool(PATH_KEY.search(key.rsplit(".", 1)[-1]))
+
+
+def _comparable(value: Any, cwd: Optional[str] = None, key: str = "") -> Any:
+    """A value as it is compared: a path resolved (`~` expanded, a relative one against the directory the run was
+    launched from, else here), so that the relative and the absolute path of one world are one value."""
+    if isinstance(value, str) and _looks_like_path(value, key):
+        return os.path.realpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(value)))
+    return value
+
+
+# Config sections that do not apply to a run, by its task and settings: an empty cell, never a difference.
+def applies(row: RunRow, key: str) -> bool:
+    """Whether config `key` has a say in what `row` computed (qff.focus does not on a retrieval-only evaluation)."""
+    task = (row.task or "").split(" ")[0]
+    cfg = row.config
+    if task == "train":
+        return not key.startswith(("eval.", "cda.", "generation.", "components.generator.", "components.reranker.",
+                                   "components.judge.", "components.splitter."))
+    if task != "evaluate":
+        return True
+    qff_used = cfg.get("eval.filter", "qff") == "qff"
+    if key.startswith(("qff.", "components.qformer.", "trained.")) and not qff_used:
+        return key in ("qff.alpha",) and cfg.get("eval.filter") == "precomputed"
+    if key == "eval.reranked_results" and cfg.get("eval.filter") != "precomputed":
+        return False
+    if cfg.get("eval.stop_after") == "filter" and key.startswith(("cda.", "generation.", "components.generator.",
+                                                                  "components.reranker.", "components.judge.",
+                                                                  "components.splitter.", "eval.judge",
+                                                                  "eval.context")):
+        return False
+    if key.startswith("qff.") and qff_used and key.split(".", 1)[1] in TRAINING_ONLY_QFF:
+        return False
+    return True
+
+
+# qff.* keys that only training reads (an evaluation reads the trained QFF, whose record has them: `trained.*`)
+TRAINING_ONLY_QFF = ("lr", "weight_decay", "betas", "eps", "pct_start", "div_factor", "num_negatives", "temperature",
+                     "learnable_temperature", "in_batch_negatives", "negatives", "val_negatives", "max_train_samples",
+                     "max_val_samples", "mining_top_k", "mining_gold_sections", "keep_gold_negatives", "val_top_k",
+                     "schedule_steps", "dropout", "new_block_lr_scale", "gradient_checkpointing", "vit_cache",
+                     "vit_cache_shard_size", "vit_cache_batch_size")
 
 
 def swept_keys(rows: list[RunRow]) -> list[str]:
@@ -62,10 +114,11 @@ def swept_keys(rows: list[RunRow]) -> list[str]:
 
 
 def differing_keys(rows: list[RunRow]) -> list[str]:
-    """Config keys whose value is not the same in every row (a key missing from a row counts as differing)."""
+    """Config keys whose value is not the same in every row it applies to (a key missing from such a row counts as
+    differing; paths compare resolved)."""
     out = []
     for key in sorted({k for r in rows for k in r.config} - set(NOT_COMPARED)):
-        values = {_key(r.config[key]) if key in r.config else "<missing>" for r in rows}
+        values = {_key(r.config[key], r.cwd, key) if key in r.config else "<missing>" for r in rows if applies(r, key)}
         if len(values) > 1:
             out.append(key)
     return out
@@ -78,6 +131,21 @@ def _parse_filter_value(text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+
+
+# Data-preparation jobs that got an automatic run id (`<date>-<time>-<experiment>-<hex>`): left out of the default
+# view, where they crowded the runs being compared (--task embed / --all shows them).
+AUTO_RUN_ID = re.compile(r"^\d{8}-\d{6}-.+-[0-9a-f]{4}$")
+PREP_TASKS = ("embed", "index", "cache-vit", "mine")
+
+
+def default_view(rows: Iterable[RunRow]) -> tuple[list[RunRow], list[RunRow]]:
+    """(rows shown by default, auto-named embed / index / cache-vit / mine runs left out)."""
+    shown, hidden = [], []
+    for row in rows:
+        prep = (row.task or "").split(" ")[0] in PREP_TASKS and AUTO_RUN_ID.match(row.run_id or "")
+        (hidden if prep else shown).append(row)
+    return shown, hidden
 
 
 def task_matches(row: RunRow, task: Optional[str]) -> bool:
@@ -157,7 +225,7 @@ def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str 
         record: dict[str, Any] = {"run_id": row.run_id, "task": row.task, "state": row.state}
         if all_columns:
             record["experiment"] = row.experiment
-        record.update({k: row.config.get(k) for k in config_cols})
+        record.update({k: row.config.get(k) if applies(row, k) else None for k in config_cols})
         record.update({k: row.summary.get(k) for k in metric_cols})       # the final value (summary.json)
         if metric:
             record["best_value"], record["best_step"] = row.best(metric, goal)
@@ -171,21 +239,91 @@ def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str 
     return Table(columns=columns, records=records, metric=metric, goal=goal if metric else None)
 
 
+SIGNIFICANT = 4             # figures a float shows in the table and Markdown (csv and json keep every digit)
+FORMATS = ("table", "markdown", "md", "csv", "json")
+
+
 def _cell(value: Any, markdown: bool) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:.6g}" if markdown else repr(value)
+        return _round(value) if markdown else repr(value)
     if isinstance(value, (list, dict)):
         return json.dumps(value)
     text = str(value)
     return text.replace("|", "\\|") if markdown else text
 
 
-def render_table(table: Table, fmt: str) -> str:
-    """The table as Markdown (`md`) or CSV (`csv`) text."""
+def _round(value: float) -> str:
+    """A float to SIGNIFICANT figures, without an exponent for the values a metric table holds (0.0001 to 10^6)."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value == 0 or 1e-4 <= abs(value) < 1e6:
+        from decimal import Decimal
+
+        text = format(Decimal(f"{value:.{SIGNIFICANT}g}"), "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return f"{value:.{SIGNIFICANT}g}"
+
+
+def _shorten(text: str, width: int) -> str:
+    """`text` cut to `width` characters in its middle (run ids and paths differ at both ends)."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2:]
+
+
+def terminal_width() -> int:
+    """The width the default table fits: the terminal's, $COLUMNS when set, else 100."""
+    import shutil
+
+    return shutil.get_terminal_size((100, 24)).columns
+
+
+def render_text(table: Table, width: Optional[int] = None, cell_width: int = 24) -> str:
+    """The table in aligned columns that fit `width` characters (default: the terminal's): long cells are cut in
+    the middle; columns that do not fit are named below it (--format markdown|csv|json shows every one)."""
+    width = width or terminal_width()
+    header = list(table.columns)
+    if table.metric:
+        header[header.index("best_value")] = f"best {table.metric}"
+    limit = [40 if c == "run_id" else cell_width for c in table.columns]       # run ids are what a user types
+    cells = [[_shorten(_cell(r.get(c), markdown=True), limit[i]) for i, c in enumerate(table.columns)]
+             for r in table.records]
+    widths = [max([len(_shorten(h, cell_width))] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
+    shown, used = [], 0
+    for i, w in enumerate(widths):
+        if i < 1 or used + w + 2 <= width:           # the run id always; then what fits, in order
+            shown.append(i)
+            used += w + 2
+    lines = ["  ".join(_shorten(header[i], cell_width).ljust(widths[i]) for i in shown).rstrip()]
+    lines.append("  ".join("-" * widths[i] for i in shown))
+    lines += ["  ".join(row[i].ljust(widths[i]) for i in shown).rstrip() for row in cells]
+    hidden = [header[i] for i in range(len(header)) if i not in shown]
+    if hidden:
+        note = f"({len(hidden)} more columns: {', '.join(hidden)}; --format markdown|csv|json shows them)"
+        lines.append(_wrap(note, width))
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width=max(width, 20)))
+
+
+def render_table(table: Table, fmt: str, width: Optional[int] = None) -> str:
+    """The table as aligned text fitted to `width` (`table`), Markdown (`markdown`/`md`), CSV (`csv`) or a JSON
+    list of records (`json`; every digit kept, as in CSV)."""
+    if fmt == "table":
+        return render_text(table, width)
+    if fmt == "json":
+        return json.dumps([{c: r.get(c) for c in table.columns} for r in table.records], indent=1, default=str) + "\n"
+    if fmt == "markdown":
+        fmt = "md"
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -200,7 +338,7 @@ def render_table(table: Table, fmt: str) -> str:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(_cell(r.get(c), markdown=True) for c in table.columns) + " |" for r in table.records]
         return "\n".join(lines) + "\n"
-    raise ConfigError(f"unknown table format {fmt!r}: use md or csv")
+    raise ConfigError(f"unknown table format {fmt!r}: use one of {', '.join(FORMATS)}")
 
 
 def write_table(table: Table, fmt: str, out: Optional[str | os.PathLike] = None) -> str:

@@ -87,7 +87,8 @@ class RunRecord:
         status = self.status()
         attempts = status.get("attempts", [])
         attempts.append({"started_at": _now(), "host": socket.gethostname(), "world_size": world_size,
-                         "git_commit": git_commit(), "pid": os.getpid(), "argv": sys.argv})
+                         "git_commit": git_commit(), "pid": os.getpid(), "argv": sys.argv,
+                         "cwd": os.getcwd()})      # relative paths in the config are relative to it (compare)
         status.update({"run_id": run_id, "state": "running", "command": command,
                        "created_at": status.get("created_at", _now()), "updated_at": _now(),
                        "finished_at": None, "host": socket.gethostname(), "world_size": world_size,
