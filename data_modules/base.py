@@ -14,6 +14,7 @@ from qkvqa.data.config import DataConfig, data_config_from_dict, resolve_data_pa
 from qkvqa.data.images import ArticleImageIndex, ImageLoader, QueryImageResolver, SkippedImage
 from qkvqa.data.kb import KBStore
 from qkvqa.data.questions import Question
+from qkvqa.data_modules.samplers import worker_options
 from qkvqa.errors import ConfigError
 from qkvqa.utils.logging import get_logger
 
@@ -150,7 +151,7 @@ class KBVQADataModule(L.LightningDataModule):
         if split not in self.datasets:
             self.datasets[split] = QuestionImageDataset(self.questions(split), self.image_loader)
         return DataLoader(self.datasets[split], batch_size=self.config.batch_size, shuffle=False,
-                          num_workers=self.config.num_workers,
+                          **worker_options(self.config.num_workers),
                           collate_fn=partial(collate_samples, drop_missing_images=self.config.drop_missing_images))
 
     def val_dataloader(self) -> DataLoader:

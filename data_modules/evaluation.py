@@ -8,7 +8,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Sampler
 
 from qkvqa.data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
-from qkvqa.data_modules.samplers import rank_and_world
+from qkvqa.data_modules.samplers import rank_and_world, worker_options
 
 
 class EvaluationDataModule(L.LightningDataModule):
@@ -51,7 +51,7 @@ class EvaluationDataModule(L.LightningDataModule):
         # cuts them exactly where they are (and Lightning's predict loop keeps its stock BatchSampler).
         mine = [i for batch in self.batches[rank::world] for i in batch]
         return DataLoader(self.dataset, batch_size=self.batch_size, sampler=InOrder(mine),
-                          num_workers=self.benchmark.config.num_workers,
+                          **worker_options(self.benchmark.config.num_workers),
                           collate_fn=partial(collate_samples, drop_missing_images=True))
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):

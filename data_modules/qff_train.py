@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from qkvqa.data.questions import Question, is_training_question
 from qkvqa.data_modules.base import KBVQADataModule
 from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
-                                         rank_and_world, trainer_batches_done)
+                                         rank_and_world, trainer_batches_done, worker_options)
 from qkvqa.errors import ConfigError, DataError
 from qkvqa.qff.mining import (ArticleFactsSource, Candidate, PoolFile, SamplePool, image_key, image_paths_for)
 from qkvqa.utils.logging import get_logger
@@ -488,7 +488,7 @@ class QFFTrainDataModule(KBVQADataModule):
         sampler = ResumableSampler(len(dataset), seed=self.settings.seed, shuffle=False, rank=rank, world_size=world,
                                    pad=False)
         return DataLoader(dataset, sampler=sampler, batch_size=self.config.batch_size, generator=private_generator(),
-                          num_workers=self.config.num_workers, collate_fn=self.collator())
+                          **worker_options(self.config.num_workers), collate_fn=self.collator())
 
     def test_dataloader(self) -> DataLoader:
         raise NotImplementedError("the QFF DataModule trains; evaluate reranking with `qkvqa rerank`")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import signal
+from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -76,6 +78,8 @@ class ResumableDataLoader(DataLoader):
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed
         # run's dropout/noise would shift by one draw against the uninterrupted run.
         kwargs.setdefault("generator", private_generator(sampler.seed + 10_007 * sampler.rank))
+        if kwargs.get("num_workers"):
+            kwargs["worker_init_fn"] = stop_signal_safe(kwargs.get("worker_init_fn"))
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.resumable_sampler = sampler
         self.batches_done = batches_done
@@ -102,6 +106,39 @@ def batches_per_epoch(num_samples: int, batch_size: int, world_size: int = 1, pa
     """Batches one rank sees in an epoch of a ResumableSampler (padded to the world size) and drop_last=False."""
     per_rank = math.ceil(num_samples / world_size) if pad else num_samples // world_size
     return math.ceil(per_rank / batch_size)
+
+
+# SLURM (preemption, `--signal`), schedulers and a terminal's Ctrl-C signal the whole process group, DataLoader workers
+# included. A forked worker inherits the main process's handlers (qkvqa's, Lightning's), and a stop raised inside a
+# worker reached the main process as a worker failure with the signal number lost (no requeue). Workers ignore the
+# stop signals: the main process alone honours them, at the next batch boundary (callbacks.last_checkpoint).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def ignore_stop_signals(worker_id: int, then: Optional[Callable[[int], None]] = None) -> None:
+    """A DataLoader `worker_init_fn`: ignore SIGTERM, SIGUSR1 and SIGINT in this worker, then run `then` (or, as
+    Lightning's `seed_everything(workers=True)` would have added, its per-worker seeding)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
+    else:
+        import os
+
+        if os.environ.get("PL_SEED_WORKERS") == "1":
+            from lightning.fabric.utilities.seed import pl_worker_init_function
+
+            pl_worker_init_function(worker_id)
+
+
+def stop_signal_safe(worker_init_fn: Optional[Callable[[int], None]] = None) -> Callable[[int], None]:
+    """`worker_init_fn` wrapped so that the worker first ignores the stop signals (`ignore_stop_signals`); picklable."""
+    return partial(ignore_stop_signals, then=worker_init_fn)
+
+
+def worker_options(num_workers: int) -> dict:
+    """DataLoader keyword arguments for `num_workers` workers that leave stop signals to the main process."""
+    return {"num_workers": int(num_workers), **({"worker_init_fn": stop_signal_safe()} if num_workers else {})}
 
 
 def private_generator(seed: int = 0) -> torch.Generator:

@@ -1,6 +1,7 @@
 """Faults injected into a training process at an exact point: a signal after a step, during validation, mid-save.
 
-`QKVQA_TEST_FAULT=KIND@WHERE:N`, KIND one of sigkill | sigterm | sigusr1:
+`QKVQA_TEST_FAULT=KIND@WHERE:N`, KIND one of sigkill | sigterm | sigusr1, or `-group` after it (sigterm-group: the
+signal goes to the whole process group, DataLoader workers included, as SLURM and a terminal's Ctrl-C deliver it):
 - `train:N`  the signal arrives as training step N+1 begins (N optimizer steps done);
 - `val:N`    during the first validation batch once N steps are done;
 - `save:N`   during the N-th checkpoint write (1-based): half the bytes written, then the signal.
@@ -18,19 +19,21 @@ import torch
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
 
 
-def parse(spec: str) -> tuple[int, str, int]:
+def parse(spec: str) -> tuple[int, str, int, bool]:
     kind, rest = spec.split("@")
     where, n = rest.split(":")
+    group = kind.endswith("-group")
+    kind = kind[:-len("-group")] if group else kind
     if kind not in SIGNALS or where not in ("train", "val", "save"):
         raise ValueError(f"bad fault spec {spec!r}")
-    return SIGNALS[kind], where, int(n)
+    return SIGNALS[kind], where, int(n), group
 
 
 class FaultInjector(pl.Callback):
     """Sends the signal of its spec at the spec's point, once."""
 
     def __init__(self, spec: str):
-        self.sig, self.where, self.n = parse(spec)
+        self.sig, self.where, self.n, self.group = parse(spec)
         self.fired = False
         if self.where == "save":
             self._arm_save()
@@ -38,7 +41,10 @@ class FaultInjector(pl.Callback):
     def _fire(self) -> None:
         if not self.fired:
             self.fired = True
-            os.kill(os.getpid(), self.sig)
+            if self.group:
+                os.killpg(os.getpgid(0), self.sig)
+            else:
+                os.kill(os.getpid(), self.sig)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.where == "train" and trainer.global_step == self.n:

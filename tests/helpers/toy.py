@@ -61,7 +61,8 @@ class ToyDataModule(pl.LightningDataModule):
     def train_dataloader(self):
         rank, world = rank_and_world(self.trainer)
         sampler = ResumableSampler(len(self.ds), seed=self.seed, rank=rank, world_size=world)
-        return ResumableDataLoader(self.ds, sampler, trainer_batches_done(self.trainer), batch_size=self.batch_size)
+        return ResumableDataLoader(self.ds, sampler, trainer_batches_done(self.trainer), batch_size=self.batch_size,
+                                   num_workers=int(os.environ.get("TOY_WORKERS", "0")))
 
 
 class ToyRegressor(pl.LightningModule):
