@@ -57,7 +57,11 @@ def _faults() -> list[tuple[str, str]]:
             ("monitored_val_per_epoch_planned", f"sigterm@train:{step()}"),
             ("monitored_val_every_3_planned", f"sigusr1@train:{step()}"),
             # twice in one run: killed at an epoch's end, resumed, then preempted in the next epoch
-            ("monitored_val_per_epoch_planned", f"sigkill@train:8,sigterm@train:{rng.randint(10, MAX_STEPS - 2)}")]
+            ("monitored_val_per_epoch_planned", f"sigkill@train:8,sigterm@train:{rng.randint(10, MAX_STEPS - 2)}"),
+            # issue 37 item 7: saves just before a validation (the signal's batch is one a validation follows: step 6
+            # of val every 3 batches, an epoch's last step 8 of val per epoch): the resumed run runs that validation
+            ("monitored_val_every_3_planned", "sigterm@train:5"),
+            ("monitored_val_per_epoch_planned", "sigusr1@train:7")]
 
 
 def _overrides(root: Path, run_id: str, shape: str) -> list[str]:
@@ -175,9 +179,9 @@ def test_a_run_killed_anywhere_resumes_to_the_uninterrupted_result(references, t
     counts = Counter((r["step"], r["name"]) for r in rows)
     assert [k for k, n in counts.items() if n > 1] == []
     metrics = {(r["step"], r["name"]): r["value"] for r in rows}
-    assert {k: v for k, v in metrics.items() if k in ref["metrics"]} == {k: ref["metrics"][k] for k in metrics
-                                                                          if k in ref["metrics"]}
-    assert set(metrics) <= set(ref["metrics"])
+    # every row of the uninterrupted run, validation rows included, exactly, and no other (issue 37 item 7)
+    assert sorted(set(ref["metrics"]) - set(metrics)) == [] and sorted(set(metrics) - set(ref["metrics"])) == []
+    assert metrics == ref["metrics"]
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
     assert not list(run_dir.glob(".*partial*"))          # a killed save's partial file is gone after the next save
 

@@ -34,6 +34,27 @@ CTRL_C_NOTE = ("\nCtrl-C: finishing this batch, then saving and stopping (the ru
                "press Ctrl-C again to stop at once\n")
 
 
+PENDING_VALIDATION = "qkvqa_validation_pending"
+
+
+def mark_validation_pending(checkpoint: dict) -> None:
+    """Make a checkpoint saved after a training batch that a validation follows restart before that validation.
+
+    Lightning (2.6.6) restarts a batch-end save whose batch a validation follows as if the validation had run (it
+    fast-forwards the validation counters), so a signal save there lost that validation. Marked here as Lightning
+    marks a save made during a validation: the batch completed, the validation started with no batch processed;
+    the restart then runs the validation before the next batch, and counts the step once."""
+    loops = checkpoint["loops"]["fit_loop"]
+    train = loops["epoch_loop.batch_progress"]
+    for part in ("total", "current"):
+        train[part]["completed"] = train[part]["processed"]
+    val = loops["epoch_loop.val_loop.batch_progress"]
+    done = val["total"]["completed"]
+    val["total"].update(ready=done + 1, started=done + 1, processed=done, completed=done)
+    val["current"].update(ready=1, started=1, processed=0, completed=0)
+    checkpoint[PENDING_VALIDATION] = True
+
+
 def _validation_follows(trainer: pl.Trainer) -> bool:
     """Whether Lightning runs validation right after the current training batch (its own decision, asked early)."""
     loop = trainer.fit_loop.epoch_loop
@@ -56,6 +77,7 @@ class LastCheckpoint(pl.Callback):
         self._saved_step: Optional[int] = None
         self._started = False
         self._previous: dict[int, Any] = {}
+        self._pending_validation_save = False
 
     # ------------------------------------------------------------------ saving
     def _save(self, trainer: pl.Trainer, why: str) -> None:
@@ -70,7 +92,13 @@ class LastCheckpoint(pl.Callback):
             self.preempted = True
             log.warning("received %s: saving %s at step %d and stopping",
                         signal.Signals(self.received or signal.SIGTERM).name, self.path, trainer.global_step)
-            self._save(trainer, "signal")
+            # A validation due after this batch is not run under the deadline; the save says it is still to come, so
+            # the resumed run runs it first (its metric rows and any best checkpoint it makes are not lost).
+            self._pending_validation_save = _validation_follows(trainer)
+            try:
+                self._save(trainer, "signal")
+            finally:
+                self._pending_validation_save = False
             trainer.should_stop = True
             # Lightning would validate before stopping; under a preemption deadline that is time the job may not have.
             trainer.fit_loop.epoch_loop._skip_next_val = True
@@ -87,6 +115,16 @@ class LastCheckpoint(pl.Callback):
             self._save(trainer, "epoch end")
         elif trainer.max_steps != -1 and step >= trainer.max_steps:
             self._save(trainer, "last step")
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if self._pending_validation_save:
+            mark_validation_pending(checkpoint)
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if checkpoint.get(PENDING_VALIDATION):
+            # the validation the stopped run did not run comes first; then save, as the uninterrupted run did
+            self._after_validation = True
+            log.info("resuming before a validation the stopped run did not run: it runs first")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._after_validation and not trainer.sanity_checking and not self.preempted:

@@ -19,7 +19,11 @@ class RunRecordLogger(Logger):
         super().__init__()
         self.record = record
         self._run_id = run_id
-        self._cut_pending = resumed        # a resumed run first drops the rows it is about to log again
+        # A resumed run logs again what the stopped one logged after its last save (the replayed steps), with the same
+        # values; it keeps everything else the stopped run logged, also after that save (a validation the resume does
+        # not replay). The replayed rows are written again and the older copies dropped: at the first row and at the
+        # end (`RunRecord.compact_metrics`), so (step, name) stays unique in the finished file.
+        self._compact_pending = resumed
         self._last: dict[str, float] = {}
         self._step: Optional[int] = None
         self._written: dict[str, float] = {}       # what this step already wrote: (step, name) stays unique
@@ -52,12 +56,10 @@ class RunRecordLogger(Logger):
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
         """Append the metrics of one step."""
         clean = {k: float(v) for k, v in metrics.items()}
-        if self._cut_pending and step is not None:
-            self._cut_pending = False
-            dropped = self.record.drop_metrics_from(step)
-            if dropped:
-                log.info("%s: dropped %d rows from step %d on, logged after the checkpoint this run resumed from",
-                         self.record.metrics_path, dropped, step)
+        if self._compact_pending:
+            self._compact_pending = False
+            self.record.compact_metrics()
+            self._resumed = True
         step = step if step is not None else -1
         if step != self._step:                     # Lightning repeats e.g. `epoch` in each call of one step
             self._step, self._written = step, {}
@@ -69,6 +71,12 @@ class RunRecordLogger(Logger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        """Write the last value of every metric into summary.json."""
+        """Write the last value of every metric into summary.json (a resumed run: after dropping the older copies of
+        the rows it logged again)."""
+        if getattr(self, "_resumed", False):
+            dropped = self.record.compact_metrics()
+            if dropped:
+                log.info("%s: %d rows the stopped run had logged after its last save were logged again (the same "
+                         "steps, replayed); the older copies are dropped", self.record.metrics_path, dropped)
         if self._last:
             self.record.update_summary(self._last)

@@ -128,19 +128,19 @@ class RunRecord:
                 writer.writerow([t, int(step), name, repr(float(value))])
             f.flush()
 
-    def drop_metrics_from(self, step: int) -> int:
-        """Remove the metrics.csv rows of `step` and later (logged after the checkpoint a resume starts from, so logged
-        again by the resumed run); returns how many went. Keeps (step, name) unique across resumes."""
+    def compact_metrics(self) -> int:
+        """Keep the last row of each (step, name) in metrics.csv (a resumed run logged again the steps it replayed;
+        the values are the same); returns how many older copies went. A torn last row is cut first."""
         if not self.metrics_path.exists():
             return 0
         cut_torn_tail(self.metrics_path)
         with open(self.metrics_path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
-        if not rows:
+        if len(rows) < 2:
             return 0
         header, body = rows[0], rows[1:]
-        kept = [r for r in body if not (len(r) == len(METRICS_COLUMNS) and r[1].lstrip("-").isdigit()
-                                        and int(r[1]) >= step)]
+        last = {(r[1], r[2]): i for i, r in enumerate(body) if len(r) == len(METRICS_COLUMNS)}
+        kept = [r for i, r in enumerate(body) if len(r) != len(METRICS_COLUMNS) or last[(r[1], r[2])] == i]
         if len(kept) == len(body):
             return 0
         out = io.StringIO()
