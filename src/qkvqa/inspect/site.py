@@ -30,7 +30,7 @@ PREDICTION_CHARS = 120          # the table shows this much of a prediction; the
 # index.js: one array per question, in these columns (the b_* ones only in compare mode; ranks 1-based, 0 = absent;
 # correct and aic 1 / 0, -1 when unknown: a run stopped after the filter has no verdict)
 COLUMNS = ("data_id", "question", "type", "split", "correct", "category", "aic", "before", "after", "prediction",
-           "skipped", "score")
+           "skipped", "score", "gold")      # gold: the reference answers, " | " between alternatives
 COMPARE_COLUMNS = ("b_pos", "b_correct", "b_after", "b_prediction")
 
 
@@ -85,7 +85,8 @@ def index_rows(a: RunTraces, b: Optional[RunTraces] = None, pairing: Optional[li
         row = [t["data_id"], t.get("question") or "", types(t.get("question_type")), splits(t.get("split")),
                _flag(verdict.get("correct")) if t.get("verdict") else -1, categories(t.get("category")), _flag(t.get("answer_in_context")),
                _rank(rank.get("before")), _rank(rank.get("after")), (t.get("prediction") or "")[:PREDICTION_CHARS],
-               int(bool(t.get("skipped"))), verdict.get("score")]
+               int(bool(t.get("skipped"))), verdict.get("score"),
+               " | ".join((t.get("gold") or {}).get("answers") or [])[:PREDICTION_CHARS]]
         if b is not None and pairing is not None:
             other = b.traces[pairing[i]]
             row += [pairing[i], _flag(other["verdict"].get("correct")) if other.get("verdict") else -1,

@@ -19,6 +19,7 @@ ARTICLES_KEEP = 20         # filtered articles kept, as the prediction row's ran
 SECTIONS_KEEP = 3          # best-scored sections kept per filtered article (`n_sections` counts them all) ...
 SECTION_ARTICLES = 5       # ... for the first SECTION_ARTICLES filtered articles (CDA reads at most U of them)
 CHUNKS_KEEP = 12           # chunks kept per question: every selected one, then the best-scored others (`n_chunks`)
+CHUNK_TEXT_CHARS = 600     # text kept of each of them, selected or dropped (the trace's cap; `qkvqa inspect` shows it)
 FLOAT_DIGITS = 6           # significant digits of the scores in a trace (predictions.jsonl keeps them whole)
 STAGES = ("retrieve", "filter", "select", "generate")
 
@@ -51,7 +52,8 @@ def stage_record(ranking: Any, article_filter: Any, context: Any = None, selecto
 
 def cda_record(context: Any, ranked_urls: Sequence[str], cfg: Any = None) -> dict:
     """The trace's `cda`: mode, U and theta, the kept articles, and the chunks CDA scored in article then document
-    order: every selected one (with its text), then the best-scored others up to CHUNKS_KEEP (`n_chunks`: all)."""
+    order: every selected one, then the best-scored others up to CHUNKS_KEEP (`n_chunks`: all), each with its text up
+    to CHUNK_TEXT_CHARS (a dropped chunk's text says what CDA left out)."""
     key = lambda c: (c.url, c.section_index, c.chunk_index)                 # noqa: E731
     selected = {key(c) for c in context.chunks}
     candidates = list(context.candidates) or list(context.chunks)
@@ -63,9 +65,15 @@ def cda_record(context: Any, ranked_urls: Sequence[str], cfg: Any = None) -> dic
             "kept": [ranked_urls[i] for i in context.kept_articles if 0 <= i < len(ranked_urls)],
             "chunks": [{"url": c.url, "section_index": c.section_index, "chunk_index": c.chunk_index,
                         "tokens": c.token_count, "score": _f(c.score), "selected": key(c) in selected,
-                        "text": c.text if key(c) in selected else None}
+                        "text": _capped(c.text)}
                        for j, c in enumerate(candidates) if j in keep],
             "n_chunks": len(candidates)}
+
+
+def _capped(text: Optional[str]) -> Optional[str]:
+    if text is None or len(text) <= CHUNK_TEXT_CHARS:
+        return text
+    return text[:CHUNK_TEXT_CHARS] + "…"
 
 
 def _record_from_row(row: dict, filter_name: str, alpha: Optional[float]) -> dict:

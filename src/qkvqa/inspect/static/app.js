@@ -154,14 +154,20 @@
   }
   function tableHead() {
     const cols = ["#", "id", "question", "type", "split", "verdict", "Table 3", "answer in ctx",
-      "gold rank (stage 1 → filter)", "prediction"];
-    if (CMP) cols.push("B verdict", "B gold rank", "flip");
-    return "<tr>" + cols.map((c) => `<th>${esc(c)}</th>`).join("") + "</tr>";
+      "gold rank: stage 1 → filter", "gold answer", "prediction"];
+    if (CMP) cols.push("B verdict", "gold rank: A → B", "flip");
+    return "<tr>" + cols.map((c) => `<th${c.startsWith("gold rank") ? ` title="${esc(RANK_LEGEND)}"` : ""}>${esc(c)}</th>`).join("") + "</tr>" +
+      `<tr class="legend"><td colspan="${cols.length}" id="rank-legend">${esc(RANK_LEGEND)}</td></tr>`;
   }
+  // One notation for every gold-rank cell (stage 1 → filter, and A → B in compare mode): the two ranks, then the move.
+  const RANK_LEGEND = "gold rank a → b: the gold article's rank before → after; ↑n: n places higher (better), " +
+    "↓n: n places lower, = unchanged; – : not in the ranked top K";
   function moveText(before, after) {
-    if (!(before > 0) || !(after > 0)) return `${rank(before)} → ${rank(after)}`;
-    const cls = after < before ? "up" : after > before ? "down" : "";
-    return `<span class="${cls}">${before} → ${after}</span>`;
+    const b = before > 0, a = after > 0;
+    const move = b && a ? (after < before ? `↑${before - after}` : after > before ? `↓${after - before}` : "=")
+      : a ? "↑" : b ? "↓" : "";
+    const cls = move.startsWith("↑") ? "up" : move.startsWith("↓") ? "down" : "";
+    return `<span class="${cls}">${rank(before)} → ${rank(after)} ${move}</span>`;
   }
   function tableRow(i) {
     const r = ROWS[i];
@@ -170,7 +176,7 @@
     const pred = r[COL.skipped] ? '<span class="muted">(skipped)</span>' : esc(r[COL.prediction]);
     let cells = `<td class="num">${i + 1}</td><td><code>${esc(r[COL.data_id])}</code></td><td>${esc(r[COL.question])}</td>
       <td>${esc(type)}</td><td>${esc(split)}</td><td>${verdictTag(r[COL.correct])}</td><td>${catTag(r[COL.category])}</td>
-      <td>${flag(r[COL.aic])}</td><td class="num">${moveText(r[COL.before], r[COL.after])}</td><td>${pred}</td>`;
+      <td>${flag(r[COL.aic])}</td><td class="num">${moveText(r[COL.before], r[COL.after])}</td><td class="gold-answer">${esc(r[COL.gold] || "")}</td><td>${pred}</td>`;
     if (CMP) {
       const flip = flipOf(r);
       const label = { rw: '<span class="bad">right → wrong</span>', wr: '<span class="ok">wrong → right</span>', rr: "", ww: "" }[flip];
@@ -233,6 +239,12 @@
     const seen = g.url_used_in_train === true ? " · seen in training" : g.url_used_in_train === false ? " · unseen in training" : "";
     return `gold article${hops.length > 1 ? "s" : ""}: ${text}${seen}`;
   }
+  // "url#section" of each hop's gold evidence section (a 2_hop question has one per hop)
+  function evidenceSections(t) {
+    const g = t.gold || {};
+    const hops = g.hops && g.hops.length ? g.hops : (g.urls || []).slice(0, 1).map((u) => ({url: u, section_index: g.section_index}));
+    return new Set(hops.filter((h) => h.section_index !== null && h.section_index !== undefined).map((h) => h.url + "#" + h.section_index));
+  }
   function renderTrace(t, label) {
     const gold = new Set((t.gold || {}).urls || []);
     const answers = (t.gold || {}).answers || [];
@@ -272,10 +284,15 @@
     if (c) {
       h += `<h3>CDA: ${esc(c.mode)} · U = ${num(c.U)} · θ = ${num(c.theta, 2)}</h3><p>kept: ${(c.kept || []).map((u) =>
         gold.has(u) ? `<b class="ok">★ ${esc(articleTitle(t, u))}</b>` : esc(articleTitle(t, u))).join(", ") || "–"}</p>`;
+      const evidence = evidenceSections(t);
+      h += `<p class="muted">${num(c.n_chunks)} chunks scored; shown: every selected one and the best-scored dropped ones (text up to the trace's cap). ★ gold article · <span class="evidence">evidence</span> the gold evidence section</p>`;
       h += `<table class="chunks"><tr><th>article</th><th>section</th><th>chunk</th><th class="num">tokens</th><th class="num">score</th><th>selected</th><th>text</th></tr>` +
-        (c.chunks || []).map((k) => `<tr class="${k.selected ? "selected" : ""}"><td>${gold.has(k.url) ? "★ " : ""}${esc(articleTitle(t, k.url))}</td><td class="num">${num(k.section_index)}</td>
-          <td class="num">${num(k.chunk_index)}</td><td class="num">${num(k.tokens)}</td><td class="num">${num(k.score)}</td><td>${k.selected ? '<span class="ok">✓</span>' : ""}</td>
-          <td class="chunktext">${k.text ? highlight(k.text.length > 300 ? k.text.slice(0, 300) + "…" : k.text, answers) : ""}</td></tr>`).join("") + "</table>";
+        (c.chunks || []).map((k) => {
+          const ev = evidence.has(k.url + "#" + k.section_index);
+          return `<tr class="${k.selected ? "selected" : "dropped"}${ev ? " evidence-row" : ""}"><td>${gold.has(k.url) ? "★ " : ""}${esc(articleTitle(t, k.url))}</td><td class="num">${num(k.section_index)}${ev ? ' <span class="evidence">evidence</span>' : ""}</td>
+          <td class="num">${num(k.chunk_index)}</td><td class="num">${num(k.tokens)}</td><td class="num">${num(k.score)}</td><td>${k.selected ? '<span class="ok">✓</span>' : '<span class="muted">dropped</span>'}</td>
+          <td class="chunktext">${k.text ? highlight(k.text, answers) : ""}</td></tr>`;
+        }).join("") + "</table>";
     } else {
       h += `<h3>CDA</h3><p class="muted">no CDA in this run (the context came from another selector)</p>`;
     }
