@@ -16,7 +16,7 @@ EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
 
-.PHONY: help install slurm browser test test-slurm test-fast test-gpu lint train sweep compare demo bench clean clean-runs
+.PHONY: help install slurm browser test test-plan test-slurm test-fast test-gpu lint train sweep compare demo bench clean clean-runs
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -43,11 +43,34 @@ TEST_WORKERS ?= -n 2 --dist loadfile
 # The real-SLURM tests spend most of their time waiting on the cluster (requeue delays, time-limit signals), so
 # `make test` runs them in a second pytest alongside the rest and prints their log at the end; both must pass.
 SLURM_LOG := $(VENV)/slurm-tests.log
-test: install slurm browser ## the suite CI runs: everything but gpu and online tests (ddp, slow and the real-SLURM ones included)
-	@$(TEST_ENV) $(PY) -m pytest -m "slurm and not gpu and not online" $(PYTEST_FLAGS) > $(SLURM_LOG) 2>&1 & slurm=$$!; \
-	$(TEST_ENV) $(PY) -m pytest -m "not gpu and not online and not slurm" $(TEST_WORKERS) --durations=25 $(PYTEST_FLAGS); rc=$$?; \
-	wait $$slurm; src=$$?; echo "=== the SLURM tests, run alongside (exit $$src; $(SLURM_LOG)):"; cat $(SLURM_LOG); \
-	[ $$rc -eq 0 ] && [ $$src -eq 0 ]
+# As root (CI), or with CI set, `make test` installs the SLURM and Chromium packages and runs every test; a missing
+# package is a failure. As another user it cannot install them, so it runs what it can: the SLURM tests only when
+# the packages are there, the browser tests skip themselves with their reason; it says so before and after the run
+# (`make test-plan` prints the same plan without running anything), and pytest -rs lists every skipped test and why.
+define TEST_PLAN
+if [ "$$(id -u)" = 0 ] || [ -n "$$CI" ]; then strict=1; else strict=; fi; slurm_ok=1; browser_ok=1; \
+for c in sbatch slurmctld slurmd munged; do command -v $$c >/dev/null || slurm_ok=; done; \
+{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || browser_ok=; \
+plan() { \
+  if [ -n "$$strict" ]; then echo "make test: as root$${CI:+ (CI)}: installs what is missing and runs every test"; return; fi; \
+  echo "make test: as $$(id -un) (not root): runs every test it can here"; \
+  [ -n "$$slurm_ok" ] || echo "  skipped: the SLURM tests (tests/slurm, mark slurm): slurmctld, slurmd, slurm-client and munge are not installed, and installing them needs root (sudo make slurm; then make test-slurm)"; \
+  [ -n "$$browser_ok" ] || echo "  skipped: the inspect browser tests (tests/integration/test_inspect_browser.py, test_first_day_inspect.py): chromium and chromium-driver are not installed, and installing them needs root (sudo make browser)"; \
+  [ -z "$$slurm_ok" ] || [ -z "$$browser_ok" ] || echo "  the SLURM packages and Chromium are installed: nothing needs root"; \
+}
+endef
+
+test-plan: ## say what `make test` runs and skips here (as a non-root user: the SLURM and browser tests need root to install)
+	@$(TEST_PLAN); plan
+
+test: install ## the suite CI runs: everything but gpu and online tests (ddp, slow and the real-SLURM ones included)
+	@$(TEST_PLAN); plan; \
+	if [ -n "$$strict" ]; then bash .ci/install_slurm.sh && bash .ci/install_browser.sh || exit 1; slurm_ok=1; fi; \
+	src=0; if [ -n "$$slurm_ok" ]; then \
+	  $(TEST_ENV) $(PY) -m pytest -m "slurm and not gpu and not online" $(PYTEST_FLAGS) > $(SLURM_LOG) 2>&1 & slurm=$$!; fi; \
+	$(TEST_ENV) $(PY) -m pytest -rs -m "not gpu and not online and not slurm" $(TEST_WORKERS) --durations=25 $(PYTEST_FLAGS); rc=$$?; \
+	if [ -n "$$slurm_ok" ]; then wait $$slurm; src=$$?; echo "=== the SLURM tests, run alongside (exit $$src; $(SLURM_LOG)):"; cat $(SLURM_LOG); fi; \
+	plan; [ $$rc -eq 0 ] && [ $$src -eq 0 ]
 
 test-slurm: install slurm ## the real-SLURM tests (installs the Debian packages; starts and stops its own cluster)
 	$(TEST_ENV) $(PY) -m pytest -m slurm $(PYTEST_FLAGS)
