@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -41,6 +42,24 @@ from -7.7 to +10.6. So a gap of that size between the two rows here is seed nois
 question focus neither helps nor hurts measurably. The study
 also says why: these tiny models memorise their training sections and do not learn which words a
 question asks for, with or without focus."""
+
+
+class OncePerRun(logging.Filter):
+    """Lets each distinct WARNING through once: the world's deliberately missing images were warned by each of the
+    demo's evaluations (and each DataLoader of one), the same lines four times over."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
 
 
 def _finished(runs: Path, run_id: str) -> bool:
@@ -105,6 +124,12 @@ class Demo:
             epochs = [f"trainer.max_epochs={self.epochs}"] if self.epochs else []
             _cli(["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common, *epochs])
 
+    def reuse_command(self) -> str:
+        """An evaluation of one's own on the demo's world that reads the demo's embeddings and index (its world and
+        cache folders, its trained QFF): copied, it embeds nothing again."""
+        return " ".join(["qkvqa evaluate experiment=demo/evaluate", *self.common,
+                         f"qff.checkpoint={self.runs / 'demo-qff-per_layer' / 'qff'}", "run_id=my-eval"])
+
     def evaluate(self) -> dict[str, Path]:
         done = {}
         for index, (label, (trained, overrides)) in enumerate(SETTINGS.items()):
@@ -156,7 +181,11 @@ class Demo:
                      f"{site.flips['wrong_to_right']} wrong -> right; docs/inspect.md).", "",
                      "## Stage times of this demo run", "",
                      "\n".join(f"- {title}: {seconds:.0f} s" for title, seconds in self.timings.items()), "",
-                     "Runs: " + ", ".join(f"`{r['run_dir']}`" for r in rows), ""]
+                     "Runs: " + ", ".join(f"`{r['run_dir']}`" for r in rows), "",
+                     "## The world, to reuse", "",
+                     f"The synthetic world is in `{self.world}`, its KB embeddings and stage-1 index in "
+                     f"`{self.out / 'cache'}`. An evaluation of your own on it reads them (nothing is embedded "
+                     f"again) with the demo's paths:", "", f"    {self.reuse_command()}", ""]
             report = run_dir / "report.md"
             atomic_write_text(report, "\n".join(lines))
             job.record.update_summary({f"demo/{r['setting']}/{k}": r[k] for r in rows for k in ("R@1", "R@20")
@@ -164,9 +193,22 @@ class Demo:
         print("\n" + table + "\n")
         print(f"report: {report}")
         print(f"inspect: {site.index_html.as_uri()}")
+        print(f"world: {self.world} (embeddings and index: {self.out / 'cache'}); evaluate on it without "
+              f"re-embedding:\n  {self.reuse_command()}")
         return report
 
     def run(self) -> Path:
+        once = OncePerRun()                     # the world's missing images are warned once, not per evaluation
+        handlers = logging.getLogger("qkvqa").handlers
+        for handler in handlers:
+            handler.addFilter(once)
+        try:
+            return self._run()
+        finally:
+            for handler in handlers:
+                handler.removeFilter(once)
+
+    def _run(self) -> Path:
         self.step(1, "synthetic world", self.make_world)
         self.step(2, "stage 1: embed the KB and build the index", self.stage1)
         self.step(3, "train the QFF, with and without question focus (hard negatives mined from stage 1)", self.train)

@@ -204,11 +204,19 @@ def record_earlier_skips(benchmark: Any, rows: Sequence[dict], questions: Sequen
     """A resumed evaluation loads only the images of the questions it answers now (none when it only re-scores),
     so skipped_images.json was rewritten with 0 missing while the scores kept the earlier skips: each skipped row's
     image is looked up again here, so the file lists every skip the predictions hold."""
+    import logging
+
     loader, by_id = benchmark.image_loader, {q.data_id: q for q in questions}
-    for row in rows:
-        q = by_id.get(row.get("data_id"))
-        if row.get("skipped") and q is not None and (q.dataset_name, q.image_id) not in loader.skipped:
-            loader.load(q.dataset_name, q.image_id)
+    quiet = logging.getLogger("qkvqa.data.images")       # warned by the attempt that skipped them: not again
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        for row in rows:
+            q = by_id.get(row.get("data_id"))
+            if row.get("skipped") and q is not None and (q.dataset_name, q.image_id) not in loader.skipped:
+                loader.load(q.dataset_name, q.image_id)
+    finally:
+        quiet.setLevel(level)
 
 
 def query_image_path(benchmark: Any):
