@@ -147,6 +147,9 @@ class GenerationConfig:
     max_new_tokens: int = 128
     batch_size: int = 4
     backend: str = "hf"                          # hf | vllm (separate environment)
+    # generator: the components.generator's answers; extractive: a tiny extractive reader answers instead (the demo:
+    # the span after the linking word of the context sentence nearest the question; generation.tiny.ExtractiveReader)
+    reader: str = "generator"
     filter_top_n: int = 5                        # MLLM-filtering baseline: articles read per question
     summary_template: Optional[str] = None       # `qkvqa summarize` prompt with {title}, {context}; null: built-in
     summary_context_tokens: int = 512            # article text shown per summary, in generator tokens
@@ -296,7 +299,8 @@ CHOICES = {
     "qff.score_direction": ("question_to_section", "section_to_question"),
     "cda.mode": CDA_MODES, "cda.top1_section_by": TOP1_SECTION_BY,
     "eval.filter": EVAL_FILTERS, "eval.judge": ("bem", "em_only"), "eval.context": ("cda", "mllm_filter"),
-    "eval.stop_after": STOP_AFTER, "generation.backend": ("hf", "vllm"), "checkpoint.mode": ("max", "min"),
+    "eval.stop_after": STOP_AFTER, "generation.backend": ("hf", "vllm"),
+    "generation.reader": ("generator", "extractive"), "checkpoint.mode": ("max", "min"),
     "logger.progress.mode": PROGRESS_MODES,
 }
 BOUNDS = {

@@ -28,7 +28,10 @@ HONEST = """\
 **What this demo is.** Every model here is tiny and was built from random weights on this machine:
 the EVA-CLIP stand-in retriever, the BGE stand-in chunk reranker and the Llama stand-in generator are
 untrained, and the QFF (a tiny BLIP-2 Q-Former) was trained for a few minutes on the synthetic world.
-The generator's answers are therefore noise and answer accuracy means nothing. The filter metrics do
+The Llama stand-in's answers would be noise, so the demo answers with a tiny extractive reader instead
+(`generation.reader: extractive`): the span after the linking word of the context sentence that shares
+the most words with the question, no language model. As a model's, answer accuracy means nothing here;
+the reader's says whether the filter and CDA put the answer sentence first. The filter metrics do
 mean something: Recall@K after the filter, section R@1 and the answer-in-context rate measure whether
 the QFF and CDA put the right article, section and sentence in front of the generator.
 

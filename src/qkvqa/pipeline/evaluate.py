@@ -134,6 +134,10 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
     if cfg.eval.stop_after == "filter":                  # filter-only study: no CDA, no generator loaded
         return KBVQAPipeline(build_filter(cfg, benchmark), None, None, retrieval_seconds)
     generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
+    if cfg.generation.reader == "extractive":            # the demo's: answers from the context, no language model
+        from qkvqa.generation.tiny import ExtractiveReader
+
+        generator = ExtractiveReader(generator)
     if cfg.eval.context == "mllm_filter":
         from qkvqa.pipeline.mllm_filter import MLLMFilterSelector
 
@@ -167,6 +171,11 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
     from qkvqa.pipeline.protocol import used_components
 
     notes = []
+    if cfg.eval.stop_after != "filter" and cfg.generation.reader == "extractive":
+        notes.append("Answers come from a tiny extractive reader (generation.reader=extractive), not from "
+                     f"components.generator ({cfg.components.generator.kind}): the span after the linking word of the "
+                     "context sentence that shares the most words with the question. Its accuracy says whether "
+                     "the filter and CDA put the answer sentence into the context, not what a language model would answer.")
     if cfg.eval.filter == "qff" and not cfg.qff.checkpoint:
         notes.append("The QFF is untrained: no qff.checkpoint was given and qff.allow_untrained=true asked for an "
                      "untrained, randomly initialised filter, so the filter figures are not those of a trained QFF.")
@@ -175,9 +184,11 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
                      "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist.")
     tiny = [name for name in used_components(cfg) if cfg.components[name].tiny]
     if tiny:
+        reader = cfg.generation.reader == "extractive"
         notes.append(f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
-                     "answers are noise, so its accuracy means nothing; retrieval, filter and context metrics "
-                     "(Recall@K, R1, section R@1, answer-in-context) do.")
+                     "answers are noise, so its accuracy means nothing"
+                     + (" (here an extractive reader answers instead, below)" if reader else "")
+                     + "; retrieval, filter and context metrics (Recall@K, R1, section R@1, answer-in-context) do.")
     if scores["n_skipped"]:
         counted = ("They are left out of every metric (eval.exclude_skipped=true, for diagnosis): these numbers "
                    "are NOT comparable to the paper's, which count every question."
