@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     trial_id, command = trial_command(Path(args[0]), int(os.environ["SLURM_ARRAY_TASK_ID"]))
     if os.environ.get("SLURM_PROCID", "0") == "0":
         print(f"=== {now()} trial {trial_id}, array task {os.environ.get('SLURM_ARRAY_JOB_ID')}_"
-              f"{os.environ['SLURM_ARRAY_TASK_ID']}, restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
+              f"{os.environ['SLURM_ARRAY_TASK_ID']}, job name {os.environ.get('SLURM_JOB_NAME', '')}, "
+              f"restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
               f"{shlex.join(command)}", flush=True)
     os.execvpe(command[0], command, trial_env(os.environ))
 

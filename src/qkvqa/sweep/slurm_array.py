@@ -9,6 +9,7 @@ queued. SLURM schedules; qkvqa only submits and reads back.
 """
 from __future__ import annotations
 
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 LIVE = ("queued", "running")          # manifest states of a trial whose array task SLURM still holds
+SUBMITTING = "submitting"             # recorded before sbatch: the trial's submission token, its job id not yet known
 
 
 def array_spec(indices: Sequence[int], parallel: Optional[int]) -> str:
@@ -76,6 +78,27 @@ def live_tasks(job_ids: set[str], timeout_s: float = 60.0) -> dict[tuple[str, in
     return live
 
 
+def job_named(token: str, timeout_s: float = 30.0) -> Optional[str]:
+    """The id of the (array) job whose job name is `token`, as the controller (`squeue`, every state it still holds)
+    or accounting (`sacct`) knows it, else None. A controller that does not answer raises: the caller must not
+    guess that nothing was submitted."""
+    done = subprocess.run([_slurm_command("squeue"), "-h", "--states=all", f"--name={token}", "-o", "%F"],
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise QkvqaError(f"squeue failed ({done.stderr.strip()[:300]}); the sweep cannot tell whether its submission "
+                         f"{token} reached SLURM: rerun when the controller answers")
+    ids = sorted({line.strip() for line in done.stdout.splitlines() if line.strip().isdigit()}, key=int)
+    if not ids and shutil.which("sacct"):
+        acct = subprocess.run(["sacct", "-n", "-X", "-P", f"--name={token}", "-o", "JobID", "--starttime=now-30days"],
+                              capture_output=True, text=True, timeout=timeout_s)
+        if acct.returncode == 0:          # accounting off: an error, read as "not known there"
+            ids = sorted({line.split("_")[0].strip() for line in acct.stdout.splitlines()
+                          if line.split("_")[0].strip().isdigit()}, key=int)
+    if len(ids) > 1:
+        log.warning("SLURM holds %d jobs named %s (%s); the sweep adopts the first", len(ids), token, ", ".join(ids))
+    return ids[0] if ids else None
+
+
 def settled_status(run_state: Optional[str], task_log_exists: bool) -> str:
     """The manifest status of a trial whose task SLURM no longer holds, from its run record's state. Without a run
     record the task was cancelled while pending (no task log: `pending`, submitted again) or started and died before
@@ -88,7 +111,7 @@ def settled_status(run_state: Optional[str], task_log_exists: bool) -> str:
 
 def _submittable(entry: Optional[dict], retry_failed: bool) -> bool:
     """A trial to submit: never planned, or not finished, not failed (unless retried) and not held by SLURM."""
-    return entry is None or (_should_run(entry, retry_failed) and entry["status"] not in LIVE)
+    return entry is None or (_should_run(entry, retry_failed) and entry["status"] not in (*LIVE, SUBMITTING))
 
 
 class SlurmSweep(LocalSweep):
@@ -101,8 +124,56 @@ class SlurmSweep(LocalSweep):
         self.sbatch_args = list(sbatch_args)
         self.gpus_per_trial = gpus_per_trial
 
+    def _job_in_logs(self, token: str) -> Optional[str]:
+        """The array job id a task log names for this token (the first line array_task prints), else None: what is
+        left of a submission that ran and that neither the controller nor accounting remembers."""
+        for path in sorted((self.sweep_dir / "logs").glob("slurm-*_*.out")):
+            try:
+                with open(path, errors="replace") as f:
+                    head = f.read(4096)
+            except OSError:
+                continue
+            if f"job name {token}," in head:
+                return path.name[len("slurm-"):].split("_")[0]
+        return None
+
+    def settle_submissions(self, manifest: Manifest) -> None:
+        """Resolve every submission recorded before sbatch whose job id the runner never wrote: adopt the array
+        named by its token, or release its trials (back to their status before) when SLURM never got it."""
+        for sub in manifest.data.get("submissions", []):
+            if sub.get("job") or sub.get("outcome") or not sub.get("token"):
+                continue
+            job = job_named(sub["token"]) or self._job_in_logs(sub["token"])
+            if job:
+                self._adopt(manifest, sub, job)
+                log.info("sweep %s: adopted SLURM array job %s (submission %s, whose runner stopped before it "
+                         "recorded the job id)", self.spec.name, job, sub["token"])
+                continue
+            sub["outcome"] = "not submitted"
+            for tid in sub["trials"]:
+                entry = manifest.trials[tid]
+                if entry.get("status") == SUBMITTING and entry.get("submission") == sub["token"]:
+                    entry["status"] = entry.pop("status_before_submit", "pending")
+            log.info("sweep %s: submission %s never reached SLURM; its trials are submitted again", self.spec.name,
+                     sub["token"])
+
+    def _adopt(self, manifest: Manifest, sub: dict, job: str) -> None:
+        """Record `job` as the array of submission `sub`: its trials queued (reconcile then reads their state)."""
+        sub["job"] = job
+        sub.setdefault("submitted_at", now())
+        for tid in sub["trials"]:
+            entry = manifest.trials[tid]
+            if entry.get("submission") != sub["token"]:
+                continue
+            entry.pop("status_before_submit", None)
+            entry.update(status="queued", backend="slurm", slurm_job=job, attempts=entry["attempts"] + 1,
+                         started_at=now(), finished_at=None, returncode=None, run_state=None,
+                         log=f"logs/slurm-{job}_{entry['index']}.out")
+
     def reconcile(self, manifest: Manifest, save: bool = True) -> None:
-        """Settle the trials this backend submitted: live in squeue, else what the trial's run record says."""
+        """Settle the trials this backend submitted: a submission without a job id first (by its token), then each
+        task: live in squeue, else what the trial's run record says."""
+        self.settle_submissions(manifest)
         submitted = {tid: e for tid, e in manifest.trials.items() if e.get("status") in LIVE and e.get("slurm_job")}
         live = live_tasks({e["slurm_job"] for e in submitted.values()})
         for tid, entry in submitted.items():
@@ -132,19 +203,28 @@ class SlurmSweep(LocalSweep):
                         "run" if _submittable(entry, self.retry_failed) else f"skip ({entry['status']})"))
         return out
 
-    def script(self, indices: Sequence[int]) -> str:
-        """The batch script that would be submitted for these trial indices."""
-        return render_array_script(self.spec.name, self.sweep_dir, indices, cwd=self.cwd,
+    def script(self, indices: Sequence[int], job_name: Optional[str] = None) -> str:
+        """The batch script that would be submitted for these trial indices (named `job_name`, the submission's
+        token; a dry run shows the sweep's name)."""
+        return render_array_script(job_name or self.spec.name, self.sweep_dir, indices, cwd=self.cwd,
                                    interpreter=self.interpreter, parallel=self.parallel,
                                    gpus_per_trial=self.gpus_per_trial)
 
     def sbatch_argv(self, script_path: Path) -> list[str]:
         return [_slurm_command("sbatch"), "--parsable", *self.sbatch_args, str(script_path)]
 
+    def _check_sbatch_args(self) -> None:
+        for arg in self.sbatch_args:
+            if arg in ("-J", "--job-name") or arg.startswith(("--job-name=", "-J")):
+                raise ConfigError(f"--sbatch-arg={arg}: the sweep names each array itself (<sweep>-sNNN-<token>, "
+                                  f"recorded before sbatch so that a rerun finds an array whose job id it never "
+                                  f"read); leave --job-name out")
+
     def run(self, wait: bool = False, timeout_s: Optional[float] = None, poll_s: float = 5.0) -> SweepResult:
         """Submit every trial that is not done and not queued (one array); with `wait`, wait until SLURM holds none
         of the sweep's tasks, then write the comparison of the finished trials."""
         _slurm_command("sbatch")
+        self._check_sbatch_args()
         with RunnerLock(self.sweep_dir):
             manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd)
             self.reconcile(manifest)
@@ -163,33 +243,55 @@ class SlurmSweep(LocalSweep):
         return result
 
     def _submit(self, manifest: Manifest, todo: list[Trial]) -> str:
-        # The commands go into the manifest before sbatch: a task may start before sbatch returns.
+        # The commands go into the manifest before sbatch: a task may start before sbatch returns. So does the
+        # submission's token (its job name): a runner that never reads sbatch's answer leaves it for the next run.
+        n = len(manifest.data.get("submissions", [])) + 1
+        token = f"{self.spec.name}-s{n:03d}-{secrets.token_hex(4)}"
+        script_path = self.sweep_dir / "slurm" / f"submit-{n:03d}.sbatch"
+        argv = self.sbatch_argv(script_path)
         for trial in todo:
             self.write_args_file(trial)
-            manifest.trials[trial.trial_id]["argv"] = self.argv(trial)
-        manifest.save()
-        n = len(manifest.data.get("submissions", [])) + 1
-        script_path = self.sweep_dir / "slurm" / f"submit-{n:03d}.sbatch"
+            entry = manifest.trials[trial.trial_id]
+            entry.update(argv=self.argv(trial), status_before_submit=entry["status"], status=SUBMITTING,
+                         submission=token)
+        sub = {"token": token, "job": None, "trials": [t.trial_id for t in todo],
+               "script": str(script_path.relative_to(self.sweep_dir)), "sbatch": argv, "submitting_at": now()}
+        manifest.data.setdefault("submissions", []).append(sub)
         script_path.parent.mkdir(parents=True, exist_ok=True)
         (self.sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
-        script_path.write_text(self.script([t.index for t in todo]))
-        argv = self.sbatch_argv(script_path)
-        done = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=120)
+        script_path.write_text(self.script([t.index for t in todo], job_name=token))
+        manifest.save()
+        try:
+            done = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=120)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:
+            # sbatch may or may not have submitted: ask the controller by the token instead of guessing
+            try:
+                job = job_named(token, timeout_s=15)
+            except (QkvqaError, OSError, subprocess.TimeoutExpired):
+                job = None
+            if job:
+                self._adopt(manifest, sub, job)
+                manifest.save()
+            what = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else "a timeout"
+            log.warning("sweep %s: sbatch stopped by %s; %s", self.spec.name, what,
+                        f"it had submitted array job {job}, now recorded" if job else
+                        f"the next run looks up submission {token} and submits only if SLURM never got it")
+            if isinstance(e, KeyboardInterrupt) or not job:
+                raise
+            return job
         if done.returncode != 0:
+            manifest.data["submissions"].remove(sub)
+            for trial in todo:
+                entry = manifest.trials[trial.trial_id]
+                entry.update(status=entry.pop("status_before_submit", "pending"), submission=None)
+            manifest.save()
             raise QkvqaError(f"sbatch refused the sweep's array ({done.stderr.strip()[:400]}); nothing was submitted; "
                              f"fix the --sbatch-arg options or the partition and rerun")
         job = done.stdout.strip().split(";")[0]
-        for trial in todo:
-            entry = manifest.trials[trial.trial_id]
-            entry.update(status="queued", backend="slurm", slurm_job=job, attempts=entry["attempts"] + 1,
-                         started_at=now(), finished_at=None, returncode=None, run_state=None,
-                         log=f"logs/slurm-{job}_{trial.index}.out")
-        manifest.data.setdefault("submissions", []).append(
-            {"job": job, "trials": [t.trial_id for t in todo], "script": str(script_path.relative_to(self.sweep_dir)),
-             "sbatch": argv, "submitted_at": now()})
+        self._adopt(manifest, sub, job)
         manifest.save()
-        log.info("sweep %s: submitted %d trial(s) as SLURM array job %s (%s)", self.spec.name, len(todo), job,
-                 array_spec([t.index for t in todo], self.parallel))
+        log.info("sweep %s: submitted %d trial(s) as SLURM array job %s (%s, job name %s)", self.spec.name, len(todo),
+                 job, array_spec([t.index for t in todo], self.parallel), token)
         return job
 
     def wait(self, timeout_s: Optional[float] = None, poll_s: float = 5.0) -> None:
