@@ -41,6 +41,11 @@ class FaultInjector(pl.Callback):
     def _fire(self) -> None:
         if not self.fired:
             self.fired = True
+            if os.environ.get("QKVQA_TEST_FAULT_STAMP"):      # when it fired, for tests of how soon the stop follows
+                import time
+
+                with open(os.environ["QKVQA_TEST_FAULT_STAMP"], "w") as f:
+                    f.write(repr(time.time()))
             if self.group:
                 os.killpg(os.getpgid(0), self.sig)
             else:

@@ -95,6 +95,8 @@ class ToyRegressor(pl.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
+        if os.environ.get("TOY_VAL_SLEEP"):                # a long validation (stop-deadline tests)
+            time.sleep(float(os.environ["TOY_VAL_SLEEP"]))
         loss = torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
         self.log("val/loss", loss, on_epoch=True, batch_size=len(batch["x"]))
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 
 from qkvqa.utils.logging import get_logger
-from qkvqa.utils.stop_signals import note_stop_signal, stop_signal_received
+from qkvqa.utils.stop_signals import disarm_stop_deadline, note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
 # Ctrl-C (SIGINT) stops as SIGTERM does: save, record `interrupted`, exit 130; a second Ctrl-C stops at once (Lightning
@@ -35,6 +35,7 @@ CTRL_C_NOTE = ("\nCtrl-C: finishing this batch, then saving and stopping (the ru
 
 
 PENDING_VALIDATION = "qkvqa_validation_pending"
+IN_VALIDATION = "qkvqa_saved_in_validation"
 
 
 def mark_validation_pending(checkpoint: dict) -> None:
@@ -49,7 +50,9 @@ def mark_validation_pending(checkpoint: dict) -> None:
     for part in ("total", "current"):
         train[part]["completed"] = train[part]["processed"]
     val = loops["epoch_loop.val_loop.batch_progress"]
-    done = val["total"]["completed"]
+    # before this validation: during one (a stop at its batch), its own batches are counted in `current` too
+    done = val["total"]["completed"] - (val["current"]["completed"] if checkpoint.get(IN_VALIDATION) else 0)
+    checkpoint.pop(IN_VALIDATION, None)
     val["total"].update(ready=done + 1, started=done + 1, processed=done, completed=done)
     val["current"].update(ready=1, started=1, processed=0, completed=0)
     checkpoint[PENDING_VALIDATION] = True
@@ -67,8 +70,10 @@ class LastCheckpoint(pl.Callback):
     """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1/SIGINT it finishes the batch,
     saves on every rank's agreement and stops training; `preempted` tells the caller to mark the run interrupted."""
 
-    def __init__(self, run_dir: str | Path, every_n_train_steps: Optional[int] = None, save_on_exception: bool = True):
+    def __init__(self, run_dir: str | Path, every_n_train_steps: Optional[int] = None, save_on_exception: bool = True,
+                 stop_in_validation: bool = True):
         self.path = Path(run_dir) / "last.ckpt"
+        self.stop_in_validation = stop_in_validation   # checkpoint.stop_within_s set: a signal stops a validation
         self.every_n_train_steps = every_n_train_steps
         self.save_on_exception = save_on_exception
         self.received: Optional[int] = None
@@ -78,6 +83,7 @@ class LastCheckpoint(pl.Callback):
         self._started = False
         self._previous: dict[int, Any] = {}
         self._pending_validation_save = False
+        self._val_batches_everywhere = 0     # validation batches every rank runs (a stop decision is a collective)
 
     # ------------------------------------------------------------------ saving
     def _save(self, trainer: pl.Trainer, why: str) -> None:
@@ -95,6 +101,7 @@ class LastCheckpoint(pl.Callback):
             # A validation due after this batch is not run under the deadline; the save says it is still to come, so
             # the resumed run runs it first (its metric rows and any best checkpoint it makes are not lost).
             self._pending_validation_save = _validation_follows(trainer)
+            disarm_stop_deadline()                    # a deferred stop is being carried out (run.job)
             try:
                 self._save(trainer, "signal")
             finally:
@@ -118,6 +125,8 @@ class LastCheckpoint(pl.Callback):
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         if self._pending_validation_save:
+            if trainer.validating:
+                checkpoint[IN_VALIDATION] = True
             mark_validation_pending(checkpoint)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
@@ -125,6 +134,43 @@ class LastCheckpoint(pl.Callback):
             # the validation the stopped run did not run comes first; then save, as the uninterrupted run did
             self._after_validation = True
             log.info("resuming before a validation the stopped run did not run: it runs first")
+
+    # ------------------------------------------------------------------ a stop during a validation
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or not self._started or not self.stop_in_validation:
+            return
+        import torch
+
+        batches = int(sum(trainer.num_val_batches)) if trainer.num_val_batches else 0
+        if trainer.world_size > 1:                   # ranks may hold one batch more or less (unpadded validation)
+            batches = int(trainer.strategy.reduce(torch.tensor(float(batches), device=pl_module.device),
+                                                  reduce_op="min").item())
+        self._val_batches_everywhere = batches
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx,
+                                dataloader_idx: int = 0) -> None:
+        """A signal during a long validation is honoured at its next batch (SLURM's lead would not outlast the
+        validation): the state before the validation is saved, marked so that the resumed run runs it first, and
+        the run stops. Every rank decides together, within the batches every rank runs."""
+        if (trainer.sanity_checking or not self._started or self.preempted or not self.stop_in_validation
+                or batch_idx >= self._val_batches_everywhere):
+            return
+        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            return
+        from qkvqa.errors import RunInterrupted
+
+        received = self.received or stop_signal_received() or signal.SIGTERM
+        self.preempted = True
+        disarm_stop_deadline()
+        log.warning("received %s during a validation: saving %s as of before it (the resumed run runs it first) "
+                    "and stopping", signal.Signals(received).name, self.path)
+        self._pending_validation_save = True
+        try:
+            self._save(trainer, "signal during validation")
+        finally:
+            self._pending_validation_save = False
+        raise RunInterrupted(f"stopped on {signal.Signals(received).name} during a validation, after saving",
+                             signum=received)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._after_validation and not trainer.sanity_checking and not self.preempted:

@@ -212,6 +212,10 @@ class CheckpointConfig:
     save_top_k: int = 1
     every_n_train_steps: Optional[int] = None
     save_on_exception: bool = True
+    # A stop signal is honoured within this many seconds (SLURM's `--signal=USR1@90` lead minus a margin): one during
+    # a validation at its next batch (the state before it is saved, the validation runs first on resume); one that
+    # several ranks wait on during data preparation (no training yet) stops the job once this has passed. null: wait.
+    stop_within_s: Optional[float] = 60.0
 
 
 @dataclass
@@ -318,6 +322,7 @@ BOUNDS = {
     "cda.top1_section_beta": (0.0, 1.0), "cda.top1_section_max_length": (1, None),
     "generation.max_new_tokens": (1, None), "generation.batch_size": (1, None), "generation.filter_top_n": (1, None),
     "logger.progress.every_s": (0.0, None), "logger.progress.every_fraction": (0.0, 1.0),
+    "checkpoint.stop_within_s": (1.0, None),
 }
 
 

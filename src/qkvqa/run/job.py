@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -94,7 +95,8 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
     received = None
     again = resume_command(command, run.run_id, cfg.experiment)
     try:
-        with interrupt_on_signals(run.run_id, defer_stop, again), progress_settings(**cfg.logger.progress), \
+        with interrupt_on_signals(run.run_id, defer_stop, again, stop_within_s(cfg)), \
+                progress_settings(**cfg.logger.progress), \
                 job_run(cfg, run, command):     # the W&B run of a job without a Trainer (embed, index, mine, ...)
             yield job
     except (KeyboardInterrupt, RunInterrupted) as e:
@@ -137,8 +139,16 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
             requeue(received)                  # SIGUSR1 before a SLURM time limit: the job comes back (state recorded)
 
 
+def stop_within_s(cfg: DictConfig) -> Optional[float]:
+    """checkpoint.stop_within_s of a config that has it (None: a stop may wait for the first batch)."""
+    checkpoint = cfg.get("checkpoint") if hasattr(cfg, "get") else None
+    value = checkpoint.get("stop_within_s") if checkpoint is not None else None
+    return float(value) if value is not None else None
+
+
 @contextmanager
-def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "") -> Iterator[None]:
+def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "",
+                         deadline_s: Optional[float] = None) -> Iterator[None]:
     """SIGTERM/SIGUSR1 outside the training loop (data preparation, evaluation) stop the job at once with
     RunInterrupted, so its record says `interrupted` and it exits 143; inside `fit`, LastCheckpoint takes the
     signals over for the time of training (it saves and stops after the batch), then hands them back.
@@ -150,9 +160,12 @@ def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "") -> I
 
     Ctrl-C (SIGINT) is noted too and stops at once with KeyboardInterrupt (Lightning turns one inside `fit` into
     SystemExit(1)): `run_job` records `interrupted` either way and exits 130; with `defer`, the first one is only
-    noted, as the other signals, and a second stops at once. `again`: the command that continues the run."""
-    import threading
+    noted, as the other signals, and a second stops at once. `again`: the command that continues the run.
 
+    `deadline_s` (with `defer`): a noted stop that training has not carried out this long after the signal (a long
+    data preparation before the first batch: the job would outlast SLURM's signal lead and die unrequeued) stops
+    the job then, with the signal's number (a SIGALRM timer; LastCheckpoint disarms it when it saves and stops).
+    Nothing was trained since the last checkpoint, so nothing is lost; the other ranks got the same signal."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -164,18 +177,31 @@ def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "") -> I
             raise KeyboardInterrupt
         if defer:
             log.warning("received %s: noted; training stops on every rank after its next batch (none once training "
-                        "is over)", signal.Signals(signum).name)
+                        "is over)%s", signal.Signals(signum).name,
+                        f", or in {deadline_s:g} s if it has not by then (checkpoint.stop_within_s)" if deadline_s else "")
+            if deadline_s and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+                signal.setitimer(signal.ITIMER_REAL, deadline_s)
             return
         raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with: "
                              f"{again or f'the same command plus run_id={run_id} resume=auto'}", signum=signum)
 
+    def deadline(signum, frame):
+        held = stop_signal_received() or signal.SIGTERM
+        raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(held).name}: training had not reached a batch "
+                             f"{deadline_s:g} s after it (checkpoint.stop_within_s; data preparation), so the job stops "
+                             f"now, before SLURM's lead runs out; nothing was trained since the last checkpoint. "
+                             f"Continue it with: {again or f'the same command plus run_id={run_id} resume=auto'}",
+                             signum=held)
+
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, deadline)
     try:
         held = stop_signal_received()     # arrived during start-up (qkvqa.utils.stop_signals): stop now
         if held is not None:
             stop(held, None)              # (noted again; with `defer` LastCheckpoint acts on it)
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

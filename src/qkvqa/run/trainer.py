@@ -80,7 +80,8 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     ck = cfg.checkpoint
     # last.ckpt is LastCheckpoint's alone (why: its docstring); ModelCheckpoint keeps the top-k (monitored) or the
     # latest periodic checkpoint (unmonitored) under their own names.
-    checkpoints: list[pl.Callback] = [LastCheckpoint(job.run.run_dir, ck.every_n_train_steps, ck.save_on_exception)]
+    checkpoints: list[pl.Callback] = [LastCheckpoint(job.run.run_dir, ck.every_n_train_steps, ck.save_on_exception,
+                                                     stop_in_validation=ck.stop_within_s is not None)]
     if ck.save_top_k:
         checkpoints.append(ModelCheckpoint(
             dirpath=str(job.run.run_dir), filename="epoch{epoch:03d}-step{step:07d}", monitor=ck.monitor,

@@ -64,3 +64,10 @@ def stop_signal_received() -> Optional[int]:
 def forget_stop_signals() -> None:
     """Start afresh (a run has ended and acted on its signal)."""
     _received.clear()
+
+
+def disarm_stop_deadline() -> None:
+    """The stop a deferred signal asked for is being carried out (LastCheckpoint saves and stops): the deadline that
+    `qkvqa.run.job.interrupt_on_signals` set for it (a SIGALRM timer, checkpoint.stop_within_s) is cancelled."""
+    if threading.current_thread() is threading.main_thread():
+        signal.setitimer(signal.ITIMER_REAL, 0)
