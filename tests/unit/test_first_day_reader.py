@@ -24,6 +24,8 @@ def test_the_reader_answers_with_the_span_of_the_sentence_the_question_asks_abou
 def test_the_reader_answers_from_the_context_it_is_given():
     question = "What is the wingspan of this bird?"
     assert extract_answer(question, "") == ""
+    headed = "# Wiki Article: Azure warbler\n## Section Title: Description\nThe wingspan of the Azure warbler measures 45 cm."
+    assert extract_answer(question, headed) == "45 cm"                  # CDA's heading lines are not sentences
     assert extract_answer(question, "The wingspan of the Grey heron measures 90 cm.") == "90 cm"
 
 

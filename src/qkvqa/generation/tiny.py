@@ -118,7 +118,8 @@ def extract_answer(question: str, context: str) -> str:
     import re
 
     asked = {w for w in _words(question) if w not in _STOP}
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", context) if s.strip()]
+    lines = [line for line in context.splitlines() if not line.lstrip().startswith("#")]   # CDA's article/section heads
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", "\n".join(lines)) if s.strip()]
     if not sentences:
         return ""
     best = max(range(len(sentences)), key=lambda i: (len(asked & set(_words(sentences[i]))), -i))
