@@ -14,6 +14,7 @@ from qkvqa.config.schema import EVAL_FILTERS as FILTERS, STOP_AFTER  # declared 
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.stop_signals import interruptible_barrier
 
 log = get_logger(__name__)
 RETRIEVAL_FILE = "retrieval.json"
@@ -443,7 +444,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
             # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's
             # predict loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than
             # ranks, as near the end of a resumed run), and the other ranks would wait for it forever.
-            trainer.strategy.barrier("qkvqa-evaluate-parts-written")
+            # (a barrier a stop signal interrupts: rank zero may wait here for hours of the others' answers)
+            interruptible_barrier()
         if not (rank_zero and trainer.is_global_zero):
             return {}
         rows = store.merge([q.data_id for q in questions])

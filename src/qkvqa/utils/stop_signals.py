@@ -71,3 +71,21 @@ def disarm_stop_deadline() -> None:
     `qkvqa.run.job.interrupt_on_signals` set for it (a SIGALRM timer, checkpoint.stop_within_s) is cancelled."""
     if threading.current_thread() is threading.main_thread():
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def interruptible_barrier(poll_s: float = 0.2) -> None:
+    """A barrier across the process group that a stop signal can interrupt: a blocking one waits in C++, where no
+    Python signal handler runs, so a rank signalled while it waited for a rank still at work (rank zero after
+    predict, waiting for the others' parts) could not stop, and the job outlived SLURM's lead with its record left
+    `running`. This one polls an asynchronous barrier and sleeps between polls, where the handlers run (and raise).
+    Nothing to wait for without a process group of several ranks."""
+    import time
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    work = dist.barrier(async_op=True)
+    while not work.is_completed():
+        time.sleep(poll_s)
+    work.wait()
