@@ -34,10 +34,11 @@ def scores_of(row, **overrides) -> dict:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """A directory as `qkvqa convert-llava` leaves it, as far as the card reads it: its record names the source."""
-    from qkvqa.generation.llava_convert import RECORD
+    from qkvqa.generation.llava_convert import CONVERTER_VERSION, RECORD
 
     out = tmp_path_factory.mktemp("reflectiva-hf")
-    (out / RECORD).write_text(json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA", "path": "/src"}}))
+    (out / RECORD).write_text(json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA", "path": "/src"},
+                                          "converter_version": CONVERTER_VERSION}))
     return out
 
 
@@ -204,3 +205,20 @@ def test_docs_protocol_lists_every_row():
     text = (EXPERIMENTS.parent / "docs" / "protocol.md").read_text(encoding="utf-8")
     for row in PAPER_ROWS.values():
         assert f"| `{row.key}` | {row.title} |" in text, row.key
+
+
+def test_weights_of_an_older_converter_are_a_reason_and_the_card_names_the_source(converted, tmp_path):
+    from qkvqa.generation.llava_convert import CONVERTER_VERSION, RECORD
+    from qkvqa.pipeline.protocol import component_card
+
+    row = PAPER_ROWS["eval/evqa_llama31_ft"]
+    cfg = row_config(row, converted)
+    card = component_card(cfg.components.generator)
+    assert card["converted_from"] == "aimagelab/ReflectiVA" and card["converter_version"] == CONVERTER_VERSION
+    old = tmp_path / "old-conversion"
+    old.mkdir()
+    (old / RECORD).write_text(json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA"},
+                                          "converter_version": CONVERTER_VERSION - 1}))
+    OmegaConf.update(cfg, "components.generator.pretrained", str(old))
+    assert any(f"was converted by qkvqa convert-llava version {CONVERTER_VERSION - 1}" in r
+               for r in verdict(cfg, scores_of(row)))

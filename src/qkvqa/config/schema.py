@@ -364,7 +364,7 @@ MUTABLE_ON_RESUME = (
     "resume", "notes", "tags", "trainer.max_steps", "trainer.max_epochs", "trainer.log_every_n_steps",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.val_check_interval", "trainer.limit_val_batches",
     "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.accelerator",
-    "checkpoint.every_n_train_steps", "logger", "paths", "data.num_workers", "presets",
+    "checkpoint.every_n_train_steps", "checkpoint.stop_within_s", "logger", "paths", "data.num_workers", "presets",
     # scoring keys: a finished prediction set may be re-scored with another judge (`qkvqa score run RUN_DIR`)
     "eval.judge", "components.judge", "eval.exclude_skipped",
 )

@@ -70,9 +70,18 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
                 "dtype": spec.dtype, "fingerprint": weights_fingerprint(trained)}
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
-    return {"kind": spec.kind, "weights": str(spec.pretrained), "revision": revision,
-            "converted_from": converted_from(spec.pretrained), "dtype": spec.dtype,
+    card = {"kind": spec.kind, "weights": str(spec.pretrained), "revision": revision, "dtype": spec.dtype,
             "fingerprint": weights_fingerprint(spec.pretrained)}
+    from qkvqa.generation.llava_convert import card_fields
+
+    conversion = card_fields(os.path.expanduser(str(spec.pretrained))) if spec.pretrained else None
+    if conversion:                   # `qkvqa convert-llava` output: what it was converted from, and by which converter
+        card.update({"converted_from": conversion["converted_from"],
+                     "source_revision": conversion["revision"],
+                     "source_sha256": (conversion["source_sha256"] or "")[:16] or None,
+                     "converter_version": conversion["converter_version"],
+                     "vision_tower": conversion["vision_tower"]})
+    return card
 
 
 def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]:
@@ -93,6 +102,7 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     tiny = [name for name in used if cfg.components[name].tiny]
     if tiny:
         reasons.append(f"tiny random components ({', '.join(tiny)})")
+    reasons += stale_conversions(cfg, used)
     if row is not None:
         reasons += row_differences(cfg, row, stage1_text=stage1_text(cfg, scores),
                                    converted_from=converted_sources(cfg, used), trained=trained_record(cfg))
@@ -153,19 +163,26 @@ def converted_sources(cfg: Any, used: list[str]) -> dict[str, str]:
     return out
 
 
+def stale_conversions(cfg: Any, used: list[str]) -> list[str]:
+    """A component read from weights that an older `qkvqa convert-llava` wrote (another key map or template)."""
+    from qkvqa.generation.llava_convert import CONVERTER_VERSION, card_fields
+
+    out = []
+    for name in used:
+        spec = cfg.components[name]
+        fields = None if spec.tiny or not spec.pretrained else card_fields(os.path.expanduser(str(spec.pretrained)))
+        if fields and not fields["converter_current"]:
+            out.append(f"components.{name}.pretrained was converted by qkvqa convert-llava version "
+                       f"{fields['converter_version']}, not this one's {CONVERTER_VERSION}; convert it again")
+    return out
+
+
 def converted_from(ref: Optional[str]) -> Optional[str]:
     """The hub id a weights directory written by `qkvqa convert-llava` records as its source, else None."""
-    from qkvqa.generation.llava_convert import RECORD
+    from qkvqa.generation.llava_convert import card_fields
 
-    if not ref:
-        return None
-    record = Path(os.path.expanduser(str(ref))) / RECORD
-    if not record.is_file():
-        return None
-    try:
-        return json.loads(record.read_text(encoding="utf-8")).get("source", {}).get("hub_id")
-    except (OSError, ValueError, AttributeError):
-        return None
+    fields = card_fields(os.path.expanduser(str(ref))) if ref else None
+    return fields["converted_from"] if fields else None
 
 
 def trained_record(cfg: Any) -> dict:
