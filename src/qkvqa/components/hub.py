@@ -31,6 +31,7 @@ ARCHITECTURES = {
     "bge_reranker": ("XLMRobertaForSequenceClassification",),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration",),
     "llama3": ("LlamaForCausalLM",),
+    "reflectiva": ("LlavaForConditionalGeneration",),      # after `qkvqa convert-llava` (the release is llava_llama)
     "bem": ("BertForSequenceClassification",),
     "clip_hf": ("CLIPModel",),
 }
