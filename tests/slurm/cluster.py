@@ -2,14 +2,24 @@
 started as this test run's own processes from a config in a temp dir, stopped by PID; every wait is bounded.
 
 No cgroups are needed (proctrack/linuxproc, task/none), so it runs inside a container as root.
+
+The cluster is configured as a site's would be where the recipes must say what they need (issue 37 item 6):
+- `JobRequeue=0`: a job is requeued (by the scheduler, or by qkvqa's `scontrol requeue` after a SIGUSR1 save) only
+  when its script asks for it with `--requeue`;
+- jobs run as an unprivileged user (`nobody`, when the tests run as root): `as_user(argv)` runs a command, sbatch or a
+  sweep runner, as that user, and `workdir(name)` makes a directory it owns, where its jobs write;
+- two fake GPUs (`GresTypes=gpu`, `Gres=gpu:2`, gres.conf with `/dev/null` files): `--gres=gpu:N` is accepted and
+  counted (a job's `AllocTRES` shows `gres/gpu=N`), though nothing uses a GPU.
 """
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -38,13 +48,22 @@ class SlurmCluster:
         self.env = {k: v for k, v in os.environ.items()
                     if k not in LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_", "PL_", "QKVQA_RUN"))}
         self.env["SLURM_CONF"] = str(self.conf)
+        # Jobs run as an unprivileged user (slurmd, as root, switches to it); not root: as this user anyway. The
+        # Python jobs need the interpreter: one under /root (mode 0700, as pyenv's is here) is out of that user's
+        # reach in a job, and then they run as root, with the reason in `python_user_note` (`start` tries a job;
+        # shell-only jobs stay unprivileged: `unprivileged`).
+        self.unprivileged = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+        entry = pwd.getpwnam(self.unprivileged)
+        self.uid, self.gid = entry.pw_uid, entry.pw_gid
+        self.user, self.python_user_note = self.unprivileged, ""
 
     # ------------------------------------------------------------------ set-up
     def _write_config(self) -> None:
         r = self.root
-        for sub in ("state", "spool", "log", "munge"):
+        for sub in ("state", "spool", "log", "munge", "work"):
             (r / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(r / "munge", 0o700)
+        for path in (r, r / "munge", r / "work"):   # the job user reads slurm.conf and talks to munged's socket
+            os.chmod(path, 0o755)
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
@@ -67,7 +86,8 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1
 ReturnToService=2
-JobRequeue=1
+JobRequeue=0
+GresTypes=gpu
 KillWait=15
 InactiveLimit=0
 MinJobAge=300
@@ -81,9 +101,38 @@ SlurmctldLogFile={r / 'log' / 'slurmctld.log'}
 SlurmdLogFile={r / 'log' / 'slurmd.log'}
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-NodeName={self.host} CPUs={cpus} RealMemory={memory} State=UNKNOWN
+NodeName={self.host} CPUs={cpus} RealMemory={memory} Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
+        (r / "gres.conf").write_text(f"NodeName={self.host} Name=gpu File=/dev/null\n"
+                                     f"NodeName={self.host} Name=gpu File=/dev/zero\n")
+
+    def workdir(self, name: str) -> Path:
+        """A new directory, owned by the unprivileged user (the job user's when that is root), for what its jobs
+        write (runs, logs, sweep directories)."""
+        path = self.root / "work" / name
+        n = 1
+        while path.exists():
+            n += 1
+            path = self.root / "work" / f"{name}{n}"
+        path.mkdir(parents=True)
+        os.chown(path, self.uid, self.gid)
+        return path
+
+    def as_user(self, argv: list[str], user: Optional[str] = None) -> list[str]:
+        """`argv` run as `user` (default: the Python jobs' user; setpriv keeps the environment: SLURM_CONF, PATH)."""
+        user = user or getattr(self, "user", self.unprivileged)
+        if os.geteuid() != 0 or user == "root":
+            return list(argv)
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--", *argv]
+
+    def user_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a command run as the job user (a HOME it may write: W&B, torch caches)."""
+        home = self.root / "work" / ".home"
+        if not home.exists():
+            home.mkdir()
+            os.chown(home, self.uid, self.gid)
+        return {**self.env, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
     def start(self, timeout_s: float = 90.0) -> "SlurmCluster":
         """Start the three daemons in the foreground (-D / -F) as our children, then wait until the node is idle."""
@@ -101,7 +150,24 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         self.procs["slurmd"] = subprocess.Popen(["slurmd", "-D", "-f", str(self.conf), "-N", self.host],
                                                 stdout=log, stderr=log, env=self.env)
         self._wait(lambda: self.node_state() in ("idle", "mixed", "allocated"), timeout_s, "the node to come up")
+        if os.geteuid() == 0:
+            self._check_python_as_user()
         return self
+
+    def _check_python_as_user(self) -> None:
+        """A job of the unprivileged user that starts this Python; if it cannot, Python jobs run as root."""
+        out = self.workdir("probe") / "probe.out"
+        done = subprocess.run(self.as_user(["sbatch", "--parsable", f"--output={out}", "--wrap",
+                                            f"{sys.executable} -c pass"]), env=self.user_env(), cwd=self.root / "work",
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"sbatch as {self.unprivileged}: {done.stderr.strip()}; logs: {self.logs()}")
+        job = done.stdout.strip().split(";")[0]
+        if self.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 60) != "COMPLETED":
+            self.user = "root"
+            why = out.read_text().strip().splitlines()[-1:] if out.exists() else ["no output"]
+            self.python_user_note = (f"{sys.executable} cannot start in a job of {self.unprivileged} "
+                                     f"({why[0]}): the Python jobs run as root")
 
     def _wait(self, ready, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -173,7 +239,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
     def stop(self) -> None:
         """Cancel every job (bounded wait), then stop the daemons by PID (slurmd, slurmctld, munged)."""
         if self.procs.get("slurmctld") is not None and self.procs["slurmctld"].poll() is None:
-            self.run("scancel", "--full", "--user", "root", check=False)
+            for user in {"root", self.unprivileged}:
+                self.run("scancel", "--full", "--user", user, check=False)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and self.run("squeue", "-h", check=False, timeout_s=10).stdout.strip():
                 time.sleep(0.5)

@@ -1,155 +1,119 @@
-"""A real SLURM cluster (single node): the README's recipe under sbatch, preempted mid-epoch with SIGUSR1 (by scancel,
-and by `--signal=USR1@N` before a `--time` limit with W&B offline on), requeued by qkvqa itself, resumed on every rank
-to the uninterrupted result (issue 16)."""
+"""A real SLURM cluster (single node, JobRequeue=0, jobs as an unprivileged user, 2 fake GPUs): the README's and
+docs/training.md's sbatch scripts submitted as written (tests/slurm/recipes.py), preempted mid-epoch with SIGUSR1 (by
+scancel, and by `--signal=USR1@N` before a `--time` limit with W&B offline on), requeued by qkvqa itself, resumed on
+every rank to the uninterrupted result (issues 16, 37)."""
 from __future__ import annotations
 
-import json
-import sys
+import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.slurm import recipes
+from tests.slurm.recipes import STEPS
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
-STEPS = 16                  # 64 samples, batch 8 on 2 ranks: 4 steps an epoch
 
 
-def _script(root: Path, name: str, seen: Path, sleep: str, sbatch: str = "", wandb: bool = False) -> Path:
-    """The README's recipe for the toy task: 2 tasks on 1 node, CPU and gloo, requeue on, resume=auto, no run_id."""
-    path = root / f"{name}.sbatch"
-    path.write_text(f"""#!/bin/bash
-#SBATCH --job-name={name}
-#SBATCH --nodes=1
-#SBATCH --ntasks-per-node=2
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --output={root}/{name}-%j.out
-{sbatch}
-export OMP_NUM_THREADS=1 TOY_SEEN_FILE={seen} TOY_STEP_SLEEP={sleep} WANDB_MODE=offline
-cd {REPO}
-srun {sys.executable} -m tests.helpers.toy paths.checkpoints_root={root / 'runs'} resume=auto \\
-    trainer.accelerator=cpu trainer.devices=2 trainer.num_nodes=1 trainer.strategy=ddp \\
-    trainer.enable_progress_bar=false trainer.log_every_n_steps=1 logger.wandb.enabled={str(wandb).lower()} \\
-    trainer.deterministic=true trainer.max_epochs=100 trainer.max_steps={STEPS}
-""")
-    return path
+def test_the_recipes_gpu_request_is_accepted_and_counted(slurm, reference):
+    """The reference ran docs/training.md's script with its `--gres=gpu:N` (N = the node's 2 fake GPUs): SLURM
+    accepted and allocated it; a request for more GPUs than the node has is refused at submission."""
+    fields = reference[3]
+    assert fields["TresPerNode"] == "gres:gpu:2", fields
+    assert fields["UserId"].startswith(f"{slurm.user}("), fields              # ran as the unprivileged user
+    assert fields["Requeue"] == "1", fields                                   # the script's --requeue
+    work = slurm.workdir("gres")
+    with pytest.raises(RuntimeError, match="Requested node configuration is not available"):
+        recipes.submit(slurm, "training-sbatch", work, "--gres=gpu:3")
 
 
-def _submit(slurm, script: Path) -> str:
-    out = slurm.run("sbatch", "--parsable", str(script)).stdout.strip()
-    return out.split(";")[0]
+def test_a_strict_cluster_requeues_a_recipe_only_because_it_asks_and_runs_it_unprivileged(slurm):
+    """JobRequeue=0: the README's script, its program a `sleep`, submitted by the unprivileged user, may be requeued
+    (by that user, as qkvqa's SIGUSR1 path does); the same script without `#SBATCH --requeue` may not. Shell only,
+    so it runs as `nobody` even where the Python jobs cannot (see `SlurmCluster.python_user_note`)."""
+    if slurm.python_user_note:
+        print(slurm.python_user_note)
+    work = slurm.workdir("strict")
+    for name in recipes.DOCS:
+        text = recipes.doc_script(name)
+        assert "#SBATCH --requeue" in text and "#SBATCH --open-mode=append" in text, name
+    script = recipes.doc_script("readme-sbatch")
+    for old, new in recipes.SCALE["readme-sbatch"]:
+        script = script.replace(old, new)
+    script = script.replace(recipes.PROGRAM["readme-sbatch"], "sleep 60  #")
+    jobs = {}
+    for kind, text in (("asks", script), ("silent", script.replace("#SBATCH --requeue", "#SBATCH --comment=none"))):
+        path = work / f"{kind}.sbatch"
+        path.write_text(text)
+        done = subprocess.run(slurm.as_user(["sbatch", "--parsable", "--ntasks-per-node=1", "--gres=gpu:1",
+                                             f"--output={work}/%x-%j.out", str(path)], user=slurm.unprivileged),
+                              env=slurm.user_env(), cwd=work, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        jobs[kind] = done.stdout.strip().split(";")[0]
+    try:
+        for job in jobs.values():
+            slurm.wait_job(job, ("RUNNING",), 60)
+            assert slurm.job_field(job, "UserId").startswith(f"{slurm.unprivileged}(")
+        requeue = {kind: subprocess.run(slurm.as_user(["scontrol", "requeue", job], user=slurm.unprivileged),
+                                        env=slurm.user_env(), capture_output=True, text=True, timeout=30)
+                   for kind, job in jobs.items()}
+        assert requeue["asks"].returncode == 0, requeue["asks"].stderr
+        assert requeue["silent"].returncode != 0 and "disabled" in requeue["silent"].stderr, requeue["silent"]
+        assert int(slurm.job_field(jobs["asks"], "Restarts") or 0) == 1
+        assert int(slurm.job_field(jobs["silent"], "Restarts") or 0) == 0
+    finally:
+        slurm.run("scancel", *jobs.values(), check=False)
 
 
-def _rows(seen: Path) -> int:
-    return len(seen.read_text().splitlines()) if seen.exists() else 0
-
-
-def _order(seen: Path) -> dict:
-    """(rank, step) -> the sample ids that rank trained on at that step (the last time it did)."""
-    order = {}
-    for line in seen.read_text().splitlines():
-        row = json.loads(line)
-        order[(row["rank"], row["step"])] = row["ids"]
-    return order
-
-
-@pytest.fixture(scope="module")
-def reference(slurm, tmp_path_factory) -> tuple[dict, dict]:
-    """An uninterrupted run of the recipe (once for the module): its final checkpoint and every rank's sample order."""
-    tmp_path = tmp_path_factory.mktemp("reference")
-    seen = tmp_path / "ref.jsonl"
-    job = _submit(slurm, _script(tmp_path, "reference", seen, "0"))
-    assert slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 240) == "COMPLETED", slurm.logs()
-    ckpt = torch.load(tmp_path / "runs" / f"reference-{job}-base" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == STEPS
-    return ckpt, _order(seen)
-
-
-def _told(slurm, root: Path, run_dir: Path) -> str:
-    """What a failed assertion shows: the run record, the tail of every job output under `root`, the daemons' logs."""
-    parts = [f"--- {run_dir / 'status.json'}\n" + ((run_dir / "status.json").read_text()
-                                                   if (run_dir / "status.json").exists() else "(none)")]
-    parts += [f"--- {out.name}\n" + out.read_text()[-6000:] for out in sorted(root.glob("*.out"))]
-    return "\n".join(parts + [slurm.logs()])
-
-
-def _wait_state(run_dir: Path, leave: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    state = leave
-    while time.monotonic() < deadline:
-        status = run_dir / "status.json"
-        state = json.loads(status.read_text()).get("state") if status.exists() else leave
-        if state != leave:
-            break
-        time.sleep(0.2)
-    return state
-
-
-def _assert_resumed_like(reference: dict, ref_order: dict, run_dir: Path, seen: Path) -> None:
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "finished" and len(status["attempts"]) == 2
-    assert not list(run_dir.glob("hpc_ckpt_*"))                            # one preemption mechanism
-    final = torch.load(run_dir / "last.ckpt", weights_only=True)
-    assert final["global_step"] == STEPS
-    for key in reference["state_dict"]:
-        assert torch.equal(final["state_dict"][key], reference["state_dict"][key]), key
-    assert _order(seen) == ref_order                                       # every rank, every step
-
-
-def test_sbatch_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank(slurm, reference, tmp_path):
+def test_readme_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank(slurm, reference):
     t0 = time.monotonic()
-    reference, ref_order = reference
-    seen = tmp_path / "seen.jsonl"
-    job = _submit(slurm, _script(tmp_path, "preempted", seen, "0.25"))
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and _rows(seen) < 2 * 6:             # both ranks past step 6: mid-epoch 2
-        time.sleep(0.2)
-    print(f"preempting at {time.monotonic() - t0:.0f} s")
-    assert _rows(seen) >= 12, slurm.logs()
+    reference, ref_order = reference[:2]
+    work = slurm.workdir("preempted")
+    seen = work / "seen.jsonl"
+    job = recipes.submit(slurm, "readme-sbatch", work, TOY_SEEN_FILE=str(seen), TOY_STEP_SLEEP="0.25")
+    run_dir = recipes.run_dir(work, job)
+    assert recipes.wait_for(lambda: recipes.rows(seen) >= 2 * 6, 240), recipes.told(slurm, work, run_dir)
+    print(f"preempting at {time.monotonic() - t0:.0f} s")                 # both ranks past step 6: mid-epoch 2
     slurm.run("scancel", "--signal=USR1", job)
-    run_dir = tmp_path / "runs" / f"preempted-{job}-base"
-    assert _wait_state(run_dir, "running", 120) == "interrupted", _told(slurm, tmp_path, run_dir)
-    print(f"interrupted at {time.monotonic() - t0:.0f} s")
+    assert recipes.wait_state(run_dir, "running", 120) == "interrupted", recipes.told(slurm, work, run_dir)
     stopped_at = torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"]
     assert 6 <= stopped_at < STEPS
     slurm.requeue_now(job)
     state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
-    assert state == "COMPLETED", _told(slurm, tmp_path, run_dir)
+    assert state == "COMPLETED", recipes.told(slurm, work, run_dir)
     print(f"requeued job done at {time.monotonic() - t0:.0f} s")
     assert int(slurm.job_field(job, "Restarts") or 0) == 1                  # requeued once, by qkvqa
-    assert [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("preempted")] == [run_dir.name]
-    _assert_resumed_like(reference, ref_order, run_dir, seen)
+    assert [p.name for p in (work / "runs").iterdir()] == [run_dir.name]
+    recipes.assert_resumed_like(reference, ref_order, run_dir, seen, attempts=2)
 
 
-def test_time_limit_signal_with_wandb_on_saves_in_seconds_requeues_and_resumes(slurm, reference, tmp_path):
-    """`--time=2 --signal=USR1@60`: slurmctld checks time limits every 30 s and sends the signal up to 30 s early, so
-    every task (W&B's service too) gets it 30-60 s into the first attempt; that attempt trains slowly (5 s a step
-    after a start of 20-30 s), so the signal lands mid-run (or, on a loaded machine, in data preparation: the job is
-    requeued all the same); the requeued attempt runs at full speed. W&B offline is on, as by default."""
+def test_time_limit_signal_with_wandb_on_saves_mid_run_requeues_and_resumes(slurm, reference):
+    """The README's script with `--time=3 --signal=USR1@90` on sbatch's command line: slurmctld checks time limits
+    every 30 s, so every task (W&B's service too) gets the signal 90-120 s into the first attempt; that attempt
+    trains slowly (8 s a step, 128 s for the whole run, after a start of 20-40 s), so the signal lands mid-run and
+    the saved step is > 0; the requeued attempt runs at full speed. W&B offline is on, as by default."""
     t0 = time.monotonic()
-    reference, ref_order = reference
-    seen = tmp_path / "seen.jsonl"
-    script = _script(tmp_path, "timed", seen, '$([ "${SLURM_RESTART_COUNT:-0}" = 0 ] && echo 5 || echo 0)',
-                     sbatch="#SBATCH --time=2\n#SBATCH --signal=USR1@60", wandb=True)
-    job = _submit(slurm, script)
-    run_dir = tmp_path / "runs" / f"timed-{job}-base"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (run_dir / "status.json").exists():
-        time.sleep(0.2)
-    assert _wait_state(run_dir, "running", 200) == "interrupted", _told(slurm, tmp_path, run_dir)
+    reference, ref_order = reference[:2]
+    work = slurm.workdir("timed")
+    seen = work / "seen.jsonl"
+    job = recipes.submit(slurm, "readme-sbatch", work, "--time=3", "--signal=USR1@90", wandb=True,
+                         TOY_SEEN_FILE=str(seen), TOY_ATTEMPT_0_ENV="TOY_STEP_SLEEP=8")
+    run_dir = recipes.run_dir(work, job)
+    assert recipes.wait_for(lambda: (run_dir / "status.json").exists(), 120), recipes.told(slurm, work, run_dir)
+    assert recipes.wait_state(run_dir, "running", 200) == "interrupted", recipes.told(slurm, work, run_dir)
     waited = time.monotonic() - t0
     saved = run_dir / "last.ckpt"
     stopped_at = torch.load(saved, weights_only=True)["global_step"] if saved.exists() else 0
-    assert stopped_at < STEPS, stopped_at
-    # The continuation gets a longer limit: a second time-limit signal (30-60 s into the attempt) would otherwise
-    # stop a requeued attempt that starts slowly on a loaded machine, and this test checks one requeue.
+    assert 0 < stopped_at < STEPS, (stopped_at, recipes.told(slurm, work, run_dir))     # a mid-run resume
+    # The continuation gets a longer limit: a second time-limit signal would otherwise stop a requeued attempt
+    # that starts slowly on a loaded machine, and this test checks one requeue.
     slurm.requeue_now(job, time_limit="10")
     state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
-    assert state == "COMPLETED", _told(slurm, tmp_path, run_dir)
+    assert state == "COMPLETED", recipes.told(slurm, work, run_dir)
     print(f"interrupted at {waited:.0f} s (step {stopped_at}), requeued job done at {time.monotonic() - t0:.0f} s")
     assert int(slurm.job_field(job, "Restarts") or 0) == 1
-    _assert_resumed_like(reference, ref_order, run_dir, seen)
+    status = recipes.assert_resumed_like(reference, ref_order, run_dir, seen, attempts=2)
+    assert (status.get("resumed_from") or "").endswith("last.ckpt")
     offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and len({name.rsplit("-", 1)[1] for name in offline}) == 1, offline  # one W&B run, resumed

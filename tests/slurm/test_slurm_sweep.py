@@ -31,9 +31,9 @@ def _sweep_file(tmp_path: Path) -> Path:
 
 
 def _sweep(slurm, sweep_file: Path, root: Path, *extra: str) -> subprocess.Popen:
-    env = {**slurm.env, "OMP_NUM_THREADS": "1", "TOY_STEP_SLEEP": "1"}
-    return subprocess.Popen([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file), "--backend", "slurm",
-                             "--checkpoints-root", str(root / "runs"), "--sweep-dir", str(root / "sweep"), *extra],
+    env = {**slurm.user_env(), "OMP_NUM_THREADS": "1", "TOY_STEP_SLEEP": "1"}
+    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file), "--backend", "slurm",
+                             "--checkpoints-root", str(root / "runs"), "--sweep-dir", str(root / "sweep"), *extra]),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -42,10 +42,11 @@ def _state(run_dir: Path):
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def test_sweep_as_a_job_array_reruns_only_the_killed_trial_and_each_finishes_once(slurm, tmp_path):
+def test_sweep_as_a_job_array_reruns_only_the_killed_trial_and_each_finishes_once(slurm):
     t0 = time.monotonic()
+    tmp_path = slurm.workdir("sweep-array")                # the job user's (tests/slurm/cluster.py)
     sweep_file = _sweep_file(tmp_path)
-    runner = _sweep(slurm, sweep_file, tmp_path, "--wait", "--wait-timeout", "400")
+    runner = _sweep(slurm, sweep_file, tmp_path, "--wait", "--wait-timeout", "400", "--gpus-per-trial", "1")
     victim = tmp_path / "runs" / "arr-t002"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (victim / "last.ckpt").exists():     # t002 trained a step or more
@@ -53,6 +54,7 @@ def test_sweep_as_a_job_array_reruns_only_the_killed_trial_and_each_finishes_onc
     assert (victim / "last.ckpt").exists(), slurm.logs()
     manifest = json.loads((tmp_path / "sweep" / "sweep_manifest.json").read_text())
     job = manifest["trials"]["t002"]["slurm_job"]
+    assert slurm.job_field(f"{job}_2", "TresPerNode") == "gres:gpu:1"      # --gpus-per-trial, counted by SLURM
     slurm.run("scancel", f"{job}_2")                                        # SIGTERM, as a preemption would
     print(f"killed task {job}_2 at {time.monotonic() - t0:.0f} s")
     out, _ = runner.communicate(timeout=420)

@@ -53,11 +53,11 @@ echo "$out"; exit $rc
 
 
 def _sweep(slurm, sweep_file: Path, root: Path, *extra: str, path_first: Path | None = None) -> subprocess.Popen:
-    env = {**slurm.env, "OMP_NUM_THREADS": "1"}
+    env = {**slurm.user_env(), "OMP_NUM_THREADS": "1"}
     if path_first is not None:
         env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
-    return subprocess.Popen([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file), "--backend", "slurm",
-                             "--checkpoints-root", str(root / "runs"), "--sweep-dir", str(root / "sweep"), *extra],
+    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file), "--backend", "slurm",
+                             "--checkpoints-root", str(root / "runs"), "--sweep-dir", str(root / "sweep"), *extra]),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -85,8 +85,9 @@ def _rerun_adopts(slurm, sweep_file: Path, root: Path, job: str, trials: list[st
     return out
 
 
-def test_a_runner_killed_right_after_sbatch_returned_never_submits_the_array_again(slurm, tmp_path):
+def test_a_runner_killed_right_after_sbatch_returned_never_submits_the_array_again(slurm):
     t0 = time.monotonic()
+    tmp_path = slurm.workdir("sweep-killed")               # the job user's (tests/slurm/cluster.py)
     sweep_file = _sweep_file(tmp_path, "once", [0, 1])
     bin_dir, answer = _fake_sbatch(tmp_path, "kill -KILL $PPID; sleep 2")
     runner = _sweep(slurm, sweep_file, tmp_path, path_first=bin_dir)
@@ -107,8 +108,9 @@ def test_a_runner_killed_right_after_sbatch_returned_never_submits_the_array_aga
     print(f"killed runner's array adopted and finished in {time.monotonic() - t0:.0f} s")
 
 
-def test_ctrl_c_while_sbatch_hangs_after_submitting_records_the_array(slurm, tmp_path):
+def test_ctrl_c_while_sbatch_hangs_after_submitting_records_the_array(slurm):
     t0 = time.monotonic()
+    tmp_path = slurm.workdir("sweep-ctrl-c")
     sweep_file = _sweep_file(tmp_path, "intr", [0])
     bin_dir, answer = _fake_sbatch(tmp_path, "exec sleep 60")     # submitted, the answer never comes
     runner = _sweep(slurm, sweep_file, tmp_path, path_first=bin_dir)
