@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.faults import signal_every_process_of
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 12                     # 64 samples, batch 8 per rank on 2 ranks: 4 steps an epoch
@@ -117,20 +119,6 @@ def test_each_rank_resumes_with_its_own_random_generators(tmp_path):
         assert torch.equal(final["qkvqa"]["rng_per_rank"][rank]["torch"], per_rank[rank]["torch"]), rank
 
 
-def _signal_every_process_of(pid: int, sig: int) -> int:
-    """What SLURM's linuxproc tracking does on preemption: the signal goes to the process and all its descendants
-    (the DDP child and W&B's service, whatever their session). Returns how many got it."""
-    import psutil
-
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for proc in procs:
-        try:
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
-    return len(procs)
-
-
 def test_a_preempted_two_rank_run_with_wandb_on_stops_in_seconds_and_resumes(tmp_path):
     """Issue 16 item 2: SIGTERM to every process of the job (W&B's service too) once hung until SIGKILL: rank 0's
     next W&B call failed and the exception path waited in a barrier rank 1 never reached."""
@@ -152,7 +140,7 @@ def test_a_preempted_two_rank_run_with_wandb_on_stops_in_seconds_and_resumes(tmp
 
         names = [p.name() for p in psutil.Process(proc.pid).children(recursive=True)]
         assert any("wandb" in n for n in names), names                      # the W&B service runs, and is hit
-        assert _signal_every_process_of(proc.pid, signal.SIGTERM) >= 3
+        assert signal_every_process_of(proc.pid, signal.SIGTERM) >= 3
         sent = time.time()
         out, _ = proc.communicate(timeout=90)
         stopped_in = time.time() - sent

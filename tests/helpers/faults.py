@@ -78,3 +78,38 @@ class FaultInjector(pl.Callback):
                 f.write(data[len(data) // 2:])
 
         torch.save = save
+
+
+def signal_every_process_of(pid: int, sig: int) -> int:
+    """What SLURM's linuxproc tracking does on preemption: the signal goes to the process and all its descendants
+    (the DDP child and W&B's service, whatever their session). Returns how many got it."""
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    return len(procs)
+
+
+def run_toy(root, run_id: str, *overrides: str, env: dict, timeout_s: float = 300):
+    """`python -m tests.helpers.toy` as a run `run_id` under `root`, in its own session (a group signal reaches it and
+    its workers only), bounded; returns (CompletedProcess with stdout and stderr together, the time it ended)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}",
+                             f"run_id={run_id}", *overrides], cwd=repo, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), time.time()

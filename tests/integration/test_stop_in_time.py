@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from qkvqa.run.record import RunRecord
+from tests.helpers.faults import run_toy, signal_every_process_of
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -24,20 +25,9 @@ BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer
         "trainer.val_check_interval=3", "checkpoint.monitor=val/loss", "checkpoint.mode=min"]
 
 
-def toy(root: Path, run_id: str, *overrides: str, env_extra: dict | None = None) -> tuple[subprocess.CompletedProcess,
-                                                                                          float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOY_N": "64", "TOY_VAL_N": "48", "TOY_TOTAL_STEPS": "40",
-           **(env_extra or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}",
-                             f"run_id={run_id}", *BASE, *overrides], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), time.time()
+def toy(root: Path, run_id: str, *overrides: str, env_extra: dict | None = None):
+    return run_toy(root, run_id, *BASE, *overrides, env={"OMP_NUM_THREADS": "1", "TOY_N": "64", "TOY_VAL_N": "48",
+                                                         "TOY_TOTAL_STEPS": "40", **(env_extra or {})})
 
 
 def test_a_signal_during_a_long_validation_stops_at_its_next_batch_and_the_resume_runs_it_first(tmp_path):
@@ -70,8 +60,6 @@ def test_a_signal_during_a_long_validation_stops_at_its_next_batch_and_the_resum
 
 @pytest.mark.ddp
 def test_a_stop_that_two_ranks_wait_on_in_data_preparation_ends_the_job_within_the_bound(tmp_path):
-    import psutil
-
     flag = tmp_path / "preparing"
     cmd = [sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={tmp_path}", "run_id=prep",
            "preset=ddp_cpu_sim", *BASE[:6], "trainer.max_steps=3", "checkpoint.stop_within_s=5"]
@@ -83,11 +71,7 @@ def test_a_stop_that_two_ranks_wait_on_in_data_preparation_ends_the_job_within_t
         while time.time() < deadline and not flag.exists():
             time.sleep(0.2)
         time.sleep(1.0)                               # both ranks are in their preparation
-        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
-            try:
-                p.send_signal(signal.SIGTERM)          # as SLURM signals every process of the job
-            except psutil.NoSuchProcess:
-                pass
+        signal_every_process_of(proc.pid, signal.SIGTERM)          # as SLURM signals every process of the job
         sent = time.time()
         out, _ = proc.communicate(timeout=100)
         took = time.time() - sent

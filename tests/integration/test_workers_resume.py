@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.faults import run_toy
 from tests.integration.test_qff_train import mined, train  # noqa: F401  (the module fixture)
 
 pytestmark = pytest.mark.slow
@@ -24,19 +25,9 @@ BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer
 
 
 def toy(root: Path, run_id: str, *overrides: str, fault: str = "", workers: int = 2) -> subprocess.CompletedProcess:
-    """The toy run in its own session (a group signal reaches it and its workers only), bounded."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "QKVQA_TEST_FAULT": fault, "TOY_WORKERS": str(workers),
-           "TOY_STEP_SLEEP": "0.05"}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}",
-                             f"run_id={run_id}", *BASE, *overrides], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    """The toy run with `workers` DataLoader workers in its own session, bounded."""
+    return run_toy(root, run_id, *BASE, *overrides, env={"OMP_NUM_THREADS": "1", "QKVQA_TEST_FAULT": fault,
+                                                         "TOY_WORKERS": str(workers), "TOY_STEP_SLEEP": "0.05"})[0]
 
 
 @pytest.fixture(scope="module")
