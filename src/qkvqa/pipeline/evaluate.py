@@ -10,11 +10,12 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
-from qkvqa.config.schema import EVAL_FILTERS as FILTERS, STOP_AFTER  # declared with the config
+from qkvqa.config.schema import STOP_AFTER  # declared with the config
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.stop_signals import interruptible_barrier
+from qkvqa.pipeline.filters import filter_kind, untrained_qff_refusal  # noqa: F401  (re-exported)
 
 log = get_logger(__name__)
 RETRIEVAL_FILE = "retrieval.json"
@@ -72,55 +73,9 @@ def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: DictConfig, benchmark: Any) -> None:
-    """Refuse reranked results (`made`: what produced them) made with another qff.alpha than this run's config
-    records (its config.yaml, summary and report would show a weight that did not produce them), over another KB,
-    or for other questions (another split or question file: E-VQA ids repeat per file, so coverage cannot tell)."""
-    from qkvqa.qff.rerank import reranked_meta_path
-
-    store = benchmark.kb_store()
-
-    if made is None:
-        log.warning("%s has no %s: what produced it (qff.alpha, the QFF) is unknown and reported so", path,
-                    reranked_meta_path(path).name)
-        return
-    meta = reranked_meta_path(path)
-    if made.get("kb_url_checksum") not in (None, store.url_checksum):
-        raise DataError(f"{path}: reranked over another KB (URL checksum {made['kb_url_checksum']}, "
-                        f"{meta}); this evaluation's KB has {store.url_checksum}: rerank over it")
-    alpha = made.get("qff.alpha")
-    if alpha is not None and float(alpha) != float(cfg.qff.alpha):
-        raise ConfigError(f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
-                          f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}")
-    made_for, evaluated = made.get("questions"), benchmark.questions_identity(cfg.eval.split)
-    if made_for is not None and evaluated is not None and made_for != evaluated:
-        raise DataError(f"{path} was reranked for the {made.get('split')} questions {made_for} ({meta}) but this "
-                        f"evaluation's {cfg.eval.split} questions are {evaluated}: rerank with split={cfg.eval.split}")
-
-
 def build_filter(cfg: DictConfig, benchmark: Any):
-    """The article filter named by `eval.filter`."""
-    from qkvqa.pipeline.filters import PrecomputedFilter, QFFFilter, RetrievalOrderFilter
-
-    kind = cfg.eval.filter
-    if kind not in FILTERS:
-        raise ConfigError(f"eval.filter must be one of {FILTERS}, got {kind!r}")
-    store = benchmark.kb_store()
-    if kind == "retrieval":
-        return RetrievalOrderFilter(store)
-    if kind == "precomputed":
-        if not cfg.eval.reranked_results:
-            raise ConfigError("eval.filter=precomputed needs eval.reranked_results (written by `qkvqa rerank`)")
-        from qkvqa.retrieval.results import check_coverage_of
-
-        precomputed = PrecomputedFilter(cfg.eval.reranked_results, store)
-        check_precomputed_provenance(precomputed.path, precomputed.produced_by, cfg, benchmark)
-        check_coverage_of(precomputed.path, precomputed.results, benchmark.questions(cfg.eval.split),
-                          float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage")
-        return precomputed
-    from qkvqa.qff.rerank import QFFReranker
-
-    return QFFFilter(QFFReranker.from_config(cfg, datamodule=benchmark))
+    """The article filter named by `eval.filter` (its kind builds it: `qkvqa.pipeline.filters.FILTER_KINDS`)."""
+    return filter_kind(cfg.eval.filter).build(cfg, benchmark)
 
 
 def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
@@ -144,9 +99,9 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
 
         selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n, benchmark.article_images())
     elif cfg.eval.context == "cda":
-        if needs_section_scores(cfg.cda) and cfg.eval.filter == "retrieval":
+        if needs_section_scores(cfg.cda) and not filter_kind(cfg.eval.filter).section_scores:
             raise ConfigError(f"cda.top1_section_by={cfg.cda.top1_section_by} picks the section with QFF scores, "
-                              "which eval.filter=retrieval does not compute; set cda.top1_section_by=bge or "
+                              f"which eval.filter={cfg.eval.filter} does not compute; set cda.top1_section_by=bge or "
                               "eval.filter=qff")
         splitter = build_component(cfg.components.splitter)
         reranker = build_component(cfg.components.reranker) if needs_reranker(cfg.cda) else None
@@ -177,9 +132,7 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
                      f"components.generator ({cfg.components.generator.kind}): the span after the linking word of the "
                      "context sentence that shares the most words with the question. Its accuracy says whether "
                      "the filter and CDA put the answer sentence into the context, not what a language model would answer.")
-    if cfg.eval.filter == "qff" and not cfg.qff.checkpoint:
-        notes.append("The QFF is untrained: no qff.checkpoint was given and qff.allow_untrained=true asked for an "
-                     "untrained, randomly initialised filter, so the filter figures are not those of a trained QFF.")
+    notes += filter_kind(cfg.eval.filter).caveats(cfg)
     if cfg.eval.stop_after == "filter":
         notes.append("Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
                      "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist.")
@@ -357,35 +310,7 @@ def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
                 resolve_pretrained(spec)
             except MissingWeightsError as e:
                 raise MissingWeightsError(f"components.{name}: {e}") from None
-    made = None
-    if cfg.eval.filter == "precomputed" and cfg.eval.reranked_results and Path(cfg.eval.reranked_results).is_file():
-        from qkvqa.qff.rerank import read_reranked_provenance
-
-        made = read_reranked_provenance(cfg.eval.reranked_results)   # a sidecar of another version is refused here
-        if made:
-            check_precomputed_provenance(Path(cfg.eval.reranked_results), made, cfg, benchmark)
-    checkpoint = cfg.qff.checkpoint if cfg.eval.filter == "qff" else None
-    if checkpoint and not Path(checkpoint).expanduser().exists():
-        raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or a "
-                                  ".ckpt file)")
-    if cfg.eval.filter == "qff" and not checkpoint and not cfg.qff.allow_untrained:
-        raise ConfigError(untrained_qff_refusal(cfg))
-    return made
-
-
-def untrained_qff_refusal(cfg: DictConfig) -> str:
-    """The one line that refuses an evaluation of an untrained QFF (eval.filter=qff without qff.checkpoint), naming
-    the runs under paths.checkpoints_root that hold a trained `qff/`."""
-    from qkvqa.run.rundir import trained_qff_dirs
-
-    root = cfg.paths.checkpoints_root
-    trained = trained_qff_dirs(root)
-    where = (f"trained QFFs under {root}/: {', '.join(map(str, trained))}; pass qff.checkpoint={trained[0]}"
-             if trained else f"no run under {root}/ holds a trained qff/ (train one with `qkvqa train`, then pass "
-                             "qff.checkpoint=RUN/qff)")
-    return (f"eval.filter=qff needs qff.checkpoint, the trained QFF to evaluate; it is not set, so the filter would "
-            f"be an untrained, randomly initialised QFF. {where}. Or eval.filter=retrieval for no filter, or "
-            f"qff.allow_untrained=true to evaluate an untrained QFF on purpose (the report says so)")
+    return filter_kind(cfg.eval.filter).preflight(cfg, benchmark)   # the filter's own inputs (checkpoint, file)
 
 
 def run_evaluation(cfg: DictConfig) -> dict:
@@ -423,7 +348,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
             atomic_write_json(run_dir / QUESTION_IDS, {**evaluated, "ids": [q.data_id for q in questions]})
         store = PredictionStore(run_dir)
         retrieved, meta = stage1(cfg, benchmark, split, run_dir, rank_zero)
-        if cfg.eval.filter == "qff" and rank_zero:
+        if filter_kind(cfg.eval.filter).reads_article_images and rank_zero:
             warn_articles_without_image(benchmark, retrieved, int(cfg.retrieval.top_k))
         done = store.done_ids()
         if done:
@@ -456,14 +381,14 @@ def run_evaluation(cfg: DictConfig) -> dict:
         correct = scores.pop(PER_QUESTION_KEY)
         traces = build_traces(rows, questions, retrieved, scores.pop(PER_QUESTION_DETAILS), dataset=dataset,
                               split=split, top_k=int(cfg.retrieval.top_k), filter_name=cfg.eval.filter,
-                              alpha=float(cfg.qff.alpha) if cfg.eval.filter == "qff" else None,
+                              alpha=filter_kind(cfg.eval.filter).alpha(cfg),
                               image_path=query_image_path(benchmark))
         write_traces(run_dir, traces)
         scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
         scores["question_set"] = evaluated
         scores["stage1_text"] = meta.get("stage1_text")
         scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store(), produced_by)
-        if cfg.eval.filter == "qff":
+        if filter_kind(cfg.eval.filter).reads_article_images:
             scores["qff_article_images"] = ranked_articles_without_image(benchmark, rows)
         scores["retrieval_source"] = meta["source"]
         scores["duplicate_rows_dropped"] = store.duplicates()

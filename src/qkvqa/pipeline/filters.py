@@ -3,6 +3,10 @@
 `RetrievalOrderFilter` keeps stage-1 order (the "retrieval only" baseline); `QFFFilter` scores every
 candidate section with the question-focused Q-Former and fuses (method.md section 2);
 `PrecomputedFilter` reads reranked results written by `qkvqa rerank` (OMGM step-2b layout).
+
+Each `eval.filter` value is a `FilterKind` in `FILTER_KINDS` (how it builds, the components it loads, its preflight,
+its protocol-card entry, whether it yields section scores or reads article images, its alpha, its caveats): the
+evaluation, the protocol card and the report ask the kind instead of comparing strings.
 """
 from __future__ import annotations
 
@@ -166,3 +170,194 @@ def top1_section(ranking: Ranking) -> Optional[tuple[str, int]]:
 def _at(values: Optional[list], k: int) -> Optional[float]:
     """values[k] as a float, None when the file has no such list or entry."""
     return float(values[k]) if isinstance(values, list) and k < len(values) and values[k] is not None else None
+
+
+# ---------------------------------------------------------------------------------------------- the filter kinds
+class FilterKind:
+    """One `eval.filter` value, everything the evaluation, the protocol card, the report and the traces ask of it.
+
+    A new kind is one subclass registered here (`@register_filter_kind`) plus its name in the schema's
+    `EVAL_FILTERS`; nothing else compares `eval.filter` with a string."""
+
+    name: str = ""
+    components: tuple[str, ...] = ()      # the components it loads (`protocol.used_components`, preflight)
+    section_scores: bool = False          # its ranking carries per-section scores (CDA's top-1 section by qff/fused)
+    reads_article_images: bool = False    # it scores the articles' images (articles without one are counted)
+
+    def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
+        """The filter of this run."""
+        raise NotImplementedError
+
+    def preflight(self, cfg: Any, benchmark: Any) -> Optional[dict]:
+        """Checks before stage 1 (its inputs exist and fit this run); what produced precomputed results, if any."""
+        return None
+
+    def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
+        """The protocol card's `filter` entry (a QFF-based kind has `alpha` and `focus`; None: not known)."""
+        return {"kind": self.name}
+
+    def alpha(self, cfg: Any) -> Optional[float]:
+        """The fusion weight of the ranking it writes into the traces (None: no fusion here)."""
+        return None
+
+    def caveats(self, cfg: Any) -> list[str]:
+        """Notes for the report (an untrained filter, ...)."""
+        return []
+
+
+FILTER_KINDS: dict[str, FilterKind] = {}
+
+
+def register_filter_kind(cls: type) -> type:
+    """Class decorator: make `cls().name` an `eval.filter` kind."""
+    kind = cls()
+    FILTER_KINDS[kind.name] = kind
+    return cls
+
+
+def filter_kind(name: str) -> FilterKind:
+    """The kind named by `eval.filter`; a ConfigError listing the kinds for another name."""
+    kind = FILTER_KINDS.get(name)
+    if kind is None:
+        from qkvqa.errors import ConfigError
+
+        raise ConfigError(f"eval.filter must be one of {', '.join(FILTER_KINDS)}, got {name!r}")
+    return kind
+
+
+@register_filter_kind
+class RetrievalKind(FilterKind):
+    """No filter: stage 1's order (the "retrieval only" baseline)."""
+
+    name = "retrieval"
+
+    def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
+        return RetrievalOrderFilter(benchmark.kb_store())
+
+
+def untrained_qff_refusal(cfg: Any) -> str:
+    """The one line that refuses an evaluation of an untrained QFF (eval.filter=qff without qff.checkpoint), naming
+    the runs under paths.checkpoints_root that hold a trained `qff/`."""
+    from qkvqa.run.rundir import trained_qff_dirs
+
+    root = cfg.paths.checkpoints_root
+    trained = trained_qff_dirs(root)
+    where = (f"trained QFFs under {root}/: {', '.join(map(str, trained))}; pass qff.checkpoint={trained[0]}"
+             if trained else f"no run under {root}/ holds a trained qff/ (train one with `qkvqa train`, then pass "
+                             "qff.checkpoint=RUN/qff)")
+    return (f"eval.filter=qff needs qff.checkpoint, the trained QFF to evaluate; it is not set, so the filter would "
+            f"be an untrained, randomly initialised QFF. {where}. Or eval.filter=retrieval for no filter, or "
+            f"qff.allow_untrained=true to evaluate an untrained QFF on purpose (the report says so)")
+
+
+@register_filter_kind
+class QFFKind(FilterKind):
+    """The trained QFF scores every candidate section and fuses with stage 1 (alpha)."""
+
+    name = "qff"
+    components = ("qformer",)
+    section_scores = True
+    reads_article_images = True
+
+    def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
+        from qkvqa.qff.rerank import QFFReranker
+
+        return QFFFilter(QFFReranker.from_config(cfg, datamodule=benchmark))
+
+    def preflight(self, cfg: Any, benchmark: Any) -> Optional[dict]:
+        from qkvqa.errors import ConfigError, MissingWeightsError
+
+        checkpoint = cfg.qff.checkpoint
+        if checkpoint and not Path(checkpoint).expanduser().exists():
+            raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or "
+                                      "a .ckpt file)")
+        if not checkpoint and not cfg.qff.allow_untrained:
+            raise ConfigError(untrained_qff_refusal(cfg))
+        benchmark.article_images()            # a KB image root one folder off stops here, before stage 1
+        return None
+
+    def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
+        return {"kind": self.name, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
+
+    def alpha(self, cfg: Any) -> Optional[float]:
+        return float(cfg.qff.alpha)
+
+    def caveats(self, cfg: Any) -> list[str]:
+        if cfg.qff.checkpoint:
+            return []
+        return ["The QFF is untrained: no qff.checkpoint was given and qff.allow_untrained=true asked for an "
+                "untrained, randomly initialised filter, so the filter figures are not those of a trained QFF."]
+
+
+def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: Any, benchmark: Any) -> None:
+    """Refuse reranked results (`made`: what produced them) made with another qff.alpha than this run's config
+    records (its config.yaml, summary and report would show a weight that did not produce them), over another KB,
+    or for other questions (another split or question file: E-VQA ids repeat per file, so coverage cannot tell)."""
+    from qkvqa.errors import ConfigError
+    from qkvqa.qff.rerank import reranked_meta_path
+    from qkvqa.utils.logging import get_logger
+
+    store = benchmark.kb_store()
+    if made is None:
+        get_logger(__name__).warning("%s has no %s: what produced it (qff.alpha, the QFF) is unknown and reported so",
+                                     path, reranked_meta_path(path).name)
+        return
+    meta = reranked_meta_path(path)
+    if made.get("kb_url_checksum") not in (None, store.url_checksum):
+        raise DataError(f"{path}: reranked over another KB (URL checksum {made['kb_url_checksum']}, "
+                        f"{meta}); this evaluation's KB has {store.url_checksum}: rerank over it")
+    alpha = made.get("qff.alpha")
+    if alpha is not None and float(alpha) != float(cfg.qff.alpha):
+        raise ConfigError(f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
+                          f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}")
+    made_for, evaluated = made.get("questions"), benchmark.questions_identity(cfg.eval.split)
+    if made_for is not None and evaluated is not None and made_for != evaluated:
+        raise DataError(f"{path} was reranked for the {made.get('split')} questions {made_for} ({meta}) but this "
+                        f"evaluation's {cfg.eval.split} questions are {evaluated}: rerank with split={cfg.eval.split}")
+
+
+@register_filter_kind
+class PrecomputedKind(FilterKind):
+    """Reranked results written by `qkvqa rerank` (eval.reranked_results), with what produced them."""
+
+    name = "precomputed"
+    section_scores = True
+
+    def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
+        from qkvqa.errors import ConfigError
+        from qkvqa.retrieval.results import check_coverage_of
+
+        if not cfg.eval.reranked_results:
+            raise ConfigError("eval.filter=precomputed needs eval.reranked_results (written by `qkvqa rerank`)")
+        precomputed = PrecomputedFilter(cfg.eval.reranked_results, benchmark.kb_store())
+        check_precomputed_provenance(precomputed.path, precomputed.produced_by, cfg, benchmark)
+        check_coverage_of(precomputed.path, precomputed.results, benchmark.questions(cfg.eval.split),
+                          float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage")
+        return precomputed
+
+    def preflight(self, cfg: Any, benchmark: Any) -> Optional[dict]:
+        path = cfg.eval.reranked_results
+        if not (path and Path(path).is_file()):
+            return None
+        from qkvqa.qff.rerank import read_reranked_provenance
+
+        made = read_reranked_provenance(path)              # a sidecar of another version is refused here
+        if made:
+            check_precomputed_provenance(Path(path), made, cfg, benchmark)
+        return made
+
+    def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
+        """What produced the reranked file (its `qkvqa rerank` sidecar: alpha, focus, the QFF's weights); alpha None
+        when the file does not say (never the config's alpha, which did not produce it)."""
+        from qkvqa.qff.rerank import read_reranked_provenance, reranked_meta_path
+
+        path = cfg.eval.reranked_results
+        made = produced_by
+        if made is None and path and Path(path).is_file():
+            made = read_reranked_provenance(path)
+        if made is None:
+            return {"kind": self.name, "file": str(path), "alpha": None, "focus": None,
+                    "produced_by": f"unknown (no {reranked_meta_path(path).name}: not written by `qkvqa rerank`)"}
+        return {"kind": self.name, "file": str(path), "alpha": made.get("qff.alpha"), "focus": made.get("qff.focus"),
+                "top_k": made.get("retrieval.top_k"), "qformer": made.get("qformer"),
+                "produced_by": f"qkvqa rerank run {made.get('run_id')}"}

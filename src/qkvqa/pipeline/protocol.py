@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from qkvqa.config.paper_rows import LLAMA3_SUMMARIES, paper_row, row_differences, show, varied_values
 from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions, protocol_named
+from qkvqa.pipeline.filters import filter_kind
 
 TABLE6_ROW, TABLE6_SUBSET = "table6/infoseek_1k", 1000
 FINGERPRINT_BYTES = 4 << 20          # bytes read at each end of a weight file
@@ -49,7 +50,7 @@ def used_components(cfg: Any) -> list[str]:
     generated = cfg.eval.stop_after != "filter"
     used = [] if cfg.retrieval.results else ["image_encoder"] + (
         ["text_encoder"] if cfg.retrieval.mode == "image_to_summary" else [])
-    used += ["qformer"] if cfg.eval.filter == "qff" else []
+    used += list(filter_kind(cfg.eval.filter).components)
     used += ["reranker"] if generated and cfg.eval.context == "cda" and needs_reranker(cfg.cda) else []
     used += ["generator"] if generated else []
     used += ["judge"] if generated and cfg.data.dataset == "evqa" and cfg.eval.judge == "bem" else []
@@ -202,26 +203,11 @@ def trained_record(cfg: Any) -> dict:
 
 
 def filter_card(cfg: Any, produced_by: Optional[dict] = None) -> dict:
-    """What filtered the articles: the QFF with the config's focus and alpha; for eval.filter=precomputed, what
-    produced the reranked file (its `qkvqa rerank` sidecar: alpha, focus, the QFF's weights), alpha None when the
-    file does not say (never the config's alpha, which did not produce it); the retrieval order has no alpha.
-    `produced_by`: the sidecar as the evaluation read it before it started (else it is read here)."""
-    if cfg.eval.filter == "qff":
-        return {"kind": "qff", "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
-    if cfg.eval.filter != "precomputed":
-        return {"kind": cfg.eval.filter}
-    from qkvqa.qff.rerank import read_reranked_provenance, reranked_meta_path
-
-    path = cfg.eval.reranked_results
-    made = produced_by
-    if made is None and path and Path(path).is_file():
-        made = read_reranked_provenance(path)
-    if made is None:
-        return {"kind": "precomputed", "file": str(path), "alpha": None, "focus": None,
-                "produced_by": f"unknown (no {reranked_meta_path(path).name}: not written by `qkvqa rerank`)"}
-    return {"kind": "precomputed", "file": str(path), "alpha": made.get("qff.alpha"), "focus": made.get("qff.focus"),
-            "top_k": made.get("retrieval.top_k"), "qformer": made.get("qformer"),
-            "produced_by": f"qkvqa rerank run {made.get('run_id')}"}
+    """What filtered the articles, as its kind describes it (`qkvqa.pipeline.filters.FilterKind.card`): the QFF with
+    the config's focus and alpha; for precomputed results what produced them (their `qkvqa rerank` sidecar, alpha
+    None when the file does not say); the retrieval order has no alpha. `produced_by`: the sidecar as the
+    evaluation read it before it started (else it is read here)."""
+    return filter_kind(cfg.eval.filter).card(cfg, produced_by)
 
 
 def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] = None) -> dict:

@@ -26,10 +26,10 @@ def _filter_value(cfg: Any, scores: dict, key: str) -> Any:
     from qkvqa.pipeline.protocol import filter_card
 
     card = (scores.get("protocol") or {}).get("filter") or filter_card(cfg)
-    if card["kind"] not in ("qff", "precomputed"):
+    if key not in card:                      # a kind with no QFF in its ranking (its card has no focus or alpha)
         return "-"
     value = card.get(key)
-    return "unknown" if value is None and card["kind"] == "precomputed" else value
+    return "unknown" if value is None else value
 
 
 def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str], notes: list[str]) -> str:

@@ -1,0 +1,74 @@
+"""Issue 36 item 2: a filter kind is one class in `qkvqa.pipeline.filters` plus its name in the schema. This test
+adds one (stage 1's order reversed, a deliberately bad filter) in exactly those two places and runs an evaluation
+with it: the pipeline builds it, the card and the report name it, the traces carry its ranking."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from qkvqa.cli.main import main
+from qkvqa.config import schema
+from qkvqa.pipeline import filters
+from qkvqa.pipeline.filters import FILTER_KINDS, FilterKind, Ranking, RetrievalOrderFilter, register_filter_kind
+from qkvqa.run.rundir import clear_run_env
+
+pytestmark = pytest.mark.slow
+
+
+class ReversedOrder(RetrievalOrderFilter):
+    """Stage 1's articles, worst first (the negated similarity as their score)."""
+
+    name = "reversed"
+
+    def rank(self, data_id, question, image, retrieved):
+        ranking = super().rank(data_id, question, image, retrieved)
+        return Ranking([replace(a, score=-a.score) for a in reversed(ranking.articles)], ranking.missing_urls)
+
+
+@pytest.fixture
+def reversed_kind(monkeypatch):
+    monkeypatch.setitem(schema.CHOICES, "eval.filter", (*schema.EVAL_FILTERS, "reversed"))    # its schema name
+
+    @register_filter_kind                                                                      # its one class
+    class ReversedKind(FilterKind):
+        name = "reversed"
+
+        def build(self, cfg, benchmark):
+            return ReversedOrder(benchmark.kb_store())
+
+        def card(self, cfg, produced_by=None):
+            return {"kind": self.name, "order": "stage 1 reversed"}
+
+    yield
+    FILTER_KINDS.pop("reversed", None)
+
+
+def test_a_kind_registered_in_one_class_runs_an_evaluation(eval_env, monkeypatch, reversed_kind):
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    clear_run_env()
+    assert main(["evaluate", "experiment=world_eval", "run_id=reversed", "eval.judge=em_only", "eval.filter=reversed",
+                 "data.max_questions=6"]) == 0
+    run_dir = eval_env["runs"] / "reversed"
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert scores["protocol"]["filter"] == {"kind": "reversed", "order": "stage 1 reversed"}
+    assert "qformer" not in scores["protocol"]["models"]                 # it loads no QFF
+    traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    reordered = 0
+    for trace in traces:
+        stage1 = [a["url"] for a in trace["stage1"]]
+        assert [a["url"] for a in trace["filter"]["articles"]] == stage1[::-1]
+        assert trace["filter"]["name"] == "reversed" and trace["filter"]["alpha"] is None
+        reordered += len(stage1) > 1
+    assert reordered >= 3                       # questions with a stage-1 ranking (the others' images are missing)
+    report = (run_dir / "report.md").read_text()
+    assert "after reversed" in report and "kind reversed" in report
+
+
+def test_every_schema_filter_has_its_kind_and_an_unknown_one_is_named():
+    assert set(schema.EVAL_FILTERS) == set(FILTER_KINDS)
+    from qkvqa.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.filter must be one of retrieval, qff, precomputed, got 'nope'"):
+        filters.filter_kind("nope")
