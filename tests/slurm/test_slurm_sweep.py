@@ -32,8 +32,9 @@ def _sweep_file(tmp_path: Path) -> Path:
 
 def _sweep(slurm, sweep_file: Path, root: Path, *extra: str) -> subprocess.Popen:
     env = {**slurm.user_env(), "OMP_NUM_THREADS": "1", "TOY_STEP_SLEEP": "1"}
-    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file), "--backend", "slurm",
-                             "--checkpoints-root", str(root / "runs"), "--sweep-dir", str(root / "sweep"), *extra]),
+    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file),
+                                           "--backend", "slurm", "--checkpoints-root", str(root / "runs"),
+                                           "--sweep-dir", str(root / "sweep"), *extra]),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

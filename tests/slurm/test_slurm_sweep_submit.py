@@ -56,8 +56,9 @@ def _sweep(slurm, sweep_file: Path, root: Path, *extra: str, path_first: Path | 
     env = {**slurm.user_env(), "OMP_NUM_THREADS": "1"}
     if path_first is not None:
         env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
-    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file), "--backend", "slurm",
-                             "--checkpoints-root", str(root / "runs"), "--sweep-dir", str(root / "sweep"), *extra]),
+    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file),
+                                           "--backend", "slurm", "--checkpoints-root", str(root / "runs"),
+                                           "--sweep-dir", str(root / "sweep"), *extra]),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -43,3 +43,85 @@ def test_a_task_that_left_the_queue_is_settled_from_its_run_record():
     assert settled_status("interrupted", True) == "interrupted"
     assert settled_status(None, False) == "pending"                   # cancelled while pending: submit it again
     assert settled_status(None, True) == "failed"                     # started, died before its run: visible
+
+
+# --- a submission recorded before sbatch whose job id the runner never read (issue 37 item 6); the whole path runs on
+# the real cluster in tests/slurm/test_slurm_sweep_submit.py, these are its branches with SLURM's answers on PATH.
+
+def _slurm_answers(tmp_path, monkeypatch, squeue: str = "", sacct: str | None = None) -> None:
+    """`squeue` printing `squeue`, `sacct` printing `sacct` (None: accounting off, an error), `sbatch` present."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {"squeue": f"printf '%s' '{squeue}'",
+               "sacct": ("echo 'accounting storage is disabled' >&2; exit 1" if sacct is None
+                         else f"printf '%s' '{sacct}'"),
+               "sbatch": "echo 'no submitting here' >&2; exit 1"}
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def _half_submitted(tmp_path):
+    """A sweep of two trials whose runner died after writing submission `arr-s001-feedc0de` and before its job id."""
+    import yaml
+
+    from qkvqa.sweep.slurm_array import SUBMITTING, SlurmSweep
+    from qkvqa.sweep.spec import load_sweep
+
+    path = tmp_path / "arr.yaml"
+    path.write_text(yaml.safe_dump({"name": "arr", "method": "grid", "metric": {"name": "m", "goal": "minimize"},
+                                    "parameters": {"seed": {"values": [0, 1]}},
+                                    "command": ["python", "-m", "x", "${args_no_hyphens}"]}))
+    sweep = SlurmSweep(load_sweep(path), checkpoints_root=tmp_path / "runs", sweep_dir=tmp_path / "sweep")
+    manifest = Manifest.create(tmp_path / "sweep", {"sweep": "arr"})
+    for trial in sweep.trials:
+        manifest.trials[trial.trial_id] = {"index": trial.index, "status": SUBMITTING,
+                                           "submission": "arr-s001-feedc0de",
+                                           "status_before_submit": "interrupted", "attempts": 1,
+                                           "run_dir": str(tmp_path / "runs" / trial.run_id), "argv": ["python"]}
+    manifest.data["submissions"] = [{"token": "arr-s001-feedc0de", "job": None, "trials": ["t000", "t001"]}]
+    manifest.save()
+    return sweep, Manifest.load(tmp_path / "sweep")
+
+
+def test_a_submission_slurm_never_got_releases_its_trials(tmp_path, monkeypatch):
+    from qkvqa.sweep.slurm_array import _submittable
+
+    _slurm_answers(tmp_path, monkeypatch)                      # squeue: nothing; sacct: accounting off; no logs
+    sweep, manifest = _half_submitted(tmp_path)
+    sweep.settle_submissions(manifest)
+    assert manifest.data["submissions"][0]["outcome"] == "not submitted"
+    assert [e["status"] for e in manifest.trials.values()] == ["interrupted", "interrupted"]
+    assert all(_submittable(e, False) for e in manifest.trials.values())
+
+
+def test_a_submission_is_adopted_from_accounting_or_from_its_task_logs(tmp_path, monkeypatch):
+    _slurm_answers(tmp_path, monkeypatch, sacct="4242_0\n4242_1\n")
+    sweep, manifest = _half_submitted(tmp_path)
+    sweep.settle_submissions(manifest)
+    assert manifest.data["submissions"][0]["job"] == "4242"
+    assert [(e["status"], e["slurm_job"], e["log"], e["attempts"]) for e in manifest.trials.values()] == \
+        [("queued", "4242", "logs/slurm-4242_0.out", 2), ("queued", "4242", "logs/slurm-4242_1.out", 2)]
+
+    logs = tmp_path / "logs-case"
+    logs.mkdir()
+    _slurm_answers(logs, monkeypatch)                          # forgotten by the controller, no accounting
+    sweep, manifest = _half_submitted(logs)
+    (logs / "sweep" / "logs").mkdir()
+    (logs / "sweep" / "logs" / "slurm-77_1.out").write_text(
+        "=== 2026-01-01T00:00:00 trial t001, array task 77_1, job name arr-s001-feedc0de, restart 0: python\n")
+    sweep.settle_submissions(manifest)
+    assert manifest.data["submissions"][0]["job"] == "77"
+
+
+def test_the_sweep_names_its_arrays_itself(tmp_path, monkeypatch):
+    from qkvqa.errors import ConfigError
+
+    _slurm_answers(tmp_path, monkeypatch)
+    sweep, _ = _half_submitted(tmp_path)
+    sweep.sbatch_args = ["--job-name=mine"]
+    with pytest.raises(ConfigError, match="names each array itself"):
+        sweep.run()
