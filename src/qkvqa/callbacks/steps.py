@@ -29,14 +29,18 @@ class OptimizerStepRows(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the epoch's own rows (`on_epoch=True` training metrics) at the step of its last batch, not one before it
-        for key, value in ((STEP_KEY, trainer.global_step), (EPOCH_KEY, trainer.current_epoch)):
-            pl_module.log(key, float(value), on_step=False, on_epoch=True, logger=True, prog_bar=False, batch_size=1)
+        self._log_epoch_level(trainer, pl_module)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            for key, value in ((STEP_KEY, trainer.global_step), (EPOCH_KEY, trainer.current_epoch)):
-                pl_module.log(key, float(value), on_step=False, on_epoch=True, logger=True, prog_bar=False,
-                              batch_size=1)
+            self._log_epoch_level(trainer, pl_module)
+
+    @staticmethod
+    def _log_epoch_level(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # sync_dist: every rank holds the same values (a mean of equal numbers), and Lightning warns without it
+        for key, value in ((STEP_KEY, trainer.global_step), (EPOCH_KEY, trainer.current_epoch)):
+            pl_module.log(key, float(value), on_step=False, on_epoch=True, logger=True, prog_bar=False, batch_size=1,
+                          sync_dist=trainer.world_size > 1)
 
 
 class StepLearningRateMonitor(LearningRateMonitor):
