@@ -35,8 +35,12 @@ class ResumableSampler(Sampler[int]):
         self.epoch = int(epoch)
 
     def resume_from(self, epoch: int, samples_done: int) -> None:
-        """Skip the first `samples_done` indices of this rank the next time `epoch` is iterated."""
+        """Skip the first `samples_done` indices of this rank the next time `epoch` is iterated, and make `epoch` the
+        current one now: on a resume Lightning (2.6.6) creates the loader's iterator before it calls `set_epoch`, and
+        DataLoader workers draw their first indices at once (a single process draws them later), so they took
+        epoch 0's order, unskipped, in a resume of any later epoch."""
         self._resume_epoch, self._resume_skip = int(epoch), int(samples_done)
+        self.epoch = int(epoch)
 
     def global_order(self) -> list[int]:
         """The order of all indices for the current epoch, before sharding."""

@@ -38,7 +38,9 @@ def reference(tmp_path_factory):
     return torch.load(root / "ref" / "last.ckpt", weights_only=True)
 
 
-@pytest.mark.parametrize("fault, exit_code", [("sigusr1-group@train:6", 143), ("sigterm-group@train:1", 143)])
+@pytest.mark.parametrize("fault, exit_code", [("sigusr1-group@train:6", 143), ("sigterm-group@train:1", 143),
+                                              # in the second epoch (8 steps an epoch): workers prefetch at once
+                                              ("sigterm-group@train:10", 143)])
 def test_a_group_signal_with_two_workers_stops_at_a_batch_boundary_and_resumes_exactly(reference, tmp_path, fault,
                                                                                          exit_code):
     stopped = toy(tmp_path, "run", fault=fault)
