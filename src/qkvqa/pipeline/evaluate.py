@@ -4,18 +4,19 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
-from qkvqa.config.schema import STOP_AFTER  # declared with the config
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.stop_signals import interruptible_barrier
-from qkvqa.pipeline.filters import filter_kind, untrained_qff_refusal  # noqa: F401  (re-exported)
+from qkvqa.pipeline.build import build_judge, build_pipeline, preflight
+from qkvqa.pipeline.filters import filter_kind
 
 log = get_logger(__name__)
 RETRIEVAL_FILE = "retrieval.json"
@@ -71,55 +72,6 @@ def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
             log.warning("waiting for rank zero's stage-1 results (%s)", path)
             next_log = time.monotonic() + 60
         time.sleep(0.5)
-
-
-def build_filter(cfg: DictConfig, benchmark: Any):
-    """The article filter named by `eval.filter` (its kind builds it: `qkvqa.pipeline.filters.FILTER_KINDS`)."""
-    return filter_kind(cfg.eval.filter).build(cfg, benchmark)
-
-
-def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
-    """Filter, CDA selector and generator from the config's components."""
-    from qkvqa.cda.select import ContextSelector, needs_reranker, needs_section_scores
-    from qkvqa.components import build_component
-    from qkvqa.generation.backends import build_generator
-    from qkvqa.pipeline.pipeline import KBVQAPipeline
-
-    if cfg.eval.stop_after not in STOP_AFTER:
-        raise ConfigError(f"eval.stop_after must be one of {STOP_AFTER}, got {cfg.eval.stop_after!r}")
-    if cfg.eval.stop_after == "filter":                  # filter-only study: no CDA, no generator loaded
-        return KBVQAPipeline(build_filter(cfg, benchmark), None, None, retrieval_seconds)
-    generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
-    if cfg.generation.reader == "extractive":            # the demo's: answers from the context, no language model
-        from qkvqa.generation.tiny import ExtractiveReader
-
-        generator = ExtractiveReader(generator)
-    if cfg.eval.context == "mllm_filter":
-        from qkvqa.pipeline.mllm_filter import MLLMFilterSelector
-
-        selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n, benchmark.article_images())
-    elif cfg.eval.context == "cda":
-        if needs_section_scores(cfg.cda) and not filter_kind(cfg.eval.filter).section_scores:
-            raise ConfigError(f"cda.top1_section_by={cfg.cda.top1_section_by} picks the section with QFF scores, "
-                              f"which eval.filter={cfg.eval.filter} does not compute; set cda.top1_section_by=bge or "
-                              "eval.filter=qff")
-        splitter = build_component(cfg.components.splitter)
-        reranker = build_component(cfg.components.reranker) if needs_reranker(cfg.cda) else None
-        selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)
-    else:
-        raise ConfigError(f"eval.context must be cda or mllm_filter, got {cfg.eval.context!r}")
-    return KBVQAPipeline(build_filter(cfg, benchmark), selector, generator, retrieval_seconds)
-
-
-def build_judge(cfg: DictConfig, dataset: str):
-    """BEM for E-VQA unless `eval.judge=em_only`; InfoSeek has no judge."""
-    if dataset != "evqa" or cfg.eval.judge == "em_only":
-        return None
-    if cfg.eval.judge != "bem":
-        raise ConfigError(f"eval.judge must be bem or em_only, got {cfg.eval.judge!r}")
-    from qkvqa.components import build_component
-
-    return build_component(cfg.components.judge)
 
 
 def caveats(cfg: DictConfig, scores: dict) -> list[str]:
@@ -291,121 +243,147 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
     return out
 
 
-def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
-    """Before stage 1: the KB opens and every model the run will load has its weights (qff.checkpoint included),
-    so a missing judge or generator stops the run in seconds, not after hours of generation; precomputed reranked
-    results were made with this run's qff.alpha, over its KB, for its questions. Returns what produced them (for
-    the report's filter card; None for other filters and for a file of unknown origin)."""
-    import os
+@dataclass
+class Prepared:
+    """An evaluation after its checks, before its run: the benchmark, the split's questions and what they are."""
 
-    from qkvqa.components.registry import resolve_pretrained, spec_from_mapping
-    from qkvqa.errors import MissingWeightsError
+    cfg: DictConfig
+    benchmark: Any
+    split: str
+    questions: list
+    evaluated: dict                       # the question set (file, counts per type and split, images found)
+    produced_by: Optional[dict]           # what produced precomputed reranked results (the filter kind's preflight)
+
+    @property
+    def dataset(self) -> str:
+        return self.benchmark.config.dataset
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Everything checked before the run opens: the hardware, the questions and their images, every model's weights
+    and the filter's own inputs (preflight), so a mistake stops in seconds."""
+    from qkvqa.components.hardware import warn_cpu_fallback
+    from qkvqa.data.config import data_config_from_dict, for_evaluation
+    from qkvqa.data_modules import build_data_module
     from qkvqa.pipeline.protocol import used_components
+    from qkvqa.run.trainer import check_hardware
 
-    benchmark.kb_store()
-    for name in used_components(cfg):
-        spec = spec_from_mapping(OmegaConf.to_container(cfg.components[name], resolve=True))
-        if not spec.tiny and not os.path.isfile(os.path.expanduser(str(spec.pretrained))):   # a .pth loads too
-            try:
-                resolve_pretrained(spec)
-            except MissingWeightsError as e:
-                raise MissingWeightsError(f"components.{name}: {e}") from None
-    return filter_kind(cfg.eval.filter).preflight(cfg, benchmark)   # the filter's own inputs (checkpoint, file)
+    check_hardware(cfg, used_components(cfg))
+    warn_cpu_fallback(cfg, used_components(cfg))     # real models on device: auto without a usable GPU: one line
+    benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
+    split = cfg.eval.split
+    questions = benchmark.questions(split)
+    evaluated = question_set(benchmark.config.dataset, split, questions, benchmark.config,
+                             benchmark.path(f"{split}_questions"), strict=cfg.eval.strict)
+    evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
+    return Prepared(cfg, benchmark, split, questions, evaluated, preflight(cfg, benchmark))
+
+
+def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dict) -> None:
+    """Answer the questions not answered yet (all of them on a fresh run), each rank its batches, with
+    Trainer.predict; a finished prediction set is only re-scored (a new judge: `qkvqa score run RUN_DIR`)."""
+    from qkvqa.data_modules.evaluation import EvaluationDataModule
+    from qkvqa.models.pipeline_evaluator import PipelineEvaluator
+    from qkvqa.run.lightning_noise import srun_hint_only_when_useful
+    from qkvqa.run.trainer import world_size_of
+
+    cfg, done = prep.cfg, store.done_ids()
+    if done:
+        log.info("resuming: %d questions already answered in %s", len(done), store.run_dir)
+    if all(q.data_id in done for q in prep.questions):
+        # The scoring keys may change on resume, the answers stay: nothing is loaded.
+        log.info("every question of %s is answered: scoring only", store.run_dir)
+        return
+    pipeline = build_pipeline(cfg, prep.benchmark, meta["seconds_per_question"])
+    data = EvaluationDataModule(prep.benchmark, prep.split, done, batch_size=cfg.generation.batch_size)
+    with srun_hint_only_when_useful(world_size_of(cfg)):
+        trainer.predict(PipelineEvaluator(pipeline, store, retrieved, prep.dataset, done), datamodule=data,
+                        return_predictions=False)
+    # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's predict
+    # loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than ranks, as near the
+    # end of a resumed run), and the other ranks would wait for it forever. A barrier a stop signal interrupts:
+    # rank zero may wait here for hours of the others' answers.
+    interruptible_barrier()
+
+
+def score(prep: Prepared, rows: list[dict], retrieved: dict, meta: dict, store: Any) -> tuple[dict, Any, list]:
+    """The strict scores of the merged answers (with the protocol card), the per-question verdicts and the traces."""
+    from qkvqa.pipeline.protocol import protocol_card
+    from qkvqa.pipeline.scoring import PER_QUESTION_DETAILS, PER_QUESTION_KEY, score_run
+    from qkvqa.pipeline.traces import build_traces
+
+    cfg, benchmark, dataset = prep.cfg, prep.benchmark, prep.dataset
+    judge = build_judge(cfg, dataset) if cfg.eval.stop_after != "filter" else None
+    scores = score_run(dataset, rows, prep.questions, retrieved, judge, int(cfg.retrieval.top_k),
+                       cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped,
+                       stop_after=cfg.eval.stop_after)
+    correct = scores.pop(PER_QUESTION_KEY)
+    kind = filter_kind(cfg.eval.filter)
+    traces = build_traces(rows, prep.questions, retrieved, scores.pop(PER_QUESTION_DETAILS), dataset=dataset,
+                          split=prep.split, top_k=int(cfg.retrieval.top_k), filter_name=cfg.eval.filter,
+                          alpha=kind.alpha(cfg), image_path=query_image_path(benchmark))
+    scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
+    scores["question_set"] = prep.evaluated
+    scores["stage1_text"] = meta.get("stage1_text")
+    scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store(), prep.produced_by)
+    if kind.reads_article_images:
+        scores["qff_article_images"] = ranked_articles_without_image(benchmark, rows)
+    scores["retrieval_source"] = meta["source"]
+    scores["duplicate_rows_dropped"] = store.duplicates()
+    return scores, correct, traces
+
+
+def write(prep: Prepared, job: Any, trainer: Any, scores: dict, correct: Any, traces: list, rows: list[dict],
+          retrieved: dict) -> None:
+    """scores.json, traces.jsonl, report.md, skipped_images.json, the loggers' metrics and the run summary."""
+    from qkvqa.loggers.wandb import log_predictions_table, log_run_files
+    from qkvqa.pipeline.report import render_report
+    from qkvqa.pipeline.scoring import flat_metrics
+    from qkvqa.pipeline.traces import write_traces
+
+    cfg, benchmark, run_dir = prep.cfg, prep.benchmark, job.run.run_dir
+    write_traces(run_dir, traces)
+    atomic_write_json(run_dir / "scores.json", scores)
+    label = (scores.get("benchmark") or {}).get("label")
+    atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
+    record_earlier_skips(benchmark, rows, prep.questions)   # a resumed run: the skips of the attempts before it
+    benchmark.write_skipped_images(run_dir)
+    flat = flat_metrics(scores)
+    # No step: a re-score (`qkvqa score run`) is a new W&B step, not one the resumed run has passed (dropped).
+    for logger in trainer.loggers:
+        logger.log_metrics(flat)
+    if cfg.logger.wandb.eval_table:
+        log_predictions_table(rows, prep.questions, retrieved, correct,
+                              benchmark.image_loader if cfg.logger.wandb.eval_table_images else None, traces=traces)
+    job.record.update_summary({**flat, "report": str(run_dir / "report.md"), "protocol": scores["protocol"]})
+    log_run_files(run_dir)
+    log.info("report: %s", run_dir / "report.md")
 
 
 def run_evaluation(cfg: DictConfig) -> dict:
-    """Evaluate `cfg` as one run; returns the scores on rank zero (an empty dict elsewhere)."""
+    """Evaluate `cfg` as one run, in the steps training has too: prepare, predict, score, write. Returns the scores
+    on rank zero (an empty dict elsewhere)."""
     import lightning.pytorch as pl
 
-    from qkvqa.data.config import data_config_from_dict, for_evaluation
-    from qkvqa.data_modules import build_data_module
-    from qkvqa.data_modules.evaluation import EvaluationDataModule
-    from qkvqa.loggers.wandb import log_predictions_table, log_run_files
-    from qkvqa.models.pipeline_evaluator import PipelineEvaluator
     from qkvqa.pipeline.predictions import PredictionStore
-    from qkvqa.pipeline.protocol import protocol_card, used_components
-    from qkvqa.pipeline.report import render_report
-    from qkvqa.pipeline.scoring import PER_QUESTION_DETAILS, PER_QUESTION_KEY, flat_metrics, score_run
-    from qkvqa.pipeline.traces import build_traces, write_traces
     from qkvqa.run.job import run_job
-    from qkvqa.run.lightning_noise import srun_hint_only_when_useful
-    from qkvqa.run.trainer import build_trainer, check_hardware, world_size_of
+    from qkvqa.run.trainer import build_trainer, world_size_of
 
-    check_hardware(cfg, used_components(cfg))
-    from qkvqa.components.hardware import warn_cpu_fallback
-
-    warn_cpu_fallback(cfg, used_components(cfg))     # real models on device: auto without a usable GPU: one line
-    benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
-    dataset, split = benchmark.config.dataset, cfg.eval.split
-    questions = benchmark.questions(split)
-    evaluated = question_set(dataset, split, questions, benchmark.config, benchmark.path(f"{split}_questions"),
-                             strict=cfg.eval.strict)
-    evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
-    produced_by = preflight(cfg, benchmark)
+    prep = prepare(cfg)
     with run_job(cfg, "evaluate", world_size_of(cfg)) as job:
         run_dir, rank_zero = job.run.run_dir, job.run.is_rank_zero
         if rank_zero:
-            atomic_write_json(run_dir / QUESTION_IDS, {**evaluated, "ids": [q.data_id for q in questions]})
+            atomic_write_json(run_dir / QUESTION_IDS, {**prep.evaluated, "ids": [q.data_id for q in prep.questions]})
         store = PredictionStore(run_dir)
-        retrieved, meta = stage1(cfg, benchmark, split, run_dir, rank_zero)
+        retrieved, meta = stage1(cfg, prep.benchmark, prep.split, run_dir, rank_zero)
         if filter_kind(cfg.eval.filter).reads_article_images and rank_zero:
-            warn_articles_without_image(benchmark, retrieved, int(cfg.retrieval.top_k))
-        done = store.done_ids()
-        if done:
-            log.info("resuming: %d questions already answered in %s", len(done), run_dir)
-        # Every rank builds the components from the same RNG state (rank zero has just run stage 1).
-        pl.seed_everything(cfg.seed, verbose=False)
+            warn_articles_without_image(prep.benchmark, retrieved, int(cfg.retrieval.top_k))
+        pl.seed_everything(cfg.seed, verbose=False)   # every rank builds the components from the same RNG state
         trainer = build_trainer(job)
-        if all(q.data_id in done for q in questions):
-            # A finished prediction set is re-scored without loading the filter or the generator (a new judge,
-            # `qkvqa score run RUN_DIR`): the scoring keys may change on resume, the answers stay.
-            log.info("every question of %s is answered: scoring only", run_dir)
-        else:
-            pipeline = build_pipeline(cfg, benchmark, meta["seconds_per_question"])
-            data = EvaluationDataModule(benchmark, split, done, batch_size=cfg.generation.batch_size)
-            with srun_hint_only_when_useful(world_size_of(cfg)):
-                trainer.predict(PipelineEvaluator(pipeline, store, retrieved, dataset, done), datamodule=data,
-                                return_predictions=False)
-            # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's
-            # predict loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than
-            # ranks, as near the end of a resumed run), and the other ranks would wait for it forever.
-            # (a barrier a stop signal interrupts: rank zero may wait here for hours of the others' answers)
-            interruptible_barrier()
+        predict(prep, trainer, store, retrieved, meta)
         if not (rank_zero and trainer.is_global_zero):
             return {}
-        rows = store.merge([q.data_id for q in questions])
-        judge = build_judge(cfg, dataset) if cfg.eval.stop_after != "filter" else None
-        scores = score_run(dataset, rows, questions, retrieved, judge, int(cfg.retrieval.top_k),
-                           cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped,
-                           stop_after=cfg.eval.stop_after)
-        correct = scores.pop(PER_QUESTION_KEY)
-        traces = build_traces(rows, questions, retrieved, scores.pop(PER_QUESTION_DETAILS), dataset=dataset,
-                              split=split, top_k=int(cfg.retrieval.top_k), filter_name=cfg.eval.filter,
-                              alpha=filter_kind(cfg.eval.filter).alpha(cfg),
-                              image_path=query_image_path(benchmark))
-        write_traces(run_dir, traces)
-        scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
-        scores["question_set"] = evaluated
-        scores["stage1_text"] = meta.get("stage1_text")
-        scores["protocol"] = protocol_card(cfg, scores, benchmark.kb_store(), produced_by)
-        if filter_kind(cfg.eval.filter).reads_article_images:
-            scores["qff_article_images"] = ranked_articles_without_image(benchmark, rows)
-        scores["retrieval_source"] = meta["source"]
-        scores["duplicate_rows_dropped"] = store.duplicates()
-        atomic_write_json(run_dir / "scores.json", scores)
-        label = (scores.get("benchmark") or {}).get("label")
-        atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
-        record_earlier_skips(benchmark, rows, questions)   # a resumed run: the skips of the attempts before it
-        benchmark.write_skipped_images(run_dir)
-        flat = flat_metrics(scores)
-        # No step: a re-score (`qkvqa score run`) is a new W&B step, not one the resumed run has passed (dropped).
-        for logger in trainer.loggers:
-            logger.log_metrics(flat)
-        if cfg.logger.wandb.eval_table:
-            log_predictions_table(rows, questions, retrieved, correct,
-                                  benchmark.image_loader if cfg.logger.wandb.eval_table_images else None,
-                                  traces=traces)
-        job.record.update_summary({**flat, "report": str(run_dir / "report.md"), "protocol": scores["protocol"]})
-        log_run_files(run_dir)
-        log.info("report: %s", run_dir / "report.md")
+        rows = store.merge([q.data_id for q in prep.questions])
+        scores, correct, traces = score(prep, rows, retrieved, meta, store)
+        write(prep, job, trainer, scores, correct, traces, rows, retrieved)
         return scores
