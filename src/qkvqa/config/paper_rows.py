@@ -65,14 +65,16 @@ CHUNK_TOKENS = {"evqa": 60, "infoseek": 90}          # L, method.md section 4
 
 STAGE1 = {"retrieval.mode": "image_to_summary", "retrieval.top_k": 20, STAGE1_TEXT: LLAMA3_SUMMARIES,
           "components.image_encoder": EVA_CLIP, "components.text_encoder": EVA_CLIP}
-QFF = {"eval.filter": "qff", "qff.checkpoint": Trained(True, "per_layer"), "qff.focus": "per_layer", "qff.alpha": 0.9,
+QFF = {"eval.filter": "qff", "qff.checkpoint": Trained(True, "per_layer"), "qff.allow_untrained": False,
+       "qff.focus": "per_layer", "qff.alpha": 0.9,
        "qff.score_direction": "question_to_section", "qff.question_max_tokens": 64, "qff.max_text_tokens": 512,
        "qff.image_transform": "targetpad", "qff.blip_text_preprocess": True,
        "components.qformer": Model("blip2_qff", "Salesforce/blip2-itm-vit-g"), "components.qformer.dtype": "fp16"}
 RERANKER = {"components.reranker": Model("bge_reranker", "BAAI/bge-reranker-v2-m3"), "cda.reranker_normalize": True}
 CHUNKS = {"components.splitter": Model("spacy_sentencizer"), "cda.reranker_max_length": 512}
 ARTICLES = {"cda.U": 2, "cda.theta": 0.01, "cda.K2": 2}
-GENERATION = {"eval.stop_after": "generation", "generation.prompt": "auto", "generation.max_new_tokens": 128}
+GENERATION = {"eval.stop_after": "generation", "generation.prompt": "auto", "generation.max_new_tokens": 128,
+              "generation.reader": "generator"}
 # Table 5 before CDA: the top-1 section of the top-1 article by QFF and BGE-Reranker-v2-m3, mixed as OMGM's
 # step 3 mixes them (test/step3_secaugmented_gen.py: beta * section similarity + (1 - beta) * sigmoid(BGE), beta
 # 0.2 in scripts/step3_secaugmented_gen.sh; BGE reads the pair up to 6000 tokens, model/answer_generator.py).
@@ -119,7 +121,8 @@ PAPER_ROWS = _rows(
     PaperRow("table4/infoseek_recall", "Table 4, InfoSeek Recall@K before and after the QFF", "infoseek",
              {**STAGE1, **QFF}, experiments=("table4/infoseek_recall",)),
     PaperRow("table5/evqa_no_finetuning", "Table 5, row 1 (QFF without basic fine-tuning): E-VQA 34.16", "evqa",
-             {**STAGE1, **QFF, "qff.checkpoint": Trained(False), "qff.focus": "none", **TOP1_SECTION, **GENERATION,
+             {**STAGE1, **QFF, "qff.checkpoint": Trained(False), "qff.allow_untrained": True, "qff.focus": "none",
+              **TOP1_SECTION, **GENERATION,
               "components.generator": QWEN}, experiments=("table5/evqa_no_finetuning",)),
     PaperRow("table5/evqa_basic_finetuning", "Table 5, row 2 (basic fine-tuning): E-VQA 44.19", "evqa",
              {**STAGE1, **QFF, "qff.checkpoint": Trained(True, "none"), "qff.focus": "none", **TOP1_SECTION,

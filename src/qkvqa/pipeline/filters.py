@@ -277,7 +277,11 @@ class QFFKind(FilterKind):
         return None
 
     def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
-        return {"kind": self.name, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
+        card = {"kind": self.name, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
+        if not cfg.qff.checkpoint:
+            card["weights"] = ("untrained, on purpose (qff.allow_untrained=true)" if cfg.qff.allow_untrained
+                               else "untrained")
+        return card
 
     def alpha(self, cfg: Any) -> Optional[float]:
         return float(cfg.qff.alpha)

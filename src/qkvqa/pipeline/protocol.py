@@ -244,7 +244,7 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
         if trained.get("focus"):
             card["models"]["qformer"]["trained_with"] = f"focus {trained['focus']}, gate {trained.get('gate')}"
     if cfg.eval.stop_after != "filter":
-        card["generation"] = {"kind": cfg.components.generator.kind, "decoding": "greedy",
+        card["generation"] = {"kind": cfg.components.generator.kind, "reader": cfg.generation.reader, "decoding": "greedy",
                               "max_new_tokens": cfg.generation.max_new_tokens, "prompt": cfg.generation.prompt,
                               "backend": cfg.generation.backend}
         card["judge"] = (scores.get("benchmark") or {}).get("label") if scores["dataset"] == "evqa" else \
