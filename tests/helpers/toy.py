@@ -115,6 +115,8 @@ def main(argv: list[str]) -> None:
     from qkvqa.config.load import compose
     from qkvqa.run.trainer import fit
 
+    if os.environ.get("TOY_EXTRA_OVERRIDES"):          # more key=value, e.g. for one SLURM attempt (tests/slurm)
+        argv = [*argv, *os.environ["TOY_EXTRA_OVERRIDES"].split(",")]
     experiment, presets, rest = split_overrides(argv)
     cfg = compose(experiment, presets, rest)
     total = os.environ.get("TOY_TOTAL_STEPS", "100")

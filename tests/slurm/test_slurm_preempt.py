@@ -3,9 +3,8 @@
 preempts), qkvqa saves and exits 143 without requeueing itself (on SIGTERM the scheduler requeues), and the test
 then requeues the job as the scheduler does under `PreemptMode=REQUEUE` (`scontrol requeue`, which JobRequeue=0
 allows only because the script says `--requeue`). Each run ends bitwise equal to the uninterrupted reference:
-- two successive preemptions mid-training (with QKVQA_TEST_PREEMPT_WORKERS=2, two DataLoader workers per rank:
-  that variant ends with other weights than the reference, 2026-12-03, and is left out of the suite until it
-  passes; single-process runs with workers resume bitwise);
+- two successive preemptions mid-training, with two DataLoader workers (fork) per rank (QKVQA_TEST_PREEMPT_WORKERS,
+  default 2; it ended with other weights until a resumed epoch was made current before the workers prefetch);
 - a preemption before the first checkpoint (in a slow data preparation): the next attempt trains from scratch and
   says so; then a SIGTERM during a validation (the toy has a validation set): the third attempt resumes from it."""
 from __future__ import annotations
@@ -43,7 +42,7 @@ def test_two_successive_sigterm_preemptions_with_workers_resume_bitwise(slurm, r
     work = slurm.workdir("preempt2")
     seen = work / "seen.jsonl"
     job = recipes.submit(slurm, "training-sbatch", work, TOY_SEEN_FILE=str(seen), TOY_STEP_SLEEP="1",
-                         TOY_WORKERS=os.environ.get("QKVQA_TEST_PREEMPT_WORKERS", "0"))
+                         TOY_WORKERS=os.environ.get("QKVQA_TEST_PREEMPT_WORKERS", "2"))
     rdir = recipes.run_dir(work, job)
     assert recipes.wait_for(lambda: recipes.max_step(seen) >= 4, 240), recipes.told(slurm, work, rdir)
     slurm.run("scancel", "--signal=TERM", job)
@@ -71,7 +70,10 @@ def test_sigterm_before_the_first_checkpoint_then_during_validation_resumes_bitw
     work = slurm.workdir("preempt-early")
     seen, flag = work / "seen.jsonl", work / "setup.flag"
     job = recipes.submit(slurm, "training-sbatch", work, TOY_SEEN_FILE=str(seen), TOY_VAL_N="16",
-                         TOY_ATTEMPT_0_ENV=f"TOY_SETUP_FLAG={flag} TOY_SETUP_SLEEP=60",
+                         # a preparation longer than checkpoint.stop_within_s: the stop comes at that bound, before
+                         # any step (a shorter one would reach the first batch, which saves and stops: not this test)
+                         TOY_ATTEMPT_0_ENV=f"TOY_SETUP_FLAG={flag} TOY_SETUP_SLEEP=90 "
+                                           "TOY_EXTRA_OVERRIDES=checkpoint.stop_within_s=10",
                          TOY_ATTEMPT_1_ENV="QKVQA_TEST_FAULT=sigterm@val:8")
     rdir = recipes.run_dir(work, job)
     assert recipes.wait_for(flag.exists, 240), recipes.told(slurm, work, rdir)      # in data preparation
