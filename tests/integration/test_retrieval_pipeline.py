@@ -131,7 +131,7 @@ def test_index_of_another_kb_is_refused_in_one_line(experiments, world, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "does not match" in err and "KB URL checksum" in err and f"KB article count: index {world['counts']['articles']}, KB store 24" in err
-    assert "qkvqa index build experiment=world" in err
+    assert "qkvqa index build experiment=world " in err           # the fix, with the user's own overrides after it
     clear_run_env()
     assert main(["index", "check", "experiment=world", "components.image_encoder.options.seed=1"]) == 2
     assert "query encoder" in capsys.readouterr().err
