@@ -127,3 +127,15 @@ def test_squash_stretches_and_an_unknown_transform_is_refused():
     torch.testing.assert_close(squashed[0, :, 10, 112], WHITE, atol=1e-4, rtol=0)      # no black band
     with pytest.raises(ConfigError, match="image_transform"):
         blip2_image_processor(224, "letterbox")
+
+
+def test_the_vit_cache_fingerprint_follows_the_image_geometry():
+    """A ViT cache written with the earlier square pad has the same transform name and ratio; the geometry tells it
+    apart, so such a cache is refused instead of feeding old-geometry features to training."""
+    from qkvqa.qff.builder import build_qff_component
+    from qkvqa.qff.vit_cache import vision_fingerprint
+
+    component = build_qff_component({"kind": "blip2_qff", "tiny": True, "device": "cpu"})
+    now = vision_fingerprint(component.model, component.image_processor)
+    component.image_processor.geometry = "targetpad_square"
+    assert vision_fingerprint(component.model, component.image_processor) != now

@@ -47,7 +47,7 @@ def vision_fingerprint(model, image_processor) -> str:
     digest.update(json.dumps(vision.config.to_dict(), sort_keys=True, default=str).encode())
     processor = {k: getattr(image_processor, k, None) for k in ("size", "image_mean", "image_std", "resample",
                                                                  "do_rescale", "rescale_factor", "do_normalize",
-                                                                 "transform", "target_ratio")}
+                                                                 "transform", "target_ratio", "geometry")}
     digest.update(json.dumps(processor, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, tensor in sorted(vision.state_dict().items()):
