@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,13 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("QKVQA_PROGRESS", "0")
+
+# `make test` runs the SLURM tests in a background pytest, and a shell without job control starts background jobs
+# with SIGINT ignored; every process they start inherits that, so a test's Ctrl-C (SIGINT) to a child did nothing
+# (CI: the sweep Ctrl-C test's runner ran on and exited 0). A handler set here is reset to the default on exec, so the
+# children get a terminal's Ctrl-C again, and a Ctrl-C at the terminal stops this pytest too.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

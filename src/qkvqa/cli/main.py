@@ -95,6 +95,11 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     if func is None:
         parser.print_help()
         return 2 if args.command is None else 0
+    from qkvqa.run.command_line import remember
+
+    # Every call records its own command line (a handler may refine it: `evaluate --strict`): the commands it
+    # suggests must never carry the overrides of an earlier call in this process (a notebook, a test session).
+    remember(_command_name(args), getattr(args, "overrides", None) or [])
     try:
         rc = func(args)
     except KeyboardInterrupt:
@@ -121,6 +126,12 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         print(f"qkvqa {args.command}: error: {line}", file=sys.stderr)
         return 2
     return 0 if rc is None else int(rc)
+
+
+def _command_name(args) -> str:
+    """`index build`, `kb build`, `score run`, ...: the command and, where it has them, its subcommand."""
+    sub = getattr(args, f"{args.command}_command", None)
+    return f"{args.command} {sub}" if sub else args.command
 
 
 def _disk_error_line(e: OSError) -> Optional[str]:
