@@ -24,6 +24,7 @@ class RunRecordLogger(Logger):
         # not replay). The replayed rows are written again and the older copies dropped: at the first row and at the
         # end (`RunRecord.compact_metrics`), so (step, name) stays unique in the finished file.
         self._compact_pending = resumed
+        self._resumed = False                      # set once the resumed run logged (and compacted) its first row
         self._last: dict[str, float] = {}
         self._step: Optional[int] = None
         self._written: dict[str, float] = {}       # what this step already wrote: (step, name) stays unique
@@ -73,7 +74,7 @@ class RunRecordLogger(Logger):
     def finalize(self, status: str) -> None:
         """Write the last value of every metric into summary.json (a resumed run: after dropping the older copies of
         the rows it logged again)."""
-        if getattr(self, "_resumed", False):
+        if self._resumed:
             dropped = self.record.compact_metrics()
             if dropped:
                 log.info("%s: %d rows the stopped run had logged after its last save were logged again (the same "
