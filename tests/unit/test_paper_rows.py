@@ -171,6 +171,33 @@ def test_a_local_copy_of_the_weights_matches_its_hub_id():
                for r in verdict(cfg, scores_of(row)))
 
 
+def test_the_card_says_how_the_weights_were_matched_to_the_release(tmp_path):
+    """A folder named like the release passes the row check, but the card says it was matched by its name only (a
+    fine-tune saved under that name looks the same); a path ending in the hub id says so."""
+    from qkvqa.config.paper_rows import weights_matched_by
+    from qkvqa.pipeline.protocol import protocol_card
+
+    hub = "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert weights_matched_by(hub, hub) == "the hub id"
+    assert weights_matched_by("/data/Qwen/Qwen2.5-VL-7B-Instruct/", hub) == "the path"
+    assert weights_matched_by("/data/weights/Qwen2.5-VL-7B-Instruct", hub) == "the name only"
+    assert weights_matched_by("/data/weights/other", hub, converted_from=hub) == "the converter's record"
+    assert weights_matched_by("/data/weights/Qwen2.5-VL-3B-Instruct", hub) is None
+
+    class KB:
+        store_dir, url_checksum = tmp_path / "kb", "sha256:0"
+
+        def __len__(self):
+            return 3
+
+    row = PAPER_ROWS["eval/evqa_qwen"]
+    cfg = row_config(row)
+    OmegaConf.update(cfg, "components.generator.pretrained", "/data/weights/Qwen2.5-VL-7B-Instruct")
+    card = protocol_card(cfg, scores_of(row), KB())
+    assert card["models"]["generator"]["row_weights"] == {"wanted": hub, "matched_by": "the name only"}
+    assert "the name only" in render_card(card)
+
+
 def test_the_card_says_counted_as_wrong_only_when_they_are():
     row = PAPER_ROWS["eval/evqa_qwen"]
     base = {"dataset": "evqa", "protocol": None, "split": "test", "n_questions": 10, "n_unanswerable": 2,

@@ -179,17 +179,35 @@ def _same(value: Any, wanted: Any) -> bool:
     return value == wanted
 
 
-def weights_match(pretrained: Optional[str], hub_id: str, converted_from: Optional[str] = None) -> bool:
-    """Whether `pretrained` names the row's released weights: the hub id itself, a local copy whose path ends in the
-    hub id or its name (`weights/Qwen2.5-VL-7B-Instruct`, as the README's downloads leave them), or a directory
-    converted from that hub id (`converted_from`, recorded by the converter)."""
+def weights_matched_by(pretrained: Optional[str], hub_id: str, converted_from: Optional[str] = None) -> Optional[str]:
+    """How `pretrained` was found to name the row's released weights, or None when it does not: "the hub id", "the
+    converter's record" (a directory `qkvqa convert-llava` made from that hub id), "the path" (a local copy whose
+    path ends in the hub id) or "the name only" (a folder named like the release, `weights/Qwen2.5-VL-7B-Instruct`
+    as the README's downloads leave them: a fine-tune saved under that name looks the same, which the card says)."""
     if converted_from is not None and converted_from.lower() == hub_id.lower():
-        return True
+        return "the converter's record"
     if not pretrained:
-        return False
+        return None
     ref = os.path.normpath(os.path.expanduser(str(pretrained))).replace(os.sep, "/").lower().rstrip("/")
     wanted = hub_id.lower()
-    return ref == wanted or ref.endswith("/" + wanted) or ref.rsplit("/", 1)[-1] == wanted.rsplit("/", 1)[-1]
+    if ref == wanted:
+        return "the hub id"
+    if ref.endswith("/" + wanted):
+        return "the path"
+    if ref.rsplit("/", 1)[-1] == wanted.rsplit("/", 1)[-1]:
+        return "the name only"
+    return None
+
+
+def weights_match(pretrained: Optional[str], hub_id: str, converted_from: Optional[str] = None) -> bool:
+    """Whether `pretrained` names the row's released weights (`weights_matched_by`)."""
+    return weights_matched_by(pretrained, hub_id, converted_from) is not None
+
+
+def row_weights(row: PaperRow, component: str) -> Optional[str]:
+    """The hub id of the weights `row` means for `components.<component>`, if it names any."""
+    wanted = row.settings.get(f"components.{component}")
+    return wanted.weights if isinstance(wanted, Model) else None
 
 
 def _model_difference(key: str, spec: Any, wanted: Model, converted_from: Optional[str]) -> list[str]:

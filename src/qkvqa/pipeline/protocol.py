@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from qkvqa.config.paper_rows import LLAMA3_SUMMARIES, paper_row, row_differences, show, varied_values
+from qkvqa.config.paper_rows import (LLAMA3_SUMMARIES, paper_row, row_differences, row_weights, show,
+                                     varied_values, weights_matched_by)
 from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions, protocol_named
 from qkvqa.pipeline.filters import filter_kind
 
@@ -243,6 +244,13 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
                                                   f"{trained.get('vit_dtype') or 'not recorded'} in training")
         if trained.get("focus"):
             card["models"]["qformer"]["trained_with"] = f"focus {trained['focus']}, gate {trained.get('gate')}"
+    if row is not None:                  # how each component's weights were matched to the row's release
+        converted = converted_sources(cfg, used)
+        for name in used:
+            hub_id, spec = row_weights(row, name), cfg.components[name]
+            if hub_id and not spec.tiny and not (name == "qformer" and cfg.qff.checkpoint):
+                card["models"][name]["row_weights"] = {
+                    "wanted": hub_id, "matched_by": weights_matched_by(spec.pretrained, hub_id, converted.get(name))}
     if cfg.eval.stop_after != "filter":
         card["generation"] = {"kind": cfg.components.generator.kind, "reader": cfg.generation.reader, "decoding": "greedy",
                               "max_new_tokens": cfg.generation.max_new_tokens, "prompt": cfg.generation.prompt,
