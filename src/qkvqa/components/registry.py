@@ -43,6 +43,10 @@ class ComponentSpec:
     # written by `huggingface-cli download --local-dir` is checked against it by `qkvqa doctor`
     revision: Optional[str] = None
     options: Dict[str, Any] = field(default_factory=dict)   # kind-specific settings
+    # checkpoint: the weights `pretrained` / `tiny` name; pretrained_here (components.qformer only): those weights
+    # with the Q-Former's text layers first pretrained on this config's KB and training questions (masked-language
+    # modelling, qff.text_pretrain, cached; `qkvqa pretrain-qformer`, qkvqa.qff.pretrain_here)
+    init: str = "checkpoint"
 
     def torch_dtype(self):
         """The torch dtype named by `dtype`."""

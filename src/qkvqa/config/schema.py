@@ -70,6 +70,18 @@ class RetrievalConfig:
 
 
 @dataclass
+class TextPretrainConfig:
+    """Masked-language pretraining of the Q-Former's text layers made here (components.qformer.init=pretrained_here)."""
+
+    steps: int = 1500                            # optimizer steps
+    batch_size: int = 32                         # texts per step
+    lr: float = 1.0e-3                           # AdamW peak lr (linear warm-up over 5 %, then linear decay to 0)
+    mask_prob: float = 0.15                      # share of the tokens masked (BERT's 80/10/10 rule)
+    max_tokens: int = 128                        # texts cut to this many tokens
+    seed: int = 0
+
+
+@dataclass
 class QFFConfig:
     """The Question-Focused Filter: model switches, scoring and contrastive training (method.md 2-3)."""
 
@@ -114,6 +126,9 @@ class QFFConfig:
     vit_cache_batch_size: int = 32               # images per ViT forward while writing the cache
     schedule_steps: Optional[int] = None         # OneCycle length in optimizer steps; null: the run's planned steps
     dropout: Optional[float] = None              # training dropout of the Q-Former and focus blocks; null: the model's (0.1)
+    # components.qformer.init=pretrained_here: masked-language modelling of the Q-Former's text layers on the KB's
+    # candidate sections and the training questions before QFF training (qkvqa.qff.pretrain_here)
+    text_pretrain: TextPretrainConfig = field(default_factory=TextPretrainConfig)
 
 
 @dataclass
@@ -287,6 +302,7 @@ CDA_MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
 TOP1_SECTION_BY = ("qff", "bge", "fused")
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")              # qkvqa.qff.attention
+QFORMER_INITS = ("checkpoint", "pretrained_here")         # components.qformer.init (qkvqa.qff.pretrain_here)
 STOP_AFTER = ("generation", "filter")
 PROGRESS_MODES = ("auto", "bar", "lines", "off")         # qkvqa.utils.progress.MODES
 SPLITS = ("train", "val", "test")                          # eval.split: the data.<split>_questions files
@@ -299,7 +315,9 @@ CHOICES = {
     "retrieval.mode": ("image_to_summary", "image_to_image"), "retrieval.two_hop_policy": ("exclude", "first", "any"),
     "retrieval.summary_source": ("lead_section", "summaries"),
     "qff.focus": FOCUS_MODES, "qff.gate": FOCUS_GATES, "qff.attention": ATTENTION_IMPLEMENTATIONS,
-    "qff.image_transform": IMAGE_TRANSFORMS,
+    "qff.image_transform": IMAGE_TRANSFORMS, "components.qformer.init": QFORMER_INITS,
+    **{f"components.{name}.init": ("checkpoint",) for name in ("image_encoder", "text_encoder", "reranker",
+                                                               "generator", "judge", "splitter")},
     "qff.score_direction": ("question_to_section", "section_to_question"),
     "cda.mode": CDA_MODES, "cda.top1_section_by": TOP1_SECTION_BY,
     "eval.filter": EVAL_FILTERS, "eval.judge": ("bem", "em_only"), "eval.context": ("cda", "mllm_filter"),
@@ -317,6 +335,9 @@ BOUNDS = {
     "qff.new_block_lr_scale": (0.0, None), "qff.max_text_tokens": (1, None), "qff.question_max_tokens": (1, None),
     "qff.section_batch_size": (1, None), "qff.question_batch_size": (1, None), "qff.vit_lru_size": (0, None),
     "qff.dropout": (0.0, 1.0), "qff.val_top_k": (1, None),
+    "qff.text_pretrain.steps": (1, None), "qff.text_pretrain.batch_size": (1, None),
+    "qff.text_pretrain.lr": (0.0, None), "qff.text_pretrain.mask_prob": (0.01, 0.9),
+    "qff.text_pretrain.max_tokens": (8, None),
     "cda.U": (1, None), "cda.theta": (0.0, None), "cda.chunk_tokens": (1, None), "cda.K1": (1, None),
     "cda.K2": (0, None), "cda.reranker_batch_size": (1, None), "cda.reranker_max_length": (1, None),
     "cda.top1_section_beta": (0.0, 1.0), "cda.top1_section_max_length": (1, None),
