@@ -7,6 +7,7 @@ left-out denominator, single-hop only, EM without BEM, another question count).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -74,9 +75,7 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
     card = {"kind": spec.kind, "weights": str(spec.pretrained), "revision": revision, "dtype": spec.dtype,
             "fingerprint": weights_fingerprint(spec.pretrained)}
-    from qkvqa.generation.llava_convert import card_fields
-
-    conversion = card_fields(os.path.expanduser(str(spec.pretrained))) if spec.pretrained else None
+    conversion = conversion_of(spec)
     if conversion:                   # `qkvqa convert-llava` output: what it was converted from, and by which converter
         card.update({"converted_from": conversion["converted_from"],
                      "source_revision": conversion["revision"],
@@ -158,8 +157,7 @@ def converted_sources(cfg: Any, used: list[str]) -> dict[str, str]:
     """Per used component, the hub id its local weights were converted from (the converter's record), if any."""
     out = {}
     for name in used:
-        spec = cfg.components[name]
-        source = None if spec.tiny else converted_from(spec.pretrained)
+        source = (conversion_of(cfg.components[name]) or {}).get("converted_from")
         if source:
             out[name] = source
     return out
@@ -167,24 +165,37 @@ def converted_sources(cfg: Any, used: list[str]) -> dict[str, str]:
 
 def stale_conversions(cfg: Any, used: list[str]) -> list[str]:
     """A component read from weights that an older `qkvqa convert-llava` wrote (another key map or template)."""
-    from qkvqa.generation.llava_convert import CONVERTER_VERSION, card_fields
+    from qkvqa.generation.llava_convert import CONVERTER_VERSION
 
     out = []
     for name in used:
-        spec = cfg.components[name]
-        fields = None if spec.tiny or not spec.pretrained else card_fields(os.path.expanduser(str(spec.pretrained)))
+        fields = conversion_of(cfg.components[name])
         if fields and not fields["converter_current"]:
             out.append(f"components.{name}.pretrained was converted by qkvqa convert-llava version "
                        f"{fields['converter_version']}, not this one's {CONVERTER_VERSION}; convert it again")
     return out
 
 
-def converted_from(ref: Optional[str]) -> Optional[str]:
-    """The hub id a weights directory written by `qkvqa convert-llava` records as its source, else None."""
+def conversion_of(spec: Any) -> Optional[dict]:
+    """What the card shows of a component's `qkvqa convert-llava` record (`card_fields`), None for tiny weights, a
+    hub id or a directory without one. Read once per version of the record: a card asks for it several times."""
+    from qkvqa.generation.llava_convert import RECORD
+
+    if spec.tiny or not spec.pretrained:
+        return None
+    directory = os.path.expanduser(str(spec.pretrained))
+    try:
+        stamp = os.stat(os.path.join(directory, RECORD)).st_mtime_ns
+    except OSError:
+        return None
+    return _conversion_fields(directory, stamp)
+
+
+@functools.lru_cache(maxsize=32)
+def _conversion_fields(directory: str, stamp: int) -> Optional[dict]:
     from qkvqa.generation.llava_convert import card_fields
 
-    fields = card_fields(os.path.expanduser(str(ref))) if ref else None
-    return fields["converted_from"] if fields else None
+    return card_fields(directory)
 
 
 def trained_record(cfg: Any) -> dict:
