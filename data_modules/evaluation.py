@@ -7,12 +7,13 @@ from typing import Iterable, Optional
 import lightning as L
 from torch.utils.data import DataLoader, Sampler
 
-from qkvqa.data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
+from qkvqa.data.benchmark import Benchmark
+from qkvqa.data_modules.base import QuestionImageDataset, collate_samples, record_batch_skips
 from qkvqa.data_modules.samplers import rank_and_world, worker_options
 
 
 class EvaluationDataModule(L.LightningDataModule):
-    """Wraps a benchmark DataModule for `Trainer.predict`: each remaining question goes to exactly one rank.
+    """A benchmark's split for `Trainer.predict`: each remaining question goes to exactly one rank.
 
     Questions go in FIXED batches, positions `[k*B, (k+1)*B)` of the split in file order, whatever the number of
     ranks and whatever was answered before: the stages batch across questions (the QFF scores a batch's sections
@@ -23,7 +24,7 @@ class EvaluationDataModule(L.LightningDataModule):
     numbers bit for bit. Ranks take whole batches in turn (rank r: batches r, r + N, ...).
     """
 
-    def __init__(self, benchmark: KBVQADataModule, split: str, done_ids: Iterable[str] = (), batch_size: Optional[int] = None):
+    def __init__(self, benchmark: Benchmark, split: str, done_ids: Iterable[str] = (), batch_size: Optional[int] = None):
         super().__init__()
         self.benchmark = benchmark
         self.split = split
@@ -55,8 +56,8 @@ class EvaluationDataModule(L.LightningDataModule):
                           collate_fn=partial(collate_samples, drop_missing_images=True))
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Count image skips seen in DataLoader workers (the benchmark module keeps the counter)."""
-        return self.benchmark.on_after_batch_transfer(batch, dataloader_idx)
+        """Count image skips seen in DataLoader workers (the benchmark's image loader keeps the counter)."""
+        return record_batch_skips(self.benchmark.image_loader, batch)
 
 
 class InOrder(Sampler[int]):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from qkvqa.data.benchmark import Benchmark, build_benchmark
 from qkvqa.data.questions import Question, is_training_question
 from qkvqa.data_modules.base import KBVQADataModule
 from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
@@ -290,12 +291,7 @@ class QFFTrainDataModule(KBVQADataModule):
 
     def __init__(self, config, settings: QFFDataSettings, tokenizer, image_processor=None,
                  miner: Optional[Callable[[str, Path], Path]] = None, pools_dir: Optional[Path] = None):
-        super().__init__(config)
-        from qkvqa.data_modules import DATA_MODULES
-
-        if self.config.dataset not in DATA_MODULES:
-            raise ConfigError(f"data.dataset: {self.config.dataset!r} is not one of {', '.join(DATA_MODULES)}")
-        self._reader = DATA_MODULES[self.config.dataset](self.config)
+        super().__init__(config if isinstance(config, Benchmark) else build_benchmark(config))
         self.settings = settings
         self.tokenizer = tokenizer
         self.image_processor = image_processor
@@ -306,10 +302,6 @@ class QFFTrainDataModule(KBVQADataModule):
         self.pool_files: dict[str, PoolFile] = {}
         self.setup_drops: dict[str, dict[str, Any]] = {}
         self._feature_cache = None
-
-    def read_questions(self, split: str, path: Path) -> list[Question]:
-        """Questions of the benchmark's own reader (E-VQA CSV or InfoSeek CSV/JSONL)."""
-        return self._reader.read_questions(split, path)
 
     # ------------------------------------------------------------------ samples
     def _facts_source(self) -> ArticleFactsSource:

@@ -11,6 +11,7 @@ import torch
 
 from qkvqa.cli.main import main
 from qkvqa.config.load import compose
+from qkvqa.data.benchmark import build_benchmark
 from qkvqa.data.kb import KBStore
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.rerank import QFFReranker, load_qff_component
@@ -168,9 +169,10 @@ def test_a_lightning_checkpoint_reranks_like_the_exported_qff(straight, mined, w
     from PIL import Image
 
     base = [*mined["overrides"], "retrieval.top_k=5"]
-    exported = QFFReranker.from_config(compose("demo/qff_per_layer", [], [*base, f"qff.checkpoint={straight / 'qff'}"]))
+    exported_cfg = compose("demo/qff_per_layer", [], [*base, f"qff.checkpoint={straight / 'qff'}"])
+    exported = QFFReranker.from_config(exported_cfg, build_benchmark(exported_cfg.data))
     ckpt_cfg = compose("demo/qff_per_layer", [], [*base, f"qff.checkpoint={straight / 'last.ckpt'}"])
-    from_ckpt = QFFReranker.from_config(ckpt_cfg, component=load_qff_component(ckpt_cfg))
+    from_ckpt = QFFReranker.from_config(ckpt_cfg, build_benchmark(ckpt_cfg.data), component=load_qff_component(ckpt_cfg))
     stage1 = read_results(mined["work"] / "stage1_val.json")
     record = next(q for q in world["questions"]["evqa/val.csv"] if q["question_type"] != "2_hop")
     image = Image.open(Path(world["dir"]) / world["images"][f"{record['dataset_name']}/{record['image_id']}"]["path"])

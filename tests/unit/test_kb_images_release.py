@@ -176,6 +176,7 @@ def test_embedding_kb_images_stops_before_the_encoder_and_never_ends_with_0_vect
     from omegaconf import OmegaConf
 
     from qkvqa.config.load import compose
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.retrieval.embed import embed_set
 
     data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
@@ -194,13 +195,13 @@ def test_embedding_kb_images_stops_before_the_encoder_and_never_ends_with_0_vect
 
     with pytest.raises(DataError, match=r"KB images that the title -> image CSVs list for the KB store's articles are "
                                         r"missing .*tried .*empty/"):
-        embed_set(cfg, "kb_images", encoder=NoEncoder())
+        embed_set(cfg, "kb_images", benchmark=build_benchmark(cfg.data), encoder=NoEncoder())
     cfg.data.images.max_missing_fraction = 1.0
     cfg.data.images.kb_image_url_store = str(tmp_path / "empty")           # no fallback pixels either
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
         with pytest.raises(DataError, match=r"is complete but holds 0 vectors .*missing_images"):
-            embed_set(cfg, "kb_images")
+            embed_set(cfg, "kb_images", benchmark=build_benchmark(cfg.data))
 
 
 def _qff_datamodule(world: dict, tmp_path: Path, *overrides: str):

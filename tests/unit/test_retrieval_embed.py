@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 from qkvqa.components import build_component
 from qkvqa.config.load import compose
 from qkvqa.errors import ConfigError
-from qkvqa.retrieval.embed import Embedder, embed_set
+from qkvqa.data.benchmark import build_benchmark
+from qkvqa.retrieval import embed
+
 
 TINY = {"kind": "evaclip_hf", "tiny": True, "device": "cpu", "dtype": "fp32"}
 
@@ -44,6 +46,15 @@ def world_cfg(world: dict, tmp: Path, **retrieval):
         "data": data, "components": {"image_encoder": TINY, "text_encoder": TINY},
         "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
         "retrieval": {"shard_size": 10, **retrieval}})
+
+
+def embed_set(cfg, kind: str, **options):
+    """`qkvqa.retrieval.embed.embed_set` over the benchmark of `cfg` as it is now (as `qkvqa embed` builds it)."""
+    return embed.embed_set(cfg, kind, benchmark=build_benchmark(cfg.data), **options)
+
+
+def Embedder(cfg, kind: str, split=None):
+    return embed.Embedder(cfg, kind, split, benchmark=build_benchmark(cfg.data))
 
 
 def _mtimes(emb) -> dict[int, int]:
@@ -88,7 +99,7 @@ def test_processes_split_the_shards(world, encoder, tmp_path):
 def test_kb_images_are_counted_image_by_image(world, encoder, tmp_path):
     cfg = world_cfg(world, tmp_path, mode="image_to_image")
     report = embed_set(cfg, "kb_images", encoder=encoder)
-    store = Embedder(cfg, "kb_images").dm.kb_store()
+    store = Embedder(cfg, "kb_images").benchmark.kb_store()
     image_urls = {a.row_id: a.image_urls for a in store}
     counts = report.set.counts()
     assert counts["vectors"] + counts["missing_images"] + counts["corrupt_images"] == sum(map(len, image_urls.values()))
@@ -112,7 +123,7 @@ def test_query_images_skip_the_worlds_deliberately_broken_images(world, encoder,
 
 def test_summaries_replace_the_lead_section_and_change_the_set(world, encoder, tmp_path):
     lead = world_cfg(world, tmp_path)
-    store = Embedder(lead, "kb_text").dm.kb_store()
+    store = Embedder(lead, "kb_text").benchmark.kb_store()
     urls = list(store.urls())
     summaries = tmp_path / "summaries.jsonl"
     summaries.write_text(json.dumps({"url": urls[0], "summary": "a small grey bird of the Andes"}) + "\n"
@@ -156,9 +167,7 @@ def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encod
     copied = world_cfg(world, tmp_path)
     copied.data.root = str(tmp_path / "copy")
     before = Embedder(copied, "query_images", "test").description()
-    from qkvqa.data_modules import build_data_module
-
-    dm = build_data_module(copied.data)
+    dm = build_benchmark(copied.data)
     image = next(p for p in (dm.image_loader.resolver.resolve(q.dataset_name, q.image_id) for q in dm.questions("test"))
                  if p is not None)
     image.write_bytes(image.read_bytes() + b"\0")

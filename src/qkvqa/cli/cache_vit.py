@@ -52,6 +52,15 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def miner_for(cfg):
+    """The pools miner of a training DataModule (`miner(split, out_dir) -> pools path`): `qkvqa.qff.mining.mine_to_dir`
+    over the config's benchmark, built for the mining as `qkvqa mine` builds it."""
+    from qkvqa.data.benchmark import build_benchmark
+    from qkvqa.qff.mining import mine_to_dir
+
+    return lambda split, out_dir: mine_to_dir(cfg, split, out_dir, build_benchmark(cfg.data))
+
+
 def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: Optional[int] = None,
                             pools_dir: Optional[Path] = None) -> dict:
     """`qkvqa cache-vit`: write the features of every image the config's training (and validation) samples need.
@@ -60,12 +69,10 @@ def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: 
     above both the cache (`qkvqa.qff.vit_cache`) and the training DataModule that reads it, as `train_qff` does.
     """
     import dataclasses
-    import functools
 
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.errors import StaleArtifactError
     from qkvqa.qff.builder import build_qff_component
-    from qkvqa.qff.mining import mine_to_dir
     from qkvqa.qff.vit_cache import (ViTFeatureCache, env_shard_split, feature_shape, fill_cache, image_sources,
                                      vision_fingerprint)
 
@@ -78,7 +85,7 @@ def build_cache_from_config(cfg, shard_index: Optional[int] = None, num_shards: 
     fingerprint = vision_fingerprint(model, component.image_processor)
     settings = dataclasses.replace(settings_from_config(cfg, component, fingerprint), vit_cache=None)
     dm = QFFTrainDataModule(cfg.data, settings, component.tokenizer, component.image_processor,
-                            miner=functools.partial(mine_to_dir, cfg), pools_dir=pools_dir)
+                            miner=miner_for(cfg), pools_dir=pools_dir)
     dm.prepare_data()
     needed = dm.needed_images()
     cache = ViTFeatureCache.create(cfg.qff.vit_cache, needed, fingerprint, feature_shape(model),

@@ -47,6 +47,7 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.retrieval.embed import Embedder, resolve_target, write_skipped_images
     from qkvqa.run.job import run_job
 
@@ -54,8 +55,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     kind = resolve_target(cfg)
     with run_job(cfg, "embed") as job:
-        report = Embedder(cfg, kind).run(shard_index=args.shard_index, num_shards=args.num_shards,
-                                         max_shards=args.max_shards)
+        report = Embedder(cfg, kind, benchmark=build_benchmark(cfg.data)).run(
+            shard_index=args.shard_index, num_shards=args.num_shards, max_shards=args.max_shards)
         summary = report.summary()
         job.record.update_summary({f"embed/{kind}/{name}": value for name, value in summary.items()})
         if kind != "kb_text":

@@ -60,12 +60,13 @@ def register(subparsers) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.retrieval.retrieve import build_index_from_config
     from qkvqa.run.job import run_job
 
     cfg = config_from_args(args)
     with run_job(cfg, "index build") as job:
-        index_dir, manifest = build_index_from_config(cfg)
+        index_dir, manifest = build_index_from_config(cfg, build_benchmark(cfg.data))
         job.record.update_summary({"index/dir": str(index_dir), **{f"index/{k}": manifest[k] for k in (
             "mode", "factory", "dim", "count", "build_seconds", "gpu", "trained_on")},
             **{f"index/kb_skipped/{k}": v for k, v in manifest["kb_skipped"].items()},
@@ -76,8 +77,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.errors import ConfigError
-    from qkvqa.data_modules import datamodule_for
     from qkvqa.retrieval.embed import check_mode
     from qkvqa.retrieval.index import import_index
     from qkvqa.retrieval.retrieve import expected_encoders
@@ -86,7 +87,7 @@ def _import(args: argparse.Namespace) -> int:
     if not cfg.retrieval.index_dir:
         raise ConfigError("retrieval.index_dir is not set: name the directory the imported index goes to "
                           "(retrieval.index_dir=DIR), the one evaluations then read")
-    manifest = import_index(args.faiss, args.urls, cfg.retrieval.index_dir, kb_store=datamodule_for(cfg).kb_store(),
+    manifest = import_index(args.faiss, args.urls, cfg.retrieval.index_dir, kb_store=build_benchmark(cfg.data).kb_store(),
                             mode=check_mode(cfg.retrieval.mode), encoders=expected_encoders(cfg), ids_file=args.ids,
                             kb_order=args.kb_order)
     print(json.dumps({"index_dir": cfg.retrieval.index_dir, "count": manifest["count"], "dim": manifest["dim"],
@@ -97,11 +98,12 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.retrieval.index import verify_index_files
     from qkvqa.retrieval.retrieve import load_index_from_config, rebuild_hint
 
     cfg = config_from_args(args)
-    loaded = load_index_from_config(cfg)
+    loaded = load_index_from_config(cfg, build_benchmark(cfg.data))
     hashed = verify_index_files(loaded.path, loaded.manifest, rebuild_hint(cfg), force=True)
     print(json.dumps({"index_dir": str(loaded.path), "sha256_checked": hashed, **loaded.manifest}, indent=2))
     return 0

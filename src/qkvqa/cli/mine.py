@@ -31,6 +31,7 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.qff.mining import articles_path, mine_to_dir
     from qkvqa.run.job import run_job
     from qkvqa.utils.io import read_json
@@ -39,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     split = cfg.retrieval.split
     with run_job(cfg, "mine") as job:
-        pools = mine_to_dir(cfg, split, job.run.run_dir)
+        pools = mine_to_dir(cfg, split, job.run.run_dir, build_benchmark(cfg.data))
         articles = articles_path(pools)
         report_path = job.run.run_dir / f"mining_report_{split}.json"
         report = {k: v for k, v in read_json(report_path).items() if k != "dropped_samples"}

@@ -33,18 +33,17 @@ def register(subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.pipeline.protocol import component_card
     from qkvqa.qff.rerank import rerank_split, write_reranked
     from qkvqa.run.job import run_job
 
     args.overrides = expand_shorthands(args.overrides)
     cfg = config_from_args(args)
-    from qkvqa.data_modules import datamodule_for
-
     with run_job(cfg, "rerank") as job:
-        datamodule = datamodule_for(cfg)
-        result = rerank_split(cfg, datamodule=datamodule)
-        datamodule.write_skipped_images(job.run.run_dir)
+        benchmark = build_benchmark(cfg.data)
+        result = rerank_split(cfg, benchmark=benchmark)
+        benchmark.image_loader.write_skipped(job.run.run_dir)
         qformer = component_card(cfg.components.qformer, cfg.qff.checkpoint)     # weights and their fingerprint
         path = write_reranked(job.run.run_dir / f"reranked_{result.split}.json", result.results,
                               {**result.produced_by, "qformer": qformer, "run_id": job.run.run_id})

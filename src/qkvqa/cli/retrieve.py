@@ -25,6 +25,7 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.retrieval.embed import write_skipped_images
     from qkvqa.retrieval.results import write_results
     from qkvqa.retrieval.retrieve import retrieve_split, summary_values
@@ -33,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     args.overrides = expand_shorthands(args.overrides)
     cfg = config_from_args(args)
     with run_job(cfg, "retrieve") as job:
-        result = retrieve_split(cfg)
+        result = retrieve_split(cfg, benchmark=build_benchmark(cfg.data))
         path = write_results(job.run.run_dir / f"retrieval_{result.split}.json", result.results)
         job.record.update_summary({**summary_values(result.split, result.metrics),
                                    f"retrieval/{result.split}/results": str(path)})

@@ -109,11 +109,13 @@ class Demo:
     def stage1(self) -> None:
         _cli(["embed", "experiment=demo/evaluate", "run_id=demo-embed", "resume=auto", *self.common])  # resumable
         from qkvqa.config.load import compose
+        from qkvqa.data.benchmark import build_benchmark
         from qkvqa.errors import StaleArtifactError
         from qkvqa.retrieval.retrieve import load_index_from_config
 
         try:
-            load_index_from_config(compose("demo/evaluate", [], self.common))
+            cfg = compose("demo/evaluate", [], self.common)
+            load_index_from_config(cfg, build_benchmark(cfg.data))
             log.info("reusing the stage-1 index")
         except StaleArtifactError:
             _cli(["index", "build", "experiment=demo/evaluate", "run_id=demo-index", "resume=auto", *self.common])

@@ -203,7 +203,7 @@ def kb_image_checks(dm: Any, store: Optional[Any]) -> tuple[list[Check], dict]:
     files sit one folder up or down, that folder; then the KB's main images found. (checks, counts for the disk
     estimate)."""
     from qkvqa.data.images import ArticleImageIndex, _expand_globs, _under
-    from qkvqa.data_modules.base import kb_titles
+    from qkvqa.data.benchmark import kb_titles
 
     config = dm.config.images
     if not config.kb_image_csvs:
@@ -281,7 +281,7 @@ def index_checks(cfg: Any, dm: Any, store: Optional[Any]) -> list[Check]:
         else:
             from qkvqa.retrieval.embed import Embedder, kb_set_kind
 
-            path = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm).set_path())
+            path = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), benchmark=dm).set_path())
     except Exception as e:
         return [Check("index", cfg.retrieval.mode, "todo", f"its location depends on the KB embeddings: {_err(e)}")]
     if not (path / MANIFEST_FILE).is_file():

@@ -13,8 +13,8 @@ def run_doctor(cfg: Any, load: bool = False, device: Optional[str] = None, split
     """Every check of `qkvqa doctor` for `cfg`: paths, questions and query images of the task's splits, the KB store,
     KB images per CSV, the index, the models (with `load`: on the meta device, or on `device` with one forward), the
     GPU and faiss, the disk. Returns the rows; a `fail` row is blocking."""
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.data.config import data_config_from_dict, for_evaluation
-    from qkvqa.data_modules import build_data_module
     from qkvqa.doctor import data, models, system
 
     start = time.perf_counter()
@@ -26,7 +26,7 @@ def run_doctor(cfg: Any, load: bool = False, device: Optional[str] = None, split
         checks = data.path_checks(cfg, splits)
         try:
             config = data_config_from_dict(cfg.data)
-            dm = build_data_module(for_evaluation(config) if cfg.task == "evaluate" else config)
+            dm = build_benchmark(for_evaluation(config) if cfg.task == "evaluate" else config)
         except Exception as e:
             return checks + [Check("data", "config", "fail", data._err(e))]
         kwargs = {} if open_images is None else {"open_images": open_images}

@@ -32,7 +32,7 @@ def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero
         from qkvqa.retrieval.retrieve import retrieve_split
 
         start = time.perf_counter()
-        result = retrieve_split(cfg, split, datamodule=benchmark)
+        result = retrieve_split(cfg, split, benchmark=benchmark)
         seconds = (time.perf_counter() - start) / max(len(result.results), 1)
         write_results(path, result.results)
         atomic_write_json(meta_path, {"seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
@@ -263,14 +263,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     """Everything checked before the run opens: the hardware, the questions and their images, every model's weights
     and the filter's own inputs (preflight), so a mistake stops in seconds."""
     from qkvqa.components.hardware import warn_cpu_fallback
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.data.config import data_config_from_dict, for_evaluation
-    from qkvqa.data_modules import build_data_module
     from qkvqa.pipeline.protocol import used_components
     from qkvqa.run.trainer import check_hardware
 
     check_hardware(cfg, used_components(cfg))
     warn_cpu_fallback(cfg, used_components(cfg))     # real models on device: auto without a usable GPU: one line
-    benchmark = build_data_module(for_evaluation(data_config_from_dict(cfg.data)))
+    benchmark = build_benchmark(for_evaluation(data_config_from_dict(cfg.data)))
     split = cfg.eval.split
     questions = benchmark.questions(split)
     evaluated = question_set(benchmark.config.dataset, split, questions, benchmark.config,
@@ -347,7 +347,7 @@ def write(prep: Prepared, job: Any, trainer: Any, scores: dict, correct: Any, tr
     label = (scores.get("benchmark") or {}).get("label")
     atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
     record_earlier_skips(benchmark, rows, prep.questions)   # a resumed run: the skips of the attempts before it
-    benchmark.write_skipped_images(run_dir)
+    benchmark.image_loader.write_skipped(run_dir)
     flat = flat_metrics(scores)
     # No step: a re-score (`qkvqa score run`) is a new W&B step, not one the resumed run has passed (dropped).
     for logger in trainer.loggers:

@@ -262,7 +262,7 @@ class QFFKind(FilterKind):
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         from qkvqa.qff.rerank import QFFReranker
 
-        return QFFFilter(QFFReranker.from_config(cfg, datamodule=benchmark))
+        return QFFFilter(QFFReranker.from_config(cfg, benchmark))
 
     def preflight(self, cfg: Any, benchmark: Any) -> Optional[dict]:
         from qkvqa.errors import ConfigError, MissingWeightsError

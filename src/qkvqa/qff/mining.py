@@ -361,30 +361,29 @@ class PoolFile:
 # ---------------------------------------------------------------------------------------------- from a config
 
 
-def mine_split(cfg, split: Optional[str] = None, datamodule=None) -> MiningResult:
-    """Mine the pools of `split` (default retrieval.split) from its stage-1 results under `cfg`.
+def mine_split(cfg, split: Optional[str], benchmark) -> MiningResult:
+    """Mine the pools of `split` (default retrieval.split) of `benchmark` from its stage-1 results under `cfg`.
 
     The results are `retrieval.results` when set (OMGM or EchoSight layout), else retrieved now from
     the config's index (`qkvqa.retrieval.retrieve.retrieve_split`).
     """
-    from qkvqa.data_modules import datamodule_for
     from qkvqa.retrieval.retrieve import retrieve_split
 
     split = split or cfg.retrieval.split
-    dm = datamodule if datamodule is not None else datamodule_for(cfg)
-    retrieval = retrieve_split(cfg, split, datamodule=dm)
-    facts = ArticleFactsSource(dm.kb_store(), dm.article_images(), image_paths_for(dm.config))
-    resolver = dm.image_loader.resolver
+    retrieval = retrieve_split(cfg, split, benchmark=benchmark)
+    facts = ArticleFactsSource(benchmark.kb_store(), benchmark.article_images(), image_paths_for(benchmark.config))
+    resolver = benchmark.image_loader.resolver
     q = cfg.qff
-    return mine_pools(dm.questions(split), retrieval.results, facts,
+    return mine_pools(benchmark.questions(split), retrieval.results, facts,
                       lambda question: image_key(resolver, question.dataset_name, question.image_id),
                       top_k=q.mining_top_k, gold_sections=q.mining_gold_sections, num_negatives=q.num_negatives,
                       split=split)
 
 
-def mine_to_dir(cfg, split: str, out_dir: str | os.PathLike, datamodule=None) -> Path:
-    """Mine `split` and write `hardneg_{split}.json`, its `.articles.json` and `mining_report_{split}.json` to `out_dir`."""
-    result = mine_split(cfg, split, datamodule)
+def mine_to_dir(cfg, split: str, out_dir: str | os.PathLike, benchmark) -> Path:
+    """Mine `split` of `benchmark` and write `hardneg_{split}.json`, its `.articles.json` and
+    `mining_report_{split}.json` to `out_dir`."""
+    result = mine_split(cfg, split, benchmark)
     out_dir = Path(out_dir)
     report_path = out_dir / f"mining_report_{split}.json"
     atomic_write_json(report_path, result.report)

@@ -2,7 +2,7 @@
 
 In-process API (what the pipeline evaluator calls):
 
-    reranker = QFFReranker.from_config(cfg)                  # qff.checkpoint: a `qkvqa train` RUN/qff dir or a .ckpt
+    reranker = QFFReranker.from_config(cfg, benchmark)       # qff.checkpoint: a `qkvqa train` RUN/qff dir or a .ckpt
     reranked = reranker.rerank(question_text, query_image, retrieved)   # retrieved: qkvqa.retrieval.results.Retrieved
     reranked.urls, reranked.fused_scores, reranked.section_scores, reranked.section_indices
 
@@ -109,15 +109,13 @@ class QFFReranker:
         self.articles_without_image: set[str] = set()
 
     @classmethod
-    def from_config(cls, cfg, datamodule=None, component=None) -> "QFFReranker":
-        """A reranker with the config's KB, article images, `qff.alpha`, `retrieval.top_k` and QFF (`qff.checkpoint`)."""
-        from qkvqa.data_modules import datamodule_for
-
-        dm = datamodule if datamodule is not None else datamodule_for(cfg)
+    def from_config(cls, cfg, benchmark, component=None) -> "QFFReranker":
+        """A reranker with the benchmark's KB and article images, the config's `qff.alpha`, `retrieval.top_k` and QFF
+        (`qff.checkpoint`)."""
         component = component if component is not None else load_qff_component(cfg)
         component.model.eval()
-        return cls(component, dm.kb_store(), dm.article_images(), alpha=cfg.qff.alpha, top_k=cfg.retrieval.top_k,
-                   question_batch_size=cfg.qff.question_batch_size)
+        return cls(component, benchmark.kb_store(), benchmark.article_images(), alpha=cfg.qff.alpha,
+                   top_k=cfg.retrieval.top_k, question_batch_size=cfg.qff.question_batch_size)
 
     def rerank(self, question: str, image, retrieved) -> RerankedQuestion:
         """Rerank the top-K of `retrieved` (a Retrieved) for one question and its query image (PIL)."""
@@ -176,21 +174,19 @@ class SplitRerank:
     produced_by: dict = field(default_factory=dict)     # what made these results (`reranked_provenance`)
 
 
-def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker: Optional[QFFReranker] = None) -> SplitRerank:
-    """Rerank the stage-1 results of every question of `split` (default retrieval.split) and score them.
+def rerank_split(cfg, split: Optional[str] = None, *, benchmark, reranker: Optional[QFFReranker] = None) -> SplitRerank:
+    """Rerank the stage-1 results of every question of `split` (default retrieval.split) of `benchmark` and score them.
 
     Stage-1 results are `retrieval.results` when set, else retrieved now (`retrieve_split`). A question
     whose query image is missing keeps its stage-1 order (QFF 0 everywhere) and is counted.
     """
-    from qkvqa.data_modules import datamodule_for
     from qkvqa.retrieval.results import Retrieved
     from qkvqa.retrieval.retrieve import retrieve_split
 
     split = split or cfg.retrieval.split
-    dm = datamodule if datamodule is not None else datamodule_for(cfg)
-    reranker = reranker if reranker is not None else QFFReranker.from_config(cfg, dm)
-    stage1 = retrieve_split(cfg, split, datamodule=dm)
-    questions = dm.questions(split)
+    reranker = reranker if reranker is not None else QFFReranker.from_config(cfg, benchmark)
+    stage1 = retrieve_split(cfg, split, benchmark=benchmark)
+    questions = benchmark.questions(split)
     results: dict[str, RerankedQuestion] = {}
     without_image = 0
     pending: list = []                                    # (data_id, question, image, Retrieved) of one micro-batch
@@ -202,7 +198,7 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
 
     for question in progress(questions, desc=f"rerank {split}", unit="question"):
         retrieved = stage1.results.get(question.data_id, Retrieved())
-        image = dm.image_loader.load(question.dataset_name, question.image_id)
+        image = benchmark.image_loader.load(question.dataset_name, question.image_id)
         if image is None:
             without_image += 1
             results[question.data_id] = stage1_only(retrieved, reranker.top_k, reranker.alpha)
@@ -212,19 +208,19 @@ def rerank_split(cfg, split: Optional[str] = None, *, datamodule=None, reranker:
             flush()
     flush()
     results = {q.data_id: results[q.data_id] for q in questions if q.data_id in results}   # the split's order
-    metrics = split_metrics(results, questions, dm.config.dataset, cfg)
+    metrics = split_metrics(results, questions, benchmark.config.dataset, cfg)
     metrics.update({"n_without_query_image": without_image,
                     "n_articles_without_image": len(reranker.articles_without_image)})
-    return SplitRerank(split, results, metrics, stage1.metrics, reranked_provenance(cfg, reranker, split, dm))
+    return SplitRerank(split, results, metrics, stage1.metrics, reranked_provenance(cfg, reranker, split, benchmark))
 
 
-def reranked_provenance(cfg, reranker: QFFReranker, split: str, dm) -> dict:
+def reranked_provenance(cfg, reranker: QFFReranker, split: str, benchmark) -> dict:
     """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF's focus, the
     KB, the questions (dataset, split, file) and the stage-1 results (`qkvqa rerank` adds the QFF's weights and
     fingerprint and its run id); recorded beside the file (`write_reranked`)."""
     return {"qff.alpha": reranker.alpha, "retrieval.top_k": reranker.top_k,
             "qff.focus": getattr(reranker.component.model, "focus", None),
-            "kb_url_checksum": reranker.store.url_checksum, "split": split, "questions": dm.questions_identity(split),
+            "kb_url_checksum": reranker.store.url_checksum, "split": split, "questions": benchmark.questions_identity(split),
             "stage1": cfg.retrieval.results or {"mode": cfg.retrieval.mode,
                                                 "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory}}
 

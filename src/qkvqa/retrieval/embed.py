@@ -471,7 +471,7 @@ class EmbedReport:
 class Embedder:
     """Plans and fills one embedding set from a config (see `embed_set`)."""
 
-    def __init__(self, cfg, kind: str, split: Optional[str] = None, datamodule=None):
+    def __init__(self, cfg, kind: str, split: Optional[str] = None, *, benchmark):
         if kind not in SET_KINDS:
             raise ConfigError(f"embedding target must be one of {list(EMBED_TARGETS)}, got {kind!r}")
         if cfg.retrieval.embed_dtype not in SHARD_DTYPES:
@@ -482,9 +482,7 @@ class Embedder:
         self.cfg = cfg
         self.kind = kind
         self.split = split or cfg.retrieval.split
-        from qkvqa.data_modules import datamodule_for
-
-        self.dm = datamodule if datamodule is not None else datamodule_for(cfg)
+        self.benchmark = benchmark                  # a qkvqa.data.benchmark.Benchmark (or a DataModule holding one)
         self.encoder_spec = cfg.components.text_encoder if kind == "kb_text" else cfg.components.image_encoder
         self.source = self._source()
 
@@ -492,30 +490,30 @@ class Embedder:
         from qkvqa.data.config import reads_two_hop, resolve_data_path
         from qkvqa.data.images import query_images_identity
 
-        data = self.dm.config
+        data = self.benchmark.config
         if self.kind == "kb_text":
             summaries = Path(self.cfg.retrieval.summaries).expanduser() if self.cfg.retrieval.summaries else None
-            return KBTextSource(self.dm.kb_store(), self.cfg.retrieval.summary_source, summaries)
+            return KBTextSource(self.benchmark.kb_store(), self.cfg.retrieval.summary_source, summaries)
         if self.kind == "kb_images":
             images = data.images
-            article_images = self.dm.article_images if images.kb_image_csvs else None
+            article_images = self.benchmark.article_images if images.kb_image_csvs else None
             url_store = resolve_data_path(data, images.kb_image_url_store)
             if article_images is None and url_store is None:
                 raise ConfigError("KB image embedding needs data.images.kb_image_csvs (OMGM title -> image CSVs) "
                                   "and/or data.images.kb_image_url_store (local copies of the KB image_urls)")
             images_identity = {"csvs": list(images.kb_image_csvs), "root": images.kb_image_root,
                                "url_store": images.kb_image_url_store, "max_per_title": images.max_images_per_title}
-            return KBImageSource(self.dm.kb_store(), article_images, url_store,
+            return KBImageSource(self.benchmark.kb_store(), article_images, url_store,
                                  self.cfg.retrieval.max_images_per_article, images_identity)
-        questions = self.dm.questions(self.split)
+        questions = self.benchmark.questions(self.split)
         # every input that decides which pixels a row holds: the question set and where its images are read
         # from (a wrong landmarks root once left a set of skips that a fixed config then reused)
         data_identity = {"dataset": data.dataset, "max_questions": data.max_questions,
                          "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
                          "include_two_hop": reads_two_hop(data, evaluation=False), "root": data.root,
                          "images": query_images_identity(data)}
-        return QueryImageSource(questions, self.dm.path(f"{self.split}_questions"), self.split, data_identity,
-                                self.dm.image_loader.resolver)
+        return QueryImageSource(questions, self.benchmark.path(f"{self.split}_questions"), self.split, data_identity,
+                                self.benchmark.image_loader.resolver)
 
     def description(self) -> dict:
         """Everything the vectors depend on (hashed into the set's directory name)."""
@@ -580,7 +578,7 @@ class Embedder:
         at most data.images.max_missing_fraction of the shards' KB images without a file; DataError with the counts
         and the first paths tried otherwise. Returns {"images", "missing"} (empty for texts)."""
         if self.kind == "query_images":
-            self.dm.image_loader.resolver.check_images(self.dm.questions(self.split), self.split)
+            self.benchmark.image_loader.resolver.check_images(self.benchmark.questions(self.split), self.split)
             return {}
         if self.kind != "kb_images":
             return {}
@@ -594,7 +592,7 @@ class Embedder:
                     if len(examples) < 3:
                         tried = ", ".join(map(str, item.candidates)) or "no CSV row with this image_URL, no url store"
                         examples.append(f"{item.image_id} ({tried})")
-        bound = float(self.dm.config.images.max_missing_fraction)
+        bound = float(self.benchmark.config.images.max_missing_fraction)
         if total and missing > bound * total:
             raise DataError(f"{missing} of {total} KB images to embed have no file ({100 * missing / total:.1f}%, more "
                             f"than data.images.max_missing_fraction={bound}); tried e.g. {'; '.join(examples)}. A KB image "
@@ -621,8 +619,8 @@ class Embedder:
         else:
             vectors, kept = [], []
             with progress(total=len(items), desc=desc, unit="img") as bar:
-                for batch in _image_batches(items, encoder.preprocess, self.dm.image_loader, step,
-                                            int(self.dm.config.num_workers)):
+                for batch in _image_batches(items, encoder.preprocess, self.benchmark.image_loader, step,
+                                            int(self.benchmark.config.num_workers)):
                     good = [(pos, pixels) for pos, pixels, _ in batch if pixels is not None]
                     skipped.extend(skip for _, pixels, skip in batch if pixels is None)
                     if good:
@@ -643,15 +641,16 @@ def _build_encoder(spec):
     return build_component(spec)
 
 
-def embed_set(cfg, kind: str, *, split: Optional[str] = None, datamodule=None, encoder=None, shard_index: int = 0,
+def embed_set(cfg, kind: str, *, benchmark, split: Optional[str] = None, encoder=None, shard_index: int = 0,
               num_shards: int = 1, max_shards: Optional[int] = None) -> EmbedReport:
-    """Fill the embedding set `kind` (kb_text | kb_images | query_images) of `cfg`, resuming finished shards.
+    """Fill the embedding set `kind` (kb_text | kb_images | query_images) of `cfg` over `benchmark` (its KB
+    store, article images, questions), resuming finished shards.
 
     `encoder` is reused when given (the pipeline and the QFF trainer pass theirs); otherwise the
     config's components.text_encoder (kb_text) or components.image_encoder is built, and only when a
     shard is left to compute. `split` (query_images) defaults to retrieval.split.
     """
-    return Embedder(cfg, kind, split, datamodule).run(encoder, shard_index, num_shards, max_shards)
+    return Embedder(cfg, kind, split, benchmark=benchmark).run(encoder, shard_index, num_shards, max_shards)
 
 
 def resolve_target(cfg, target: Optional[str] = None) -> str:

@@ -1,7 +1,8 @@
 """Stage 1 from a config: the KB set and index of `retrieval.mode`, top-K articles for a split, Recall@K.
 
 These are the in-process entry points of the pipeline and the QFF trainer:
-`build_index_from_config(cfg)`, `load_index_from_config(cfg)` and `retrieve_split(cfg, split)`.
+`build_index_from_config(cfg, benchmark)`, `load_index_from_config(cfg, benchmark)` and
+`retrieve_split(cfg, split, benchmark=benchmark)`; the caller passes the benchmark (`qkvqa.data.benchmark`).
 """
 from __future__ import annotations
 
@@ -53,34 +54,30 @@ def index_dir_for(cfg, kb_set_path: Path) -> Path:
     return Path(cfg.paths.cache_dir).expanduser() / "indexes" / kb_set_path.name / factory_slug(cfg.retrieval.index_factory)
 
 
-def build_index_from_config(cfg, datamodule=None) -> tuple[Path, dict]:
-    """Build the index of `retrieval.mode` over the config's (complete) KB embedding set; (index dir, manifest)."""
-    from qkvqa.data_modules import datamodule_for
-
-    dm = datamodule if datamodule is not None else datamodule_for(cfg)
-    embedder = Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm)
+def build_index_from_config(cfg, benchmark) -> tuple[Path, dict]:
+    """Build the index of `retrieval.mode` over the config's (complete) KB embedding set of `benchmark`; (index dir,
+    manifest)."""
+    embedder = Embedder(cfg, kb_set_kind(cfg.retrieval.mode), benchmark=benchmark)
     path = embedder.set_path()
     hint = rebuild_hint(cfg).split(" && ")[0]
     if not (path / "manifest.json").is_file():
         raise StaleArtifactError(f"no {embedder.kind} embeddings for this config at {path}; compute them with `{hint}`")
     out_dir = index_dir_for(cfg, path)
     r = cfg.retrieval
-    manifest = build_index(EmbeddingSet.open(path), out_dir, kb_store=dm.kb_store(), factory=r.index_factory,
+    manifest = build_index(EmbeddingSet.open(path), out_dir, kb_store=benchmark.kb_store(), factory=r.index_factory,
                            query_encoder=expected_encoders(cfg)["query"], train_size=r.index_train_size,
                            add_batch=r.index_add_batch, use_gpu=r.index_gpu, seed=cfg.seed, rebuild_hint=hint)
     return out_dir, manifest
 
 
-def load_index_from_config(cfg, datamodule=None) -> LoadedIndex:
-    """The config's index, checked against its KB store, mode and encoders (StaleArtifactError otherwise)."""
-    from qkvqa.data_modules import datamodule_for
-
-    dm = datamodule if datamodule is not None else datamodule_for(cfg)
+def load_index_from_config(cfg, benchmark) -> LoadedIndex:
+    """The config's index, checked against the benchmark's KB store, mode and encoders (StaleArtifactError
+    otherwise)."""
     if cfg.retrieval.index_dir:
         index_dir = Path(cfg.retrieval.index_dir).expanduser()
     else:
-        index_dir = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), datamodule=dm).set_path())
-    return load_index(index_dir, kb_store=dm.kb_store(), mode=check_mode(cfg.retrieval.mode),
+        index_dir = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), benchmark=benchmark).set_path())
+    return load_index(index_dir, kb_store=benchmark.kb_store(), mode=check_mode(cfg.retrieval.mode),
                       encoders=expected_encoders(cfg), factory=cfg.retrieval.index_factory,
                       use_gpu=cfg.retrieval.index_gpu, rebuild_hint=rebuild_hint(cfg))
 
@@ -118,33 +115,31 @@ class SplitRetrieval:
     stage1_text: Optional[dict] = None           # what the index embedded (`index_text_source`); None: a results file
 
 
-def retrieve_split(cfg, split: Optional[str] = None, *, datamodule=None, index: Optional[LoadedIndex] = None,
+def retrieve_split(cfg, split: Optional[str] = None, *, benchmark, index: Optional[LoadedIndex] = None,
                    encoder=None) -> SplitRetrieval:
     """Top-`retrieval.top_k` articles for every question of `split` (default retrieval.split) and their Recall@K.
 
     Query images are embedded into (or read from) the resumable query_images set, then searched in
-    the config's index (loaded and checked unless `index` is given); questions whose image is missing
+    the config's index (loaded and checked unless `index` is given); `benchmark` (a `qkvqa.data.benchmark.Benchmark`
+    or a DataModule holding one) gives the questions, their images and the KB store; questions whose image is missing
     get an empty ranking (counted). With `retrieval.results` set, that file (OMGM or EchoSight layout)
     is read instead and only scored. `encoder` is the image encoder to reuse for query images.
     """
     split = split or cfg.retrieval.split
-    from qkvqa.data_modules import datamodule_for
-
-    dm = datamodule if datamodule is not None else datamodule_for(cfg)
-    questions = dm.questions(split)
+    questions = benchmark.questions(split)
     top_k = int(cfg.retrieval.top_k)
     if top_k < 1:
         raise ConfigError(f"retrieval.top_k must be >= 1, got {top_k}")
     text = None
     if cfg.retrieval.results:
-        results, skipped, query_set = _read_for_split(cfg, dm, questions), [], None
+        results, skipped, query_set = _read_for_split(cfg, benchmark, questions), [], None
     else:
-        dm.image_loader.resolver.check_images(questions, split)
+        benchmark.image_loader.resolver.check_images(questions, split)
         if index is None:
-            index = load_index_from_config(cfg, dm)
+            index = load_index_from_config(cfg, benchmark)
         text = index_text_source(index.manifest, str(index.path))
-        results, skipped, query_set = _search_split(cfg, dm, split, questions, top_k, index, encoder)
-    metrics = retrieval_metrics(results, questions, dataset=dm.config.dataset, top_k=top_k,
+        results, skipped, query_set = _search_split(cfg, benchmark, split, questions, top_k, index, encoder)
+    metrics = retrieval_metrics(results, questions, dataset=benchmark.config.dataset, top_k=top_k,
                                 two_hop_policy=cfg.retrieval.two_hop_policy)
     metrics["n_missing_query_images"] = sum(1 for q in questions if not results.get(q.data_id, Retrieved()).urls)
     return SplitRetrieval(split, results, metrics, skipped, query_set, text)
@@ -173,11 +168,11 @@ def index_text_source(manifest: dict, index_dir: str) -> dict:
     return {"text": text, "index": index_dir, "detail": detail}
 
 
-def _read_for_split(cfg, dm, questions) -> dict[str, Retrieved]:
+def _read_for_split(cfg, benchmark, questions) -> dict[str, Retrieved]:
     """retrieval.results restricted to the split's questions, titles filled from the KB where the file has none."""
     path = Path(cfg.retrieval.results).expanduser()
     stored = read_results(path)
-    store = dm.kb_store()
+    store = benchmark.kb_store()
     results = {}
     for q in questions:
         r = stored.get(q.data_id, Retrieved())
@@ -189,15 +184,15 @@ def _read_for_split(cfg, dm, questions) -> dict[str, Retrieved]:
     return results
 
 
-def _search_split(cfg, dm, split, questions, top_k, index, encoder):
+def _search_split(cfg, benchmark, split, questions, top_k, index, encoder):
     r = cfg.retrieval
     if index is None:
-        index = load_index_from_config(cfg, dm)
-    report = Embedder(cfg, "query_images", split, dm).run(encoder)
+        index = load_index_from_config(cfg, benchmark)
+    report = Embedder(cfg, "query_images", split, benchmark=benchmark).run(encoder)
     vectors, ids = report.set.load_all()
     hits = search_articles(index, vectors, top_k, nprobe=r.nprobe, ef_search=r.hnsw_ef_search,
                            image_search_factor=r.image_search_factor, batch_size=r.search_batch_size)
-    store = dm.kb_store()
+    store = benchmark.kb_store()
     rows = sorted({row for hit in hits for row, _ in hit})
     articles = {a.row_id: a for a in store.get_many(rows)}
     by_image = {tuple(key): hit for key, hit in zip(ids, hits)}
