@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from qkvqa.config.load import compose
+from qkvqa.data.benchmark import build_benchmark
 from qkvqa.qff.mining import mine_to_dir
 from qkvqa.retrieval.results import Retrieved, write_results
 
@@ -77,7 +78,7 @@ def mine_world(world: dict, work: Path, splits=("train", "val"), shuffled: bool 
     for split in splits:
         write_results(work / f"stage1_{split}.json", world_stage1(world, split, shuffled=shuffled))
         cfg = compose("demo/qff_per_layer", [], [*base, f"retrieval.results={work / f'stage1_{split}.json'}"])
-        mine_to_dir(cfg, split, work / "pools")
+        mine_to_dir(cfg, split, work / "pools", build_benchmark(cfg.data))
     return [*base, f"qff.negatives={work / 'pools/hardneg_train.json'}",
             f"qff.val_negatives={work / 'pools/hardneg_val.json'}"]
 

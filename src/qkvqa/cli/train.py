@@ -53,14 +53,12 @@ def train_qff(cfg, callbacks=()) -> dict:
     finished = finished_run_summary(cfg)       # resume=auto on a finished run: said, nothing built or touched
     if finished is not None:
         return finished
-    import functools
-
     from omegaconf import OmegaConf
 
+    from qkvqa.cli.cache_vit import miner_for
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFExport, QFFTrainer, QFFTrainSettings
     from qkvqa.qff.builder import build_qff_component
-    from qkvqa.qff.mining import mine_to_dir
     from qkvqa.qff.vit_cache import vision_fingerprint
     from qkvqa.run.trainer import check_hardware, fit
 
@@ -70,7 +68,7 @@ def train_qff(cfg, callbacks=()) -> dict:
     component = build_qff_component(qformer, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
     datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
-                                    component.image_processor, miner=functools.partial(mine_to_dir, cfg))
+                                    component.image_processor, miner=miner_for(cfg))
     # the spec travels in each checkpoint's hyper-parameters: QFFTrainer.load_from_checkpoint(path) rebuilds the model
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff, fingerprint),
                         model_spec={"qformer": qformer, "qff": OmegaConf.to_container(cfg.qff, resolve=True)})
