@@ -25,7 +25,7 @@ from torch import nn
 
 from qkvqa.errors import ConfigError, MissingWeightsError, StaleArtifactError
 from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
-from qkvqa.qff.scoring import late_interaction, rerank
+from qkvqa.qff.scoring import in_batch_scores, late_interaction, rerank_hits
 from qkvqa.run.steps import optimizer_steps
 from qkvqa.utils.logging import get_logger
 
@@ -191,7 +191,8 @@ class QFFTrainer(pl.LightningModule):
         scores = late_interaction(question.tokens[:, None], sections, self.settings.score_direction)
         b = batch["size"]
         if self.settings.in_batch_negatives and b > 1:
-            scores = torch.cat([scores, self._in_batch_scores(batch, question, states)], dim=1)
+            negatives = in_batch_scores(self.model, batch, question, states, self.settings.score_direction)
+            scores = torch.cat([scores, negatives], dim=1)
         return scores / self.temperature
 
     @staticmethod
@@ -199,22 +200,6 @@ class QFFTrainer(pl.LightningModule):
         """InfoNCE (Eq. 10): cross-entropy of the logits with the positive, column 0, as the target."""
         target = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
         return F.cross_entropy(logits.float(), target, reduction=reduction)
-
-    def _in_batch_scores(self, batch: dict[str, Any], question, states) -> torch.Tensor:
-        """Scores of each question against the other samples' positives, encoded focused on that question."""
-        b, n = batch["size"], batch["num_candidates"]
-        device = states.device
-        pairs = [(i, j) for i in range(b) for j in range(b) if j != i]
-        rows = torch.tensor([j * n for _, j in pairs], device=device)
-        question_index = torch.tensor([i for i, _ in pairs], device=device)
-        sections = self.model.encode_sections(batch["sections"]["input_ids"].index_select(0, rows),
-                                              batch["sections"]["attention_mask"].index_select(0, rows), states,
-                                              question, image_index=batch["section_image_index"].index_select(0, rows),
-                                              question_index=question_index)
-        scores = late_interaction(question.tokens.index_select(0, question_index), sections,
-                                  self.settings.score_direction)
-        return scores.view(b, b - 1)
-
 
     # ------------------------------------------------------------------ training
     def _skip_empty(self, batch: dict[str, Any]) -> Optional[torch.Tensor]:
@@ -320,34 +305,10 @@ class QFFTrainer(pl.LightningModule):
         self.val_loss.update(batch["data_ids"], self.contrastive_loss(logits, reduction="none"))
         self.val_section_r1.update(batch["data_ids"], (logits.argmax(dim=1) == 0).double())
         if "rerank" in batch:
-            fused_hits, stage1_hits = self.rerank_hits(batch["rerank"], question, states)
+            fused_hits, stage1_hits = rerank_hits(self.model, batch["rerank"], question, states,
+                                                  self.settings.score_direction, self.settings.alpha)
             self.val_article_r1.update(batch["data_ids"], fused_hits)
             self.val_stage1_r1.update(batch["data_ids"], stage1_hits)
-
-    def rerank_hits(self, rerank_batch: dict[str, Any], question, states) -> tuple[list[float], list[float]]:
-        """Per question: is the gold article first after alpha fusion with the QFF scores, and before (stage 1)?"""
-        questions = rerank_batch["questions"]
-        scores = [[[0.0] * len(a["sections"]) for a in q["articles"]] for q in questions]
-        for chunk in rerank_batch["chunks"]:
-            states_out = self.model.encode_sections(chunk["input_ids"], chunk["attention_mask"], states, question,
-                                                    image_index=chunk["image_index"],
-                                                    question_index=chunk["question_index"])
-            values = late_interaction(question.tokens.index_select(0, chunk["question_index"]), states_out,
-                                      self.settings.score_direction)
-            for (q, a, j), value in zip(chunk["slot"].tolist(), values.tolist()):
-                scores[q][a][j] = value
-        fused_hits, stage1_hits = [], []
-        for q, item in enumerate(questions):
-            gold = set(item["gold_urls"])
-            urls = [a["url"] for a in item["articles"]]
-            if not urls:
-                fused_hits.append(0.0)
-                stage1_hits.append(0.0)
-                continue
-            result = rerank([a["similarity"] for a in item["articles"]], scores[q], self.settings.alpha)
-            fused_hits.append(float(urls[result.order[0]] in gold))
-            stage1_hits.append(float(urls[0] in gold))
-        return fused_hits, stage1_hits
 
     def on_validation_epoch_end(self) -> None:
         """Log the per-question metrics, gathered over ranks once (no per-step collective), in percent.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -62,3 +62,52 @@ def rerank(retrieval_similarities: Sequence[float], section_scores: Sequence[Opt
     order = sorted(range(len(fused)), key=lambda i: -fused[i])
     return RerankResult(order=order, fused_scores=[fused[i] for i in order], qff_scores=[qff[i] for i in order],
                         section_scores=[sections[i] for i in order])
+
+
+# ---------------------------------------------------------------------------------------------- training batches
+# The contrastive batches of `qkvqa.data_modules.qff_train` (their keys: `QFFCollator`), scored with any model that
+# has `encode_sections(input_ids, attention_mask, states, question, image_index=, question_index=)` (`QFFModel`);
+# `QFFTrainer` only calls these.
+
+
+def in_batch_scores(model, batch: dict[str, Any], question, states: torch.Tensor,
+                    direction: str = "question_to_section") -> torch.Tensor:
+    """`[B, B - 1]` scores of each question of a contrastive batch against the other samples' positives (column 0 of
+    each sample's candidates), those sections encoded focused on that question; row i skips column i."""
+    b, n = batch["size"], batch["num_candidates"]
+    device = states.device
+    pairs = [(i, j) for i in range(b) for j in range(b) if j != i]
+    rows = torch.tensor([j * n for _, j in pairs], device=device)
+    question_index = torch.tensor([i for i, _ in pairs], device=device)
+    sections = model.encode_sections(batch["sections"]["input_ids"].index_select(0, rows),
+                                     batch["sections"]["attention_mask"].index_select(0, rows), states,
+                                     question, image_index=batch["section_image_index"].index_select(0, rows),
+                                     question_index=question_index)
+    scores = late_interaction(question.tokens.index_select(0, question_index), sections, direction)
+    return scores.view(b, b - 1)
+
+
+def rerank_hits(model, rerank_batch: dict[str, Any], question, states: torch.Tensor,
+                direction: str = "question_to_section", alpha: float = 0.9) -> tuple[list[float], list[float]]:
+    """Per question of a validation batch's `rerank` part: is the gold article first after alpha fusion with the QFF
+    scores of its candidate sections (every section of a stage-1 article, encoded in `chunks`), and before (stage 1)?"""
+    questions = rerank_batch["questions"]
+    scores = [[[0.0] * len(a["sections"]) for a in q["articles"]] for q in questions]
+    for chunk in rerank_batch["chunks"]:
+        states_out = model.encode_sections(chunk["input_ids"], chunk["attention_mask"], states, question,
+                                           image_index=chunk["image_index"], question_index=chunk["question_index"])
+        values = late_interaction(question.tokens.index_select(0, chunk["question_index"]), states_out, direction)
+        for (q, a, j), value in zip(chunk["slot"].tolist(), values.tolist()):
+            scores[q][a][j] = value
+    fused_hits, stage1_hits = [], []
+    for q, item in enumerate(questions):
+        gold = set(item["gold_urls"])
+        urls = [a["url"] for a in item["articles"]]
+        if not urls:
+            fused_hits.append(0.0)
+            stage1_hits.append(0.0)
+            continue
+        result = rerank([a["similarity"] for a in item["articles"]], scores[q], alpha)
+        fused_hits.append(float(urls[result.order[0]] in gold))
+        stage1_hits.append(float(urls[0] in gold))
+    return fused_hits, stage1_hits
