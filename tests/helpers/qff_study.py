@@ -175,7 +175,7 @@ def score(component, cfg) -> dict[str, tuple]:
     score of every candidate of its sample, {(url, section index): score}."""
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
-    from qkvqa.qff.scoring import late_interaction
+    from qkvqa.qff.scoring import late_interaction, rerank_hits
 
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff)).eval()
     dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
@@ -187,7 +187,8 @@ def score(component, cfg) -> dict[str, tuple]:
         for batch in dm.val_dataloader():
             question, sections, states = module.encode(batch)
             logits = module.logits(batch, question, sections, states)
-            articles, _ = module.rerank_hits(batch["rerank"], question, states)
+            articles, _ = rerank_hits(component.model, batch["rerank"], question, states,
+                                      module.settings.score_direction, module.settings.alpha)
             off, change = [None] * len(batch["data_ids"]), [None] * len(batch["data_ids"])
             if focused:
                 plain = component.model.encode_sections(
