@@ -283,7 +283,7 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
     """Answer the questions not answered yet (all of them on a fresh run), each rank its batches, with
     Trainer.predict; a finished prediction set is only re-scored (a new judge: `qkvqa score run RUN_DIR`)."""
     from qkvqa.data_modules.evaluation import EvaluationDataModule
-    from qkvqa.models.pipeline_evaluator import PipelineEvaluator
+    from qkvqa.pipeline.evaluator import PipelineEvaluator
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
     from qkvqa.run.trainer import world_size_of
 

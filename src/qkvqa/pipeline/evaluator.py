@@ -1,4 +1,7 @@
-"""`PipelineEvaluator`: runs the KB-VQA pipeline over a split with `Trainer.predict`, appending answers as it goes."""
+"""`PipelineEvaluator`: runs the KB-VQA pipeline over a split with `Trainer.predict`, appending answers as it goes.
+
+The pipeline's own LightningModule, beside the evaluation recipe that runs it (`qkvqa.pipeline.evaluate`); the QFF's
+trainer is `qkvqa.models.qff_module.QFFTrainer`."""
 from __future__ import annotations
 
 from typing import Any, Iterable
