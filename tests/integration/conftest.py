@@ -1,53 +1,12 @@
 """Fixtures of the integration tests: the synthetic world with a stage-1 index built by tiny encoders."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-import yaml
 
-from qkvqa.cli.main import main
-from qkvqa.run.rundir import clear_run_env
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def tiny(kind: str) -> dict:
-    """A tiny CPU component spec."""
-    return {"kind": kind, "tiny": True, "device": "cpu", "dtype": "fp32"}
+from tests.helpers.eval_env import REPO, build_eval_env, tiny  # noqa: F401  (REPO, tiny: for the tests)
 
 
 @pytest.fixture(scope="session")
 def eval_env(world, tmp_path_factory):
     """experiments/ with `world_eval.yaml` (tiny components on the synthetic world) and a built stage-1 index."""
-    tmp = tmp_path_factory.mktemp("evaluate")
-    root = tmp / "experiments"
-    root.mkdir()
-    for name in ("base", "presets"):
-        (root / name).symlink_to(REPO / "experiments" / name)
-    data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
-    (root / "world_eval.yaml").write_text(yaml.safe_dump({
-        "data": {**data, "batch_size": 4},
-        "components": {"image_encoder": tiny("evaclip_hf"), "text_encoder": tiny("evaclip_hf"),
-                       "qformer": tiny("blip2_qff"), "reranker": tiny("bge_reranker"),
-                       "generator": tiny("llama3"), "judge": tiny("bem")},
-        "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
-        "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
-        "logger": {"wandb": {"enabled": False}},
-        "generation": {"max_new_tokens": 4, "batch_size": 4},
-        "qff": {"allow_untrained": True},            # the tiny QFF evaluated untrained, on purpose
-        "retrieval": {"shard_size": 64}}), encoding="utf-8")
-    previous = os.environ.get("QKVQA_EXPERIMENTS")
-    os.environ["QKVQA_EXPERIMENTS"] = str(root)          # only while building; tests set it themselves
-    try:
-        for command in (["embed", "experiment=world_eval"], ["index", "build", "experiment=world_eval"]):
-            clear_run_env()
-            assert main(command) == 0
-    finally:
-        if previous is None:
-            os.environ.pop("QKVQA_EXPERIMENTS", None)
-        else:
-            os.environ["QKVQA_EXPERIMENTS"] = previous
-        clear_run_env()
-    return {"root": root, "runs": tmp / "runs", "env": {**os.environ, "QKVQA_EXPERIMENTS": str(root)}}
+    return build_eval_env(tmp_path_factory.mktemp("evaluate"), world)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 16                  # 64 samples, batch 8 on 2 ranks: 4 steps an epoch
-DOCS = {"training-sbatch": REPO / "docs" / "training.md", "readme-sbatch": REPO / "README.md"}
+DOCS = {"training-sbatch": REPO / "docs" / "training.md", "readme-sbatch": REPO / "README.md",
+        "evaluate-sbatch": REPO / "docs" / "training.md"}
 SCALE = {                   # the recipes' counts -> the test node's (1 node, 2 tasks, 2 fake GPUs, CPU)
     "training-sbatch": [("#SBATCH --nodes=2", "#SBATCH --nodes=1"), ("--ntasks-per-node=4", "--ntasks-per-node=2"),
                         ("--gres=gpu:4", "--gres=gpu:2"), ("trainer.accelerator=gpu", "trainer.accelerator=cpu"),
@@ -27,9 +28,12 @@ SCALE = {                   # the recipes' counts -> the test node's (1 node, 2 
     "readme-sbatch": [("#SBATCH --nodes=2", "#SBATCH --nodes=1"), ("--ntasks-per-node=8", "--ntasks-per-node=2"),
                       ("--gres=gpu:8", "--gres=gpu:2"), ("trainer.devices=8", "trainer.devices=2"),
                       ("trainer.num_nodes=2", "trainer.num_nodes=1")],
+    "evaluate-sbatch": [("--ntasks-per-node=4", "--ntasks-per-node=2"), ("--gres=gpu:4", "--gres=gpu:2"),
+                        ("trainer.accelerator=gpu", "trainer.accelerator=cpu")],
 }
 PROGRAM = {"training-sbatch": "python -m qkvqa.cli train experiment=evqa_qff",
-           "readme-sbatch": "python -m qkvqa.cli train experiment=evqa_qff preset=ddp"}
+           "readme-sbatch": "python -m qkvqa.cli train experiment=evqa_qff preset=ddp",
+           "evaluate-sbatch": "python -m qkvqa.cli evaluate experiment=eval/evqa_qwen"}
 
 
 def doc_script(name: str) -> str:
@@ -60,11 +64,16 @@ exec {sys.executable} -m tests.helpers.toy "$@"
     return path
 
 
-def recipe(name: str, work: Path, wandb: bool = False) -> Path:
-    """The recipe `name` with the toy as its program, written to `work`; its runs go to `work/runs`."""
+def recipe(name: str, work: Path, wandb: bool = False, program: str | None = None) -> Path:
+    """The recipe `name` with the toy as its program (or `program`, which replaces PROGRAM[name] as it is),
+    written to `work`; the toy's runs go to `work/runs`."""
     script = doc_script(name)
     for old, new in SCALE[name]:
         script = _replace(script, old, new, name)
+    if program is not None:
+        path = work / f"{name}.sbatch"
+        path.write_text(_replace(script, PROGRAM[name], program, name))
+        return path
     extra = "trainer.accelerator=cpu trainer.strategy=ddp " if "preset=ddp" in PROGRAM[name] else ""
     script = _replace(script, PROGRAM[name], f"{launcher(work)} {extra}paths.checkpoints_root={work / 'runs'} "
                       f"trainer.enable_progress_bar=false trainer.log_every_n_steps=1 "
@@ -75,11 +84,13 @@ def recipe(name: str, work: Path, wandb: bool = False) -> Path:
     return path
 
 
-def submit(slurm, name: str, work: Path, *sbatch: str, wandb: bool = False, **env: str) -> str:
-    """Submit recipe `name` as the job user from the repository (the job's working directory); the job id."""
+def submit(slurm, name: str, work: Path, *sbatch: str, wandb: bool = False, program: str | None = None,
+           **env: str) -> str:
+    """Submit recipe `name` as the job user from the repository (the job's working directory); the job id.
+    `sbatch`: options on sbatch's command line (they override the script's `#SBATCH` lines)."""
     import subprocess
 
-    script = recipe(name, work, wandb=wandb)
+    script = recipe(name, work, wandb=wandb, program=program)
     user_env = slurm.user_env(OMP_NUM_THREADS="1", WANDB_MODE="offline", **env)
     done = subprocess.run(slurm.as_user(["sbatch", "--parsable", f"--output={work}/%x-%j.out", *sbatch,
                                          str(script)]), env=user_env, cwd=REPO, capture_output=True, text=True,

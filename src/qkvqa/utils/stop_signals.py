@@ -73,19 +73,27 @@ def disarm_stop_deadline() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def interruptible_barrier(poll_s: float = 0.2) -> None:
+def interruptible_barrier(poll_s: float = 0.2, announce_s: float = 2.0) -> None:
     """A barrier across the process group that a stop signal can interrupt: a blocking one waits in C++, where no
     Python signal handler runs, so a rank signalled while it waited for a rank still at work (rank zero after
     predict, waiting for the others' parts) could not stop, and the job outlived SLURM's lead with its record left
     `running`. This one polls an asynchronous barrier and sleeps between polls, where the handlers run (and raise).
-    Nothing to wait for without a process group of several ranks."""
+    Nothing to wait for without a process group of several ranks. A wait longer than `announce_s` is logged once
+    (a rank done with its share waits, maybe for hours, for a slower one)."""
     import time
 
     import torch.distributed as dist
 
+    from qkvqa.utils.logging import get_logger
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
     work = dist.barrier(async_op=True)
+    start, announced = time.monotonic(), False
     while not work.is_completed():
+        if not announced and time.monotonic() - start > announce_s:
+            announced = True
+            get_logger(__name__).info("rank %d: done; waiting for the other ranks (a stop signal is honoured here)",
+                                      dist.get_rank())
         time.sleep(poll_s)
     work.wait()
