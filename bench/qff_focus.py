@@ -34,8 +34,8 @@ OUT = REPO / "bench" / "out"
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from tests.helpers.qff_study import (SPLIT_FILES, VARIANTS, compose_run, evaluate_many, final_gates,  # noqa: E402
-                                     prepare, run_id, survey_rivals, train)
+from tests.helpers.qff_study import (ORACLE_VARIANTS, PRETRAINED_HERE, SPLIT_FILES, VARIANTS, compose_run,  # noqa: E402
+                                     evaluate_many, final_gates, prepare, run_id, survey_rivals, train)
 
 # world name -> (generate_world options, overrides every run of that world gets)
 WORLDS = {
@@ -93,8 +93,9 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     """Train and score every (variant, seed) of one world; returns its section of the study's JSON."""
     options, world_overrides = WORLDS[world]
     variants = args.variants or DEFAULT_VARIANTS[world]
-    if "none" not in variants:
-        variants = ["none", *variants]
+    base = args.baseline                  # what every diff_vs_none is against: focus none (none_pt: reading init)
+    if base not in variants:
+        variants = [base, *variants]
     work = Path(args.work) / world
     work.mkdir(parents=True, exist_ok=True)
     extra = [*world_overrides, *([f"qff.lr={args.lr:.2e}"] if args.lr else []), *args.extra]
@@ -109,6 +110,18 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
         raise SystemExit(f"{stamp}: the runs under {work} were trained with other settings (--extra, --lr, --epochs "
                          f"or --threads); pass another --work, or delete {work}")
     stamp.write_text(json.dumps(settings, indent=1))
+    pretrained_here = None
+    reading = [v for v in variants if PRETRAINED_HERE in VARIANTS[v][1]]
+    if reading:                 # build the pretrained-here text layers once, before the runs that start from them
+        from qkvqa.qff.pretrain_here import build
+
+        import torch
+
+        torch.set_num_threads(args.threads)
+        path, record = build(compose_run(VARIANTS[reading[0]][0], [*overrides, *VARIANTS[reading[0]][1]]))
+        pretrained_here = {"path": str(path), **record["figures"]}
+        print(f"[{world}] text layers pretrained here: {path} (MLM loss {record['figures']['probe_loss_before']} -> "
+              f"{record['figures']['probe_loss_after']})", flush=True)
     jobs = [(variant, seed) for seed in args.seeds for variant in variants]
     todo = [job for job in jobs if not (work / "runs" / run_id(*job) / "qff" / "model.safetensors").exists()]
     print(f"[{world}] {len(jobs) - len(todo)} of {len(jobs)} runs already trained; training {len(todo)}", flush=True)
@@ -120,6 +133,9 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     print(f"[{world}] trained in {time.time() - started:.0f} s; scoring", flush=True)
     score_jobs = {(v, s): (v, work / "runs" / run_id(v, s) / "qff", s) for v, s in jobs}
     score_jobs[("untrained", 0)] = ("per_layer", None, 0)
+    score_jobs[("bm25", 0)] = ("bm25", None, 0)                      # the lexical reference (seed-free)
+    if reading:
+        score_jobs[("untrained_pt", 0)] = ("per_layer_pt", None, 0)
     rivals = survey_rivals(json.loads((work / "world/world.json").read_text())) if options.get("bound_facts") else None
     scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel, rivals=rivals)
     # The first seed's models on their own training questions: the gap to val + test is what they memorised.
@@ -129,30 +145,35 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     section: dict = {"options": options, "overrides": overrides, "untrained": scored[("untrained", 0)],
                      "questions": scored[("untrained", 0)]["all"]["n"],
                      "multi_entity_questions": scored[("untrained", 0)]["multi"]["n"],
-                     "within_article_samples": scored[("untrained", 0)]["all"]["within_article_n"], "variants": {}}
+                     "within_article_samples": scored[("untrained", 0)]["all"]["within_article_n"],
+                     "bm25": scored[("bm25", 0)], "variants": {}}
+    if reading:
+        section["pretrained_here"] = pretrained_here
+        section["untrained_pt"] = scored[("untrained_pt", 0)]
     for variant in variants:
         experiment, variant_overrides = VARIANTS[variant]
         entry = {"experiment": experiment, "overrides": [*world_overrides, *variant_overrides],
                  "per_seed": {s: scored[(variant, s)] for s in args.seeds},
                  "gates": {s: final_gates(work / "runs" / run_id(variant, s) / "qff") for s in args.seeds},
                  "trajectories": {s: trajectories(work / "runs" / run_id(variant, s)) for s in args.seeds}}
-        if variant != "none":
+        if variant != base:
             entry["diff_vs_none"] = {
-                f"{prefix}{metric}": interval([scored[(variant, s)][group][metric] - scored[("none", s)][group][metric]
+                f"{prefix}{metric}": interval([scored[(variant, s)][group][metric] - scored[(base, s)][group][metric]
                                                for s in args.seeds])
                 for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
+            entry["baseline"] = base
         entry["mean"] = {f"{prefix}{metric}": round(mean(scored[(variant, s)][group][metric] for s in args.seeds), 2)
                          for group, prefix in (("all", ""), ("multi", "multi_")) for metric in METRICS}
         entry["train_seed"] = {"seed": args.seeds[0], **{metric: round(on_train[variant]["all"][metric], 2)
                                                           for metric in ("section_r1", *SPLIT_METRICS)}}
         for metric in SPLIT_METRICS:  # which article tops the sample (the image's work), and the choice within it
-            if any(scored[(v, s)]["all"][metric] is None for v in (variant, "none") for s in args.seeds):
+            if any(scored[(v, s)]["all"][metric] is None for v in (variant, base) for s in args.seeds):
                 continue              # no sample holds a sibling section: no within-article figure
             entry["mean"][metric] = round(mean(scored[(variant, s)]["all"][metric] for s in args.seeds), 2)
-            if variant != "none":
+            if variant != base:
                 entry["diff_vs_none"][metric] = interval([scored[(variant, s)]["all"][metric]
-                                                          - scored[("none", s)]["all"][metric] for s in args.seeds])
-        if variant != "none":       # focus switched off at test time: how much the trained model relies on it
+                                                          - scored[(base, s)]["all"][metric] for s in args.seeds])
+        if variant != base and VARIANTS[variant][0] != "demo/qff_none":       # focus switched off at test time: how much the trained model relies on it
             entry["focus_off"] = {
                 "section_r1": round(mean(scored[(variant, s)]["all"]["section_r1_focus_off"] for s in args.seeds), 2),
                 "diff_vs_focus_on": interval([scored[(variant, s)]["all"]["section_r1_focus_off"]
@@ -162,6 +183,11 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
             entry["mean"]["pair_accuracy"] = round(mean(scored[(variant, s)]["all"]["pair_accuracy"]
                                                         for s in args.seeds), 2)
         section["variants"][variant] = entry
+    controls = [v for v in variants if v in ORACLE_VARIANTS]
+    if controls:                    # the positive control beside the study (its full entry is under variants)
+        section["positive_control"] = {"variant": controls[0], "baseline": base,
+                                       "diff_vs_none": section["variants"][controls[0]]["diff_vs_none"],
+                                       "mean": section["variants"][controls[0]]["mean"]}
     return section
 
 
@@ -214,6 +240,21 @@ def markdown(study: dict) -> str:
                        f"{e['train_seed']['within_article_r1']:.1f} %" for v, e in entries.items()]
             lines += ["", f"The same models on their own training questions (seed "
                       f"{next(iter(entries.values()))['train_seed']['seed']}): " + "; ".join(trained) + "."]
+        if "bm25" in section:
+            lexical = section["bm25"]["all"]
+            within = lexical.get("within_article_r1")
+            lines += ["", f"Lexical reference (BM25 between the question and each section of the same samples): section "
+                      f"R@1 {lexical['section_r1']:.1f}, top candidate in the gold article "
+                      f"{lexical['top_in_gold_article']:.1f} %, evidence above its siblings "
+                      + (f"{within:.1f} %." if within is not None else "– (no sample holds a sibling).")]
+        if "pretrained_here" in section:
+            pt, untrained = section["pretrained_here"], section["untrained_pt"]["all"]
+            lines += ["", f"Text layers pretrained here ({pt['steps']} MLM steps on {pt['texts']} texts, "
+                      f"{pt['seconds']:.0f} s): held-aside MLM loss {pt['probe_loss_before']:.2f} -> "
+                      f"{pt['probe_loss_after']:.2f} (chance {pt['chance_loss']:.2f}); untrained with that init: "
+                      f"section R@1 {untrained['section_r1']:.1f}, within the article "
+                      + (f"{untrained['within_article_r1']:.1f} %." if untrained.get("within_article_r1") is not None
+                         else "–.")]
         if "pair_accuracy" in section["untrained"]["all"]:
             lines += ["", "Evidence above the other survey's statement of the same fact (pair accuracy, chance 50 %): "
                       f"untrained {section['untrained']['all']['pair_accuracy']:.1f} %, " + ", ".join(
@@ -231,6 +272,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
                         help="variants to compare with none (default per world: " +
                              "; ".join(f"{w}: {' '.join(v)}" for w, v in DEFAULT_VARIANTS.items()) + ")")
+    parser.add_argument("--baseline", default="none", choices=list(VARIANTS),
+                        help="the variant every diff_vs_none is taken against (none; none_pt for the reading init)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     parser.add_argument("--entities", type=int, default=60)
     parser.add_argument("--epochs", type=int, default=5)
@@ -244,7 +287,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.work = args.work or f"/tmp/qff_focus_study/{args.name}"
     meta = {"entities": args.entities, "epochs": args.epochs, "seeds": args.seeds, "lr": args.lr,
-            "threads": args.threads, "extra": args.extra}
+            "threads": args.threads, "extra": args.extra, "baseline": args.baseline}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.json"

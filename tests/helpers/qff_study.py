@@ -23,11 +23,13 @@ import torch
 
 from qkvqa.config.load import compose
 from qkvqa.data.benchmark import build_benchmark
+from qkvqa.qff.model import QFFModel, QuestionEncoding
 from qkvqa.qff.mining import mine_to_dir
 from qkvqa.retrieval.results import Retrieved, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = {"per_layer": "demo/qff_per_layer", "none": "demo/qff_none"}
+PRETRAINED_HERE = "components.qformer.init=pretrained_here"
 # The study's variants: name -> (experiment, overrides). The first two are the learning test's EXPERIMENTS.
 VARIANTS = {
     "per_layer": ("demo/qff_per_layer", []),
@@ -37,7 +39,16 @@ VARIANTS = {
     "per_layer_open": ("demo/qff_per_layer", ["qff.gate_init=0.5"]),                 # tanh 0.46 at step 0
     "per_layer_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),         # new blocks and gates 10x lr
     "per_layer_lr100": ("demo/qff_per_layer", ["qff.new_block_lr_scale=100"]),       # at the paper's lr 1e-5: 1e-3
+    # the Q-Former's text layers pretrained here first (masked-language modelling: qkvqa.qff.pretrain_here)
+    "none_pt": ("demo/qff_none", [PRETRAINED_HERE]),
+    "per_layer_lr10_pt": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
+    "per_layer_pt": ("demo/qff_per_layer", [PRETRAINED_HERE]),
+    # The positive control: per_layer_lr10_pt whose focus blocks attend to an oracle, the question pass of the question
+    # with every word but its attribute words masked (OracleFocusModel); late interaction still reads the whole question.
+    "positive_control": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
+    "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),     # the same, random init
 }
+ORACLE_VARIANTS = ("positive_control", "positive_control_random")
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.enable_progress_bar=false",
@@ -147,7 +158,8 @@ def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]],
             focus, seed = pending.pop(0)
             log = open(work / f"log_{focus}_{seed}.txt", "w")
             experiment, extra = VARIANTS[focus]
-            cmd = [sys.executable, "-m", "qkvqa.cli.main", "train", f"experiment={experiment}",
+            entry = ["tests.helpers.qff_study", "train-oracle"] if focus in ORACLE_VARIANTS else ["qkvqa.cli.main", "train"]
+            cmd = [sys.executable, "-m", *entry, f"experiment={experiment}",
                    f"run_id={run_id(focus, seed)}", *overrides, *extra, f"seed={seed}", f"trainer.max_epochs={epochs}",
                    *TRAINING]
             running.append(((focus, seed), subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
@@ -248,7 +260,8 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
     for name, keys in (("all", list(hits)), ("multi", [k for k in hits if k in multi])):
         n = max(len(keys), 1)
         out[name] = {"n": len(keys), "section_r1": 100 * sum(hits[k][0] for k in keys) / n,
-                     "article_r1": 100 * sum(hits[k][1] for k in keys) / n}
+                     "article_r1": (None if keys and hits[keys[0]][1] is None    # the lexical reference ranks no article
+                                    else 100 * sum(hits[k][1] for k in keys) / n)}
         split = [within_article(hits[k][4]) for k in keys]
         out[name]["top_in_gold_article"] = 100 * sum(right for right, _ in split) / n
         among = [best for _, best in split if best is not None]      # the samples that hold a sibling
@@ -270,9 +283,11 @@ def score_splits(focus: str, checkpoint: Optional[Path], overrides: Sequence[str
     """`score` of one model (checkpoint None: untrained) over every question of `splits` (split -> E-VQA file; default
     the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`), keyed "split/data_id"."""
     from qkvqa.qff.builder import build_qff_component
+    from qkvqa.qff.pretrain_here import resolve_qformer_spec
 
     hits, component = {}, None
-    experiment, extra = VARIANTS[focus]
+    lexical = focus == "bm25"                  # the lexical reference: BM25 on the same samples (bm25_score)
+    experiment, extra = VARIANTS["none" if lexical else focus]
     for split, file in (splits or EVAL_SPLITS).items():
         # world.json keys the files from the world's folder; data.root is its evqa/ release folder (preset demo_world)
         cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}",
@@ -282,8 +297,12 @@ def score_splits(focus: str, checkpoint: Optional[Path], overrides: Sequence[str
                                        "qff.max_val_samples=null",   # every question, whatever the seed
                                        "qff.vit_cache=null"])        # the cache holds train + val images
         if component is None:                  # the model is the same for every split: build it once
-            component = build_qff_component(cfg.components.qformer, cfg.qff)
-        hits.update({f"{split}/{k}": v for k, v in score(component, cfg).items()})
+            # untrained with init pretrained_here: the pretrained-here weights (the study builds them before training)
+            component = build_qff_component(resolve_qformer_spec(cfg) if checkpoint is None else cfg.components.qformer,
+                                            cfg.qff)
+            if focus in ORACLE_VARIANTS:
+                make_oracle(component.model, component.tokenizer)
+        hits.update({f"{split}/{k}": v for k, v in (bm25_score if lexical else score)(component, cfg).items()})
     return hits
 
 
@@ -310,3 +329,159 @@ def evaluate_many(jobs: dict, overrides: Sequence[str], work: Path, multi: set, 
         futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals, splits)
                    for name, (focus, checkpoint, seed) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
+
+
+# ---------------------------------------------------------------------- the positive control: an oracle focus signal
+# Words too common across the questions to name an attribute (they stand in several facts' questions and sentences).
+GENERIC_WORDS = {"the", "a", "an", "of", "and", "or", "in", "on", "at", "to", "for", "from", "by", "with", "is", "are",
+                 "was", "were", "be", "been", "has", "have", "as", "off", "upon", "it", "its", "this", "that", "what",
+                 "which", "who", "how", "many", "much", "does", "do", "did", "can", "into", "up", "about", "each",
+                 "year", "name", "value", "person"}
+
+
+def attribute_words() -> list[str]:
+    """The words that name what a synthetic-world question asks for: those its question templates share with the
+    sentence that states the fact (diet, wingspan, conservation, ...), the lead facts' verbs and the two surveys."""
+    from qkvqa.synth.world import CATEGORIES, SURVEYS
+
+    def words(text: str) -> set[str]:
+        return set(re.findall(r"[a-z]+", text.lower()))
+
+    found = {"described", "completed", "visitors", "receive", *SURVEYS}
+    for category in CATEGORIES.values():
+        for fact in category["facts"]:
+            found |= (words(fact.templated) | words(fact.automatic)) & words(fact.sentence)
+    nouns = {category["noun"] for category in CATEGORIES.values()}
+    return sorted(found - GENERIC_WORDS - nouns)
+
+
+def oracle_token_ids(tokenizer) -> list[int]:
+    """Token ids of `attribute_words` (the tiny tokenizer keeps each one whole) and of [CLS] / [SEP]."""
+    ids = {tokenizer.cls_token_id, tokenizer.sep_token_id}
+    for word in attribute_words():
+        pieces = tokenizer(word, add_special_tokens=False)["input_ids"]
+        ids.update(pieces)
+    return sorted(i for i in ids if i is not None)
+
+
+class OracleQuestionEncoding(QuestionEncoding):
+    """A question encoding whose focus path reads `focus_states` (the oracle's layer states) in place of its own."""
+
+    def __init__(self, layer_states, focus_states):
+        super().__init__(layer_states)
+        self.focus_states = focus_states
+
+
+class OracleFocusModel(QFFModel):
+    """QFFModel whose focus blocks attend to an oracle (the positive control): the question pass of the question with
+    every token but its attribute words (and [CLS] / [SEP]) masked out of attention, so the section pass is told which
+    attribute is asked without having to read it from the question; the question tokens that late interaction scores
+    are the whole question's, as in every variant. Made from a built QFFModel by `make_oracle` (no new weights)."""
+
+    oracle_ids: torch.Tensor
+
+    def encode_question(self, input_ids, attention_mask, image_states):
+        whole = super().encode_question(input_ids, attention_mask, image_states)
+        keep = torch.isin(input_ids, self.oracle_ids.to(input_ids.device)).to(attention_mask.dtype)
+        oracle = super().encode_question(input_ids, attention_mask * keep, image_states)
+        return OracleQuestionEncoding(whole.layer_states, oracle.layer_states)
+
+    def encode_sections(self, input_ids, attention_mask, image_states, question=None, **kwargs):
+        if isinstance(question, OracleQuestionEncoding) and (kwargs.get("focus") or self.focus) != "none":
+            question = QuestionEncoding(question.focus_states)
+        return super().encode_sections(input_ids, attention_mask, image_states, question, **kwargs)
+
+
+def make_oracle(model: QFFModel, tokenizer) -> QFFModel:
+    """Turn a built QFFModel into an OracleFocusModel in place (same weights, same state dict, same checkpoint)."""
+    if model.focus == "none":
+        raise ValueError("the oracle feeds the focus path: build the positive control with a focus mode")
+    model.__class__ = OracleFocusModel
+    model.oracle_ids = torch.tensor(oracle_token_ids(tokenizer), dtype=torch.long)
+    return model
+
+
+class OracleFocus:
+    """Lightning callback of the positive control's training: makes the trained QFFModel an OracleFocusModel."""
+
+    def __new__(cls):
+        import lightning.pytorch as pl
+
+        class _OracleFocus(pl.Callback):
+            def setup(self, trainer, pl_module, stage):
+                make_oracle(pl_module.model, trainer.datamodule.tokenizer)
+
+        return _OracleFocus()
+
+
+def train_oracle(argv: Sequence[str]) -> int:
+    """`python -m tests.helpers.qff_study train-oracle OVERRIDES...`: `qkvqa train` with the OracleFocus callback."""
+    import argparse
+
+    from qkvqa.cli.train import train_qff
+    from qkvqa.config.cli import add_override_args, config_from_args
+
+    parser = argparse.ArgumentParser(prog="qff_study train-oracle")
+    add_override_args(parser)
+    train_qff(config_from_args(parser.parse_args(list(argv))), callbacks=[OracleFocus()])
+    return 0
+
+
+# ---------------------------------------------------------------------- the lexical reference
+class BM25:
+    """Okapi BM25 over token ids (k1 1.2, b 0.75), document frequencies from a corpus of token-id lists."""
+
+    def __init__(self, corpus: Sequence[Sequence[int]], k1: float = 1.2, b: float = 0.75, ignore: Sequence[int] = ()):
+        import math
+
+        self.k1, self.b, self.ignore = k1, b, set(ignore)
+        docs = [[t for t in doc if t not in self.ignore] for doc in corpus]
+        self.avgdl = sum(len(d) for d in docs) / max(len(docs), 1)
+        df: dict[int, int] = {}
+        for doc in docs:
+            for t in set(doc):
+                df[t] = df.get(t, 0) + 1
+        n = len(docs)
+        self.idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
+
+    def score(self, query: Sequence[int], doc: Sequence[int]) -> float:
+        doc = [t for t in doc if t not in self.ignore]
+        counts: dict[int, int] = {}
+        for t in doc:
+            counts[t] = counts.get(t, 0) + 1
+        norm = self.k1 * (1 - self.b + self.b * len(doc) / max(self.avgdl, 1e-9))
+        return sum(self.idf.get(t, 0.0) * counts[t] * (self.k1 + 1) / (counts[t] + norm)
+                   for t in set(query) if t not in self.ignore and t in counts)
+
+
+def bm25_score(component, cfg) -> dict[str, tuple]:
+    """`score`'s layout for BM25 between each question and each candidate section of its sample (the same samples
+    and tokens the QFF sees; document frequencies over every candidate section of the KB): (section hit, None, None,
+    None, {(url, section index): score})."""
+    from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
+    from qkvqa.qff.pretrain_here import corpus_files, corpus_texts
+
+    tokenizer = component.tokenizer
+    sections = [t for t in corpus_texts(cfg, corpus_files(cfg))]
+    corpus = tokenizer([component.prepare_text(t) for t in sections], truncation=True,
+                       max_length=component.max_text_tokens)["input_ids"]
+    bm25 = BM25(corpus, ignore=tokenizer.all_special_ids)
+    dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), tokenizer, component.image_processor)
+    dm.setup("validate")
+    hits = {}
+    for batch in dm.val_dataloader():
+        n = batch["num_candidates"]
+        questions = batch["question"]["input_ids"].tolist()
+        docs = batch["sections"]["input_ids"].tolist()
+        for row, data_id in enumerate(batch["data_ids"]):
+            values = [bm25.score(questions[row], docs[row * n + j]) for j in range(n)]
+            scores = {tuple(c): v for c, v in zip(batch["candidates"][row], values)}
+            best = max(range(n), key=lambda j: values[j])
+            hits[data_id] = (float(best == 0 and values[0] > max(values[1:], default=-1.0)), None, None, None, scores)
+    return hits
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "train-oracle":
+        sys.exit(train_oracle(sys.argv[2:]))
+    raise SystemExit("usage: python -m tests.helpers.qff_study train-oracle OVERRIDES...")

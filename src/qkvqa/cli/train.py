@@ -64,7 +64,10 @@ def train_qff(cfg, callbacks=()) -> dict:
 
     check_hardware(cfg, ["qformer"])
     # built on the CPU; the trainer moves it to each rank's device (no copy of the model on GPU 0 per rank)
-    qformer = {**OmegaConf.to_container(cfg.components.qformer, resolve=True), "device": "cpu"}
+    from qkvqa.qff.pretrain_here import resolve_qformer_spec
+
+    # init pretrained_here: the text layers pretrained on this config's corpus first (cached; qkvqa pretrain-qformer)
+    qformer = {**resolve_qformer_spec(cfg), "device": "cpu"}
     component = build_qff_component(qformer, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
     datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,

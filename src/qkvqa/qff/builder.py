@@ -419,6 +419,9 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     from qkvqa.qff.image_processing import blip2_image_processor
     from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel
 
+    if spec.init != "checkpoint":      # the builder sees one spec; the corpus to pretrain on is the config's
+        raise ConfigError(f"components.qformer.init={spec.init!r} is resolved from the whole config: build it with "
+                          "qkvqa.qff.pretrain_here.resolve_qformer_spec(cfg) (qkvqa train and qkvqa pretrain-qformer do)")
     options = _options(spec)
     dtype = spec.torch_dtype()
     local_only = not spec.allow_download
@@ -513,6 +516,6 @@ def build_qff_component(spec: ComponentSpec | Mapping[str, Any], qff: Any = None
         values = dataclasses.asdict(qff) if dataclasses.is_dataclass(qff) else qff
         runtime = {k: values[k] for k in RUNTIME_DEFAULTS if k in values}
         spec = dataclasses.replace(spec, options={**runtime, **spec.options})
-        if values.get("checkpoint"):
-            spec = dataclasses.replace(spec, pretrained=str(values["checkpoint"]), tiny=False)
+        if values.get("checkpoint"):           # trained weights: whatever init they started from
+            spec = dataclasses.replace(spec, pretrained=str(values["checkpoint"]), tiny=False, init="checkpoint")
     return build_component(spec)
