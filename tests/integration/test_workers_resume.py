@@ -93,25 +93,28 @@ def _evaluate_until(cmd: list[str], env: dict, part: Path, rows: int, sig: int) 
     return subprocess.CompletedProcess(cmd, proc.returncode, "", err)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGUSR1, 143), (signal.SIGINT, 130)])
-def test_an_evaluation_with_two_workers_stopped_by_a_group_signal_keeps_every_answer(eval_env, world, sig, code):
+def test_an_evaluation_with_two_workers_stopped_by_group_signals_keeps_every_answer(eval_env, world):
+    """SIGUSR1 to the whole group (SLURM's way) ends 143, then Ctrl-C to the resumed run (a terminal's way) ends 130:
+    each keeps every stored answer, no DataLoader worker dies of the signal, and the last resume answers the rest
+    with none twice. One run for both signals: each extra evaluation start costs the suite seconds."""
     from tests.integration.test_evaluate import _expected_ids, _rows
 
     cmd = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only",
-           "generation.batch_size=1", "data.batch_size=1", "data.num_workers=2"]
+           "generation.batch_size=1", "data.batch_size=1", "data.num_workers=2", "run_id=workers"]
     runs, env = eval_env["runs"], eval_env["env"]
-    name = f"workers-{signal.Signals(sig).name}"
-    part = runs / name / "predictions.parts" / "rank0.jsonl"
-    stopped = _evaluate_until(cmd + [f"run_id={name}"], env, part, 3, sig)
-    assert stopped.returncode == code, stopped.stderr[-3000:]
-    assert "DataLoader worker" not in stopped.stderr, stopped.stderr[-3000:]
-    status = json.loads((runs / name / "status.json").read_text())
-    assert status["state"] == "interrupted", status
-    answered = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
-    assert len(answered) >= 3
-    resumed = subprocess.run(cmd + [f"run_id={name}", "resume=auto"], cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=600)
+    part = runs / "workers" / "predictions.parts" / "rank0.jsonl"
+    answered: list[str] = []
+    for sig, code, extra in ((signal.SIGUSR1, 143, []), (signal.SIGINT, 130, ["resume=auto"])):
+        stopped = _evaluate_until(cmd + extra, env, part, len(answered) + 3, sig)
+        assert stopped.returncode == code, (signal.Signals(sig).name, stopped.stderr[-3000:])
+        assert "DataLoader worker" not in stopped.stderr, stopped.stderr[-3000:]
+        status = json.loads((runs / "workers" / "status.json").read_text())
+        assert status["state"] == "interrupted", status
+        now = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
+        assert len(now) >= len(answered) + 3 and now[:len(answered)] == answered      # the answers kept
+        answered = now
+    resumed = subprocess.run(cmd + ["resume=auto"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [r["data_id"] for r in _rows(runs / name)] == _expected_ids(world)
+    assert [r["data_id"] for r in _rows(runs / "workers")] == _expected_ids(world)
     ids = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
     assert len(ids) == len(set(ids)) and ids[:len(answered)] == answered        # the answers kept, none twice
