@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from qkvqa.cli.main import main
-from qkvqa.run.command_line import invocation, suggest
+from qkvqa.utils.command_line import invocation, suggest
 
 
 def test_each_call_remembers_its_own_command_and_overrides(capsys):

@@ -241,7 +241,7 @@ class LastCheckpoint(pl.Callback):
                              dataloader_idx: int = 0) -> None:
         if self.received is not None:
             from qkvqa.errors import RunInterrupted
-            from qkvqa.run.command_line import resume_command
+            from qkvqa.utils.command_line import resume_command
 
             received, self.received = self.received, None
             raise RunInterrupted(f"evaluation stopped on {signal.Signals(received).name} after batch {batch_idx} (its "

@@ -31,7 +31,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from qkvqa.cli.embed import expand_shorthands
     from qkvqa.pipeline.evaluate import run_evaluation
 
-    from qkvqa.run.command_line import remember
+    from qkvqa.utils.command_line import remember
 
     remember("evaluate" + (" --strict" if args.strict else ""), args.overrides)   # for the commands it suggests
     args.overrides = expand_shorthands(args.overrides, SHORTHANDS) + (["eval.strict=true"] if args.strict else [])

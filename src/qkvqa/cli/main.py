@@ -95,7 +95,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     if func is None:
         parser.print_help()
         return 2 if args.command is None else 0
-    from qkvqa.run.command_line import remember
+    from qkvqa.utils.command_line import remember
 
     # Every call records its own command line (a handler may refine it: `evaluate --strict`): the commands it
     # suggests must never carry the overrides of an earlier call in this process (a notebook, a test session).

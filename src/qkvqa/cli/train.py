@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from qkvqa.run.command_line import remember
+    from qkvqa.utils.command_line import remember
 
     remember("train", args.overrides)          # the resume command a stop prints is this one, run_id=... resume=auto
     cfg = config_from_args(args)               # a config typo is reported before the torch import (seconds)

@@ -6,16 +6,16 @@ from typing import Any, Mapping, Optional
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from qkvqa.run.record import RunRecord
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 
 
 class RunRecordLogger(Logger):
-    """Writes metrics to `<run_dir>/metrics.csv` (append-only) and final values to summary.json."""
+    """Writes metrics to `<run_dir>/metrics.csv` (append-only) and final values to summary.json, through the run's
+    record (a `qkvqa.run.record.RunRecord`, which the trainer of `qkvqa.run` passes in)."""
 
-    def __init__(self, record: RunRecord, run_id: str, resumed: bool = False):
+    def __init__(self, record: Any, run_id: str, resumed: bool = False):
         super().__init__()
         self.record = record
         self._run_id = run_id

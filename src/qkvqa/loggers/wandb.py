@@ -1,4 +1,7 @@
-"""Build the W&B logger of a run: id = run id, files under `<run_dir>/wandb/`, resume allowed."""
+"""Build the W&B logger of a run: id = run id, files under `<run_dir>/wandb/`, resume allowed.
+
+`run` is the run's `qkvqa.run.rundir.RunContext` (run_id, run_dir, is_rank_zero, launched_by_sweep), which the job and
+trainer of `qkvqa.run` pass in: the loggers sit below them and import nothing of `qkvqa.run`."""
 from __future__ import annotations
 
 import os
@@ -12,7 +15,7 @@ from omegaconf import DictConfig
 
 from qkvqa.config.load import to_plain
 from qkvqa.metrics.retrieval import gold_rank as metric_gold_rank
-from qkvqa.run.rundir import RunContext
+from qkvqa.utils.io import read_json
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -55,7 +58,7 @@ def job_type(command: str) -> str:
     return (command or "run").split()[0]
 
 
-def run_settings(cfg: DictConfig, run: RunContext, command: str) -> dict:
+def run_settings(cfg: DictConfig, run: Any, command: str) -> dict:
     """The wandb.init arguments every qkvqa W&B run shares: project, entity, group, job_type, top-level notes and
     tags (joined with logger.wandb.tags), the compact config, the run directory, the mode."""
     wcfg = cfg.logger.wandb
@@ -68,7 +71,7 @@ def run_settings(cfg: DictConfig, run: RunContext, command: str) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-def make_wandb_logger(cfg: DictConfig, run: RunContext, command: str = "train"):
+def make_wandb_logger(cfg: DictConfig, run: Any, command: str = "train"):
     """A WandbLogger for this run (job_type `command`), or None when W&B is disabled."""
     if not cfg.logger.wandb.enabled or wandb_mode(cfg) == "disabled":
         return None
@@ -188,12 +191,11 @@ def log_run_files(run_dir: str | os.PathLike) -> list[str]:
     run = wandb.run if wandb is not None else None
     if run is None:
         return []
-    from qkvqa.run.record import RunRecord
-
     run_dir = Path(run_dir)
     saved = []
     try:
-        run.summary.update(relative_paths(RunRecord(run_dir).summary(), run_dir))
+        summary = run_dir / RUN_FILES[0]                # the run record's summary.json (qkvqa.run.record)
+        run.summary.update(relative_paths(read_json(summary) if summary.exists() else {}, run_dir))
         for name in RUN_FILES:
             if (run_dir / name).is_file():
                 # a copy inside the W&B run's files directory: saving a file from outside it made W&B symlink it
@@ -230,7 +232,7 @@ OWN_RUN_COMMANDS = ("embed", "index build", "mine", "rerank", "retrieve", "cache
 
 
 @contextmanager
-def job_run(cfg: DictConfig, run: RunContext, command: str) -> Iterator[None]:
+def job_run(cfg: DictConfig, run: Any, command: str) -> Iterator[None]:
     """A W&B run around a non-Lightning job (OWN_RUN_COMMANDS) on rank zero, finished with its exit status; nothing
     for other commands or with W&B disabled. A W&B failure is one warning: the job and its record go on."""
     if command not in OWN_RUN_COMMANDS or not run.is_rank_zero or not cfg.logger.wandb.enabled \

@@ -29,7 +29,7 @@ REBUILD_KEYS = ("paths", "data", "components.image_encoder", "components.text_en
 def rebuild_hint(cfg) -> str:
     """The commands that (re)build the KB embeddings and index of this config, with the user's own overrides that
     decide them (`paths.world_dir=...`, a preset), so that the copied command builds what this one reads."""
-    from qkvqa.run.command_line import suggest
+    from qkvqa.utils.command_line import suggest
 
     extra = [f"retrieval.mode={cfg.retrieval.mode}"]
     if cfg.retrieval.index_dir:

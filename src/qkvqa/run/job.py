@@ -14,12 +14,12 @@ from qkvqa.config.load import to_plain
 from qkvqa.errors import RunInterrupted
 from qkvqa.loggers.wandb import job_run
 from qkvqa.run.agent import stop_with_the_agent
-from qkvqa.run.command_line import resume_command
 from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
 from qkvqa.run.resume import prepare_resume
 from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.run.slurm import requeue
+from qkvqa.utils.command_line import resume_command
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress_settings
 from qkvqa.utils.stop_signals import forget_stop_signals, note_stop_signal, stop_signal_received

@@ -148,7 +148,7 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
                 **{k: float(v) for k, v in trainer.callback_metrics.items() if k not in (STEP_KEY, EPOCH_KEY)}})
             log_run_files(job.run.run_dir)
     if job.final_state == "interrupted":          # after run_job has recorded the state (and requeued on SIGUSR1)
-        from qkvqa.run.command_line import resume_command
+        from qkvqa.utils.command_line import resume_command
 
         name = signal.Signals(job.received_signal).name if job.received_signal else "a signal"
         raise RunInterrupted(f"run {job.run.run_id} stopped on {name} at step {trainer.global_step} and saved "
