@@ -1,4 +1,5 @@
-"""Import direction: no import circle anywhere in the package (lazy imports inside functions included), and the layering cuts hold."""
+"""Import direction: no import circle anywhere in the package (lazy imports inside functions included), no loop between
+packages, every package imports only the layers below it (docs/ARCHITECTURE.md "Layers"), and the layering cuts hold."""
 from __future__ import annotations
 
 import ast
@@ -102,3 +103,83 @@ def test_the_data_layer_imports_neither_the_synthetic_world_nor_the_datamodules(
     assert not {t for t in imports_of("qkvqa.data") if t.startswith(("qkvqa.synth", "qkvqa.data_modules", "qkvqa.qff"))}
     assert not {t for t in imports_of("qkvqa.synth") if not t.startswith(("qkvqa.synth", "qkvqa.data", "qkvqa.errors",
                                                                            "qkvqa.utils"))}
+
+
+# The layers, lowest first: a package imports only packages listed before it (or itself), at the top of a file or
+# inside any function. The stages keep the data flow's order (data -> retrieval -> qff -> cda -> generation ->
+# pipeline -> cli); the scorers of `metrics` sit below the stages, which score their own output with them (stage 1's
+# Recall@K, the QFF's section recall), and import none of them. `qkvqa` is the package's own __init__ (its version).
+LAYERS = (
+    "errors", "qkvqa", "utils", "components",
+    "data", "synth", "config",                      # the data layer, the synthetic world written in its formats, configs
+    "metrics",                                      # official scorers: below every stage
+    "loggers", "callbacks", "run",                  # run records, W&B, Lightning callbacks; the job and the Trainer
+    "retrieval", "qff", "data_modules", "models",   # stage 1, the filter, the DataModules (over qff's pools), QFFTrainer
+    "cda", "generation", "pipeline",                # CDA, the generator, the per-question pipeline and its recipe
+    "inspect", "doctor", "compare", "sweep", "demo",
+    "cli", "__main__",
+)
+# Package imports that go up a layer, each named; the list only shrinks (docs/ARCHITECTURE.md says why each is there).
+ALLOWED_UPWARD: set[tuple[str, str]] = {
+    ("compare", "sweep"),    # compare.rows reads sweep_manifest.json through qkvqa.sweep.manifest
+    ("sweep", "cli"),        # sweep.local composes a trial's config with the command line's own parser
+    ("demo", "cli"),         # demo.run runs qkvqa's commands in-process through qkvqa.cli.main
+}
+
+
+def package_of(module: str) -> str:
+    """`qkvqa.retrieval.embed` -> `retrieval`, `qkvqa.data_modules.base` -> `data_modules`, `qkvqa` -> `qkvqa`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """package -> the other packages its modules import (function-local imports included)."""
+    packages: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        packages.setdefault(package_of(name), set()).update(package_of(t) for t in targets)
+    return {p: targets - {p} for p, targets in packages.items()}
+
+
+def test_the_import_graph_counts_imports_inside_functions():
+    graph = import_graph()
+    # qkvqa.qff.rerank imports qkvqa.retrieval.retrieve only inside rerank_split
+    assert "qkvqa.retrieval.retrieve" in graph["qkvqa.qff.rerank"]
+    source = (ROOTS["qkvqa"] / "qff" / "rerank.py").read_text(encoding="utf-8")
+    assert "\nfrom qkvqa.retrieval.retrieve import" not in source
+
+
+def test_every_package_has_a_layer():
+    assert set(package_graph(import_graph())) <= set(LAYERS)
+    assert len(LAYERS) == len(set(LAYERS))
+
+
+def test_no_package_imports_a_package_that_imports_it_back():
+    packages = package_graph(import_graph())
+    allowed = {(a, b) for a, b in ALLOWED_UPWARD}
+    pruned = {p: {t for t in targets if (p, t) not in allowed} for p, targets in packages.items()}
+    assert cycles(pruned) == []
+    assert {frozenset(c) for c in cycles(packages)} <= {frozenset({"cli", "compare", "demo", "sweep"})}
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    graph = import_graph()
+    upward = sorted(f"{name} -> {t}" for name, targets in graph.items() for t in targets
+                    if rank[package_of(t)] > rank[package_of(name)]
+                    and (package_of(name), package_of(t)) not in ALLOWED_UPWARD)
+    assert upward == []
+    # the allow-list names only edges that exist (a fixed one is taken off it)
+    packages = package_graph(graph)
+    assert all(b in packages.get(a, ()) for a, b in ALLOWED_UPWARD)
+
+
+def test_the_stages_read_the_benchmark_they_are_given():
+    """Only the command line, the evaluation recipe and doctor build the data from a config (`build_benchmark`): the
+    stages take the benchmark, and nothing below the DataModules imports them."""
+    graph = import_graph()
+    below = [name for name in graph if package_of(name) in ("data", "retrieval", "qff", "cda", "generation", "metrics")]
+    assert not [name for name in below if any(package_of(t) == "data_modules" for t in graph[name])]
+    builders = {name for name, path in modules().items() if "build_benchmark(" in path.read_text(encoding="utf-8")}
+    assert {package_of(name) for name in builders} <= {"data", "data_modules", "cli", "pipeline", "doctor", "demo"}
+    assert {name for name in builders if package_of(name) == "pipeline"} <= {"qkvqa.pipeline.evaluate"}
