@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from qkvqa.cli.main import main
 from qkvqa.data.questions import read_evqa_csv
@@ -13,8 +12,8 @@ from qkvqa.metrics.retrieval import evqa_recall_at_k
 from qkvqa.retrieval.results import read_results
 from qkvqa.run.rundir import clear_run_env
 from tests.fixtures_world import make_world
+from tests.helpers.eval_env import experiments_dir
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = {"kind": "evaclip_hf", "tiny": True, "device": "cpu", "dtype": "fp32"}
 SHARD_SIZE = 16
 
@@ -33,15 +32,10 @@ def _one_torch_thread():
 @pytest.fixture
 def experiments(tmp_path, world, monkeypatch) -> Path:
     """An experiments/ directory with the repository's base and presets and `world.yaml` on the synthetic world."""
-    root = tmp_path / "experiments"
-    root.mkdir()
-    for name in ("base", "presets"):
-        (root / name).symlink_to(REPO / "experiments" / name)
-    data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
-    (root / "world.yaml").write_text(yaml.safe_dump({
-        "data": data, "components": {"image_encoder": TINY, "text_encoder": TINY},
+    root = experiments_dir(tmp_path, world, "world", {
+        "components": {"image_encoder": TINY, "text_encoder": TINY},
         "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
-        "retrieval": {"shard_size": SHARD_SIZE}}), encoding="utf-8")
+        "retrieval": {"shard_size": SHARD_SIZE}})
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(root))
     return root
 
