@@ -1,0 +1,76 @@
+"""The focus study's instruments (tests/helpers/qff_study.py): the positive control's oracle focus path and the BM25
+lexical reference; properties only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkvqa.qff.builder import build_qff_component
+from qkvqa.qff.model import QFFModel
+from tests.helpers.qff_study import (BM25, OracleFocusModel, OracleQuestionEncoding, attribute_words, make_oracle,
+                                     oracle_token_ids)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+QUESTION = "According to recent surveys, what does the diet of this bird consist of mainly?"
+SECTIONS = ["Diet: Early surveys report that its diet consists mainly of seeds.",
+            "Range: Recent surveys report that the species is native to the Andes."]
+
+
+def test_bm25_prefers_the_section_with_the_rare_query_word_and_saturates():
+    corpus = [[1, 2, 3], [1, 4, 5], [1, 6], [1, 7, 7]]
+    bm25 = BM25(corpus, ignore=[0])
+    assert bm25.score([1, 2], [1, 2, 9]) > bm25.score([1, 2], [1, 4, 9]) > 0
+    assert bm25.score([2], [2] * 10) < 10 * bm25.score([2], [2])          # term frequency saturates
+    assert bm25.score([0, 2], [0, 0, 2]) == bm25.score([2], [2])          # ignored ids count nowhere (nor in length)
+    assert bm25.score([3], [1, 2]) == 0.0
+
+
+def test_attribute_words_name_the_asked_fact_and_nothing_generic():
+    words = set(attribute_words())
+    assert {"diet", "wingspan", "conservation", "flowering", "recent", "early"} <= words
+    assert not words & {"the", "this", "what", "of", "bird", "plant", "landmark"}
+
+
+@pytest.fixture(scope="module")
+def component():
+    spec = {"kind": "blip2_qff", "tiny": True, "device": "cpu",
+            "options": {"hidden_size": 32, "num_layers": 2, "num_query_tokens": 2, "seed": 0,
+                        "vocab_texts": [" ".join([*attribute_words(), QUESTION, *SECTIONS])]}}
+    return build_qff_component(spec, {"focus": "per_layer", "blip_text_preprocess": False})
+
+
+def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
+    plain = component.model
+    oracle = make_oracle(QFFModel(plain.base, focus="per_layer"), component.tokenizer)
+    oracle.load_state_dict(plain.state_dict())
+    assert isinstance(oracle, OracleFocusModel) and oracle.state_dict().keys() == plain.state_dict().keys()
+    with torch.no_grad():
+        oracle.q_gate.fill_(1.0)
+        plain.q_gate.fill_(1.0)
+        q = component.tokenize_questions([QUESTION])
+        image = oracle.encode_image(component.preprocess_images([_image()]))
+        encoding = oracle.encode_question(q["input_ids"], q["attention_mask"], image)
+        assert isinstance(encoding, OracleQuestionEncoding)
+        # the whole question for late interaction, as the plain model encodes it
+        whole = plain.encode_question(q["input_ids"], q["attention_mask"], image)
+        assert torch.allclose(encoding.tokens, whole.tokens)
+        # the focus states: the question pass over [CLS], the attribute words and [SEP] only
+        keep = torch.isin(q["input_ids"], torch.tensor(oracle_token_ids(component.tokenizer)))
+        kept = component.tokenizer.convert_ids_to_tokens(q["input_ids"][keep].tolist())
+        assert set(kept) == {"[CLS]", "[SEP]", "recent", "diet", "mainly"}
+        masked = plain.encode_question(q["input_ids"], q["attention_mask"] * keep, image)
+        assert torch.allclose(encoding.focus_states[-1], masked.tokens)
+        assert not torch.allclose(encoding.focus_states[-1], encoding.tokens, atol=1e-3)
+        s = component.tokenize_sections(SECTIONS)
+        focused = oracle.encode_sections(s["input_ids"], s["attention_mask"], image, encoding)
+        # the focus blocks saw the oracle, not the whole question (at random weights the two differ little)
+        assert (focused - plain.encode_sections(s["input_ids"], s["attention_mask"], image, whole)).abs().max() > 1e-6
+        assert torch.allclose(focused, plain.encode_sections(s["input_ids"], s["attention_mask"], image, masked))
+        off = oracle.encode_sections(s["input_ids"], s["attention_mask"], image, encoding, focus="none")
+        assert torch.allclose(off, plain.encode_sections(s["input_ids"], s["attention_mask"], image, None, focus="none"))
+
+
+def _image():
+    from PIL import Image
+
+    return Image.new("RGB", (40, 30), (120, 30, 200))
