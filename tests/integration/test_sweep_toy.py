@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from qkvqa.cli.main import main
 from qkvqa.run.record import RunRecord
-from qkvqa.sweep.manifest import Manifest
+from qkvqa.run.sweep_manifest import Manifest
 from tests.integration.test_wandb_offline import leet
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from qkvqa.compare.table import build_table, filter_rows, render_table
 from qkvqa.config.load import compose
 from qkvqa.errors import ConfigError
 from qkvqa.run.record import RunRecord
-from qkvqa.sweep.manifest import Manifest
+from qkvqa.run.sweep_manifest import Manifest
 
 
 def _run(root, run_id, alpha, losses, state="finished", seed=0, extra_summary=None):

@@ -88,7 +88,7 @@ def test_the_trained_qff_export_and_a_kb_store_honour_the_umask(tmp_path):
 
 def test_run_and_sweep_locks_are_created_with_the_umask_mode(tmp_path):
     from qkvqa.run.lock import RunLock
-    from qkvqa.sweep.manifest import RunnerLock
+    from qkvqa.run.sweep_manifest import RunnerLock
 
     with umask(0o002):
         lock = RunLock.acquire(tmp_path)

@@ -11,9 +11,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from qkvqa.cli.main import main
+from qkvqa.cli.sweep import compose_command
 from qkvqa.errors import ConfigError
+from qkvqa.run.sweep_manifest import LOCK_NAME, Manifest, RunnerLock
 from qkvqa.sweep.local import LocalSweep, trial_env
-from qkvqa.sweep.manifest import LOCK_NAME, Manifest, RunnerLock
 from qkvqa.sweep.spec import load_sweep
 
 # A qkvqa job that writes a real run record; score = alpha + seed / 10; alpha > 0.95 fails.
@@ -62,7 +63,7 @@ def _manifest(run_root, name="fake"):
 @pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
 def test_grid_trials_run_in_parallel_and_are_compared(make_sweep, run_root):
     path = make_sweep({"qff.alpha": {"values": [0.2, 0.6]}, "seed": {"values": [1, 2]}})
-    result = LocalSweep(load_sweep(path), checkpoints_root=run_root, parallel=2).run()
+    result = LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root, parallel=2).run()
     trials = result.manifest.trials
     assert sorted(trials) == ["t000", "t001", "t002", "t003"] and result.count("finished") == 4
     for tid, t in trials.items():
@@ -109,10 +110,10 @@ def test_failed_trial_is_recorded_and_only_retried_on_request(make_sweep, run_ro
 @pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_stale_running_trial_is_relaunched_in_its_run_dir(make_sweep, run_root):
     path = make_sweep({"qff.alpha": {"values": [0.3]}})
-    LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+    LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root).run()
     manifest = _manifest(run_root)
     manifest.update_trial("t000", status="running")             # the runner died while the trial ran
-    result = LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+    result = LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root).run()
     assert result.launched == ["t000"] and result.manifest.trials["t000"]["status"] == "finished"
     status = json.loads((run_root / "fake-t000" / "status.json").read_text())
     assert len(status["attempts"]) == 2 and sorted(p.name for p in run_root.iterdir()) == ["fake-t000", "sweeps"]
@@ -130,24 +131,24 @@ def test_stopped_runner_terminates_its_trials_and_the_rerun_continues_them(make_
 
     monkeypatch.setattr(LocalSweep, "_finish", finish_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        LocalSweep(load_sweep(path), checkpoints_root=run_root, parallel=2).run()
+        LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root, parallel=2).run()
     trials = _manifest(run_root).trials
     assert trials["t000"]["status"] == "finished" and trials["t001"]["status"] == "interrupted"
     assert trials["t001"]["returncode"] != 0 and not (run_root / "sweeps" / "fake" / ".runner.lock").exists()
 
     monkeypatch.setattr(LocalSweep, "_finish", finish)
     monkeypatch.delenv("JOB_SLEEP_S")
-    result = LocalSweep(load_sweep(path), checkpoints_root=run_root, parallel=2).run()
+    result = LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root, parallel=2).run()
     assert result.launched == ["t001"] and result.manifest.trials["t001"]["status"] == "finished"
     assert result.manifest.trials["t001"]["attempts"] == 2
 
 
 @pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_changed_sweep_is_refused_on_rerun_and_the_dry_run_says_so(make_sweep, run_root, capsys):
-    LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), checkpoints_root=run_root).run()
+    LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), compose=compose_command, checkpoints_root=run_root).run()
     path = make_sweep({"qff.alpha": {"values": [0.4]}})
     with pytest.raises(ConfigError, match="another name"):
-        LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+        LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root).run()
     capsys.readouterr()
     assert main(["sweep", str(path), "--checkpoints-root", str(run_root), "--dry-run"]) == 2
     out, err = capsys.readouterr()
@@ -158,7 +159,7 @@ def test_changed_sweep_is_refused_on_rerun_and_the_dry_run_says_so(make_sweep, r
 @pytest.mark.slow  # seconds-long: `make test`, not the fast loop
 def test_a_trial_whose_command_changed_is_not_shown_as_finished(make_sweep, run_root, capsys):
     path = make_sweep({"qff.alpha": {"values": [0.3, 0.5]}})
-    LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+    LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root).run()
     args = ["sweep", str(path), "--checkpoints-root", str(run_root), "--dry-run"]
     assert main(args) == 0 and capsys.readouterr().out.count("skip (finished)") == 2     # unchanged: skipped
     spec = yaml.safe_load(path.read_text())
@@ -169,7 +170,7 @@ def test_a_trial_whose_command_changed_is_not_shown_as_finished(make_sweep, run_
     assert "t000  changed (finished)" in out and "t001  changed (finished)" in out and "skip" not in out
     assert "its command changed since it ran" in err and "seed=7" in err and "t001" in err
     with pytest.raises(ConfigError, match="its command changed since it ran"):
-        LocalSweep(load_sweep(path), checkpoints_root=run_root).run()
+        LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root).run()
     assert _manifest(run_root).trials["t000"]["attempts"] == 1                # nothing was relaunched
 
 
@@ -177,7 +178,7 @@ def test_trials_get_no_leaked_run_identity(make_sweep, run_root, monkeypatch):
     for key, value in {"WANDB_RUN_ID": "stale", "WANDB_SWEEP_ID": "old", "QKVQA_RUN_ID": "x", "WANDB_MODE": "disabled"}.items():
         monkeypatch.setenv(key, value)
     assert not {"WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID"} & set(trial_env(os.environ))
-    result = LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), checkpoints_root=run_root).run()
+    result = LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), compose=compose_command, checkpoints_root=run_root).run()
     line = next(l for l in (result.sweep_dir / "logs" / "t000.log").read_text().splitlines() if l.startswith("ENV "))
     env = json.loads(line[4:])
     assert {k: env[k] for k in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID", "WANDB_MODE")} == {
@@ -198,8 +199,8 @@ def test_seeded_random_sweep_plans_the_same_trials(make_sweep, run_root, capsys)
 
 def test_rerun_reuses_the_recorded_seed(make_sweep, run_root):
     path = make_sweep({"qff.alpha": {"min": 0.0, "max": 0.9}}, name="rnd", method="random")
-    first = LocalSweep(load_sweep(path), checkpoints_root=run_root, count=2, seed=11).run()
-    again = LocalSweep(load_sweep(path), checkpoints_root=run_root, count=3)
+    first = LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root, count=2, seed=11).run()
+    again = LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root, count=3)
     assert again.seed == 11 and [t.params for t in again.trials[:2]] == [t["params"] for t in first.manifest.trials.values()]
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from qkvqa.run.sweep_manifest import Manifest
 from qkvqa.sweep.array_task import trial_command
-from qkvqa.sweep.manifest import Manifest
 from qkvqa.sweep.slurm_array import array_spec, render_array_script, settled_status
 
 
@@ -68,6 +68,7 @@ def _half_submitted(tmp_path):
     """A sweep of two trials whose runner died after writing submission `arr-s001-feedc0de` and before its job id."""
     import yaml
 
+    from qkvqa.cli.sweep import compose_command
     from qkvqa.sweep.slurm_array import SUBMITTING, SlurmSweep
     from qkvqa.sweep.spec import load_sweep
 
@@ -75,7 +76,8 @@ def _half_submitted(tmp_path):
     path.write_text(yaml.safe_dump({"name": "arr", "method": "grid", "metric": {"name": "m", "goal": "minimize"},
                                     "parameters": {"seed": {"values": [0, 1]}},
                                     "command": ["python", "-m", "x", "${args_no_hyphens}"]}))
-    sweep = SlurmSweep(load_sweep(path), checkpoints_root=tmp_path / "runs", sweep_dir=tmp_path / "sweep")
+    sweep = SlurmSweep(load_sweep(path), compose=compose_command, checkpoints_root=tmp_path / "runs",
+                       sweep_dir=tmp_path / "sweep")
     manifest = Manifest.create(tmp_path / "sweep", {"sweep": "arr"})
     for trial in sweep.trials:
         manifest.trials[trial.trial_id] = {"index": trial.index, "status": SUBMITTING,

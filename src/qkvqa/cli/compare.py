@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _sweep_metric(paths: list[str]) -> tuple[str | None, str | None]:
     """The metric and goal recorded in the manifest of the (single) sweep dir given, if any."""
-    from qkvqa.sweep.manifest import Manifest
+    from qkvqa.run.sweep_manifest import Manifest
 
     manifests = [m for m in (Manifest.load(p) for p in paths if Path(p).is_dir()) if m is not None]
     if len(manifests) != 1:

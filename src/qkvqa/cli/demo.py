@@ -27,11 +27,13 @@ def _demo(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("WANDB_MODE", "disabled")
+    from qkvqa.cli.main import main
     from qkvqa.demo.run import Demo
 
     if args.epochs is not None and args.epochs < 1:
         from qkvqa.errors import ConfigError
 
         raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
-    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed, epochs=args.epochs).run()
+    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed, epochs=args.epochs,
+         run_command=main).run()
     return 0

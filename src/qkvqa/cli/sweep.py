@@ -30,6 +30,36 @@ The command must pass the parameters with ${args_no_hyphens} (quote the macros i
 """
 
 
+# The trial commands whose config the runner composes to tell whether a trial's run is still the planned one, each with
+# the module whose SHORTHANDS its handler expands first (`split=X`, ...).
+COMPOSED_COMMANDS = {"train": None, "evaluate": "qkvqa.cli.evaluate", "retrieve": "qkvqa.cli.embed",
+                     "mine": "qkvqa.cli.embed", "rerank": "qkvqa.cli.embed", "embed": "qkvqa.cli.embed"}
+
+
+def compose_command(tokens: list[str]):
+    """The config `qkvqa TOKENS` composes to in the current directory, as its handler composes it (shorthands
+    included), or None for a command not in COMPOSED_COMMANDS; ConfigError when it does not parse or compose. The
+    sweep runners read their trials' configs with it (`LocalSweep(compose=...)`)."""
+    if not tokens or tokens[0] not in COMPOSED_COMMANDS:
+        return None
+    import importlib
+
+    from qkvqa.cli.embed import expand_shorthands
+    from qkvqa.cli.main import build_parser
+    from qkvqa.config.cli import config_from_args
+    from qkvqa.errors import ConfigError
+
+    try:
+        args = build_parser().parse_args(tokens)
+    except SystemExit:
+        raise ConfigError(f"`qkvqa {shlex.join(tokens)}` does not parse") from None
+    module = COMPOSED_COMMANDS[tokens[0]]
+    shorthands = getattr(importlib.import_module(module), "SHORTHANDS") if module else None
+    if shorthands:
+        args.overrides = expand_shorthands(args.overrides, shorthands)
+    return config_from_args(args)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `sweep` command."""
     parser = subparsers.add_parser("sweep", help="run a hyperparameter sweep (offline runner or wandb agent)",
@@ -83,7 +113,7 @@ def _run_local(args: argparse.Namespace, spec) -> int:
     from qkvqa.sweep.slurm_array import SlurmSweep
 
     common = dict(checkpoints_root=args.checkpoints_root, sweep_dir=args.sweep_dir, count=args.count, seed=args.seed,
-                  retry_failed=args.retry_failed, gpus_per_trial=args.gpus_per_trial)
+                  retry_failed=args.retry_failed, gpus_per_trial=args.gpus_per_trial, compose=compose_command)
     if args.backend == "slurm":
         sweep = SlurmSweep(spec, parallel=args.parallel, sbatch_args=args.sbatch_arg, **common)
     else:
@@ -99,7 +129,7 @@ def _run_local(args: argparse.Namespace, spec) -> int:
             print(sweep.script([t.index for t, action in plan if action == "run"]))
         if any(action.startswith("changed") for _, action in plan):
             from qkvqa.sweep.local import changed_trials_error
-            from qkvqa.sweep.manifest import Manifest
+            from qkvqa.run.sweep_manifest import Manifest
 
             # the sweep itself would refuse to run: say why, as it would
             print(f"qkvqa sweep: error: {changed_trials_error(spec, sweep.changes(Manifest.load(sweep.sweep_dir)))}",

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from qkvqa.errors import ConfigError
 from qkvqa.run.record import RunRecord
-from qkvqa.sweep.manifest import MANIFEST_NAME, Manifest
+from qkvqa.run.sweep_manifest import MANIFEST_NAME, Manifest
 
 # W&B logs Lightning's step as this metric; its own `_step` counts log calls.
 WANDB_STEP_KEY = "trainer/global_step"

@@ -5,7 +5,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from qkvqa.demo.report import comparison_rows, markdown_table, plot_recall, plot_training
 from qkvqa.run.rundir import clear_run_env
@@ -70,20 +70,14 @@ def _finished(runs: Path, run_id: str) -> bool:
     return status.exists() and json.loads(status.read_text(encoding="utf-8")).get("state") == "finished"
 
 
-def _cli(args: Sequence[str]) -> None:
-    from qkvqa.cli.main import main
-
-    clear_run_env()
-    rc = main(list(args))
-    if rc != 0:
-        raise SystemExit(f"demo step failed: qkvqa {' '.join(args)} (exit {rc})")
-
-
 class Demo:
-    """The demo's directories and stages."""
+    """The demo's directories and stages; each stage is a qkvqa command run in-process by `run_command` (the command
+    line's own `qkvqa.cli.main.main`, which `qkvqa demo` passes in: the demo sits below the command line)."""
 
-    def __init__(self, out: Path, runs: Path, entities: int, seed: int, epochs: Optional[int] = None):
+    def __init__(self, out: Path, runs: Path, entities: int, seed: int, epochs: Optional[int] = None, *,
+                 run_command: Optional[Callable[[list[str]], int]] = None):
         self.out, self.runs, self.entities, self.seed, self.epochs = out, runs, entities, seed, epochs
+        self.run_command = run_command
         self.world = out / "world"
         self.common = [f"paths.world_dir={self.world}", f"paths.cache_dir={out / 'cache'}",
                        f"paths.checkpoints_root={runs}", f"seed={seed}"]
@@ -106,8 +100,17 @@ class Demo:
 
         generate_world(self.world, entities=self.entities, seed=self.seed)
 
+    def _cli(self, args: Sequence[str]) -> None:
+        """Run `qkvqa ARGS` in-process (a fresh run environment each time); SystemExit when it fails."""
+        if self.run_command is None:
+            raise RuntimeError("Demo(run_command=...) is not set: `qkvqa demo` passes qkvqa.cli.main.main")
+        clear_run_env()
+        rc = self.run_command(list(args))
+        if rc != 0:
+            raise SystemExit(f"demo step failed: qkvqa {' '.join(args)} (exit {rc})")
+
     def stage1(self) -> None:
-        _cli(["embed", "experiment=demo/evaluate", "run_id=demo-embed", "resume=auto", *self.common])  # resumable
+        self._cli(["embed", "experiment=demo/evaluate", "run_id=demo-embed", "resume=auto", *self.common])  # resumable
         from qkvqa.config.load import compose
         from qkvqa.data.benchmark import build_benchmark
         from qkvqa.errors import StaleArtifactError
@@ -118,7 +121,7 @@ class Demo:
             load_index_from_config(cfg, build_benchmark(cfg.data))
             log.info("reusing the stage-1 index")
         except StaleArtifactError:
-            _cli(["index", "build", "experiment=demo/evaluate", "run_id=demo-index", "resume=auto", *self.common])
+            self._cli(["index", "build", "experiment=demo/evaluate", "run_id=demo-index", "resume=auto", *self.common])
 
     def train(self) -> None:
         for focus, experiment in TRAINING.items():
@@ -127,7 +130,7 @@ class Demo:
                 log.info("reusing trained QFF %s", run_id)
                 continue
             epochs = [f"trainer.max_epochs={self.epochs}"] if self.epochs else []
-            _cli(["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common, *epochs])
+            self._cli(["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common, *epochs])
 
     def reuse_command(self) -> str:
         """An evaluation of one's own on the demo's world that reads the demo's embeddings and index (its world and
@@ -142,7 +145,7 @@ class Demo:
             # A run finished before evaluations wrote traces.jsonl is resumed: it is re-scored and writes them.
             if not _finished(self.runs, run_id) or not (self.runs / run_id / "traces.jsonl").exists():
                 checkpoint = [f"qff.checkpoint={self.runs / f'demo-qff-{trained}' / 'qff'}"] if trained else []
-                _cli(["evaluate", "experiment=demo/evaluate", f"run_id={run_id}", "resume=auto", *self.common,
+                self._cli(["evaluate", "experiment=demo/evaluate", f"run_id={run_id}", "resume=auto", *self.common,
                       *checkpoint, *overrides])
             done[label] = self.runs / run_id
         return done

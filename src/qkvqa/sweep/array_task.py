@@ -6,8 +6,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from qkvqa.run.sweep_manifest import Manifest, now
 from qkvqa.sweep.local import trial_env
-from qkvqa.sweep.manifest import Manifest, now
 
 
 def trial_command(sweep_dir: Path, index: int) -> tuple[str, list[str]]:

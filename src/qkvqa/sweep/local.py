@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from qkvqa.errors import ConfigError
 from qkvqa.run.record import RunRecord
+from qkvqa.run.sweep_manifest import Manifest, RunnerLock, now
 from qkvqa.sweep.command import render_args, render_command
-from qkvqa.sweep.manifest import Manifest, RunnerLock, now
 from qkvqa.sweep.spec import SweepSpec
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
@@ -88,10 +88,11 @@ def _same_params(recorded: Any, planned: Mapping[str, Any]) -> bool:
     return json.dumps(recorded, sort_keys=True) == json.dumps(json.loads(json.dumps(planned)), sort_keys=True)
 
 
-# Trial commands whose config the runner composes itself to tell whether a trial's run is still the planned one,
-# with the module whose SHORTHANDS their handler expands first (`split=X`, ...).
-COMPOSED_COMMANDS = {"train": None, "evaluate": "qkvqa.cli.evaluate", "retrieve": "qkvqa.cli.embed",
-                     "mine": "qkvqa.cli.embed", "rerank": "qkvqa.cli.embed", "embed": "qkvqa.cli.embed"}
+# `compose(tokens)`: the config `qkvqa TOKENS` composes to in the current directory, as its handler composes it, None
+# for a command that composes none; ConfigError when it does not parse or compose. The runner reads a trial's config
+# with it to tell whether the trial's run is still the planned one. The command line's own parser knows that, so
+# `qkvqa sweep` passes it in (`qkvqa.cli.sweep.compose_command`): the sweep sits below the command line.
+Compose = Callable[[list[str]], Optional[Any]]
 
 
 def _cli_tokens(argv: list[str]) -> Optional[list[str]]:
@@ -104,46 +105,33 @@ def _cli_tokens(argv: list[str]) -> Optional[list[str]]:
     return None
 
 
-def command_config(argv: list[str], cwd: Path) -> Optional[Any]:
-    """The config a `qkvqa train|evaluate|retrieve|... ...` trial command composes to when run in `cwd` (as its
-    handler composes it, shorthands included), or None for any other command. ConfigError when it does not compose."""
+def command_config(argv: list[str], cwd: Path, compose: Compose) -> Optional[Any]:
+    """The config a `qkvqa train|evaluate|retrieve|... ...` trial command composes to when run in `cwd` (`compose`:
+    as its handler composes it, shorthands included), or None for any other command. ConfigError when it does not
+    compose."""
     tokens = _cli_tokens(argv)
-    if not tokens or tokens[0] not in COMPOSED_COMMANDS:
+    if not tokens:
         return None
-    import importlib
-
-    from qkvqa.cli.embed import expand_shorthands
-    from qkvqa.cli.main import build_parser
-    from qkvqa.config.cli import config_from_args
-
-    try:
-        args = build_parser().parse_args(tokens)
-    except SystemExit:
-        raise ConfigError(f"`qkvqa {shlex.join(tokens)}` does not parse") from None
-    module = COMPOSED_COMMANDS[tokens[0]]
-    shorthands = getattr(importlib.import_module(module), "SHORTHANDS") if module else None
-    if shorthands:
-        args.overrides = expand_shorthands(args.overrides, shorthands)
     here = Path.cwd()
     os.chdir(cwd)                                  # experiments/ is found from the trial's working directory
     try:
-        return config_from_args(args)
+        return compose(tokens)
     finally:
         os.chdir(here)
 
 
-def trial_change(trial: Trial, entry: dict, argv: list[str], cwd: Path) -> Optional[str]:
+def trial_change(trial: Trial, entry: dict, argv: list[str], cwd: Path, compose: Compose) -> Optional[str]:
     """Why the run a manifest entry records is not the run `trial` now plans, or None when it is: the swept values
     changed, or, once its run wrote config.yaml, the config its command composes to now differs from the saved one
-    in a key a resume refuses (an experiment file or the sweep's command edited). For a program other than a
-    COMPOSED_COMMANDS command of qkvqa the recorded command line is compared instead."""
+    in a key a resume refuses (an experiment file or the sweep's command edited). For a program other than a qkvqa
+    command that composes a config the recorded command line is compared instead."""
     if not _same_params(entry["params"], trial.params):
         return f"was run with {entry['params']} but the sweep file now gives {trial.params}"
     saved = Path(entry["run_dir"]) / "config.yaml"
     if not saved.is_file():
         return None                                # nothing ran under another config yet
     try:
-        current = command_config(argv, cwd)
+        current = command_config(argv, cwd, compose)
     except ConfigError as e:
         return f"its command no longer composes a config ({e})"
     if current is None:
@@ -162,12 +150,12 @@ def trial_change(trial: Trial, entry: dict, argv: list[str], cwd: Path) -> Optio
 
 
 def changed_trials(trials: list[Trial], manifest: Optional[Manifest], argv: Callable[[Trial], list[str]],
-                   cwd: Path) -> dict[str, str]:
+                   cwd: Path, compose: Compose) -> dict[str, str]:
     """{trial id: why} for the trials whose recorded run is not the one now planned (`trial_change`)."""
     out = {}
     for trial in trials:
         entry = manifest.trials.get(trial.trial_id) if manifest is not None else None
-        why = trial_change(trial, entry, argv(trial), cwd) if entry is not None else None
+        why = trial_change(trial, entry, argv(trial), cwd, compose) if entry is not None else None
         if why:
             out[trial.trial_id] = why
     return out
@@ -182,14 +170,14 @@ def changed_trials_error(spec: SweepSpec, changed: dict[str, str]) -> ConfigErro
 
 
 def _open_manifest(spec: SweepSpec, sweep_dir: Path, trials: list[Trial], seed: int, root: Path,
-                   argv: Callable[[Trial], list[str]], cwd: Path) -> Manifest:
+                   argv: Callable[[Trial], list[str]], cwd: Path, compose: Compose) -> Manifest:
     manifest = Manifest.load(sweep_dir)
     if manifest is None:
         manifest = Manifest.create(sweep_dir, {
             "sweep": spec.name, "sweep_file": str(spec.path) if spec.path else None, "method": spec.method,
             "metric": {"name": spec.metric, "goal": spec.goal}, "seed": seed,
             "checkpoints_root": str(root.resolve()), "command": spec.command})
-    changed = changed_trials(trials, manifest, argv, cwd)
+    changed = changed_trials(trials, manifest, argv, cwd, compose)
     if changed:
         raise changed_trials_error(spec, changed)
     for trial in trials:
@@ -234,7 +222,7 @@ class _Running:
 class LocalSweep:
     """Runs a sweep's trials as subprocesses and keeps `sweep_manifest.json` current."""
 
-    def __init__(self, spec: SweepSpec, *, checkpoints_root: str | os.PathLike = "checkpoints",
+    def __init__(self, spec: SweepSpec, *, compose: Compose, checkpoints_root: str | os.PathLike = "checkpoints",
                  sweep_dir: Optional[str | os.PathLike] = None, parallel: Optional[int] = 1, count: Optional[int] = None,
                  seed: Optional[int] = None, retry_failed: bool = False, cwd: Optional[str | os.PathLike] = None,
                  interpreter: str = sys.executable, poll_s: float = 0.2, gpus_per_trial: int = 0,
@@ -259,6 +247,7 @@ class LocalSweep:
         self.cwd = Path(cwd) if cwd else Path.cwd()
         self.interpreter = interpreter
         self.poll_s = poll_s
+        self.compose = compose
 
     def argv(self, trial: Trial) -> list[str]:
         """The command line of a trial."""
@@ -274,7 +263,7 @@ class LocalSweep:
     def changes(self, manifest: Optional[Manifest]) -> dict[str, str]:
         """{trial id: why} for the trials whose recorded run is not the one this sweep file now plans (`run`
         refuses the sweep then)."""
-        return changed_trials(self.trials, manifest, self.argv, self.cwd)
+        return changed_trials(self.trials, manifest, self.argv, self.cwd, self.compose)
 
     def plan(self) -> list[tuple[Trial, str]]:
         """(trial, action) for every trial without running anything: run, skip (finished / failed), or changed
@@ -298,7 +287,8 @@ class LocalSweep:
             log.warning("sweep %s: %s need the W&B controller; the local runner runs every trial",
                         self.spec.name, ", ".join(self.spec.controller_only_keys()))
         with RunnerLock(self.sweep_dir):
-            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd)
+            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd,
+                                      self.compose)
             manifest.save()
             todo = [t for t in self.trials if _should_run(manifest.trials[t.trial_id], self.retry_failed)]
             skipped = [t.trial_id for t in self.trials if t not in todo]
@@ -396,7 +386,7 @@ class LocalSweep:
         counts = {s: sum(t["status"] == s for t in manifest.trials.values())
                   for s in ("finished", "failed", "interrupted", "pending")}
         try:                                       # where the trials log to W&B (None: not a qkvqa command)
-            trial_cfg = command_config(self.argv(self.trials[0]), self.cwd) if self.trials else None
+            trial_cfg = command_config(self.argv(self.trials[0]), self.cwd, self.compose) if self.trials else None
         except ConfigError:
             trial_cfg = None
         log_sweep_run(self.spec, self.sweep_dir, table, counts, trial_cfg)

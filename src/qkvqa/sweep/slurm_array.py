@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 from qkvqa.errors import ConfigError, QkvqaError
 from qkvqa.run.record import RunRecord
+from qkvqa.run.sweep_manifest import Manifest, RunnerLock, now
 from qkvqa.sweep.local import LocalSweep, SweepResult, Trial, _open_manifest, _should_run
-from qkvqa.sweep.manifest import Manifest, RunnerLock, now
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -226,7 +226,8 @@ class SlurmSweep(LocalSweep):
         _slurm_command("sbatch")
         self._check_sbatch_args()
         with RunnerLock(self.sweep_dir):
-            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd)
+            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd,
+                                      self.compose)
             self.reconcile(manifest)
             todo = [t for t in self.trials if _submittable(manifest.trials[t.trial_id], self.retry_failed)]
             skipped = [t.trial_id for t in self.trials if t not in todo]
