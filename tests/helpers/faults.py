@@ -113,3 +113,33 @@ def run_toy(root, run_id: str, *overrides: str, env: dict, timeout_s: float = 30
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), time.time()
+
+
+def signal_once_answered(cmd: list, env: dict, part, rows: int, sig: int, *, group: bool = False,
+                         wait_s: float = 240, cwd=None):
+    """Start `cmd` (an evaluation); once its rank-0 part file `part` holds `rows` answers (or it ended), send `sig` to
+    it, or with `group` to its whole session (its DataLoader workers too, as SLURM and a terminal do); bounded.
+    Returns a CompletedProcess (stderr captured) with `seconds_to_stop`, from the signal to the end."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    cwd = cwd or Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and proc.poll() is None and (
+                not Path(part).exists() or len(Path(part).read_text().splitlines()) < rows):
+            time.sleep(0.1)
+        sent = time.monotonic()
+        os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+        seconds = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, "", err)
+    done.seconds_to_stop = seconds
+    return done

@@ -12,6 +12,7 @@ import pytest
 
 from qkvqa.cli.main import main
 from qkvqa.run.rundir import clear_run_env
+from tests.helpers.faults import signal_once_answered
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -200,19 +201,6 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
 
 
-def _stop_after(cmd, env, part: Path, rows: int, sig: int) -> subprocess.Popen:
-    """Start `cmd`, send `sig` once its rank-0 part holds `rows` answers, and return the ended process."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and (not part.exists() or len(part.read_text().splitlines()) < rows):
-        time.sleep(0.1)
-    sent = time.time()
-    proc.send_signal(sig)
-    proc.stderr_text = proc.communicate(timeout=60)[1]
-    proc.seconds_to_stop = time.time() - sent
-    return proc
-
-
 @pytest.mark.slow
 def test_evaluation_stopped_by_sigterm_and_sigkill_resumes_to_the_uninterrupted_predictions(eval_env, world):
     """Issue 15 item 8: SIGTERM stops promptly (143, `interrupted`); SIGKILL loses at most the batch in flight;
@@ -223,15 +211,16 @@ def test_evaluation_stopped_by_sigterm_and_sigkill_resumes_to_the_uninterrupted_
     whole = subprocess.run(cmd + ["run_id=whole"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr[-3000:]
     part = runs / "killed" / "predictions.parts" / "rank0.jsonl"
-    termed = _stop_after(cmd + ["run_id=killed"], env, part, 4, signal.SIGTERM)
-    assert termed.returncode == 143, termed.stderr_text[-3000:]
+    termed = signal_once_answered(cmd + ["run_id=killed"], env, part, 4, signal.SIGTERM)
+    assert termed.returncode == 143, termed.stderr[-3000:]
     assert termed.seconds_to_stop < 30
     status = json.loads((runs / "killed" / "status.json").read_text())
     assert status["state"] == "interrupted" and "SIGTERM" in status["error"], status
     answered = len(part.read_text().splitlines())
     expected = _expected_ids(world)
     assert 4 <= answered < len(expected)
-    killed = _stop_after(cmd + ["run_id=killed", "resume=auto"], env, part, answered + 3, signal.SIGKILL)
+    killed = signal_once_answered(cmd + ["run_id=killed", "resume=auto"], env, part, answered + 3,
+                                  signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
     resumed = subprocess.run(cmd + ["run_id=killed", "resume=auto"], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=600)

@@ -4,7 +4,6 @@ stop at the next batch boundary with the signal number kept, saves, and a resume
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.faults import run_toy
+from tests.helpers.faults import run_toy, signal_once_answered
 from tests.integration.test_qff_train import mined, train  # noqa: F401  (the module fixture)
 
 pytestmark = pytest.mark.slow
@@ -72,27 +71,6 @@ def test_a_qff_mid_epoch_resume_with_two_workers_equals_the_uninterrupted_run(mi
     assert [key for key in a["state_dict"] if not torch.equal(a["state_dict"][key], b["state_dict"][key])] == []
 
 
-def _evaluate_until(cmd: list[str], env: dict, part: Path, rows: int, sig: int) -> subprocess.CompletedProcess:
-    """Run `cmd` in its own session; once its rank-0 part holds `rows` answers, signal the whole group (the
-    evaluation and its DataLoader workers) as SLURM or a terminal does; bounded."""
-    import time
-
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and (
-                not part.exists() or len(part.read_text().splitlines()) < rows):
-            time.sleep(0.1)
-        os.killpg(proc.pid, sig)
-        err = proc.communicate(timeout=60)[1]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    return subprocess.CompletedProcess(cmd, proc.returncode, "", err)
-
-
 def test_an_evaluation_with_two_workers_stopped_by_group_signals_keeps_every_answer(eval_env, world):
     """SIGUSR1 to the whole group (SLURM's way) ends 143, then Ctrl-C to the resumed run (a terminal's way) ends 130:
     each keeps every stored answer, no DataLoader worker dies of the signal, and the last resume answers the rest
@@ -105,7 +83,7 @@ def test_an_evaluation_with_two_workers_stopped_by_group_signals_keeps_every_ans
     part = runs / "workers" / "predictions.parts" / "rank0.jsonl"
     answered: list[str] = []
     for sig, code, extra in ((signal.SIGUSR1, 143, []), (signal.SIGINT, 130, ["resume=auto"])):
-        stopped = _evaluate_until(cmd + extra, env, part, len(answered) + 3, sig)
+        stopped = signal_once_answered(cmd + extra, env, part, len(answered) + 3, sig, group=True)
         assert stopped.returncode == code, (signal.Signals(sig).name, stopped.stderr[-3000:])
         assert "DataLoader worker" not in stopped.stderr, stopped.stderr[-3000:]
         status = json.loads((runs / "workers" / "status.json").read_text())
