@@ -52,7 +52,7 @@ def test_coinciding_recall_curves_are_drawn_distinguishably_and_say_so():
 
 def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
     """The demo's report and the README quote the focus study; the figures they quote must be those of
-    bench/out/qff_focus.json, so that a rerun study cannot leave them stale."""
+    bench/out/qff_focus_v1.json (the random-init study), so that a rerun study cannot leave them stale."""
     import json
     from pathlib import Path
     from statistics import mean, stdev
@@ -60,7 +60,7 @@ def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
     from qkvqa.demo.run import HONEST
 
     repo = Path(__file__).resolve().parents[2]
-    study = json.loads((repo / "bench/out/qff_focus.json").read_text())["worlds"]
+    study = json.loads((repo / "bench/out/qff_focus_v1.json").read_text())["worlds"]
     text = " ".join(HONEST.split())
 
     def seeds(world, variant):
