@@ -9,7 +9,7 @@ import pytest
 from qkvqa.cli.main import main
 from qkvqa.data.questions import read_evqa_csv
 from qkvqa.metrics.retrieval import evqa_recall_at_k
-from qkvqa.retrieval.results import read_results
+from qkvqa.retrieval.results import read_results, read_results_stage1
 from qkvqa.run.rundir import clear_run_env
 from tests.fixtures_world import make_world
 from tests.helpers.eval_env import experiments_dir
@@ -96,6 +96,9 @@ def test_image_to_summary_end_to_end(experiments, world, capsys):
     rescored = _run(capsys, "retrieve", "experiment=world", f"retrieval.results={experiments / 'echosight.json'}")
     assert [rescored[f"recall@{k}"] for k in (1, 5, 10, 20)] == pytest.approx(recalls)
     assert read_results(rescored["results"]) == read_results(out["results"])    # titles filled in from the KB
+    # what stage 1 embedded travels with the file qkvqa wrote (its sidecar), not with a foreign one
+    assert read_results_stage1(out["results"])["text"] == "lead_section"
+    assert read_results_stage1(rescored["results"]) is None                     # read from EchoSight's: unknown
 
 
 @pytest.mark.slow  # seconds-long: `make test`, not the fast loop

@@ -198,6 +198,26 @@ def test_the_card_says_how_the_weights_were_matched_to_the_release(tmp_path):
     assert "the name only" in render_card(card)
 
 
+def test_a_results_file_is_judged_by_the_stage_1_it_records_and_an_unrecorded_one_is_called_an_assumption(tmp_path):
+    from qkvqa.pipeline.protocol import protocol_card
+
+    class KB:
+        store_dir, url_checksum = tmp_path / "kb", "sha256:0"
+
+        def __len__(self):
+            return 3
+
+    row = PAPER_ROWS["eval/evqa_qwen"]
+    cfg = row_config(row)
+    OmegaConf.update(cfg, "retrieval.results", str(tmp_path / "retrieval_test.json"))
+    lead = {"text": "lead_section", "index": "idx", "detail": "each article's lead section"}
+    assert any(r.startswith("stage 1 embeds lead_section") for r in verdict(cfg, scores_of(row, stage1_text=lead)))
+    unrecorded = scores_of(row, stage1_text=None)
+    assert verdict(cfg, unrecorded) == []                  # OMGM's step-1 file: taken to be its summaries...
+    card = protocol_card(cfg, unrecorded, KB())
+    assert card["stage1"]["text"].startswith("not recorded with the file: taken to be llama3_summaries")   # ...said
+
+
 def test_the_card_says_counted_as_wrong_only_when_they_are():
     row = PAPER_ROWS["eval/evqa_qwen"]
     base = {"dataset": "evqa", "protocol": None, "split": "test", "n_questions": 10, "n_unanswerable": 2,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from qkvqa.errors import DataError
-from qkvqa.retrieval.results import Retrieved, read_results, write_results
+from qkvqa.retrieval.results import Retrieved, read_results, read_results_stage1, write_results
 
 
 def test_omgm_layout_round_trips(tmp_path):
@@ -19,6 +19,17 @@ def test_omgm_layout_round_trips(tmp_path):
                                                      {"url": "https://en.wikipedia.org/wiki/B", "title": "B"}],
                               "retrieval_similarities": [0.91, 0.5]}
     assert read_results(path) == results
+
+
+def test_what_stage_1_embedded_is_kept_beside_the_file_and_a_stale_sidecar_is_refused(tmp_path):
+    text = {"text": "lead_section", "index": "idx", "detail": "each article's lead section"}
+    path = write_results(tmp_path / "r.json", {"q": Retrieved(["u"], ["t"], [0.5])}, stage1_text=text)
+    assert (tmp_path / "r.meta.json").is_file() and read_results_stage1(path) == text
+    path.write_text(path.read_text().replace("0.5", "0.25"))              # another version of the file
+    with pytest.raises(DataError, match="does not describe"):
+        read_results_stage1(path)
+    write_results(path, {"q": Retrieved()})                                 # written without: no sidecar left
+    assert not (tmp_path / "r.meta.json").exists() and read_results_stage1(path) is None
 
 
 def test_echosight_layout_is_read_with_unknown_titles(tmp_path):

@@ -35,7 +35,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     with run_job(cfg, "retrieve") as job:
         result = retrieve_split(cfg, benchmark=build_benchmark(cfg.data))
-        path = write_results(job.run.run_dir / f"retrieval_{result.split}.json", result.results)
+        path = write_results(job.run.run_dir / f"retrieval_{result.split}.json", result.results,
+                             result.stage1_text)
         job.record.update_summary({**summary_values(result.split, result.metrics),
                                    f"retrieval/{result.split}/results": str(path)})
         job.record.append_metrics({f"retrieval/{result.split}/{k}": v for k, v in result.metrics.items()

@@ -142,15 +142,23 @@ def _question_set_reasons(cfg: Any, scores: dict, row: Any, dataset: str, split:
 
 def stage1_text(cfg: Any, scores: dict) -> Optional[str]:
     """What stage 1 embedded on the KB side, for the row check: from the index the run searched (scores'
-    `stage1_text`), else from the config (`retrieval.summary_source`); a results file's stage 1 is the file's."""
-    if cfg.retrieval.results:
-        return LLAMA3_SUMMARIES if cfg.retrieval.mode == "image_to_summary" else "images"
+    `stage1_text`; for a results file, what `qkvqa retrieve` recorded in its sidecar), else from the config: a
+    results file without a sidecar (OMGM's step 1) is taken to be what retrieval.mode says, and the card says so
+    (`assumed_stage1_text`)."""
     found = scores.get("stage1_text")
     if found:
         return found["text"]
+    if cfg.retrieval.results:
+        return assumed_stage1_text(cfg)
     if cfg.retrieval.mode == "image_to_image":
         return "images"
     return LLAMA3_SUMMARIES if cfg.retrieval.summary_source == "summaries" else cfg.retrieval.summary_source
+
+
+def assumed_stage1_text(cfg: Any) -> str:
+    """What a results file that records nothing of its stage 1 is taken to be: OMGM's step 1 (image -> LLaMA-3
+    summary) under retrieval.mode=image_to_summary, images otherwise."""
+    return LLAMA3_SUMMARIES if cfg.retrieval.mode == "image_to_summary" else "images"
 
 
 def converted_sources(cfg: Any, used: list[str]) -> dict[str, str]:
@@ -237,7 +245,10 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
         "n_unanswerable": scores["n_skipped"], "per_question_type": question_set.get("per_question_type"),
         "per_split": question_set.get("per_split"), "questions_file": question_set.get("file"),
         "kb": {"path": str(kb.store_dir), "articles": len(kb), "url_checksum": kb.url_checksum},
-        "stage1": {"results_file": cfg.retrieval.results} if cfg.retrieval.results else {
+        "stage1": {"results_file": cfg.retrieval.results,
+                   "text": text.get("detail") or (f"not recorded with the file: taken to be {assumed_stage1_text(cfg)} "
+                                                  f"(retrieval.mode={cfg.retrieval.mode})")}
+        if cfg.retrieval.results else {
             "mode": cfg.retrieval.mode, "text": text.get("detail") or (
                 f"retrieval.summary_source={cfg.retrieval.summary_source}" if cfg.retrieval.mode == "image_to_summary"
                 else "KB images"),

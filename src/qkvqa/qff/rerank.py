@@ -259,49 +259,29 @@ def split_metrics(results: dict[str, RerankedQuestion], questions, dataset: str,
 def write_reranked(path, results: dict[str, RerankedQuestion], produced_by: Optional[dict] = None) -> Path:
     """Write reranked results in the OMGM step-2b layout (plus `sec_idx`, `qff_scores`, `stage1_similarities`),
     atomically, and `produced_by` (what made them) with the file's sha256 in the sidecar `NAME.meta.json`."""
-    import hashlib
     import json
 
-    from qkvqa.utils.io import atomic_write_json, atomic_write_text
+    from qkvqa.utils.io import write_described
 
     path = Path(path)
     text = json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False)
-    # The sidecar first, naming the new file's sha256: a kill between the two writes leaves a sidecar that does not
-    # describe the old file, which is refused when read (never a file of unknown origin evaluated with exit 0).
-    if produced_by is not None:
-        atomic_write_json(reranked_meta_path(path), {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                                                     "produced_by": produced_by})
-    else:
-        reranked_meta_path(path).unlink(missing_ok=True)
-    atomic_write_text(path, text)
+    write_described(path, text, None if produced_by is None else {"produced_by": produced_by})
     return path
 
 
 def reranked_meta_path(path) -> Path:
     """The sidecar recording what produced a reranked-results file: `reranked_test.json` -> `reranked_test.meta.json`."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}.meta.json")
+    from qkvqa.utils.io import sidecar_path
+
+    return sidecar_path(path)
 
 
 def read_reranked_provenance(path, data: Optional[bytes] = None) -> Optional[dict]:
     """`produced_by` of a reranked-results file from its sidecar, or None when it has none (a file not written by
     `qkvqa rerank`, e.g. OMGM's). DataError when the sidecar describes another version of the file (`data`: the
     file's bytes, when already read)."""
-    import hashlib
+    from qkvqa.utils.io import read_description
 
-    from qkvqa.errors import DataError
-    from qkvqa.utils.io import read_json
-
-    meta_path = reranked_meta_path(path)
-    if not meta_path.is_file():
-        return None
-    try:
-        meta = read_json(meta_path)
-    except ValueError as e:
-        raise DataError(f"{meta_path}: {e}") from None
-    data = Path(path).read_bytes() if data is None else data
-    if not isinstance(meta, dict) or meta.get("sha256") != hashlib.sha256(data).hexdigest():
-        raise DataError(f"{meta_path} does not describe {path} (another version of it was written since); rerun "
-                        "`qkvqa rerank` to write both, or delete the .meta.json to evaluate the file as of unknown "
-                        "origin")
-    return meta.get("produced_by")
+    meta = read_description(path, data, fix="rerun `qkvqa rerank` to write both, or delete the .meta.json to "
+                                           "evaluate the file as of unknown origin")
+    return None if meta is None else meta.get("produced_by")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from qkvqa.errors import DataError
-from qkvqa.utils.io import atomic_write_text
+from qkvqa.utils.io import read_description, write_described
 
 
 @dataclass
@@ -29,11 +29,23 @@ class Retrieved:
                 "retrieval_similarities": [float(s) for s in self.similarities]}
 
 
-def write_results(path: str | os.PathLike, results: Mapping[str, Retrieved]) -> Path:
-    """Write results in the OMGM layout, atomically; returns the path."""
+def write_results(path: str | os.PathLike, results: Mapping[str, Retrieved],
+                  stage1_text: Optional[dict] = None) -> Path:
+    """Write results in the OMGM layout, atomically; returns the path. `stage1_text`: what the searched index
+    embedded (`retrieve.index_text_source`), kept in the sidecar `NAME.meta.json` with the file's sha256, so that an
+    evaluation reading the file (retrieval.results) knows its stage 1 instead of assuming it."""
     path = Path(path)
-    atomic_write_text(path, json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False))
+    write_described(path, json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False),
+                    None if stage1_text is None else {"stage1_text": stage1_text})
     return path
+
+
+def read_results_stage1(path: str | os.PathLike) -> Optional[dict]:
+    """What stage 1 embedded for a results file, from the sidecar `qkvqa retrieve` wrote; None for a file without
+    one (OMGM's, EchoSight's, an older qkvqa's). DataError when the sidecar describes another version of it."""
+    meta = read_description(path, fix="run `qkvqa retrieve` again to write both, or delete the .meta.json to use "
+                                      "the file as of unknown stage 1")
+    return None if meta is None else meta.get("stage1_text")
 
 
 def _entry(path: Path, qid: str, value: object) -> Retrieved:

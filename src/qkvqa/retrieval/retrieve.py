@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 from qkvqa.errors import ConfigError, StaleArtifactError
 from qkvqa.retrieval.embed import Embedder, EmbeddingSet, check_mode, kb_set_kind
 from qkvqa.retrieval.index import LoadedIndex, build_index, factory_slug, load_index, search_articles
-from qkvqa.retrieval.results import Retrieved, check_coverage_of, read_results
+from qkvqa.retrieval.results import Retrieved, check_coverage_of, read_results, read_results_stage1
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -112,7 +112,7 @@ class SplitRetrieval:
     metrics: dict
     skipped_images: list[dict] = field(default_factory=list)
     query_set: Optional[Path] = None
-    stage1_text: Optional[dict] = None           # what the index embedded (`index_text_source`); None: a results file
+    stage1_text: Optional[dict] = None           # what the index embedded (`index_text_source`); None: unknown
 
 
 def retrieve_split(cfg, split: Optional[str] = None, *, benchmark, index: Optional[LoadedIndex] = None,
@@ -133,6 +133,7 @@ def retrieve_split(cfg, split: Optional[str] = None, *, benchmark, index: Option
     text = None
     if cfg.retrieval.results:
         results, skipped, query_set = _read_for_split(cfg, benchmark, questions), [], None
+        text = read_results_stage1(Path(cfg.retrieval.results).expanduser())    # None: the file does not say
     else:
         benchmark.image_loader.resolver.check_images(questions, split)
         if index is None:

@@ -182,6 +182,44 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, default=str) + "\n")
 
 
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """The sidecar that describes a results file: `reranked_test.json` -> `reranked_test.meta.json`."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.meta.json")
+
+
+def write_described(path: str | os.PathLike, text: str, description: Optional[dict]) -> None:
+    """Write `text` to `path` atomically, with `description` (what produced it) and the text's sha256 in its sidecar
+    (`sidecar_path`); none: any old sidecar is removed. The sidecar goes first: a kill between the two writes leaves
+    one that does not describe the old file, which `read_description` refuses (never a wrong description)."""
+    if description is not None:
+        atomic_write_json(sidecar_path(path), {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                                               **description})
+    else:
+        sidecar_path(path).unlink(missing_ok=True)
+    atomic_write_text(path, text)
+
+
+def read_description(path: str | os.PathLike, data: Optional[bytes] = None, *, fix: str) -> Optional[dict]:
+    """The sidecar of `path` (without its sha256), None when it has none (a file qkvqa did not write). DataError,
+    ending in `fix`, when the sidecar describes another version of the file (`data`: the file's bytes, if read)."""
+    import hashlib
+
+    from qkvqa.errors import DataError
+
+    meta_path = sidecar_path(path)
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = read_json(meta_path)
+    except ValueError as e:
+        raise DataError(f"{meta_path}: {e}") from None
+    data = Path(path).read_bytes() if data is None else data
+    if not isinstance(meta, dict) or meta.get("sha256") != hashlib.sha256(data).hexdigest():
+        raise DataError(f"{meta_path} does not describe {path} (another version of it was written since); {fix}")
+    return {k: v for k, v in meta.items() if k != "sha256"}
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file, naming the file in the error when it is malformed."""
     try:
