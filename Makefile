@@ -16,7 +16,7 @@ EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
 
-.PHONY: help install slurm browser test test-plan test-slurm test-fast test-gpu lint train sweep compare demo bench clean clean-runs
+.PHONY: help install slurm browser test test-plan test-slurm test-fast test-gpu lint format train sweep compare demo bench clean clean-runs
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -77,6 +77,14 @@ test-slurm: install slurm ## the real-SLURM tests (installs the Debian packages;
 
 test-fast: install ## the quick loop: no slow, ddp or gpu tests, on two pytest-xdist workers, property tests at a tenth of their examples
 	$(TEST_ENV) QKVQA_FAST_LOOP=1 $(PY) -m pytest -n 2 -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
+
+lint: install ## ruff: the linter and the formatter's check (pyproject.toml); `make format` applies both
+	$(VENV)/bin/ruff check src data_modules tests bench setup.py
+	$(VENV)/bin/ruff format --check src data_modules tests bench setup.py
+
+format: install ## apply ruff's fixes and format (the style `make lint` checks)
+	$(VENV)/bin/ruff check --fix src data_modules tests bench setup.py
+	$(VENV)/bin/ruff format src data_modules tests bench setup.py
 
 test-gpu: install ## the GPU checks (needs a CUDA device)
 	$(PY) -m pytest -m gpu $(PYTEST_FLAGS)

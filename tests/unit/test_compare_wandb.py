@@ -81,7 +81,9 @@ def test_wandb_rows_give_the_same_table_as_local_records(run_root):
     local = build_table(collect_local([_local_runs(run_root)]), "val/loss", "min")
     assert api.calls == [("me/qkvqa", {"group": "g"})]
     assert remote.columns == local.columns
-    strip = lambda records: [{k: v for k, v in r.items() if k != "runtime_s"} for r in records]
+    def strip(records):
+        return [{k: v for k, v in r.items() if k != "runtime_s"} for r in records]
+
     assert strip(remote.records) == strip(local.records)
     assert [r["run_id"] for r in remote.records] == ["b", "a", "c"]
     assert remote.records[0]["best_value"] == pytest.approx(0.3) and remote.records[0]["best_step"] == 2

@@ -100,7 +100,7 @@ def test_omgms_summary_index_imports_in_kb_order_and_ranks_like_it(kb, tmp_path)
     loaded = load_index(tmp_path / "index", kb_store=kb, mode="image_to_summary", encoders=ENCODERS, factory="Flat")
     queries = _unit(20, seed=3)
     got = [[row for row, _ in hit] for hit in search_articles(loaded, queries, 10)]
-    D, I = index.search(queries, 10)                                    # OMGM's I2T_faiss: I is the KB entry index
+    D, I = index.search(queries, 10)  # noqa: E741                      # OMGM's I2T_faiss: I is the KB entry index
     assert got == I.tolist()
     fewer = faiss.IndexFlatIP(DIM)
     fewer.add(vectors[: N - 1])

@@ -179,7 +179,7 @@ def test_trials_get_no_leaked_run_identity(make_sweep, run_root, monkeypatch):
         monkeypatch.setenv(key, value)
     assert not {"WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID"} & set(trial_env(os.environ))
     result = LocalSweep(load_sweep(make_sweep({"qff.alpha": {"values": [0.3]}})), compose=compose_command, checkpoints_root=run_root).run()
-    line = next(l for l in (result.sweep_dir / "logs" / "t000.log").read_text().splitlines() if l.startswith("ENV "))
+    line = next(t for t in (result.sweep_dir / "logs" / "t000.log").read_text().splitlines() if t.startswith("ENV "))
     env = json.loads(line[4:])
     assert {k: env[k] for k in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "QKVQA_RUN_ID", "WANDB_MODE")} == {
         "WANDB_RUN_ID": None, "WANDB_SWEEP_ID": None, "QKVQA_RUN_ID": None, "WANDB_MODE": "disabled"}
