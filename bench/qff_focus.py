@@ -183,7 +183,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
             entry["mean"]["pair_accuracy"] = round(mean(scored[(variant, s)]["all"]["pair_accuracy"]
                                                         for s in args.seeds), 2)
         section["variants"][variant] = entry
-    controls = [v for v in variants if v in ORACLE_VARIANTS]
+    controls = [v for v in variants if v in ORACLE_VARIANTS and v.startswith("positive_control")] or \
+        [v for v in variants if v in ORACLE_VARIANTS]
     if controls:                    # the positive control beside the study (its full entry is under variants)
         section["positive_control"] = {"variant": controls[0], "baseline": base,
                                        "diff_vs_none": section["variants"][controls[0]]["diff_vs_none"],

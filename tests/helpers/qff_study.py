@@ -43,12 +43,19 @@ VARIANTS = {
     "none_pt": ("demo/qff_none", [PRETRAINED_HERE]),
     "per_layer_lr10_pt": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
     "per_layer_pt": ("demo/qff_per_layer", [PRETRAINED_HERE]),
-    # The positive control: per_layer_lr10_pt whose focus blocks attend to an oracle, the question pass of the question
-    # with every word but its attribute words masked (OracleFocusModel); late interaction still reads the whole question.
+    # Oracles in the focus path (OracleFocusModel), on per_layer_lr10_pt; late interaction still reads the whole
+    # question. oracle_attribute: the focus blocks attend to the question pass of the question with every word but its
+    # attribute words masked (told which attribute is asked, the model must still find it in the section).
+    "oracle_attribute": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
+    # positive_control: that oracle state scaled by the share of the question's attribute words the section holds,
+    # so the focus path is handed, per (question, section), whether the section states the asked attribute: it must
+    # help by construction where the attribute words tell the evidence from its siblings (the controlled world)
     "positive_control": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
     "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),     # the same, random init
 }
-ORACLE_VARIANTS = ("positive_control", "positive_control_random")
+ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random")
+# the oracle of each: the attribute words only (attribute), or those gated by their presence in the section (presence)
+ORACLE_KINDS = {"oracle_attribute": "attribute", "positive_control": "presence", "positive_control_random": "presence"}
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.enable_progress_bar=false",
@@ -158,7 +165,8 @@ def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]],
             focus, seed = pending.pop(0)
             log = open(work / f"log_{focus}_{seed}.txt", "w")
             experiment, extra = VARIANTS[focus]
-            entry = ["tests.helpers.qff_study", "train-oracle"] if focus in ORACLE_VARIANTS else ["qkvqa.cli.main", "train"]
+            entry = (["tests.helpers.qff_study", "train-oracle", ORACLE_KINDS[focus]] if focus in ORACLE_VARIANTS
+                     else ["qkvqa.cli.main", "train"])
             cmd = [sys.executable, "-m", *entry, f"experiment={experiment}",
                    f"run_id={run_id(focus, seed)}", *overrides, *extra, f"seed={seed}", f"trainer.max_epochs={epochs}",
                    *TRAINING]
@@ -301,7 +309,7 @@ def score_splits(focus: str, checkpoint: Optional[Path], overrides: Sequence[str
             component = build_qff_component(resolve_qformer_spec(cfg) if checkpoint is None else cfg.components.qformer,
                                             cfg.qff)
             if focus in ORACLE_VARIANTS:
-                make_oracle(component.model, component.tokenizer)
+                make_oracle(component.model, component.tokenizer, ORACLE_KINDS[focus])
         hits.update({f"{split}/{k}": v for k, v in (bm25_score if lexical else score)(component, cfg).items()})
     return hits
 
@@ -365,11 +373,21 @@ def oracle_token_ids(tokenizer) -> list[int]:
 
 
 class OracleQuestionEncoding(QuestionEncoding):
-    """A question encoding whose focus path reads `focus_states` (the oracle's layer states) in place of its own."""
+    """A question encoding whose focus path reads `focus_states` (the oracle's layer states) in place of its own;
+    `attribute_ids` `[B, L]`: the question's attribute token ids (0 elsewhere), for the presence oracle."""
 
-    def __init__(self, layer_states, focus_states):
+    def __init__(self, layer_states, focus_states, attribute_ids=None):
         super().__init__(layer_states)
         self.focus_states = focus_states
+        self.attribute_ids = attribute_ids
+
+
+def attribute_presence(section_ids, attribute_ids):
+    """`[N]`: the share of a question's attribute tokens (`attribute_ids` `[N, L]`, 0 = none) that section n holds
+    (`section_ids` `[N, S]`); 0 for a question without one."""
+    wanted = attribute_ids > 0
+    held = (attribute_ids[:, :, None] == section_ids[:, None, :]).any(dim=2) & wanted
+    return held.sum(dim=1).float() / wanted.sum(dim=1).clamp(min=1).float()
 
 
 class OracleFocusModel(QFFModel):
@@ -379,51 +397,69 @@ class OracleFocusModel(QFFModel):
     are the whole question's, as in every variant. Made from a built QFFModel by `make_oracle` (no new weights)."""
 
     oracle_ids: torch.Tensor
+    oracle_kind: str = "attribute"          # attribute | presence (ORACLE_KINDS)
 
     def encode_question(self, input_ids, attention_mask, image_states):
         whole = super().encode_question(input_ids, attention_mask, image_states)
         keep = torch.isin(input_ids, self.oracle_ids.to(input_ids.device)).to(attention_mask.dtype)
         oracle = super().encode_question(input_ids, attention_mask * keep, image_states)
-        return OracleQuestionEncoding(whole.layer_states, oracle.layer_states)
+        special = torch.isin(input_ids, torch.tensor(self.special_ids, device=input_ids.device))
+        attribute_ids = input_ids * (keep.bool() & ~special & attention_mask.bool())
+        return OracleQuestionEncoding(whole.layer_states, oracle.layer_states, attribute_ids)
 
     def encode_sections(self, input_ids, attention_mask, image_states, question=None, **kwargs):
         if isinstance(question, OracleQuestionEncoding) and (kwargs.get("focus") or self.focus) != "none":
-            question = QuestionEncoding(question.focus_states)
+            states = question.focus_states
+            if self.oracle_kind == "presence":
+                n = input_ids.shape[0]
+                index = kwargs.get("question_index")
+                ids = question.attribute_ids
+                ids = ids.expand(n, -1) if ids.shape[0] == 1 else ids.index_select(0, index) if index is not None else ids
+                share = attribute_presence(input_ids * attention_mask, ids)[:, None, None]
+                rows = [s.expand(n, *s.shape[1:]) if s.shape[0] == 1 else
+                        s.index_select(0, index) if index is not None else s for s in states]
+                states = tuple(share.to(s.dtype) * s for s in rows)
+                kwargs = {**kwargs, "question_index": None}
+            question = QuestionEncoding(tuple(states))
         return super().encode_sections(input_ids, attention_mask, image_states, question, **kwargs)
 
 
-def make_oracle(model: QFFModel, tokenizer) -> QFFModel:
+def make_oracle(model: QFFModel, tokenizer, kind: str = "attribute") -> QFFModel:
     """Turn a built QFFModel into an OracleFocusModel in place (same weights, same state dict, same checkpoint)."""
     if model.focus == "none":
         raise ValueError("the oracle feeds the focus path: build the positive control with a focus mode")
     model.__class__ = OracleFocusModel
     model.oracle_ids = torch.tensor(oracle_token_ids(tokenizer), dtype=torch.long)
+    model.special_ids = sorted(set(tokenizer.all_special_ids))
+    model.oracle_kind = kind
     return model
 
 
 class OracleFocus:
     """Lightning callback of the positive control's training: makes the trained QFFModel an OracleFocusModel."""
 
-    def __new__(cls):
+    def __new__(cls, kind: str = "attribute"):
         import lightning.pytorch as pl
 
         class _OracleFocus(pl.Callback):
             def setup(self, trainer, pl_module, stage):
-                make_oracle(pl_module.model, trainer.datamodule.tokenizer)
+                make_oracle(pl_module.model, trainer.datamodule.tokenizer, kind)
 
         return _OracleFocus()
 
 
 def train_oracle(argv: Sequence[str]) -> int:
-    """`python -m tests.helpers.qff_study train-oracle OVERRIDES...`: `qkvqa train` with the OracleFocus callback."""
+    """`python -m tests.helpers.qff_study train-oracle KIND OVERRIDES...`: `qkvqa train` with the OracleFocus callback."""
     import argparse
 
     from qkvqa.cli.train import train_qff
     from qkvqa.config.cli import add_override_args, config_from_args
 
     parser = argparse.ArgumentParser(prog="qff_study train-oracle")
+    parser.add_argument("kind", choices=sorted(set(ORACLE_KINDS.values())))
     add_override_args(parser)
-    train_qff(config_from_args(parser.parse_args(list(argv))), callbacks=[OracleFocus()])
+    args = parser.parse_args(list(argv))
+    train_qff(config_from_args(args), callbacks=[OracleFocus(args.kind)])
     return 0
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from qkvqa.qff.builder import build_qff_component
-from qkvqa.qff.model import QFFModel
-from tests.helpers.qff_study import (BM25, OracleFocusModel, OracleQuestionEncoding, attribute_words, make_oracle,
-                                     oracle_token_ids)
+from qkvqa.qff.model import QFFModel, QuestionEncoding
+from tests.helpers.qff_study import (BM25, OracleFocusModel, OracleQuestionEncoding, attribute_presence,
+                                     attribute_words, make_oracle, oracle_token_ids)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 QUESTION = "According to recent surveys, what does the diet of this bird consist of mainly?"
@@ -74,3 +74,25 @@ def _image():
     from PIL import Image
 
     return Image.new("RGB", (40, 30), (120, 30, 200))
+
+
+def test_the_presence_oracle_hands_the_focus_path_whether_the_section_states_the_asked_attribute(component):
+    plain = component.model
+    oracle = make_oracle(QFFModel(plain.base, focus="per_layer"), component.tokenizer, "presence")
+    oracle.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        oracle.q_gate.fill_(1.0)
+        plain.q_gate.fill_(1.0)
+        q = component.tokenize_questions([QUESTION])
+        image = oracle.encode_image(component.preprocess_images([_image()]))
+        encoding = oracle.encode_question(q["input_ids"], q["attention_mask"], image)
+        s = component.tokenize_sections(SECTIONS)
+        # the Diet section holds "diet" and "mainly" but not "recent"; the Range section holds "recent" only
+        share = attribute_presence(s["input_ids"] * s["attention_mask"], encoding.attribute_ids.expand(2, -1))
+        assert share.tolist() == pytest.approx([2 / 3, 1 / 3])
+        focused = oracle.encode_sections(s["input_ids"], s["attention_mask"], image, encoding)
+        scaled = [tuple(f * value for f in encoding.focus_states) for value in share.tolist()]
+        for row, states in enumerate(scaled):
+            expected = plain.encode_sections(s["input_ids"][row:row + 1], s["attention_mask"][row:row + 1], image,
+                                             QuestionEncoding(states))
+            assert torch.allclose(focused[row:row + 1], expected, atol=1e-5)
