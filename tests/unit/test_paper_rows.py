@@ -80,6 +80,7 @@ def other_value(key, value):
 ROWS = sorted(PAPER_ROWS)
 
 
+@pytest.mark.slow  # every row x setting (every trial, every experiment): make test, not the fast loop
 def test_every_experiment_names_a_row_that_names_it_back():
     for path in EXPERIMENTS.rglob("*.yaml"):
         text = OmegaConf.load(path)
@@ -108,6 +109,7 @@ def test_each_row_with_its_own_settings_is_comparable(key, converted):
 
 
 @pytest.mark.parametrize("key", ROWS)
+@pytest.mark.slow  # every row x setting (every trial, every experiment): make test, not the fast loop
 def test_each_setting_of_each_row_is_a_reason_when_changed(key, converted):
     row = PAPER_ROWS[key]
     base = row_config(row, converted)
@@ -230,6 +232,7 @@ def test_the_card_says_counted_as_wrong_only_when_they_are():
     assert "| dataset / protocol / split | evqa / - / test |" in left_out
 
 
+@pytest.mark.slow  # every row x setting (every trial, every experiment): make test, not the fast loop
 def test_every_alpha_sweep_trial_compares_with_figure_5_at_its_alpha():
     from qkvqa.sweep.spec import load_sweep
 

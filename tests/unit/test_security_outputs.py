@@ -83,6 +83,7 @@ def test_serve_refuses_a_foreign_host_header(served):
         assert _get(served, "/index.html", host=host)[0] == 403, host
 
 
+@pytest.mark.slow  # waits out the server's per-request timeout: make test, not the fast loop
 def test_a_trickling_client_blocks_nobody_and_is_dropped(served):
     slow = socket.create_connection(("127.0.0.1", served), timeout=30)
     slow.sendall(b"G")
