@@ -519,21 +519,10 @@ class Pipelines:
     # ------------------------------------------------------------------ OMGM-style: one question at a time
     def omgm_scores(self, question: Question) -> list[list[float]]:
         """OMGM's per-section loop: the article image through the ViT again for every section, one section per pass."""
-        from qkvqa.qff.scoring import late_interaction
+        from qkvqa.qff.scoring import per_section_loop
 
-        comp = self.c.qff
-        question_enc = comp.encode_question(question.text, question.image)
-        scores = []
-        for article in question.articles:
-            row = []
-            for text in article.section_strings():
-                image_states = comp.model.encode_image(comp.preprocess_images([article.image]))
-                tokens = comp.tokenize_sections([text])
-                states = comp.model.encode_sections(tokens["input_ids"], tokens["attention_mask"], image_states,
-                                                    question_enc)
-                row.append(late_interaction(question_enc.tokens, states, comp.score_direction).item())
-            scores.append(row)
-        return scores
+        return per_section_loop(self.c.qff, question.text, question.image, [a.image for a in question.articles],
+                                (a.section_strings() for a in question.articles))
 
     def omgm_retrieve(self, batch: Sequence[Question], state: dict) -> None:
         for q in batch:

@@ -104,25 +104,6 @@ def synthetic_inputs(articles: int, sections: int, seed: int = 0):
     return "what is shown in this picture", picture(0), [picture(a + 1) for a in range(articles)], texts, words
 
 
-def per_section_loop(comp, question, question_image, images, sections):
-    """OMGM's way: for every section, the article image through the ViT again, then that one section."""
-    from qkvqa.qff.scoring import late_interaction
-
-    with torch.inference_mode():
-        question_enc = comp.encode_question(question, question_image)
-        scores = []
-        for image, texts in zip(images, sections):
-            row = []
-            for text in texts:
-                image_states = comp.model.encode_image(comp.preprocess_images([image]))
-                tokens = comp.tokenize_sections([text])
-                states = comp.model.encode_sections(tokens["input_ids"], tokens["attention_mask"], image_states,
-                                                    question_enc)
-                row.append(late_interaction(question_enc.tokens, states, comp.score_direction).item())
-            scores.append(row)
-    return scores
-
-
 def pass_seconds(comp, question, question_image, image, section: str, repeats: int = 5) -> tuple[float, float]:
     """Seconds of one ViT image pass and of one pass of `section` (batch 1) on this machine."""
     with torch.inference_mode():
@@ -143,6 +124,7 @@ def pass_seconds(comp, question, question_image, image, section: str, repeats: i
 def part_scoring(args) -> tuple[dict, list[str]]:
     """(a) batched scoring with a per-article ViT cache vs the per-section loop, same model, same inputs."""
     from qkvqa.components import build_component
+    from qkvqa.qff.scoring import per_section_loop
 
     question, question_image, images, sections, vocab = synthetic_inputs(args.articles, args.sections)
     torch.manual_seed(0)
@@ -155,7 +137,8 @@ def part_scoring(args) -> tuple[dict, list[str]]:
     batched = comp.score_sections(question, question_image, images, sections)
     batched_s = time.perf_counter() - started
     started = time.perf_counter()
-    looped = per_section_loop(comp, question, question_image, images, sections)
+    with torch.inference_mode():
+        looped = per_section_loop(comp, question, question_image, images, sections)      # OMGM's way
     loop_s = time.perf_counter() - started
     max_diff = max(abs(a - b) for ra, rb in zip(batched, looped) for a, b in zip(ra, rb))
     flat = [t for s in sections for t in s]

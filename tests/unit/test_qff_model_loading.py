@@ -13,7 +13,7 @@ from qkvqa.components import build_component
 from qkvqa.config.schema import QFFConfig
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.qff.builder import build_qff_component
-from qkvqa.qff.scoring import late_interaction
+from qkvqa.qff.scoring import late_interaction, per_section_loop
 
 ARTICLES = [["# Wiki Article: Grey heron\n## Section Title: Description\nThe grey heron is a large bird.",
              "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish, frogs and small mammals near the river.",
@@ -96,6 +96,18 @@ def test_per_article_vit_runs_once_and_matches_a_per_section_loop():
                 image = comp.model.encode_image(comp.preprocess_images([article_images[i]]))
                 states = comp.model.encode_sections(tokens["input_ids"], tokens["attention_mask"], image, question)
                 assert scores[i][j] == pytest.approx(late_interaction(question.tokens, states).item(), abs=1e-6)
+
+
+def test_the_per_section_loop_baseline_scores_as_the_batched_path():
+    """`per_section_loop` (OMGM's way, which bench/qff.py and bench/pipeline_real.py time) gives the batched scores."""
+    comp = tiny(section_batch_size=2)
+    comp.model.q_gate.data.fill_(0.5)
+    images = [picture(1), picture(2), picture(3), picture(4)]
+    with torch.inference_mode():
+        looped = per_section_loop(comp, QUESTION, picture(0), images, (texts for texts in ARTICLES))
+    batched = comp.score_sections(QUESTION, picture(0), images, ARTICLES)
+    assert [len(row) for row in looped] == [3, 2, 1, 0]
+    assert [x for row in looped for x in row] == pytest.approx([x for row in batched for x in row], abs=1e-6)
 
 
 def test_tokenisation_truncates_pads_to_longest_and_cleans_text():

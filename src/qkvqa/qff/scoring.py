@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,26 @@ def rerank(retrieval_similarities: Sequence[float], section_scores: Sequence[Opt
     order = sorted(range(len(fused)), key=lambda i: -fused[i])
     return RerankResult(order=order, fused_scores=[fused[i] for i in order], qff_scores=[qff[i] for i in order],
                         section_scores=[sections[i] for i in order])
+
+
+def per_section_loop(comp, question: str, question_image, images: Iterable, sections: Iterable[Sequence[str]]
+                     ) -> list[list[float]]:
+    """OMGM's per-section scoring, the baseline the benchmarks (`bench/qff.py`, `bench/pipeline_real.py`) time and
+    check `QFFComponent.score_sections` against: for every section, its article's image through the ViT again, then
+    that one section alone (batch 1). `images[i]` is article i's image, `sections[i]` its section strings (either
+    may be a lazy iterable); the caller picks inference mode and autocast. -> one list of scores per article."""
+    question_enc = comp.encode_question(question, question_image)
+    scores = []
+    for image, texts in zip(images, sections):
+        row = []
+        for text in texts:
+            image_states = comp.model.encode_image(comp.preprocess_images([image]))
+            tokens = comp.tokenize_sections([text])
+            states = comp.model.encode_sections(tokens["input_ids"], tokens["attention_mask"], image_states,
+                                                question_enc)
+            row.append(late_interaction(question_enc.tokens, states, comp.score_direction).item())
+        scores.append(row)
+    return scores
 
 
 # ---------------------------------------------------------------------------------------------- training batches
