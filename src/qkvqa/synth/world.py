@@ -152,37 +152,58 @@ def _surveyed(fact: FactSpec) -> tuple[FactSpec, ...]:
                  for survey in SURVEYS)
 
 
+# The facts several categories share, worded with the category's noun ("this bird", "this fish"), as the tuples
+# `_facts` takes; `_species` frames an iNaturalist category with the first and last of them.
+def _described(noun: str) -> tuple:
+    return ("", "year", "The {name} was first described by {person} in {value}.",
+            f"In which year was this {noun} first described?", f"When was this {noun} first described?")
+
+
+def _native(noun: str, section: str, subject: str, place: str, places: list[str]) -> tuple:
+    return (section, "choice", f"{subject} is native to {{value}}.", f"Which {place} is this {noun} native to?",
+            f"Where is this {noun} native to?", tuple(places))
+
+
+def _diet(noun: str, foods: tuple) -> tuple:
+    return ("Diet", "choice", "Its diet consists mainly of {value}.",
+            f"What does the diet of this {noun} consist of mainly?", f"What is the main diet of this {noun}?", foods)
+
+
+def _depth(noun: str, low: int, high: int) -> tuple:
+    return ("Habitat", "number", "It lives at depths of up to {value}.", f"To what depths does this {noun} live?",
+            f"Up to what depths does this {noun} live?", (low, high, "metres"))
+
+
+def _status(noun: str) -> tuple:
+    return ("Conservation", "choice", "The conservation status of the {name} is {value}.",
+            f"What is the conservation status of this {noun}?", f"Which conservation status does this {noun} have?",
+            tuple(STATUSES))
+
+
+def _species(noun: str, suffixes: list[str], fillers: list[str], facts: dict[str, tuple]) -> dict[str, Any]:
+    """An iNaturalist category: the year it was first described (its lead fact), `facts`, its conservation status."""
+    return dict(noun=noun, dataset="inaturalist", suffixes=suffixes, fillers=fillers,
+                facts=_facts({"described": _described(noun), **facts, "status": _status(noun)}))
+
+
 CATEGORIES: dict[str, dict[str, Any]] = {
-    "bird": dict(noun="bird", dataset="inaturalist", suffixes=["warbler", "finch", "heron", "kestrel", "thrush"],
-                 fillers=["Etymology", "Behaviour"], facts=_facts({
-        "described": ("", "year", "The {name} was first described by {person} in {value}.",
-                      "In which year was this bird first described?", "When was this bird first described?"),
+    "bird": _species("bird", ["warbler", "finch", "heron", "kestrel", "thrush"], ["Etymology", "Behaviour"], {
         "wingspan": ("Description", "number", "The wingspan of the {name} measures {value}.",
                      "What is the wingspan of this bird?", "How wide is the wingspan of this bird?", (18, 140, "cm")),
-        "native": ("Distribution and habitat", "choice", "The species is native to {value}.",
-                   "Which region is this bird native to?", "Where is this bird native to?", tuple(REGIONS)),
+        "native": _native("bird", "Distribution and habitat", "The species", "region", REGIONS),
         "breeding_countries": ("Range", "list", "Breeding populations have been recorded in {value}.",
                                "In which countries have breeding populations of this bird been recorded?",
                                "Where have breeding populations of this bird been recorded?", tuple(COUNTRIES)),
-        "diet": ("Diet", "choice", "Its diet consists mainly of {value}.",
-                 "What does the diet of this bird consist of mainly?", "What is the main diet of this bird?",
-                 ("seeds", "insects", "small fish", "berries", "nectar", "snails", "earthworms")),
+        "diet": _diet("bird", ("seeds", "insects", "small fish", "berries", "nectar", "snails", "earthworms")),
         "clutch": ("Breeding", "number", "A typical clutch contains {value}.",
                    "How many eggs does a typical clutch of this bird contain?",
                    "What is the typical clutch size of this bird?", (2, 9, "eggs")),
-        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
-                   "What is the conservation status of this bird?",
-                   "Which conservation status does this bird have?", tuple(STATUSES)),
-    })),
-    "plant": dict(noun="plant", dataset="inaturalist", suffixes=["orchid", "fern", "sedge", "lily", "thistle"],
-                  fillers=["Etymology", "Taxonomy"], facts=_facts({
-        "described": ("", "year", "The {name} was first described by {person} in {value}.",
-                      "In which year was this plant first described?", "When was this plant first described?"),
+    }),
+    "plant": _species("plant", ["orchid", "fern", "sedge", "lily", "thistle"], ["Etymology", "Taxonomy"], {
         "height": ("Description", "number", "The plant grows to a height of {value}.",
                    "What height does this plant grow to?", "What height can this plant reach?",
                    (1, 40, "metres")),
-        "native": ("Distribution", "choice", "The species is native to {value}.",
-                   "Which region is this plant native to?", "Where is this plant native to?", tuple(REGIONS)),
+        "native": _native("plant", "Distribution", "The species", "region", REGIONS),
         "cultivated": ("Cultivation", "list", "It is cultivated in {value}.",
                        "In which countries is this plant cultivated?", "Where is this plant cultivated?",
                        tuple(COUNTRIES)),
@@ -192,62 +213,36 @@ CATEGORIES: dict[str, dict[str, Any]] = {
         "uses": ("Uses", "choice", "It is traditionally used for {value}.",
                  "What is this plant traditionally used for?", "For what is this plant traditionally used?",
                  ("dye", "medicine", "rope", "tea", "ornamental hedges", "basketry")),
-        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
-                   "What is the conservation status of this plant?",
-                   "Which conservation status does this plant have?", tuple(STATUSES)),
-    })),
-    "fish": dict(noun="fish", dataset="inaturalist", suffixes=["goby", "wrasse", "perch", "darter", "snapper"],
-                 fillers=["Etymology", "Behaviour"], facts=_facts({
-        "described": ("", "year", "The {name} was first described by {person} in {value}.",
-                      "In which year was this fish first described?", "When was this fish first described?"),
+    }),
+    "fish": _species("fish", ["goby", "wrasse", "perch", "darter", "snapper"], ["Etymology", "Behaviour"], {
         "length": ("Description", "number", "Adults reach a maximum length of {value}.",
                    "What maximum length do adults of this fish reach?", "How long can adults of this fish grow?",
                    (5, 180, "cm")),
-        "depth": ("Habitat", "number", "It lives at depths of up to {value}.", "To what depths does this fish live?",
-                  "Up to what depths does this fish live?", (2, 900, "metres")),
-        "native": ("Distribution", "choice", "The fish is native to {value}.", "Which sea is this fish native to?",
-                   "Where is this fish native to?", tuple(SEAS)),
+        "depth": _depth("fish", 2, 900),
+        "native": _native("fish", "Distribution", "The fish", "sea", SEAS),
         "fished": ("Fisheries", "list", "It is commercially fished off {value}.",
                    "Off which countries is this fish commercially fished?",
                    "Where is this fish commercially fished?", tuple(COUNTRIES)),
-        "diet": ("Diet", "choice", "Its diet consists mainly of {value}.",
-                 "What does the diet of this fish consist of mainly?", "What is the main diet of this fish?",
-                 ("plankton", "crustaceans", "algae", "small squid", "worms")),
-        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
-                   "What is the conservation status of this fish?",
-                   "Which conservation status does this fish have?", tuple(STATUSES)),
-    })),
-    "shell": dict(noun="mollusc", dataset="inaturalist", suffixes=["cowrie", "whelk", "cone", "scallop", "nerite"],
-                  fillers=["Etymology", "Taxonomy"], facts=_facts({
-        "described": ("", "year", "The {name} was first described by {person} in {value}.",
-                      "In which year was this mollusc first described?", "When was this mollusc first described?"),
+        "diet": _diet("fish", ("plankton", "crustaceans", "algae", "small squid", "worms")),
+    }),
+    "shell": _species("mollusc", ["cowrie", "whelk", "cone", "scallop", "nerite"], ["Etymology", "Taxonomy"], {
         "shell_length": ("Description", "number", "The shell length ranges up to {value}.",
                          "What is the shell length of this mollusc?",
                          "How large is the shell length of this mollusc?", (4, 300, "mm")),
-        "depth": ("Habitat", "number", "It lives at depths of up to {value}.",
-                  "To what depths does this mollusc live?", "Up to what depths does this mollusc live?",
-                  (1, 600, "metres")),
-        "native": ("Distribution", "choice", "The mollusc is native to {value}.",
-                   "Which sea is this mollusc native to?", "Where is this mollusc native to?", tuple(SEAS)),
+        "depth": _depth("mollusc", 1, 600),
+        "native": _native("mollusc", "Distribution", "The mollusc", "sea", SEAS),
         "collected": ("Shell collecting", "list", "Its shells are collected on the coasts of {value}.",
                       "On the coasts of which countries are the shells of this mollusc collected?",
                       "Where are the shells of this mollusc collected?", tuple(COUNTRIES)),
         "predators": ("Predators", "choice", "It is preyed upon mainly by {value}.",
                       "What is this mollusc preyed upon mainly by?", "Which animals prey upon this mollusc?",
                       ("octopuses", "sea stars", "crabs", "shorebirds", "otters")),
-        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
-                   "What is the conservation status of this mollusc?",
-                   "Which conservation status does this mollusc have?", tuple(STATUSES)),
-    })),
-    "insect": dict(noun="insect", dataset="inaturalist", suffixes=["beetle", "moth", "hawker", "cicada", "skipper"],
-                   fillers=["Etymology", "Behaviour"], facts=_facts({
-        "described": ("", "year", "The {name} was first described by {person} in {value}.",
-                      "In which year was this insect first described?", "When was this insect first described?"),
+    }),
+    "insect": _species("insect", ["beetle", "moth", "hawker", "cicada", "skipper"], ["Etymology", "Behaviour"], {
         "wingspan": ("Description", "number", "The wingspan of adults is {value}.",
                      "What is the wingspan of this insect?", "How wide is the wingspan of this insect?",
                      (8, 160, "mm")),
-        "native": ("Distribution", "choice", "The species is native to {value}.",
-                   "Which region is this insect native to?", "Where is this insect native to?", tuple(REGIONS)),
+        "native": _native("insect", "Distribution", "The species", "region", REGIONS),
         "introduced": ("Introductions", "list", "It has been introduced to {value}.",
                        "To which countries has this insect been introduced?",
                        "Where has this insect been introduced?", tuple(COUNTRIES)),
@@ -257,10 +252,7 @@ CATEGORIES: dict[str, dict[str, Any]] = {
         "lifespan": ("Life cycle", "number", "Adults live for about {value}.",
                      "How many days do adults of this insect live for?", "How long do adults of this insect live?",
                      (3, 60, "days")),
-        "status": ("Conservation", "choice", "The conservation status of the {name} is {value}.",
-                   "What is the conservation status of this insect?",
-                   "Which conservation status does this insect have?", tuple(STATUSES)),
-    })),
+    }),
     "landmark": dict(noun="landmark", dataset="landmarks", suffixes=["Tower", "Bridge", "Abbey", "Lighthouse", "Gate"],
                      fillers=["Name", "Legends"], facts=_facts({
         "completed": ("", "year", "The {name} was completed in {value}.",
