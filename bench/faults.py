@@ -15,6 +15,7 @@ are copied, the fault is applied, and one command runs in a subprocess. Outcomes
 Each fault states the outcome it must have; the table (bench/out/faults.md and .json) shows both,
 and the closing notes of issues "No silently wrong number" and "Training never loses work" cite it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).resolve().parent / "out"
 QKVQA = [sys.executable, "-m", "qkvqa.cli"]
-TINY = {"image_encoder": "evaclip_hf", "text_encoder": "evaclip_hf", "qformer": "blip2_qff",
-        "reranker": "bge_reranker", "generator": "llama3", "judge": "bem"}
+TINY = {
+    "image_encoder": "evaclip_hf",
+    "text_encoder": "evaclip_hf",
+    "qformer": "blip2_qff",
+    "reranker": "bge_reranker",
+    "generator": "llama3",
+    "judge": "bem",
+}
 
 
 @dataclass
@@ -44,10 +51,10 @@ class Fault:
 
     name: str
     what: str
-    apply: Callable[[Path], None]           # gets the copy's root (world/, cache/, runs/, experiments/)
+    apply: Callable[[Path], None]  # gets the copy's root (world/, cache/, runs/, experiments/)
     command: list[str]
-    expect: str                             # refused | same | counted
-    in_place: bool = False                  # applied to the pristine world itself (a resume must see its own paths)
+    expect: str  # refused | same | counted
+    in_place: bool = False  # applied to the pristine world itself (a resume must see its own paths)
 
 
 def _flip(path: Path, at: float = 0.5) -> None:
@@ -58,7 +65,7 @@ def _flip(path: Path, at: float = 0.5) -> None:
 
 def _truncate(path: Path, keep: float = 0.5) -> None:
     data = path.read_bytes()
-    path.write_bytes(data[:int(len(data) * keep)])
+    path.write_bytes(data[: int(len(data) * keep)])
 
 
 def _only(root: Path, pattern: str) -> Path:
@@ -70,7 +77,7 @@ def _only(root: Path, pattern: str) -> Path:
 def _edit_same_size(path: Path) -> None:
     text = path.read_bytes()
     at = text.index(b"section_texts") + 40
-    path.write_bytes(text[:at] + bytes(reversed(text[at:at + 12])) + text[at + 12:])
+    path.write_bytes(text[:at] + bytes(reversed(text[at : at + 12])) + text[at + 12 :])
 
 
 def _latin1_csv(path: Path) -> None:
@@ -88,14 +95,15 @@ def _extra_field(path: Path) -> None:
 
 def _drop_images(root: Path, share: float) -> None:
     images = sorted((root / "world/evqa/images/inaturalist").rglob("*.jpg"))
-    for image in images[:int(len(images) * share)]:
+    for image in images[: int(len(images) * share)]:
         image.unlink()
 
 
 def _replace_one_image(root: Path, data: Optional[bytes], size: Optional[tuple] = None) -> None:
+    import csv
+
     from PIL import Image
 
-    import csv
     def landmark(row):
         image_id = row["dataset_image_ids"].split("|")[0]
         return root / "world/evqa/images/landmarks" / image_id[0] / image_id[1] / image_id[2] / f"{image_id}.jpg"
@@ -109,7 +117,9 @@ def _replace_one_image(root: Path, data: Optional[bytes], size: Optional[tuple] 
             return False
 
     with open(root / "world/evqa/test.csv", newline="", encoding="utf-8") as f:
-        path = next(landmark(r) for r in csv.DictReader(f) if r["dataset_name"] == "landmarks" and readable(landmark(r)))
+        path = next(
+            landmark(r) for r in csv.DictReader(f) if r["dataset_name"] == "landmarks" and readable(landmark(r))
+        )
     if size is not None:
         Image.new("RGB", size, (10, 200, 30)).save(path)
     elif data is None:
@@ -122,7 +132,9 @@ def _conflicting_reference(root: Path) -> None:
     path = root / "world/infoseek/infoseek_val.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines()
     first = json.loads(lines[0])
-    first["answer_eval"] = ["something else"] if isinstance(first["answer_eval"][0], str) else [{"wikidata": 1.0, "range": [0, 2]}]
+    first["answer_eval"] = (
+        ["something else"] if isinstance(first["answer_eval"][0], str) else [{"wikidata": 1.0, "range": [0, 2]}]
+    )
     path.write_text("\n".join(lines + [json.dumps(first)]) + "\n", encoding="utf-8")
 
 
@@ -144,57 +156,229 @@ def _qff_config(root: Path, change: Callable[[dict], None]) -> None:
 
 def faults() -> list[Fault]:
     retrieve = ["retrieve", "experiment=w"]
-    qff = ["evaluate", "experiment=w", "eval.stop_after=filter", "run_id=f", "qff.checkpoint={root}/runs/trained/qff",
-           "qff.image_transform=squash", "qff.blip_text_preprocess=false"]     # what demo_world trained it with
+    qff = [
+        "evaluate",
+        "experiment=w",
+        "eval.stop_after=filter",
+        "run_id=f",
+        "qff.checkpoint={root}/runs/trained/qff",
+        "qff.image_transform=squash",
+        "qff.blip_text_preprocess=false",
+    ]  # what demo_world trained it with
     evaluate_filter = ["evaluate", "experiment=w", "eval.stop_after=filter", "run_id=f", "qff.allow_untrained=true"]
-    score_strict = ["score", "infoseek", "--predictions", "{root}/infoseek_predictions.jsonl", "--references",
-                    "{root}/world/infoseek/infoseek_val.jsonl", "--qtypes", "{root}/world/infoseek/infoseek_val_qtype.jsonl",
-                    "--strict"]
+    score_strict = [
+        "score",
+        "infoseek",
+        "--predictions",
+        "{root}/infoseek_predictions.jsonl",
+        "--references",
+        "{root}/world/infoseek/infoseek_val.jsonl",
+        "--qtypes",
+        "{root}/world/infoseek/infoseek_val_qtype.jsonl",
+        "--strict",
+    ]
     return [
-        Fault("kb_touched", "the KB JSON touched (rsync without -t)", lambda r: os.utime(r / "world/kb/encyclopedic_kb_wiki.json", (1, 1)), retrieve, "same"),
-        Fault("kb_copied", "the KB JSON copied without -p and data.kb_source pointed at the copy",
-              lambda r: shutil.copy(r / "world/kb/encyclopedic_kb_wiki.json", r / "kb_copy.json"),
-              retrieve + ["data.kb_source={root}/kb_copy.json"], "same"),
-        Fault("kb_same_size_edit", "the KB JSON edited in place, same size", lambda r: _edit_same_size(r / "world/kb/encyclopedic_kb_wiki.json"), retrieve, "refused"),
-        Fault("kb_store_flipped", "one byte of kb.sqlite flipped", lambda r: _flip(r / "world/kb/store/kb.sqlite", 0.6), retrieve, "refused"),
-        Fault("kb_store_truncated", "kb.sqlite truncated", lambda r: _truncate(r / "world/kb/store/kb.sqlite"), retrieve, "refused"),
-        Fault("kb_manifest_garbage", "the KB store's manifest.json overwritten with garbage", lambda r: (r / "world/kb/store/manifest.json").write_text("{oops"), retrieve, "refused"),
-        Fault("index_flipped", "one byte inside index.faiss flipped", lambda r: _flip(_only(r / "cache/indexes", "kb_text*/**/index.faiss"), 0.7), retrieve, "refused"),
-        Fault("index_rows_swapped", "vector_rows.npy rewritten with a shuffled mapping",
-              lambda r: _shuffle_rows(_only(r / "cache/indexes", "kb_text*/**/vector_rows.npy")), retrieve, "refused"),
-        Fault("index_manifest_gone", "the index manifest deleted (an interrupted build)", lambda r: _only(r / "cache/indexes", "kb_text*/**/manifest.json").unlink(), retrieve, "refused"),
-        Fault("embedding_shard_flipped", "one byte of an embedding shard flipped, then `index build`",
-              lambda r: _flip(_only(r / "cache/embeddings", "kb_text*/shard-*.npy"), 0.8), ["index", "build", "experiment=w", "run_id=ib"], "refused"),
-        Fault("questions_latin1", "the E-VQA test CSV saved as Latin-1", lambda r: _latin1_csv(r / "world/evqa/test.csv"), retrieve, "refused"),
-        Fault("questions_extra_field", "a test CSV row with one field too many", lambda r: _extra_field(r / "world/evqa/test.csv"), retrieve, "refused"),
-        Fault("id2name_truncated", "the iNaturalist id2name JSON truncated", lambda r: _truncate(r / "world/evqa/val_id2name.json"), retrieve, "refused"),
-        Fault("image_root_renamed", "the landmarks image folder renamed", lambda r: (r / "world/evqa/images/landmarks").rename(r / "world/evqa/images/landmarks_old"), retrieve, "refused"),
-        Fault("image_missing", "one query image deleted (under the bound)", lambda r: _replace_one_image(r, None), retrieve, "counted"),
-        Fault("images_mostly_missing", "every iNaturalist image deleted (a half-copied folder)", lambda r: _drop_images(r, 1.0), retrieve, "refused"),
-        Fault("image_not_an_image", "one query image replaced by text bytes", lambda r: _replace_one_image(r, b"this is not a jpeg"), retrieve, "counted"),
-        Fault("image_2px", "one query image 2x2 pixels", lambda r: _replace_one_image(r, None, (2, 2)), retrieve, "counted"),
-        Fault("reference_conflict", "an InfoSeek reference id repeated with another answer, scored --strict", _conflicting_reference, score_strict, "refused"),
+        Fault(
+            "kb_touched",
+            "the KB JSON touched (rsync without -t)",
+            lambda r: os.utime(r / "world/kb/encyclopedic_kb_wiki.json", (1, 1)),
+            retrieve,
+            "same",
+        ),
+        Fault(
+            "kb_copied",
+            "the KB JSON copied without -p and data.kb_source pointed at the copy",
+            lambda r: shutil.copy(r / "world/kb/encyclopedic_kb_wiki.json", r / "kb_copy.json"),
+            retrieve + ["data.kb_source={root}/kb_copy.json"],
+            "same",
+        ),
+        Fault(
+            "kb_same_size_edit",
+            "the KB JSON edited in place, same size",
+            lambda r: _edit_same_size(r / "world/kb/encyclopedic_kb_wiki.json"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "kb_store_flipped",
+            "one byte of kb.sqlite flipped",
+            lambda r: _flip(r / "world/kb/store/kb.sqlite", 0.6),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "kb_store_truncated",
+            "kb.sqlite truncated",
+            lambda r: _truncate(r / "world/kb/store/kb.sqlite"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "kb_manifest_garbage",
+            "the KB store's manifest.json overwritten with garbage",
+            lambda r: (r / "world/kb/store/manifest.json").write_text("{oops"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "index_flipped",
+            "one byte inside index.faiss flipped",
+            lambda r: _flip(_only(r / "cache/indexes", "kb_text*/**/index.faiss"), 0.7),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "index_rows_swapped",
+            "vector_rows.npy rewritten with a shuffled mapping",
+            lambda r: _shuffle_rows(_only(r / "cache/indexes", "kb_text*/**/vector_rows.npy")),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "index_manifest_gone",
+            "the index manifest deleted (an interrupted build)",
+            lambda r: _only(r / "cache/indexes", "kb_text*/**/manifest.json").unlink(),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "embedding_shard_flipped",
+            "one byte of an embedding shard flipped, then `index build`",
+            lambda r: _flip(_only(r / "cache/embeddings", "kb_text*/shard-*.npy"), 0.8),
+            ["index", "build", "experiment=w", "run_id=ib"],
+            "refused",
+        ),
+        Fault(
+            "questions_latin1",
+            "the E-VQA test CSV saved as Latin-1",
+            lambda r: _latin1_csv(r / "world/evqa/test.csv"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "questions_extra_field",
+            "a test CSV row with one field too many",
+            lambda r: _extra_field(r / "world/evqa/test.csv"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "id2name_truncated",
+            "the iNaturalist id2name JSON truncated",
+            lambda r: _truncate(r / "world/evqa/val_id2name.json"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "image_root_renamed",
+            "the landmarks image folder renamed",
+            lambda r: (r / "world/evqa/images/landmarks").rename(r / "world/evqa/images/landmarks_old"),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "image_missing",
+            "one query image deleted (under the bound)",
+            lambda r: _replace_one_image(r, None),
+            retrieve,
+            "counted",
+        ),
+        Fault(
+            "images_mostly_missing",
+            "every iNaturalist image deleted (a half-copied folder)",
+            lambda r: _drop_images(r, 1.0),
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "image_not_an_image",
+            "one query image replaced by text bytes",
+            lambda r: _replace_one_image(r, b"this is not a jpeg"),
+            retrieve,
+            "counted",
+        ),
+        Fault(
+            "image_2px",
+            "one query image 2x2 pixels",
+            lambda r: _replace_one_image(r, None, (2, 2)),
+            retrieve,
+            "counted",
+        ),
+        Fault(
+            "reference_conflict",
+            "an InfoSeek reference id repeated with another answer, scored --strict",
+            _conflicting_reference,
+            score_strict,
+            "refused",
+        ),
         Fault("qtype_missing", "an InfoSeek reference without a question type", _drop_qtype, score_strict, "refused"),
-        Fault("results_of_nothing", "retrieval.results that cover none of the split's questions", _results_of_nothing,
-              retrieve + ["retrieval.results={root}/foreign_results.json"], "refused"),
-        Fault("qff_weights_flipped", "one byte of the trained QFF's model.safetensors flipped",
-              lambda r: _flip(r / "runs/trained/qff/model.safetensors", 0.9), qff, "refused"),
-        Fault("qff_preprocessing_changed", "a trained QFF used with another image transform than it was trained with",
-              lambda r: None, qff + ["qff.image_transform=targetpad"], "refused"),
-        Fault("qff_config_garbage", "the trained QFF's qff_config.json truncated", lambda r: _truncate(r / "runs/trained/qff/qff_config.json"), qff, "refused"),
-        Fault("last_ckpt_flipped", "one byte of a training run's last.ckpt flipped, then resume",
-              lambda r: _flip(r / "runs/trained/last.ckpt", 0.5),
-              ["train", "experiment=wt", "run_id=trained", "resume=auto", "trainer.max_steps=4"], "refused", True),
-        Fault("last_ckpt_truncated", "a training run's last.ckpt truncated (disk full while saving), then resume",
-              lambda r: (_truncate(r / "runs/trained/last.ckpt", 0.3), (r / "runs/trained/last.ckpt.sha256").unlink()),
-              ["train", "experiment=wt", "run_id=trained", "resume=auto", "trainer.max_steps=4"], "refused", True),
+        Fault(
+            "results_of_nothing",
+            "retrieval.results that cover none of the split's questions",
+            _results_of_nothing,
+            retrieve + ["retrieval.results={root}/foreign_results.json"],
+            "refused",
+        ),
+        Fault(
+            "qff_weights_flipped",
+            "one byte of the trained QFF's model.safetensors flipped",
+            lambda r: _flip(r / "runs/trained/qff/model.safetensors", 0.9),
+            qff,
+            "refused",
+        ),
+        Fault(
+            "qff_preprocessing_changed",
+            "a trained QFF used with another image transform than it was trained with",
+            lambda r: None,
+            qff + ["qff.image_transform=targetpad"],
+            "refused",
+        ),
+        Fault(
+            "qff_config_garbage",
+            "the trained QFF's qff_config.json truncated",
+            lambda r: _truncate(r / "runs/trained/qff/qff_config.json"),
+            qff,
+            "refused",
+        ),
+        Fault(
+            "last_ckpt_flipped",
+            "one byte of a training run's last.ckpt flipped, then resume",
+            lambda r: _flip(r / "runs/trained/last.ckpt", 0.5),
+            ["train", "experiment=wt", "run_id=trained", "resume=auto", "trainer.max_steps=4"],
+            "refused",
+            True,
+        ),
+        Fault(
+            "last_ckpt_truncated",
+            "a training run's last.ckpt truncated (disk full while saving), then resume",
+            lambda r: (_truncate(r / "runs/trained/last.ckpt", 0.3), (r / "runs/trained/last.ckpt.sha256").unlink()),
+            ["train", "experiment=wt", "run_id=trained", "resume=auto", "trainer.max_steps=4"],
+            "refused",
+            True,
+        ),
         Fault("config_k1_zero", "cda.K1=0", lambda r: None, evaluate_filter + ["cda.K1=0"], "refused"),
         Fault("config_alpha", "qff.alpha=1.5", lambda r: None, evaluate_filter + ["qff.alpha=1.5"], "refused"),
-        Fault("config_gpu", "trainer.accelerator=gpu on a machine without one", lambda r: None,
-              ["train", "experiment=wt", "run_id=gpu", "trainer.accelerator=gpu"], "refused"),
-        Fault("config_protocol_typo", "data.protocol=echosight_100K (a typo)", lambda r: None, retrieve + ["data.protocol=echosight_100K"], "refused"),
-        Fault("kb_store_is_an_index", "data.kb_store pointed at an index directory", lambda r: None,
-              retrieve + ["data.kb_store={index_dir}"], "refused"),
+        Fault(
+            "config_gpu",
+            "trainer.accelerator=gpu on a machine without one",
+            lambda r: None,
+            ["train", "experiment=wt", "run_id=gpu", "trainer.accelerator=gpu"],
+            "refused",
+        ),
+        Fault(
+            "config_protocol_typo",
+            "data.protocol=echosight_100K (a typo)",
+            lambda r: None,
+            retrieve + ["data.protocol=echosight_100K"],
+            "refused",
+        ),
+        Fault(
+            "kb_store_is_an_index",
+            "data.kb_store pointed at an index directory",
+            lambda r: None,
+            retrieve + ["data.kb_store={index_dir}"],
+            "refused",
+        ),
     ]
 
 
@@ -232,7 +416,9 @@ def classify(result: subprocess.CompletedProcess, baseline: dict, command: str) 
         return "same", ""
     skipped = [k for k in figures if "missing" in k or "skipped" in k]
     if any(figures.get(k, 0) > baseline.get(k, 0) for k in skipped):
-        return "counted", ", ".join(f"{k}: {baseline.get(k)} -> {figures[k]}" for k in skipped if figures[k] != baseline.get(k))
+        return "counted", ", ".join(
+            f"{k}: {baseline.get(k)} -> {figures[k]}" for k in skipped if figures[k] != baseline.get(k)
+        )
     changed = {k: (baseline.get(k), v) for k, v in figures.items() if baseline.get(k) != v}
     return "silently wrong", json.dumps(changed)[:300]
 
@@ -243,35 +429,61 @@ def setup(work: Path, env: dict) -> Path:
     (root / "experiments").mkdir(parents=True)
     for name in ("base", "presets", "demo"):
         (root / "experiments" / name).symlink_to(REPO / "experiments" / name)
-    subprocess.run(QKVQA + ["synth", "--out", str(root / "world"), "--entities", "36"], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        QKVQA + ["synth", "--out", str(root / "world"), "--entities", "36"], env=env, check=True, capture_output=True
+    )
     data = yaml.safe_load((root / "world/data_evqa.yaml").read_text())
-    common = {"paths": {"cache_dir": "{root}/cache", "checkpoints_root": "{root}/runs"},
-              "trainer": {"accelerator": "cpu", "enable_progress_bar": False}, "logger": {"wandb": {"enabled": False}},
-              "components": {name: {"kind": kind, "tiny": True, "device": "cpu", "dtype": "fp32"} for name, kind in TINY.items()}}
-    w = {**common, "task": "evaluate", "data": {**data, "root": "{root}/world", "batch_size": 4},
-         "retrieval": {"shard_size": 64},
-         "generation": {"max_new_tokens": 4, "batch_size": 4}}
+    common = {
+        "paths": {"cache_dir": "{root}/cache", "checkpoints_root": "{root}/runs"},
+        "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
+        "logger": {"wandb": {"enabled": False}},
+        "components": {
+            name: {"kind": kind, "tiny": True, "device": "cpu", "dtype": "fp32"} for name, kind in TINY.items()
+        },
+    }
+    w = {
+        **common,
+        "task": "evaluate",
+        "data": {**data, "root": "{root}/world", "batch_size": 4},
+        "retrieval": {"shard_size": 64},
+        "generation": {"max_new_tokens": 4, "batch_size": 4},
+    }
     (root / "templates").mkdir()
     (root / "templates/w.yaml").write_text(yaml.safe_dump(w))
-    (root / "templates/wt.yaml").write_text(yaml.safe_dump({"presets": ["demo_world"], **common,
-                                                           "paths": {**common["paths"], "world_dir": "{root}/world"},
-                                                           "trainer": {**common["trainer"], "max_steps": 2}}))
+    (root / "templates/wt.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "presets": ["demo_world"],
+                **common,
+                "paths": {**common["paths"], "world_dir": "{root}/world"},
+                "trainer": {**common["trainer"], "max_steps": 2},
+            }
+        )
+    )
     _materialise(root)
-    for argv in (["embed", "experiment=w", "run_id=e"], ["index", "build", "experiment=w", "run_id=i"],
-                 ["embed", "experiment=wt", "run_id=e2"], ["index", "build", "experiment=wt", "run_id=i2"],
-                 ["train", "experiment=wt", "run_id=trained"]):
+    for argv in (
+        ["embed", "experiment=w", "run_id=e"],
+        ["index", "build", "experiment=w", "run_id=i"],
+        ["embed", "experiment=wt", "run_id=e2"],
+        ["index", "build", "experiment=wt", "run_id=i2"],
+        ["train", "experiment=wt", "run_id=trained"],
+    ):
         result = _run(_fill(argv, root), env, root)
         if result.returncode != 0:
             raise RuntimeError(f"setup {argv} failed:\n{result.stderr[-3000:]}")
     refs = [json.loads(line) for line in (root / "world/infoseek/infoseek_val.jsonl").read_text().splitlines() if line]
-    (root / "infoseek_predictions.jsonl").write_text("".join(json.dumps({"data_id": r["data_id"], "prediction": r["answer"][0]})
-                                                             + "\n" for r in refs))
+    (root / "infoseek_predictions.jsonl").write_text(
+        "".join(json.dumps({"data_id": r["data_id"], "prediction": r["answer"][0]}) + "\n" for r in refs)
+    )
     return root
 
 
 def _fill(argv: list[str], root: Path) -> list[str]:
-    index_dir = next((root / "cache/indexes").glob("kb_text*/*/manifest.json"), root).parent if (root / "cache/indexes").exists() else root
+    index_dir = (
+        next((root / "cache/indexes").glob("kb_text*/*/manifest.json"), root).parent
+        if (root / "cache/indexes").exists()
+        else root
+    )
     return [a.replace("{root}", str(root)).replace("{index_dir}", str(index_dir)) for a in argv]
 
 
@@ -288,14 +500,20 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="qkvqa_faults_"))
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
-           "QKVQA_PROGRESS": "0", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+        "QKVQA_PROGRESS": "0",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+    }
     started = time.time()
     try:
         pristine = setup(work, {**env, "QKVQA_EXPERIMENTS": str(work / "pristine/experiments")})
         rows = []
         baselines: dict = {}
-        for fault in sorted(faults(), key=lambda f: f.in_place):      # the ones that alter the pristine world last
+        for fault in sorted(faults(), key=lambda f: f.in_place):  # the ones that alter the pristine world last
             if args.only and fault.name not in args.only:
                 continue
             copy = pristine if fault.in_place else work / fault.name
@@ -312,27 +530,48 @@ def main() -> None:
                     shutil.rmtree(base, ignore_errors=True)
                     shutil.copytree(pristine, base, symlinks=True)
                     _materialise(base)
-                    result = _run(_fill(fault.command, base), {**env, "QKVQA_EXPERIMENTS": str(base / "experiments")}, base)
+                    result = _run(
+                        _fill(fault.command, base), {**env, "QKVQA_EXPERIMENTS": str(base / "experiments")}, base
+                    )
                     baselines[key] = _figures(result.stdout)
             fault.apply(copy)
             t0 = time.time()
             result = _run(argv, fault_env, copy)
             outcome, detail = classify(result, baselines.get(key, {}), argv[0])
-            rows.append({"fault": fault.name, "what": fault.what, "command": " ".join(["qkvqa", *fault.command]),
-                         "expected": fault.expect, "outcome": outcome, "ok": outcome == fault.expect,
-                         "detail": detail, "seconds": round(time.time() - t0, 1)})
+            rows.append(
+                {
+                    "fault": fault.name,
+                    "what": fault.what,
+                    "command": " ".join(["qkvqa", *fault.command]),
+                    "expected": fault.expect,
+                    "outcome": outcome,
+                    "ok": outcome == fault.expect,
+                    "detail": detail,
+                    "seconds": round(time.time() - t0, 1),
+                }
+            )
             print(f"{fault.name:28s} expected {fault.expect:8s} got {outcome:15s} {detail[:110]}", flush=True)
             if not args.keep and not fault.in_place:
                 shutil.rmtree(copy, ignore_errors=True)
-        counts = {o: sum(r["outcome"] == o for r in rows) for o in ("refused", "same", "counted", "traceback", "silently wrong")}
-        result = {"faults": rows, "counts": counts, "all_as_expected": all(r["ok"] for r in rows),
-                  "seconds": round(time.time() - started, 1)}
+        counts = {
+            o: sum(r["outcome"] == o for r in rows)
+            for o in ("refused", "same", "counted", "traceback", "silently wrong")
+        }
+        result = {
+            "faults": rows,
+            "counts": counts,
+            "all_as_expected": all(r["ok"] for r in rows),
+            "seconds": round(time.time() - started, 1),
+        }
         OUT.mkdir(parents=True, exist_ok=True)
         if not args.only:
             (OUT / "faults.json").write_text(json.dumps(result, indent=2) + "\n")
             lines = ["| fault | command | expected | outcome | what qkvqa said |", "|---|---|---|---|---|"]
-            lines += [f"| {r['what']} | `{r['command']}` | {r['expected']} | {r['outcome']} | "
-                      f"{r['detail'].replace('|', '/')[:160]} |" for r in rows]
+            lines += [
+                f"| {r['what']} | `{r['command']}` | {r['expected']} | {r['outcome']} | "
+                f"{r['detail'].replace('|', '/')[:160]} |"
+                for r in rows
+            ]
             (OUT / "faults.md").write_text("\n".join(lines + ["", f"counts: {counts}"]) + "\n")
         print(json.dumps(counts))
     finally:

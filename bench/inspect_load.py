@@ -13,6 +13,7 @@ by the page right after it rendered). Also timed inside the page: a filter (wron
 opening one question (its trace shard loaded). A 1,000-row site is measured side by side. Writes
 bench/out/inspect_load.json and bench/out/inspect_load.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,9 @@ def source_run(given: str | None) -> Path:
         from qkvqa.cli.main import main
 
         os.environ.setdefault("WANDB_MODE", "disabled")
-        rc = main(["demo", "--dir", str(CACHE / "work"), "--runs", str(CACHE / "runs"), "--entities", "14",
-                   "--epochs", "1"])
+        rc = main(
+            ["demo", "--dir", str(CACHE / "work"), "--runs", str(CACHE / "runs"), "--entities", "14", "--epochs", "1"]
+        )
         if rc != 0:
             raise SystemExit(f"qkvqa demo failed (exit {rc})")
     return run
@@ -68,8 +70,15 @@ def synthetic_run(source: Path, rows: int, out: Path, seed: int = 0) -> Path:
             t["verdict"] = {**(t.get("verdict") or {"references": []}), "correct": correct, "score": float(correct)}
             t["gold_rank"] = {"before": before, "after": after}
             t["answer_in_context"] = rng.random() < 0.4 if t.get("context") else None
-            t["category"] = None if t.get("question_type") == "2_hop" else (
-                ("R1-" if after == 1 else "NR-") + ("C" if correct else "W") if before or correct else "not_retrieved")
+            t["category"] = (
+                None
+                if t.get("question_type") == "2_hop"
+                else (
+                    ("R1-" if after == 1 else "NR-") + ("C" if correct else "W")
+                    if before or correct
+                    else "not_retrieved"
+                )
+            )
             f.write(json.dumps(t, ensure_ascii=False, separators=(",", ":")) + "\n")
     for name in ("scores.json",):
         if (source / name).exists():
@@ -91,32 +100,47 @@ def measure(site: Path, repeats: int) -> dict:
             wait_for(driver, "document.body.dataset.ready === '1'", timeout=120)
             wall.append(1000 * (time.perf_counter() - start))
             first_page.append(driver.execute_script("return window.QKVQA_READY_MS;"))
-            filt.append(driver.execute_script(
-                "const t = performance.now(); const s = document.getElementById('f-verdict'); s.value = '0';"
-                "s.dispatchEvent(new Event('change')); return performance.now() - t;"))
-            driver.execute_script("const s = document.getElementById('f-verdict'); s.value = '';"
-                                  "s.dispatchEvent(new Event('change'));")
+            filt.append(
+                driver.execute_script(
+                    "const t = performance.now(); const s = document.getElementById('f-verdict'); s.value = '0';"
+                    "s.dispatchEvent(new Event('change')); return performance.now() - t;"
+                )
+            )
+            driver.execute_script(
+                "const s = document.getElementById('f-verdict'); s.value = '';s.dispatchEvent(new Event('change'));"
+            )
             # A search, timed without the page's 150 ms typing pause: the text is set, then the filters applied
             # (the first search also lower-cases every row's id, question and prediction once).
-            search.append(driver.execute_script(
-                "document.getElementById('f-search').value = 'larvae'; const t = performance.now();"
-                "document.getElementById('f-verdict').dispatchEvent(new Event('change'));"
-                "return performance.now() - t;"))
+            search.append(
+                driver.execute_script(
+                    "document.getElementById('f-search').value = 'larvae'; const t = performance.now();"
+                    "document.getElementById('f-verdict').dispatchEvent(new Event('change'));"
+                    "return performance.now() - t;"
+                )
+            )
             pos = driver.execute_script("return window.QKVQA_INDEX.rows.length - 1;")
-            t0 = driver.execute_script("window.__t0 = performance.now(); location.hash = '#/q/' + arguments[0];"
-                                       "return window.__t0;", pos)
+            t0 = driver.execute_script(
+                "window.__t0 = performance.now(); location.hash = '#/q/' + arguments[0];return window.__t0;", pos
+            )
             wait_for(driver, f"document.getElementById('view-question').dataset.loaded === '{pos}'", timeout=60)
             question.append(driver.execute_script("return performance.now();") - t0)
-    return {"first_page_ms": statistics.median(first_page), "first_page_ms_all": first_page,
-            "wall_ms_median": statistics.median(wall), "filter_ms": statistics.median(filt),
-            "search_ms": statistics.median(search), "open_question_ms": statistics.median(question)}
+    return {
+        "first_page_ms": statistics.median(first_page),
+        "first_page_ms_all": first_page,
+        "wall_ms_median": statistics.median(wall),
+        "filter_ms": statistics.median(filt),
+        "search_ms": statistics.median(search),
+        "open_question_ms": statistics.median(question),
+    }
 
 
 def site_size(site: Path) -> dict:
     files = [p for p in site.rglob("*") if p.is_file()]
-    return {"index_js_mb": (site / "data" / "index.js").stat().st_size / 1e6,
-            "site_mb": sum(p.stat().st_size for p in files) / 1e6,
-            "shard_files": len(list((site / "data" / "a").glob("*.js")))}
+    return {
+        "index_js_mb": (site / "data" / "index.js").stat().st_size / 1e6,
+        "site_mb": sum(p.stat().st_size for p in files) / 1e6,
+        "shard_files": len(list((site / "data" / "a").glob("*.js"))),
+    }
 
 
 def main(argv=None) -> int:
@@ -141,28 +165,46 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             site = build_site(run, out=Path(tmp) / f"site-{rows}")
             build_s = time.perf_counter() - start
-            results[str(rows)] = {"rows": rows, "build_s": build_s, **site_size(site.out), **measure(site.out, args.repeats)}
+            results[str(rows)] = {
+                "rows": rows,
+                "build_s": build_s,
+                **site_size(site.out),
+                **measure(site.out, args.repeats),
+            }
             print(json.dumps(results[str(rows)]), flush=True)
     big, small = results[str(args.rows)], results[str(args.small)]
-    data = {"rows": args.rows, "first_page_ms": big["first_page_ms"], "goal_ms": GOAL_MS,
-            "within_goal": big["first_page_ms"] < GOAL_MS, "source_run": str(source),
-            "source_traces": sum(1 for _ in open(source / "traces.jsonl", encoding="utf-8")),
-            "ratio_first_page_big_vs_small": big["first_page_ms"] / small["first_page_ms"],
-            "results": results, "machine": {"node": platform.node(), "cpus": os.cpu_count(),
-                                            "python": platform.python_version()},
-            "browser": "Debian chromium, headless=new, via selenium + /usr/bin/chromedriver"}
+    data = {
+        "rows": args.rows,
+        "first_page_ms": big["first_page_ms"],
+        "goal_ms": GOAL_MS,
+        "within_goal": big["first_page_ms"] < GOAL_MS,
+        "source_run": str(source),
+        "source_traces": sum(1 for _ in open(source / "traces.jsonl", encoding="utf-8")),
+        "ratio_first_page_big_vs_small": big["first_page_ms"] / small["first_page_ms"],
+        "results": results,
+        "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "browser": "Debian chromium, headless=new, via selenium + /usr/bin/chromedriver",
+    }
     OUT.mkdir(exist_ok=True)
     (OUT / "inspect_load.json").write_text(json.dumps(data, indent=2) + "\n")
-    lines = ["| rows | first page (ms, median) | wall incl. WebDriver (ms) | filter (ms) | search (ms) | open a question "
-             "(ms) | index.js (MB) | site (MB) | shard files | build (s) |", "|" + "---|" * 10]
+    lines = [
+        "| rows | first page (ms, median) | wall incl. WebDriver (ms) | filter (ms) | search (ms) | open a question "
+        "(ms) | index.js (MB) | site (MB) | shard files | build (s) |",
+        "|" + "---|" * 10,
+    ]
     for r in results.values():
-        lines.append(f"| {r['rows']:,} | {r['first_page_ms']:.0f} | {r['wall_ms_median']:.0f} | {r['filter_ms']:.0f} | "
-                     f"{r['search_ms']:.0f} | {r['open_question_ms']:.0f} | {r['index_js_mb']:.1f} | "
-                     f"{r['site_mb']:.0f} | {r['shard_files']} | {r['build_s']:.1f} |")
-    lines += ["", f"The {args.rows:,}-row table shows its first page {big['first_page_ms']:.0f} ms after navigation "
-              f"starts (goal: under {GOAL_MS:.0f} ms), {data['ratio_first_page_big_vs_small']:.1f}x the "
-              f"{args.small:,}-row site's, measured side by side; rows replicated and perturbed from "
-              f"{data['source_traces']} real traces. Opening a question includes loading its shard of 500 traces."]
+        lines.append(
+            f"| {r['rows']:,} | {r['first_page_ms']:.0f} | {r['wall_ms_median']:.0f} | {r['filter_ms']:.0f} | "
+            f"{r['search_ms']:.0f} | {r['open_question_ms']:.0f} | {r['index_js_mb']:.1f} | "
+            f"{r['site_mb']:.0f} | {r['shard_files']} | {r['build_s']:.1f} |"
+        )
+    lines += [
+        "",
+        f"The {args.rows:,}-row table shows its first page {big['first_page_ms']:.0f} ms after navigation "
+        f"starts (goal: under {GOAL_MS:.0f} ms), {data['ratio_first_page_big_vs_small']:.1f}x the "
+        f"{args.small:,}-row site's, measured side by side; rows replicated and perturbed from "
+        f"{data['source_traces']} real traces. Opening a question includes loading its shard of 500 traces.",
+    ]
     (OUT / "inspect_load.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -12,6 +12,7 @@ json.load of a 20 GB KB needs about three times that in RAM. The full-scale run,
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/kb_store.py --articles 2000000 --sections 12 \
         --sentences 10 --store-only --name kb_store_2m --keep /tmp/kb2m && rm -rf /tmp/kb2m
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,46 @@ import time
 from pathlib import Path
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
-ACCESSES = 2000          # random articles read per access measurement
-OPEN_REPEATS = 5         # store opens timed (the median is reported)
-WORDS = ("river", "stone", "early", "northern", "species", "tower", "built", "found", "century", "large", "small",
-         "island", "named", "after", "known", "for", "its", "the", "of", "and", "in", "was", "is", "a", "by",
-         "local", "coast", "winter", "summer", "museum", "bridge", "forest", "leaves", "feathers", "Zürich", "Łódź")
+ACCESSES = 2000  # random articles read per access measurement
+OPEN_REPEATS = 5  # store opens timed (the median is reported)
+WORDS = (
+    "river",
+    "stone",
+    "early",
+    "northern",
+    "species",
+    "tower",
+    "built",
+    "found",
+    "century",
+    "large",
+    "small",
+    "island",
+    "named",
+    "after",
+    "known",
+    "for",
+    "its",
+    "the",
+    "of",
+    "and",
+    "in",
+    "was",
+    "is",
+    "a",
+    "by",
+    "local",
+    "coast",
+    "winter",
+    "summer",
+    "museum",
+    "bridge",
+    "forest",
+    "leaves",
+    "feathers",
+    "Zürich",
+    "Łódź",
+)
 
 
 def _peak_rss_mb() -> float:
@@ -50,12 +86,17 @@ def write_kb(path: Path, articles: int, sections: int, sentences: int, seed: int
             url = "https://en.wikipedia.org/wiki/" + title.replace(" ", "_")
             titles = [title] + [f"Section {k}" for k in range(1, sections - 2)] + ["References", "External links"]
             n_images = rng.randint(0, 3)
-            entry = {"url": url, "title": title, "section_titles": titles,
-                     "section_texts": [" ".join(rng.choices(pool, k=sentences)) for _ in titles],
-                     "image_urls": [f"https://upload.wikimedia.org/wikipedia/commons/{i % 10}/{i}_{k}.jpg"
-                                    for k in range(n_images)],
-                     "image_reference_descriptions": [f"Image {k} of {title}" for k in range(n_images)],
-                     "image_section_indices": [rng.randrange(len(titles)) for _ in range(n_images)]}
+            entry = {
+                "url": url,
+                "title": title,
+                "section_titles": titles,
+                "section_texts": [" ".join(rng.choices(pool, k=sentences)) for _ in titles],
+                "image_urls": [
+                    f"https://upload.wikimedia.org/wikipedia/commons/{i % 10}/{i}_{k}.jpg" for k in range(n_images)
+                ],
+                "image_reference_descriptions": [f"Image {k} of {title}" for k in range(n_images)],
+                "image_section_indices": [rng.randrange(len(titles)) for _ in range(n_images)],
+            }
             f.write(("" if i == 0 else ", ") + json.dumps(url) + ": " + json.dumps(entry, ensure_ascii=False))
         f.write("}\n")
 
@@ -105,9 +146,14 @@ def child_store(store_dir: str, articles: int, source: str) -> dict:
     for url in urls:
         store.get_by_url(url)
     by_url = (time.perf_counter() - started) / len(urls)
-    return {"open_seconds": sorted(opens)[len(opens) // 2], "access_seconds": by_row, "access_by_url_seconds": by_url,
-            "open_with_source_check_seconds": sorted(checked)[len(checked) // 2], "full_source_check_seconds": full_check,
-            "peak_rss_mb": _peak_rss_mb()}
+    return {
+        "open_seconds": sorted(opens)[len(opens) // 2],
+        "access_seconds": by_row,
+        "access_by_url_seconds": by_url,
+        "open_with_source_check_seconds": sorted(checked)[len(checked) // 2],
+        "full_source_check_seconds": full_check,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def child_build(source: str, store_dir: str) -> dict:
@@ -116,8 +162,11 @@ def child_build(source: str, store_dir: str) -> dict:
 
     started = time.perf_counter()
     manifest = build_kb_store(source, store_dir)
-    return {"build_seconds": time.perf_counter() - started, "peak_rss_mb": _peak_rss_mb(),
-            "articles": manifest["articles"]}
+    return {
+        "build_seconds": time.perf_counter() - started,
+        "peak_rss_mb": _peak_rss_mb(),
+        "articles": manifest["articles"],
+    }
 
 
 def child_baseline() -> dict:
@@ -137,23 +186,43 @@ def _run_child(*args: str) -> dict:
 
 def _table(r: dict) -> str:
     s, j, b = r["store"], r["json_load"], r["build"]
-    if j is None:                       # --store-only
+    if j is None:  # --store-only
         return _table_store_only(r)
     rows = [
         ("build (stream into SQLite)", f"{b['build_seconds']:.1f} s, peak RSS {b['peak_rss_mb']:.0f} MiB", "-", "-"),
-        ("open", f"{s['open_seconds'] * 1e3:.2f} ms", f"{j['load_seconds']:.1f} s (json.load)",
-         f"{r['ratios']['open_speedup']:.0f}x faster"),
-        ("peak RSS (open + {} reads)".format(ACCESSES), f"{s['peak_rss_mb']:.0f} MiB", f"{j['peak_rss_mb']:.0f} MiB",
-         f"{r['ratios']['peak_memory_reduction']:.1f}x less"),
-        ("per-article access (row id)", f"{s['access_seconds'] * 1e6:.0f} us", f"{j['access_seconds'] * 1e6:.2f} us",
-         f"{r['ratios']['access_slowdown']:.0f}x slower"),
+        (
+            "open",
+            f"{s['open_seconds'] * 1e3:.2f} ms",
+            f"{j['load_seconds']:.1f} s (json.load)",
+            f"{r['ratios']['open_speedup']:.0f}x faster",
+        ),
+        (
+            "peak RSS (open + {} reads)".format(ACCESSES),
+            f"{s['peak_rss_mb']:.0f} MiB",
+            f"{j['peak_rss_mb']:.0f} MiB",
+            f"{r['ratios']['peak_memory_reduction']:.1f}x less",
+        ),
+        (
+            "per-article access (row id)",
+            f"{s['access_seconds'] * 1e6:.0f} us",
+            f"{j['access_seconds'] * 1e6:.2f} us",
+            f"{r['ratios']['access_slowdown']:.0f}x slower",
+        ),
         ("per-article access (URL)", f"{s['access_by_url_seconds'] * 1e6:.0f} us", "-", "-"),
-        ("open + source check: sampled 4 MiB vs full sha256", f"{s['open_with_source_check_seconds'] * 1e3:.1f} ms",
-         f"{s['full_source_check_seconds']:.2f} s (full)", f"{r['ratios']['sampled_check_speedup']:.0f}x faster"),
+        (
+            "open + source check: sampled 4 MiB vs full sha256",
+            f"{s['open_with_source_check_seconds'] * 1e3:.1f} ms",
+            f"{s['full_source_check_seconds']:.2f} s (full)",
+            f"{r['ratios']['sampled_check_speedup']:.0f}x faster",
+        ),
     ]
-    lines = [f"KB: {r['articles']} articles, {r['kb_json_mb']:.0f} MiB JSON; store {r['store_mb']:.0f} MiB; "
-             f"interpreter floor {r['baseline']['peak_rss_mb']:.0f} MiB", "",
-             "| measure | KB store | json.load dict | ratio |", "|---|---|---|---|"]
+    lines = [
+        f"KB: {r['articles']} articles, {r['kb_json_mb']:.0f} MiB JSON; store {r['store_mb']:.0f} MiB; "
+        f"interpreter floor {r['baseline']['peak_rss_mb']:.0f} MiB",
+        "",
+        "| measure | KB store | json.load dict | ratio |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {a} | {b_} | {c} | {d} |" for a, b_, c, d in rows]
     return "\n".join(lines)
 
@@ -163,10 +232,15 @@ def _table_store_only(r: dict) -> str:
     s, b = r["store"], r["build"]
     rows = [
         ("write the synthetic KB JSON (bench only)", f"{r['write_seconds'] / 60:.1f} min"),
-        ("build (stream into SQLite)", f"{b['build_seconds'] / 60:.1f} min "
-         f"({r['kb_json_mb'] / b['build_seconds']:.1f} MiB/s), peak RSS {b['peak_rss_mb']:.0f} MiB"),
-        ("store size (kb.sqlite; whole directory)", f"{r['store_mb'] / 1024:.1f} GiB; "
-         f"{r['store_dir_mb'] / 1024:.1f} GiB"),
+        (
+            "build (stream into SQLite)",
+            f"{b['build_seconds'] / 60:.1f} min "
+            f"({r['kb_json_mb'] / b['build_seconds']:.1f} MiB/s), peak RSS {b['peak_rss_mb']:.0f} MiB",
+        ),
+        (
+            "store size (kb.sqlite; whole directory)",
+            f"{r['store_mb'] / 1024:.1f} GiB; {r['store_dir_mb'] / 1024:.1f} GiB",
+        ),
         (f"open (median of {OPEN_REPEATS})", f"{s['open_seconds'] * 1e3:.2f} ms"),
         (f"peak RSS (open + {ACCESSES} reads)", f"{s['peak_rss_mb']:.0f} MiB"),
         ("per-article access (row id)", f"{s['access_seconds'] * 1e6:.0f} us"),
@@ -174,9 +248,14 @@ def _table_store_only(r: dict) -> str:
         ("open + sampled source check (4 MiB)", f"{s['open_with_source_check_seconds'] * 1e3:.1f} ms"),
         ("full sha256 source check", f"{s['full_source_check_seconds']:.1f} s"),
     ]
-    lines = [f"KB: {r['articles']:,} articles ({r['sections']} sections x {r['sentences']} sentences), "
-             f"{r['kb_json_mb'] / 1024:.1f} GiB JSON; json.load baseline not run (--store-only); interpreter floor "
-             f"{r['baseline']['peak_rss_mb']:.0f} MiB", "", "| measure | KB store |", "|---|---|"]
+    lines = [
+        f"KB: {r['articles']:,} articles ({r['sections']} sections x {r['sentences']} sentences), "
+        f"{r['kb_json_mb'] / 1024:.1f} GiB JSON; json.load baseline not run (--store-only); interpreter floor "
+        f"{r['baseline']['peak_rss_mb']:.0f} MiB",
+        "",
+        "| measure | KB store |",
+        "|---|---|",
+    ]
     lines += [f"| {a} | {b_} |" for a, b_ in rows]
     return "\n".join(lines)
 
@@ -184,19 +263,27 @@ def _table_store_only(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--articles", type=int, default=200_000)
-    parser.add_argument("--sections", type=int, default=8, help="sections per article (incl. References, External links)")
+    parser.add_argument(
+        "--sections", type=int, default=8, help="sections per article (incl. References, External links)"
+    )
     parser.add_argument("--sentences", type=int, default=5, help="sentences per section")
     parser.add_argument("--keep", help="work directory to keep the KB and store in (default: a temp dir, removed)")
-    parser.add_argument("--store-only", action="store_true",
-                        help="skip the json.load baseline (it needs ~3x the JSON's size in RAM: impossible at 20 GB)")
+    parser.add_argument(
+        "--store-only",
+        action="store_true",
+        help="skip the json.load baseline (it needs ~3x the JSON's size in RAM: impossible at 20 GB)",
+    )
     parser.add_argument("--name", default="kb_store", help="output name: bench/out/NAME.json (default kb_store)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, *rest = args.child
-        funcs = {"json_load": lambda: child_json_load(rest[0], int(rest[1])),
-                 "store": lambda: child_store(rest[0], int(rest[1]), rest[2]),
-                 "build": lambda: child_build(rest[0], rest[1]), "baseline": child_baseline}
+        funcs = {
+            "json_load": lambda: child_json_load(rest[0], int(rest[1])),
+            "store": lambda: child_store(rest[0], int(rest[1]), rest[2]),
+            "build": lambda: child_build(rest[0], rest[1]),
+            "baseline": child_baseline,
+        }
         print(json.dumps(funcs[mode]()))
         return
 
@@ -215,20 +302,32 @@ def main() -> None:
         baseline = _run_child("baseline")
         ratios = {"sampled_check_speedup": store["full_source_check_seconds"] / store["open_with_source_check_seconds"]}
         if json_load is not None:
-            ratios = {"peak_memory_reduction": json_load["peak_rss_mb"] / store["peak_rss_mb"],
-                      "open_speedup": json_load["load_seconds"] / store["open_seconds"],
-                      "access_slowdown": store["access_seconds"] / json_load["access_seconds"], **ratios}
+            ratios = {
+                "peak_memory_reduction": json_load["peak_rss_mb"] / store["peak_rss_mb"],
+                "open_speedup": json_load["load_seconds"] / store["open_seconds"],
+                "access_slowdown": store["access_seconds"] / json_load["access_seconds"],
+                **ratios,
+            }
         result = {
-            "articles": args.articles, "sections": args.sections, "sentences": args.sentences,
-            "kb_json_mb": source.stat().st_size / 2**20, "write_seconds": write_seconds,
+            "articles": args.articles,
+            "sections": args.sections,
+            "sentences": args.sentences,
+            "kb_json_mb": source.stat().st_size / 2**20,
+            "write_seconds": write_seconds,
             "store_mb": (store_dir / "kb.sqlite").stat().st_size / 2**20,
             "store_dir_mb": sum(f.stat().st_size for f in store_dir.iterdir()) / 2**20,
-            "build": build, "store": store, "json_load": json_load, "baseline": baseline,
+            "build": build,
+            "store": store,
+            "json_load": json_load,
+            "baseline": baseline,
             "ratios": ratios,
             "goals": {"peak_memory_reduction": 10, "open_speedup": 100},
-            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                        "date": time.strftime("%Y-%m-%d")},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                "date": time.strftime("%Y-%m-%d"),
+            },
         }
         result["goals_met"] = {k: result["ratios"][k] >= v for k, v in result["goals"].items() if k in ratios}
         out = OUT_DIR / f"{args.name}.json"

@@ -20,6 +20,7 @@ thread (about 15 minutes; the Flat index peaks near 10 GB of RAM, 15 GB of scrat
 `--n 2000000 --factories "Flat;IVF2048,SQ8" --threads 1 --name retrieval_2m`. faiss uses OMP_NUM_THREADS (or all
 cores) unless `--threads` says otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,19 +83,43 @@ def stub_kb(work: Path, n: int) -> KBStore:
     with open(work / "kb.jsonl", "w", encoding="utf-8") as f:
         for i in range(n):
             url = f"https://en.wikipedia.org/wiki/Synthetic_{i}"
-            f.write(json.dumps({url: {"url": url, "title": f"Synthetic {i}", "section_titles": ["lead"],
-                                      "section_texts": [""], "image_urls": [], "image_reference_descriptions": [],
-                                      "image_section_indices": []}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        url: {
+                            "url": url,
+                            "title": f"Synthetic {i}",
+                            "section_titles": ["lead"],
+                            "section_texts": [""],
+                            "image_urls": [],
+                            "image_reference_descriptions": [],
+                            "image_section_indices": [],
+                        }
+                    }
+                )
+                + "\n"
+            )
     build_kb_store(work / "kb.jsonl", work / "store")
     return KBStore.open(work / "store")
 
 
 def vector_set(work: Path, store: KBStore, space: Centres) -> EmbeddingSet:
     """The N vectors as a float16 kb_text embedding set, generated shard by shard."""
-    emb = EmbeddingSet.create(work / "set", {"what": "kb_text", "encoder": ENCODER, "dtype": "float16",
-                                             "shard_size": SHARD, "source": {
-                                                 "kb_url_checksum": store.url_checksum, "kb_articles": len(store),
-                                                 "summary_source": "lead_section"}}, len(store))
+    emb = EmbeddingSet.create(
+        work / "set",
+        {
+            "what": "kb_text",
+            "encoder": ENCODER,
+            "dtype": "float16",
+            "shard_size": SHARD,
+            "source": {
+                "kb_url_checksum": store.url_checksum,
+                "kb_articles": len(store),
+                "summary_source": "lead_section",
+            },
+        },
+        len(store),
+    )
     for i in range(emb.n_shards):
         start, stop = emb.shard_rows(i)
         emb.write_shard(i, space.sample(stop - start, seed=1000 + i), list(range(start, stop)))
@@ -167,8 +192,15 @@ def run(n: int, dim: int, n_queries: int, k: int, factories: list[str], train_si
         before = PeakRss.now()
         with PeakRss() as rss:
             t0 = time.perf_counter()
-            manifest = build_index(emb, index_dir, kb_store=store, factory=factory, query_encoder=ENCODER,
-                                   train_size=train_size, use_gpu=False)
+            manifest = build_index(
+                emb,
+                index_dir,
+                kb_store=store,
+                factory=factory,
+                query_encoder=ENCODER,
+                train_size=train_size,
+                use_gpu=False,
+            )
             build_s = time.perf_counter() - t0
         index = load_index(index_dir, kb_store=store, mode="image_to_summary")
         # the index file holds exactly faiss.serialize_index's bytes, without a second in-memory copy of the index
@@ -177,43 +209,81 @@ def run(n: int, dim: int, n_queries: int, k: int, factories: list[str], train_si
             hits, qps = timed_search(index, queries, k, **params)
             if factory == "Flat":
                 exact, flat_qps = hits, qps
-            row = {"factory": factory, "params": params, "build_s": round(build_s, 2),
-                   "trained_on": manifest["trained_on"], "index_mb": round(size / 2**20, 1),
-                   "peak_anon_rss_growth_mb": round((rss.peak - before) / 2**20, 1), "qps": round(qps, 1),
-                   f"recall@{k}": round(recall(hits, exact, k), 4) if exact is not None else None,
-                   "speedup_vs_flat": round(qps / flat_qps, 1) if flat_qps else None}
+            row = {
+                "factory": factory,
+                "params": params,
+                "build_s": round(build_s, 2),
+                "trained_on": manifest["trained_on"],
+                "index_mb": round(size / 2**20, 1),
+                "peak_anon_rss_growth_mb": round((rss.peak - before) / 2**20, 1),
+                "qps": round(qps, 1),
+                f"recall@{k}": round(recall(hits, exact, k), 4) if exact is not None else None,
+                "speedup_vs_flat": round(qps / flat_qps, 1) if flat_qps else None,
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
         del index
         shutil.rmtree(index_dir)
-    meeting = [r for r in rows if r[f"recall@{k}"] is not None and r[f"recall@{k}"] >= GOAL_RECALL
-               and r["factory"] != "Flat"]
+    meeting = [
+        r for r in rows if r[f"recall@{k}"] is not None and r[f"recall@{k}"] >= GOAL_RECALL and r["factory"] != "Flat"
+    ]
     best = max(meeting, key=lambda r: r["qps"], default=None)
-    return {"n": n, "dim": dim, "queries": n_queries, "k": k, "clusters": n // 500, "train_size": train_size,
-            "vector_dtype": "float16 shards, float32 in the index", "flat_index_mb": round(n * dim * 4 / 2**20, 1),
-            "machine": {"cpus": os.cpu_count(), "faiss_threads": faiss.omp_get_max_threads(),
-                        "faiss": faiss.__version__, "python": platform.python_version(),
-                        "load_average_at_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d")},
-            "setup_s": round(setup_s, 1), "total_s": round(time.time() - started, 1), "results": rows,
-            "goal": {"speedup_vs_flat": GOAL_SPEEDUP, f"recall@{k}": GOAL_RECALL,
-                     "best": best, "met": bool(best and best["speedup_vs_flat"] >= GOAL_SPEEDUP)}}
+    return {
+        "n": n,
+        "dim": dim,
+        "queries": n_queries,
+        "k": k,
+        "clusters": n // 500,
+        "train_size": train_size,
+        "vector_dtype": "float16 shards, float32 in the index",
+        "flat_index_mb": round(n * dim * 4 / 2**20, 1),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "faiss_threads": faiss.omp_get_max_threads(),
+            "faiss": faiss.__version__,
+            "python": platform.python_version(),
+            "load_average_at_start": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d"),
+        },
+        "setup_s": round(setup_s, 1),
+        "total_s": round(time.time() - started, 1),
+        "results": rows,
+        "goal": {
+            "speedup_vs_flat": GOAL_SPEEDUP,
+            f"recall@{k}": GOAL_RECALL,
+            "best": best,
+            "met": bool(best and best["speedup_vs_flat"] >= GOAL_SPEEDUP),
+        },
+    }
 
 
 def markdown(report: dict) -> str:
     """The results as a markdown table."""
     k = report["k"]
-    lines = [f"N = {report['n']:,} x {report['dim']}-d clustered unit vectors, {report['queries']} queries, "
-             f"K = {k}, {report['machine']['faiss_threads']} faiss threads (faiss {report['machine']['faiss']}).", "",
-             f"| factory | search setting | build s | index MB | peak anon RSS growth MB | queries/s | x Flat | recall@{k} |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"N = {report['n']:,} x {report['dim']}-d clustered unit vectors, {report['queries']} queries, "
+        f"K = {k}, {report['machine']['faiss_threads']} faiss threads (faiss {report['machine']['faiss']}).",
+        "",
+        f"| factory | search setting | build s | index MB | peak anon RSS growth MB | queries/s | x Flat | recall@{k} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["results"]:
         setting = ", ".join(f"{key}={value}" for key, value in r["params"].items()) or "exact"
-        lines.append(f"| `{r['factory']}` | {setting} | {r['build_s']} | {r['index_mb']} | {r['peak_anon_rss_growth_mb']} "
-                     f"| {r['qps']} | {r['speedup_vs_flat']} | {r[f'recall@{k}']} |")
+        lines.append(
+            f"| `{r['factory']}` | {setting} | {r['build_s']} | {r['index_mb']} | {r['peak_anon_rss_growth_mb']} "
+            f"| {r['qps']} | {r['speedup_vs_flat']} | {r[f'recall@{k}']} |"
+        )
     best = report["goal"]["best"]
-    lines += ["", f"Goal (>= {GOAL_SPEEDUP:g}x Flat at recall@{k} >= {GOAL_RECALL}): " + (
-        f"{'met' if report['goal']['met'] else 'not met'}; fastest configuration at that recall: `{best['factory']}` "
-        f"{best['params']} at {best['speedup_vs_flat']}x" if best else "no configuration reached the recall")]
+    lines += [
+        "",
+        f"Goal (>= {GOAL_SPEEDUP:g}x Flat at recall@{k} >= {GOAL_RECALL}): "
+        + (
+            f"{'met' if report['goal']['met'] else 'not met'}; fastest configuration at that recall: `{best['factory']}` "
+            f"{best['params']} at {best['speedup_vs_flat']}x"
+            if best
+            else "no configuration reached the recall"
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -223,15 +293,26 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=1280, help="vector size (default 1280, EVA-CLIP-8B)")
     parser.add_argument("--queries", type=int, default=500, help="number of query vectors (default 500)")
     parser.add_argument("--k", type=int, default=20, help="articles per query (default 20)")
-    parser.add_argument("--train-size", type=int, default=None,
-                        help="IVF/PQ training vectors (default 40 per IVF list of the default factories)")
-    parser.add_argument("--factories", default=None,
-                        help="';'-separated factory strings (default: Flat;IVF<nlist>,Flat;HNSW32;IVF<nlist>,SQ8;"
-                             "IVF<nlist>,PQ64 with nlist the power of two nearest to 2 sqrt(N))")
+    parser.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        help="IVF/PQ training vectors (default 40 per IVF list of the default factories)",
+    )
+    parser.add_argument(
+        "--factories",
+        default=None,
+        help="';'-separated factory strings (default: Flat;IVF<nlist>,Flat;HNSW32;IVF<nlist>,SQ8;"
+        "IVF<nlist>,PQ64 with nlist the power of two nearest to 2 sqrt(N))",
+    )
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--name", default="retrieval", help="output name: bench/out/NAME.json and NAME.md")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="faiss (OpenMP) threads (default: faiss's own, i.e. OMP_NUM_THREADS or every core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="faiss (OpenMP) threads (default: faiss's own, i.e. OMP_NUM_THREADS or every core)",
+    )
     args = parser.parse_args()
     if args.threads:
         import faiss
@@ -239,7 +320,7 @@ def main() -> None:
         faiss.omp_set_num_threads(args.threads)
     factories = args.factories.split(";") if args.factories else default_factories(args.n)
     if factories[0] != "Flat":
-        factories.insert(0, "Flat")                 # the exact reference comes first
+        factories.insert(0, "Flat")  # the exact reference comes first
     work = Path(args.workdir or tempfile.mkdtemp(prefix="qkvqa-bench-retrieval-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,5 +1,6 @@
 """LightningDataModules of qkvqa: E-VQA and InfoSeek evaluation questions with their query images, over the
 `qkvqa.data.benchmark.Benchmark` each holds."""
+
 from qkvqa.data_modules.base import KBVQADataModule, QuestionImageDataset, collate_samples
 from qkvqa.data_modules.evqa import EVQADataModule
 from qkvqa.data_modules.infoseek import InfoSeekDataModule
@@ -16,5 +17,12 @@ def build_data_module(config) -> KBVQADataModule:
     return DATA_MODULES[benchmark.config.dataset](benchmark)
 
 
-__all__ = ["DATA_MODULES", "EVQADataModule", "InfoSeekDataModule", "KBVQADataModule", "QuestionImageDataset",
-           "build_data_module", "collate_samples"]
+__all__ = [
+    "DATA_MODULES",
+    "EVQADataModule",
+    "InfoSeekDataModule",
+    "KBVQADataModule",
+    "QuestionImageDataset",
+    "build_data_module",
+    "collate_samples",
+]

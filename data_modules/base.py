@@ -1,4 +1,5 @@
 """Shared base of the qkvqa DataModules: questions per split, their query images, and a collate that keeps PIL images."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -23,20 +24,40 @@ SPLITS = ("train", "val", "test")
 # The splits each Lightning stage reads; the QFF training DataModule adds "train" to "fit".
 STAGE_SPLITS = {"fit": ("val",), "validate": ("val",), "test": ("test",), "predict": ("test",)}
 # Keys of a sample that collate into per-key lists (plus "image", "image_skip").
-SAMPLE_KEYS = ("data_id", "question", "answers", "question_type", "image_id", "dataset_name", "gold_urls",
-               "gold_title", "evidence_section_id", "evidence_section_title", "split", "answer_eval", "data_split",
-               "infoseek_question_type", "image")
+SAMPLE_KEYS = (
+    "data_id",
+    "question",
+    "answers",
+    "question_type",
+    "image_id",
+    "dataset_name",
+    "gold_urls",
+    "gold_title",
+    "evidence_section_id",
+    "evidence_section_title",
+    "split",
+    "answer_eval",
+    "data_split",
+    "infoseek_question_type",
+    "image",
+)
 
 
 def question_sample(question: Question) -> dict[str, Any]:
     """The plain-dict view of a question that batches carry (without the image)."""
     reference = question.reference
     return {
-        "data_id": question.data_id, "question": question.question, "answers": list(question.answers),
-        "question_type": question.question_type, "image_id": question.image_id,
-        "dataset_name": question.dataset_name, "gold_urls": list(question.gold_urls),
-        "gold_title": question.gold_title, "evidence_section_id": question.evidence_section_id,
-        "evidence_section_title": question.evidence_section_title, "split": question.split,
+        "data_id": question.data_id,
+        "question": question.question,
+        "answers": list(question.answers),
+        "question_type": question.question_type,
+        "image_id": question.image_id,
+        "dataset_name": question.dataset_name,
+        "gold_urls": list(question.gold_urls),
+        "gold_title": question.gold_title,
+        "evidence_section_id": question.evidence_section_id,
+        "evidence_section_title": question.evidence_section_title,
+        "split": question.split,
         "answer_eval": reference.answer_eval if reference else None,
         "data_split": reference.data_split if reference else None,
         "infoseek_question_type": reference.question_type if reference else None,
@@ -135,9 +156,13 @@ class KBVQADataModule(L.LightningDataModule):
         """A deterministic (unshuffled) loader over `split`."""
         if split not in self.datasets:
             self.datasets[split] = QuestionImageDataset(self.questions(split), self.image_loader)
-        return DataLoader(self.datasets[split], batch_size=self.config.batch_size, shuffle=False,
-                          **worker_options(self.config.num_workers),
-                          collate_fn=partial(collate_samples, drop_missing_images=self.config.drop_missing_images))
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.config.batch_size,
+            shuffle=False,
+            **worker_options(self.config.num_workers),
+            collate_fn=partial(collate_samples, drop_missing_images=self.config.drop_missing_images),
+        )
 
     def val_dataloader(self) -> DataLoader:
         return self.dataloader("val")

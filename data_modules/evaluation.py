@@ -1,4 +1,5 @@
 """The evaluation DataModule: one split's questions in fixed batches, sharded across ranks, minus the batches answered."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -24,19 +25,21 @@ class EvaluationDataModule(L.LightningDataModule):
     numbers bit for bit. Ranks take whole batches in turn (rank r: batches r, r + N, ...).
     """
 
-    def __init__(self, benchmark: Benchmark, split: str, done_ids: Iterable[str] = (), batch_size: Optional[int] = None):
+    def __init__(
+        self, benchmark: Benchmark, split: str, done_ids: Iterable[str] = (), batch_size: Optional[int] = None
+    ):
         super().__init__()
         self.benchmark = benchmark
         self.split = split
         self.done_ids = set(done_ids)
         self.batch_size = batch_size or benchmark.config.batch_size
         self.dataset: Optional[QuestionImageDataset] = None
-        self.batches: list[list[int]] = []            # the remaining fixed batches, as positions in `dataset`
+        self.batches: list[list[int]] = []  # the remaining fixed batches, as positions in `dataset`
 
     def remaining_batches(self) -> list[list]:
         """The split's fixed batches (see the class docstring) that hold at least one unanswered question."""
         questions = self.benchmark.questions(self.split)
-        blocks = [questions[s:s + self.batch_size] for s in range(0, len(questions), self.batch_size)]
+        blocks = [questions[s : s + self.batch_size] for s in range(0, len(questions), self.batch_size)]
         return [block for block in blocks if any(q.data_id not in self.done_ids for q in block)]
 
     def setup(self, stage: Optional[str] = None) -> None:
@@ -51,9 +54,13 @@ class EvaluationDataModule(L.LightningDataModule):
         # This rank's batches back to back: each is full but the split's last, which comes last, so batch_size
         # cuts them exactly where they are (and Lightning's predict loop keeps its stock BatchSampler).
         mine = [i for batch in self.batches[rank::world] for i in batch]
-        return DataLoader(self.dataset, batch_size=self.batch_size, sampler=InOrder(mine),
-                          **worker_options(self.benchmark.config.num_workers),
-                          collate_fn=partial(collate_samples, drop_missing_images=True))
+        return DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=InOrder(mine),
+            **worker_options(self.benchmark.config.num_workers),
+            collate_fn=partial(collate_samples, drop_missing_images=True),
+        )
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Count image skips seen in DataLoader workers (the benchmark's image loader keeps the counter)."""

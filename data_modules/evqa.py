@@ -1,4 +1,5 @@
 """E-VQA DataModule: the E-VQA question CSVs (single-hop, optionally 2_hop) with iNaturalist / GLDv2 images."""
+
 from __future__ import annotations
 
 from qkvqa.data.benchmark import EVQABenchmark

@@ -1,5 +1,6 @@
 """InfoSeek DataModule: EchoSight-style CSVs, the official JSONL or ReflectiVA's query shards, joined with the official
 references."""
+
 from __future__ import annotations
 
 from typing import Optional

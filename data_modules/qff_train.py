@@ -17,6 +17,7 @@ Validation batches carry, besides the same contrastive group (section R@1), ever
 of the stage-1 top-`val_top_k` articles of each question (`batch["rerank"]`), for the article R@1
 after fusion.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,10 +32,17 @@ from torch.utils.data import DataLoader, Dataset
 from qkvqa.data.benchmark import Benchmark, build_benchmark
 from qkvqa.data.questions import Question, is_training_question
 from qkvqa.data_modules.base import KBVQADataModule
-from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
-                                         rank_and_world, trainer_batches_done, worker_options)
+from qkvqa.data_modules.samplers import (
+    ResumableDataLoader,
+    ResumableSampler,
+    batches_per_epoch,
+    private_generator,
+    rank_and_world,
+    trainer_batches_done,
+    worker_options,
+)
 from qkvqa.errors import ConfigError, DataError
-from qkvqa.qff.mining import (ArticleFactsSource, Candidate, PoolFile, SamplePool, image_key, image_paths_for)
+from qkvqa.qff.mining import ArticleFactsSource, Candidate, PoolFile, SamplePool, image_key, image_paths_for
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -54,8 +62,9 @@ def article_image_id(stored_path: str) -> str:
     return f"article/{stored_path}"
 
 
-def draw_negatives(pool: SamplePool, count: int, seed: int, epoch: int, index: int,
-                   keep_gold: bool = False) -> list[Candidate]:
+def draw_negatives(
+    pool: SamplePool, count: int, seed: int, epoch: int, index: int, keep_gold: bool = False
+) -> list[Candidate]:
     """`count` negatives drawn without replacement from `pool`, determined by (seed, epoch, sample index).
     `keep_gold`: the gold article's other sections are always among them and only the rest is drawn (OMGM draws all
     at random, so a few sibling sections among a hundred others are rarely in a sample)."""
@@ -70,11 +79,11 @@ def draw_negatives(pool: SamplePool, count: int, seed: int, epoch: int, index: i
 class QFFDataSettings:
     """What the QFF DataModule needs beyond the `data:` section (filled from the `qff:` section and the component)."""
 
-    negatives: Optional[str] = None          # training pools (`qkvqa mine split=train`); None: mined in-process
-    val_negatives: Optional[str] = None      # validation pools; None: mined in-process when there are val questions
+    negatives: Optional[str] = None  # training pools (`qkvqa mine split=train`); None: mined in-process
+    val_negatives: Optional[str] = None  # validation pools; None: mined in-process when there are val questions
     num_negatives: int = 15
     gold_sections: int = 3
-    keep_gold_negatives: bool = False        # the gold article's negatives always in the drawn set (draw_negatives)
+    keep_gold_negatives: bool = False  # the gold article's negatives always in the drawn set (draw_negatives)
     val_top_k: int = 20
     seed: int = 0
     max_train_samples: Optional[int] = None
@@ -82,9 +91,9 @@ class QFFDataSettings:
     max_text_tokens: int = 512
     question_max_tokens: int = 64
     blip_text_preprocess: bool = False
-    vit_cache: Optional[str] = None          # directory written by `qkvqa cache-vit`
+    vit_cache: Optional[str] = None  # directory written by `qkvqa cache-vit`
     vision_fingerprint: Optional[str] = None  # the model's ViT fingerprint, checked against the cache
-    rerank_chunk: int = 64                   # rerank sections per padded chunk (validation)
+    rerank_chunk: int = 64  # rerank sections per padded chunk (validation)
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,9 @@ class SampleRef:
 class QFFSampleDataset(Dataset):
     """Samples of one split; item `(epoch, index)` (or `index`, epoch 0) draws the negatives of that epoch."""
 
-    def __init__(self, samples: list[SampleRef], pools: PoolFile, store, settings: QFFDataSettings,
-                 with_rerank: bool = False):
+    def __init__(
+        self, samples: list[SampleRef], pools: PoolFile, store, settings: QFFDataSettings, with_rerank: bool = False
+    ):
         self.samples = samples
         self.pools = pools
         self.store = store
@@ -114,15 +124,19 @@ class QFFSampleDataset(Dataset):
         ref = self.samples[index]
         s = self.settings
         pool = self.pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
-        candidates = [pool.positive] + draw_negatives(pool, s.num_negatives, s.seed, epoch, index,
-                                                      keep_gold=s.keep_gold_negatives)
+        candidates = [pool.positive] + draw_negatives(
+            pool, s.num_negatives, s.seed, epoch, index, keep_gold=s.keep_gold_negatives
+        )
         articles = {url: self.store.get_by_url(url) for url in dict.fromkeys(c.url for c in candidates)}
         question = ref.question
-        sample = {"data_id": question.data_id, "question": question.question,
-                  "query_image": (question.dataset_name, question.image_id),
-                  "texts": [articles[c.url].section_string(c.section_index) for c in candidates],
-                  "images": [c.image for c in candidates],
-                  "candidates": [(c.url, c.section_index) for c in candidates]}
+        sample = {
+            "data_id": question.data_id,
+            "question": question.question,
+            "query_image": (question.dataset_name, question.image_id),
+            "texts": [articles[c.url].section_string(c.section_index) for c in candidates],
+            "images": [c.image for c in candidates],
+            "candidates": [(c.url, c.section_index) for c in candidates],
+        }
         if self.with_rerank:
             sample["rerank"] = self._rerank_candidates(ref)
         return sample
@@ -138,10 +152,20 @@ class QFFSampleDataset(Dataset):
                 articles.append({"url": url, "similarity": sim, "image": None, "texts": [], "sections": []})
                 continue
             article = self.store.get_by_url(url)
-            articles.append({"url": url, "similarity": sim, "image": facts.image, "sections": list(facts.sections),
-                             "texts": [article.section_string(i) for i in facts.sections]})
-        return {"gold_urls": list(ref.question.gold_urls), "evidence_section_id": ref.question.evidence_section_id,
-                "articles": articles}
+            articles.append(
+                {
+                    "url": url,
+                    "similarity": sim,
+                    "image": facts.image,
+                    "sections": list(facts.sections),
+                    "texts": [article.section_string(i) for i in facts.sections],
+                }
+            )
+        return {
+            "gold_urls": list(ref.question.gold_urls),
+            "evidence_section_id": ref.question.evidence_section_id,
+            "articles": articles,
+        }
 
 
 class EpochTaggedSampler(ResumableSampler):
@@ -156,8 +180,9 @@ class EpochTaggedSampler(ResumableSampler):
 class QFFCollator:
     """Tokenises, de-duplicates the batch's images and loads them once (pixels or cached ViT features); drops unusable samples."""
 
-    def __init__(self, tokenizer, settings: QFFDataSettings, image_paths, query_loader, image_processor=None,
-                 feature_cache=None):
+    def __init__(
+        self, tokenizer, settings: QFFDataSettings, image_paths, query_loader, image_processor=None, feature_cache=None
+    ):
         if image_processor is None and feature_cache is None:
             raise ConfigError("the QFF collate needs an image processor or a ViT feature cache")
         self.tokenizer = tokenizer
@@ -175,8 +200,13 @@ class QFFCollator:
         return text
 
     def _tokenize(self, texts: Sequence[str], max_length: int) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer([self._text(t) for t in texts], padding="longest", truncation=True,
-                               max_length=max_length, return_tensors="pt")
+        batch = self.tokenizer(
+            [self._text(t) for t in texts],
+            padding="longest",
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def load_image(self, image_id: str):
@@ -225,8 +255,12 @@ class QFFCollator:
                 kept.append(sample)
             else:
                 dropped.append({"data_id": sample["data_id"], "reason": failed[bad], "image": bad})
-        batch: dict[str, Any] = {"size": len(kept), "dropped": dropped, "data_ids": [s["data_id"] for s in kept],
-                                 "num_candidates": 1 + self.settings.num_negatives}
+        batch: dict[str, Any] = {
+            "size": len(kept),
+            "dropped": dropped,
+            "data_ids": [s["data_id"] for s in kept],
+            "num_candidates": 1 + self.settings.num_negatives,
+        }
         if not kept:
             return batch
         order: dict[str, int] = {}
@@ -246,51 +280,79 @@ class QFFCollator:
         if self.feature_cache is not None:
             batch["image_features"] = torch.from_numpy(self.feature_cache.stack([loaded[i] for i in images]))
         else:
-            batch["pixel_values"] = self.image_processor(images=[loaded[i] for i in images],
-                                                         return_tensors="pt")["pixel_values"]
+            batch["pixel_values"] = self.image_processor(images=[loaded[i] for i in images], return_tensors="pt")[
+                "pixel_values"
+            ]
         return batch
 
     def _rerank(self, kept: list[dict[str, Any]], position, loaded) -> dict[str, Any]:
         """All candidate sections of the questions' top-K articles, in padded chunks sorted by length."""
-        flat = []                      # (question row, article row, section position, text, image position)
+        flat = []  # (question row, article row, section position, text, image position)
         questions = []
         for row, sample in enumerate(kept):
             rerank = sample["rerank"]
             articles = []
             for a_row, article in enumerate(rerank["articles"]):
                 usable = article["image"] is not None and article_image_id(article["image"]) in loaded
-                articles.append({"url": article["url"], "similarity": article["similarity"],
-                                 "sections": article["sections"] if usable else []})
+                articles.append(
+                    {
+                        "url": article["url"],
+                        "similarity": article["similarity"],
+                        "sections": article["sections"] if usable else [],
+                    }
+                )
                 if usable:
                     image = position(article_image_id(article["image"]))
                     flat.extend((row, a_row, j, text, image) for j, text in enumerate(article["texts"]))
-            questions.append({"gold_urls": rerank["gold_urls"], "evidence_section_id": rerank["evidence_section_id"],
-                              "articles": articles})
-        ids = self.tokenizer([self._text(f[3]) for f in flat], truncation=True,
-                             max_length=self.settings.max_text_tokens)["input_ids"] if flat else []
+            questions.append(
+                {
+                    "gold_urls": rerank["gold_urls"],
+                    "evidence_section_id": rerank["evidence_section_id"],
+                    "articles": articles,
+                }
+            )
+        ids = (
+            self.tokenizer([self._text(f[3]) for f in flat], truncation=True, max_length=self.settings.max_text_tokens)[
+                "input_ids"
+            ]
+            if flat
+            else []
+        )
         by_length = sorted(range(len(flat)), key=lambda n: len(ids[n]))
         chunks = []
         pad = self.tokenizer.pad_token_id
         for start in range(0, len(by_length), self.settings.rerank_chunk):
-            rows = by_length[start:start + self.settings.rerank_chunk]
+            rows = by_length[start : start + self.settings.rerank_chunk]
             length = max(len(ids[n]) for n in rows)
             input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
             mask = torch.zeros((len(rows), length), dtype=torch.long)
             for r, n in enumerate(rows):
-                input_ids[r, :len(ids[n])] = torch.tensor(ids[n])
-                mask[r, :len(ids[n])] = 1
-            chunks.append({"input_ids": input_ids, "attention_mask": mask,
-                           "image_index": torch.tensor([flat[n][4] for n in rows]),
-                           "question_index": torch.tensor([flat[n][0] for n in rows]),
-                           "slot": torch.tensor([[flat[n][0], flat[n][1], flat[n][2]] for n in rows])})
+                input_ids[r, : len(ids[n])] = torch.tensor(ids[n])
+                mask[r, : len(ids[n])] = 1
+            chunks.append(
+                {
+                    "input_ids": input_ids,
+                    "attention_mask": mask,
+                    "image_index": torch.tensor([flat[n][4] for n in rows]),
+                    "question_index": torch.tensor([flat[n][0] for n in rows]),
+                    "slot": torch.tensor([[flat[n][0], flat[n][1], flat[n][2]] for n in rows]),
+                }
+            )
         return {"questions": questions, "chunks": chunks}
 
 
 class QFFTrainDataModule(KBVQADataModule):
     """Training and validation samples of the QFF (see the module docstring); sharded per rank, resumable mid-epoch."""
 
-    def __init__(self, config, settings: QFFDataSettings, tokenizer, image_processor=None,
-                 miner: Optional[Callable[[str, Path], Path]] = None, pools_dir: Optional[Path] = None):
+    def __init__(
+        self,
+        config,
+        settings: QFFDataSettings,
+        tokenizer,
+        image_processor=None,
+        miner: Optional[Callable[[str, Path], Path]] = None,
+        pools_dir: Optional[Path] = None,
+    ):
         super().__init__(config if isinstance(config, Benchmark) else build_benchmark(config))
         self.settings = settings
         self.tokenizer = tokenizer
@@ -310,15 +372,18 @@ class QFFTrainDataModule(KBVQADataModule):
     def splits(self) -> list[str]:
         """The splits this DataModule serves: train, and val when it has val pools or can mine them."""
         has_val = self.settings.val_negatives is not None or (
-            self.miner is not None and self.config.val_questions is not None)
+            self.miner is not None and self.config.val_questions is not None
+        )
         return ["train", "val"] if has_val else ["train"]
 
     def _mined_path(self, split: str) -> Path:
         """Where the pools of `split` are mined in-process: `hardneg_{split}.json` in the run directory."""
         where = self.pools_dir or (Path(self.trainer.default_root_dir) if self.trainer is not None else None)
         if where is None:
-            raise ConfigError(f"qff.{'negatives' if split == 'train' else 'val_negatives'} is not set and there is "
-                              f"no run directory to mine into; mine the pools with `qkvqa mine split={split}`")
+            raise ConfigError(
+                f"qff.{'negatives' if split == 'train' else 'val_negatives'} is not set and there is "
+                f"no run directory to mine into; mine the pools with `qkvqa mine split={split}`"
+            )
         return Path(where) / f"hardneg_{split}.json"
 
     def pools_path(self, split: str) -> Path:
@@ -327,8 +392,10 @@ class QFFTrainDataModule(KBVQADataModule):
         if configured is not None:
             return Path(configured).expanduser()
         if self.miner is None:
-            raise ConfigError(f"qff.{'negatives' if split == 'train' else 'val_negatives'} is not set; mine the "
-                              f"pools with `qkvqa mine split={split}`")
+            raise ConfigError(
+                f"qff.{'negatives' if split == 'train' else 'val_negatives'} is not set; mine the "
+                f"pools with `qkvqa mine split={split}`"
+            )
         return self._mined_path(split)
 
     def prepare_data(self) -> None:
@@ -336,15 +403,20 @@ class QFFTrainDataModule(KBVQADataModule):
         for split in self.splits():
             path = self.pools_path(split)
             if not path.is_file() and self.miner is not None:
-                log.info("qff.%s is not set: mining the %s pools into %s", "negatives" if split == "train"
-                         else "val_negatives", split, path.parent)
+                log.info(
+                    "qff.%s is not set: mining the %s pools into %s",
+                    "negatives" if split == "train" else "val_negatives",
+                    split,
+                    path.parent,
+                )
                 self.miner(split, path.parent)
 
     def pool_file(self, split: str) -> PoolFile:
         """The pools of `split`, read once."""
         if split not in self.pool_files:
-            self.pool_files[split] = PoolFile(self.pools_path(split), fallback=self._facts_source,
-                                              kb_checksum=self.kb_store().url_checksum)
+            self.pool_files[split] = PoolFile(
+                self.pools_path(split), fallback=self._facts_source, kb_checksum=self.kb_store().url_checksum
+            )
         return self.pool_files[split]
 
     def build_samples(self, split: str) -> list[SampleRef]:
@@ -375,15 +447,23 @@ class QFFTrainDataModule(KBVQADataModule):
             chosen = sorted(random.Random(s.seed).sample(range(len(kept)), cap))
             kept = [kept[i] for i in chosen]
         self.setup_drops[split] = {"kept": len(kept), "dropped_by_reason": dict(reasons), "dropped": dropped}
-        log.info("QFF %s samples: %d kept; dropped %s", split, len(kept),
-                 ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or "none")
+        log.info(
+            "QFF %s samples: %d kept; dropped %s",
+            split,
+            len(kept),
+            ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or "none",
+        )
         if not kept:
-            message = (f"QFF {split}: 0 of {sum(reasons.values())} questions give a training sample with the pools "
-                       f"{pools.path} (dropped: {', '.join(f'{r} {n}' for r, n in sorted(reasons.items())) or 'none'})")
+            message = (
+                f"QFF {split}: 0 of {sum(reasons.values())} questions give a training sample with the pools "
+                f"{pools.path} (dropped: {', '.join(f'{r} {n}' for r, n in sorted(reasons.items())) or 'none'})"
+            )
             if split == "train":
-                raise DataError(message + ": nothing to train on. `no_gold_image` for all is a KB image root or "
-                                "title -> image CSVs that do not match the KB (data.images.kb_image_root is the folder "
-                                "holding full/); `not_in_pools` is pools mined for other questions")
+                raise DataError(
+                    message + ": nothing to train on. `no_gold_image` for all is a KB image root or "
+                    "title -> image CSVs that do not match the KB (data.images.kb_image_root is the folder "
+                    "holding full/); `not_in_pools` is pools mined for other questions"
+                )
             log.warning("%s: validation has no samples", message)
         self.samples[split] = kept
         return kept
@@ -400,16 +480,19 @@ class QFFTrainDataModule(KBVQADataModule):
                 pool = pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
                 if not isinstance(pool, str):
                     stored.update((c.image, None) for c in (pool.positive, *pool.negatives))
-        missing = [(name, self.image_paths.resolve(name)) for name in stored
-                   if not self.image_paths.resolve(name).is_file()]
+        missing = [
+            (name, self.image_paths.resolve(name)) for name in stored if not self.image_paths.resolve(name).is_file()
+        ]
         bound = float(self.config.images.max_missing_fraction)
         if stored and len(missing) > bound * len(stored):
             examples = ", ".join(str(path) for _, path in missing[:3])
-            raise DataError(f"{len(missing)} of the {len(stored)} article images the QFF samples use are missing "
-                            f"({100 * len(missing) / len(stored):.1f}%, more than data.images.max_missing_fraction="
-                            f"{bound}); tried {examples}. Pools store them relative to data.images.kb_image_root (the "
-                            f"folder holding full/) or data.root: check those against the ones the pools were mined "
-                            f"under (or raise the bound)")
+            raise DataError(
+                f"{len(missing)} of the {len(stored)} article images the QFF samples use are missing "
+                f"({100 * len(missing) / len(stored):.1f}%, more than data.images.max_missing_fraction="
+                f"{bound}); tried {examples}. Pools store them relative to data.images.kb_image_root (the "
+                f"folder holding full/) or data.root: check those against the ones the pools were mined "
+                f"under (or raise the bound)"
+            )
         return {"images": len(stored), "missing": len(missing)}
 
     def needed_images(self, splits: Sequence[str] = ("train", "val")) -> list[str]:
@@ -436,8 +519,12 @@ class QFFTrainDataModule(KBVQADataModule):
         if self._feature_cache is None:
             from qkvqa.qff.vit_cache import ViTFeatureCache, image_sources
 
-            self._feature_cache = ViTFeatureCache.open(self.settings.vit_cache, self.settings.vision_fingerprint,
-                                                       self.needed_images(), sources=image_sources(self.config))
+            self._feature_cache = ViTFeatureCache.open(
+                self.settings.vit_cache,
+                self.settings.vision_fingerprint,
+                self.needed_images(),
+                sources=image_sources(self.config),
+            )
         return self._feature_cache
 
     # ------------------------------------------------------------------ Lightning hooks
@@ -452,21 +539,34 @@ class QFFTrainDataModule(KBVQADataModule):
 
     def collator(self) -> QFFCollator:
         """The collate function (picklable: runs in the DataLoader workers)."""
-        return QFFCollator(self.tokenizer, self.settings, self.image_paths, self.image_loader,
-                           image_processor=self.image_processor, feature_cache=self.feature_cache())
+        return QFFCollator(
+            self.tokenizer,
+            self.settings,
+            self.image_paths,
+            self.image_loader,
+            image_processor=self.image_processor,
+            feature_cache=self.feature_cache(),
+        )
 
     def dataset(self, split: str) -> QFFSampleDataset:
         """The sample dataset of `split` (validation samples also carry the rerank candidates)."""
-        return QFFSampleDataset(self.build_samples(split), self.pool_file(split), self.kb_store(), self.settings,
-                                with_rerank=split == "val")
+        return QFFSampleDataset(
+            self.build_samples(split), self.pool_file(split), self.kb_store(), self.settings, with_rerank=split == "val"
+        )
 
     def train_dataloader(self) -> DataLoader:
         rank, world = rank_and_world(self.trainer)
         dataset = self.dataset("train")
         sampler = EpochTaggedSampler(len(dataset), seed=self.settings.seed, shuffle=True, rank=rank, world_size=world)
-        return ResumableDataLoader(dataset, sampler, trainer_batches_done(self.trainer),
-                                   batch_size=self.config.batch_size, num_workers=self.config.num_workers,
-                                   collate_fn=self.collator(), persistent_workers=False)
+        return ResumableDataLoader(
+            dataset,
+            sampler,
+            trainer_batches_done(self.trainer),
+            batch_size=self.config.batch_size,
+            num_workers=self.config.num_workers,
+            collate_fn=self.collator(),
+            persistent_workers=False,
+        )
 
     def train_batches_per_epoch(self, world_size: int) -> int:
         """Training batches of one rank per epoch (counted without building the loader: qkvqa.run.steps)."""
@@ -477,10 +577,17 @@ class QFFTrainDataModule(KBVQADataModule):
             return []
         rank, world = rank_and_world(self.trainer)
         dataset = self.dataset("val")
-        sampler = ResumableSampler(len(dataset), seed=self.settings.seed, shuffle=False, rank=rank, world_size=world,
-                                   pad=False)
-        return DataLoader(dataset, sampler=sampler, batch_size=self.config.batch_size, generator=private_generator(),
-                          **worker_options(self.config.num_workers), collate_fn=self.collator())
+        sampler = ResumableSampler(
+            len(dataset), seed=self.settings.seed, shuffle=False, rank=rank, world_size=world, pad=False
+        )
+        return DataLoader(
+            dataset,
+            sampler=sampler,
+            batch_size=self.config.batch_size,
+            generator=private_generator(),
+            **worker_options(self.config.num_workers),
+            collate_fn=self.collator(),
+        )
 
     def test_dataloader(self) -> DataLoader:
         raise NotImplementedError("the QFF DataModule trains; evaluate reranking with `qkvqa rerank`")
@@ -489,18 +596,29 @@ class QFFTrainDataModule(KBVQADataModule):
 
     def sample_report(self) -> dict[str, Any]:
         """Kept and dropped samples per split (setup-time drops of the rule), for the run record."""
-        return {split: {"kept": r["kept"], "dropped_by_reason": r["dropped_by_reason"]}
-                for split, r in self.setup_drops.items()}
+        return {
+            split: {"kept": r["kept"], "dropped_by_reason": r["dropped_by_reason"]}
+            for split, r in self.setup_drops.items()
+        }
 
 
 def settings_from_config(cfg, component, vision_fingerprint: Optional[str] = None) -> QFFDataSettings:
     """QFFDataSettings from a run config (`qff:` section, seed) and the built QFF component (text limits)."""
     q = cfg.qff
-    return QFFDataSettings(negatives=q.negatives, val_negatives=q.val_negatives, num_negatives=q.num_negatives,
-                           gold_sections=q.mining_gold_sections, keep_gold_negatives=q.keep_gold_negatives,
-                           val_top_k=q.val_top_k, seed=int(cfg.seed),
-                           max_train_samples=q.max_train_samples, max_val_samples=q.max_val_samples,
-                           max_text_tokens=component.max_text_tokens,
-                           question_max_tokens=component.question_max_tokens,
-                           blip_text_preprocess=component.blip_text_preprocess, vit_cache=q.vit_cache,
-                           vision_fingerprint=vision_fingerprint, rerank_chunk=q.section_batch_size)
+    return QFFDataSettings(
+        negatives=q.negatives,
+        val_negatives=q.val_negatives,
+        num_negatives=q.num_negatives,
+        gold_sections=q.mining_gold_sections,
+        keep_gold_negatives=q.keep_gold_negatives,
+        val_top_k=q.val_top_k,
+        seed=int(cfg.seed),
+        max_train_samples=q.max_train_samples,
+        max_val_samples=q.max_val_samples,
+        max_text_tokens=component.max_text_tokens,
+        question_max_tokens=component.question_max_tokens,
+        blip_text_preprocess=component.blip_text_preprocess,
+        vit_cache=q.vit_cache,
+        vision_fingerprint=vision_fingerprint,
+        rerank_chunk=q.section_batch_size,
+    )

@@ -1,4 +1,5 @@
 """Samplers and a loader that shard across DDP ranks themselves and resume mid-epoch exactly."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,15 @@ class ResumableSampler(Sampler[int]):
     already consumed.
     """
 
-    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, rank: int = 0,
-                 world_size: int = 1, pad: bool = True):
+    def __init__(
+        self,
+        num_samples: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        pad: bool = True,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
         self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
@@ -55,7 +63,7 @@ class ResumableSampler(Sampler[int]):
         if self.pad and self.world_size > 1 and order:
             total = math.ceil(len(order) / self.world_size) * self.world_size
             order = order + order[: total - len(order)]
-        return order[self.rank::self.world_size]
+        return order[self.rank :: self.world_size]
 
     def __len__(self) -> int:
         if self.pad:
@@ -65,7 +73,7 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         indices = self.rank_indices()
         if self._resume_epoch == self.epoch:
-            indices = indices[self._resume_skip:]
+            indices = indices[self._resume_skip :]
             self._resume_epoch, self._resume_skip = None, 0
         yield from indices
 
@@ -90,9 +98,14 @@ class ResumableDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         """Where this rank is: epoch, samples consumed, and the layout that makes the position valid."""
-        return {"epoch": self.resumable_sampler.epoch, "samples_done": int(self.batches_done()) * int(self.batch_size),
-                "world_size": self.resumable_sampler.world_size, "rank": self.resumable_sampler.rank,
-                "seed": self.resumable_sampler.seed, "num_samples": self.resumable_sampler.num_samples}
+        return {
+            "epoch": self.resumable_sampler.epoch,
+            "samples_done": int(self.batches_done()) * int(self.batch_size),
+            "world_size": self.resumable_sampler.world_size,
+            "rank": self.resumable_sampler.rank,
+            "seed": self.resumable_sampler.seed,
+            "num_samples": self.resumable_sampler.num_samples,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a saved position; refuse one saved with another layout."""
@@ -102,7 +115,8 @@ class ResumableDataLoader(DataLoader):
             raise RuntimeError(
                 f"cannot resume mid-epoch: the checkpoint's loader had world_size/seed/num_samples {saved}, this run "
                 f"has {(s.world_size, s.seed, s.num_samples)}. Resume with the same settings or from an end-of-epoch "
-                "checkpoint.")
+                "checkpoint."
+            )
         s.resume_from(state["epoch"], state["samples_done"])
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures: offline environment, an isolated run root, and the experiments directory."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """A small synthetic world for tests: `make_world(tmp_dir)` (wire it into a session fixture in conftest.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

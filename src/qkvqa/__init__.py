@@ -1,2 +1,3 @@
 """qkvqa: question-focused filtering for knowledge-based VQA, as a Lightning experiment framework."""
+
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """Error types whose message tells the user what is wrong and how to fix it."""
+
 from __future__ import annotations
 
 
@@ -26,7 +27,7 @@ class StaleArtifactError(QkvqaError, RuntimeError):
 # 128 + SIGTERM, the shell's convention, so `train && evaluate` does not go on with a half-trained model and a SLURM
 # script can requeue on it (docs/training.md).
 EXIT_INTERRUPTED = 143
-EXIT_CTRL_C = 130              # the same stop on Ctrl-C (SIGINT): 128 + SIGINT
+EXIT_CTRL_C = 130  # the same stop on Ctrl-C (SIGINT): 128 + SIGINT
 
 
 class RunInterrupted(QkvqaError):
@@ -38,6 +39,6 @@ class RunInterrupted(QkvqaError):
         import signal
 
         super().__init__(message)
-        self.signum = signum                # the signal that stopped the run (SIGUSR1 requeues a SLURM job)
-        if signum == signal.SIGINT:         # Ctrl-C: 128 + SIGINT, as a shell reports it
+        self.signum = signum  # the signal that stopped the run (SIGUSR1 requeues a SLURM job)
+        if signum == signal.SIGINT:  # Ctrl-C: 128 + SIGINT, as a shell reports it
             self.exit_code = EXIT_CTRL_C

@@ -1,4 +1,5 @@
 """DDP on 2 CPU ranks (gloo), launched through a command line: exactly one run directory."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,19 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_ddp_subprocess_makes_one_run_dir(run_root):
-    cmd = [sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={run_root}", "preset=ddp_cpu_sim",
-           "trainer.max_steps=3", "trainer.max_epochs=5", "trainer.enable_progress_bar=false",
-           "trainer.log_every_n_steps=1", "logger.wandb.enabled=false", "qff.alpha=0.25"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.helpers.toy",
+        f"paths.checkpoints_root={run_root}",
+        "preset=ddp_cpu_sim",
+        "trainer.max_steps=3",
+        "trainer.max_epochs=5",
+        "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1",
+        "logger.wandb.enabled=false",
+        "qff.alpha=0.25",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = list(run_root.iterdir())

@@ -1,5 +1,6 @@
 """Issue 37 item 5: a rank signalled while it waits in the barrier after predict stops at once (a blocking barrier
 waited in C++, where no Python signal handler runs, until every other rank had finished its answers)."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ def _rank(rank: int, port: int, out: str, blocking: bool) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     if rank == 1:
-        time.sleep(15)                                    # still answering its questions
+        time.sleep(15)  # still answering its questions
         dist.barrier()
         return
 
@@ -37,7 +38,7 @@ def _rank(rank: int, port: int, out: str, blocking: bool) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.setitimer(signal.ITIMER_REAL, 1.0)
-    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))   # SLURM's SIGTERM, 1 s in
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))  # SLURM's SIGTERM, 1 s in
     start = time.time()
     try:
         dist.barrier() if blocking else interruptible_barrier()
@@ -46,7 +47,7 @@ def _rank(rank: int, port: int, out: str, blocking: bool) -> None:
         result = {"stopped": True, "signum": e.signum}
     result["seconds"] = time.time() - start
     Path(out).write_text(json.dumps(result))
-    os._exit(0)                                          # the other rank is still at work: leave without teardown
+    os._exit(0)  # the other rank is still at work: leave without teardown
 
 
 def _run(tmp_path: Path, blocking: bool) -> dict:
@@ -69,4 +70,4 @@ def _run(tmp_path: Path, blocking: bool) -> dict:
 def test_the_barrier_after_predict_gives_way_to_a_stop_signal(tmp_path):
     result = _run(tmp_path, blocking=False)
     assert result["stopped"] and result["signum"] == signal.SIGTERM
-    assert result["seconds"] < 5, result          # the other rank would have come after 15 s
+    assert result["seconds"] < 5, result  # the other rank would have come after 15 s

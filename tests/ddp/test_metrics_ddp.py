@@ -1,4 +1,5 @@
 """Exactly-once evaluation under DDP: 7 questions on 2 gloo ranks with the padded DistributedSampler."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
 WORLD_SIZE = 2
 DATA_IDS = [f"E-VQA_{i}" for i in range(7)]
-SCORES = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]     # question 0, repeated by the padding, is correct
+SCORES = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]  # question 0, repeated by the padding, is correct
 GOLD_RANKS = [1, 0, 4, 2, 0, 1, 9]
 KS = (1, 5)
 
@@ -42,9 +43,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         indices = list(DistributedSampler(range(len(DATA_IDS)), num_replicas=WORLD_SIZE, rank=rank, shuffle=False))
         mean, recall, naive = PerQuestionMean(), RecallAtK(ks=KS), MeanMetric()
-        _evaluate([indices[i:i + 2] for i in range(0, len(indices), 2)], mean, recall, naive)
-        result = {"indices": indices, "mean": mean.compute().item(), "naive": naive.compute().item(),
-                  "recall": {k: v.item() for k, v in recall.compute().items()}}
+        _evaluate([indices[i : i + 2] for i in range(0, len(indices), 2)], mean, recall, naive)
+        result = {
+            "indices": indices,
+            "mean": mean.compute().item(),
+            "naive": naive.compute().item(),
+            "recall": {k: v.item() for k, v in recall.compute().items()},
+        }
         assert_question_ids(mean, DATA_IDS)
         try:
             assert_question_ids(recall, DATA_IDS + ["E-VQA_7"])
@@ -68,7 +73,7 @@ def test_padded_duplicates_count_once_on_two_ranks(tmp_path):
     # the sampler really padded: 8 slots for 7 questions, question 0 seen on both ranks
     assert sorted(ranks[0]["indices"] + ranks[1]["indices"]) == [0, 0, 1, 2, 3, 4, 5, 6]
     for result in ranks:
-        assert result["mean"] == expected_mean                 # exactly the single-process value
+        assert result["mean"] == expected_mean  # exactly the single-process value
         assert result["recall"] == expected_recall
-        assert result["naive"] == 4 / 8 != expected_mean       # what a plain MeanMetric reports
+        assert result["naive"] == 4 / 8 != expected_mean  # what a plain MeanMetric reports
         assert "1 missing (first: E-VQA_7), 0 unexpected" in result["missing_error"]

@@ -1,4 +1,5 @@
 """`qkvqa train` under DDP on 2 CPU ranks (gloo), launched as a subprocess: one run, the trained QFF, world size 2."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,21 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_qff_training_runs_on_two_cpu_ranks_as_one_run(world, tmp_path):
     overrides = mine_world(world, tmp_path)
-    cmd = [sys.executable, "-m", "qkvqa.cli", "train", "experiment=demo/qff_per_layer", *overrides,
-           "trainer.devices=2", "trainer.accelerator=cpu", "trainer.strategy=ddp", "trainer.max_steps=3",
-           "trainer.val_check_interval=3", "qff.max_val_samples=7", "trainer.num_sanity_val_steps=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qkvqa.cli",
+        "train",
+        "experiment=demo/qff_per_layer",
+        *overrides,
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.strategy=ddp",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "qff.max_val_samples=7",
+        "trainer.num_sanity_val_steps=0",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "QKVQA_PROGRESS": "lines"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

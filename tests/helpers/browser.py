@@ -3,6 +3,7 @@
 Selenium gets both paths explicitly, so selenium-manager never runs and nothing is downloaded. `make test`
 installs the two packages (.ci/install_browser.sh). Every wait here is bounded.
 """
+
 from __future__ import annotations
 
 import os

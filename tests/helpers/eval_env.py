@@ -1,5 +1,6 @@
 """An experiments directory whose `world_eval` evaluates tiny components on a synthetic world, with its stage-1
 index built: the integration tests' `eval_env` fixture and the SLURM evaluation test share it."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ def experiments_dir(tmp: Path, world: dict, name: str, config: dict) -> Path:
     for sub in ("base", "presets"):
         (root / sub).symlink_to(REPO / "experiments" / sub)
     data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
-    (root / f"{name}.yaml").write_text(yaml.safe_dump({**config, "data": {**data, **config.get("data", {})}}),
-                                       encoding="utf-8")
+    (root / f"{name}.yaml").write_text(
+        yaml.safe_dump({**config, "data": {**data, **config.get("data", {})}}), encoding="utf-8"
+    )
     return root
 
 
@@ -34,19 +36,30 @@ def build_eval_env(tmp: Path, world: dict) -> dict:
     from qkvqa.cli.main import main
     from qkvqa.run.rundir import clear_run_env
 
-    root = experiments_dir(tmp, world, "world_eval", {
-        "data": {"batch_size": 4},
-        "components": {"image_encoder": tiny("evaclip_hf"), "text_encoder": tiny("evaclip_hf"),
-                       "qformer": tiny("blip2_qff"), "reranker": tiny("bge_reranker"),
-                       "generator": tiny("llama3"), "judge": tiny("bem")},
-        "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
-        "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
-        "logger": {"wandb": {"enabled": False}},
-        "generation": {"max_new_tokens": 4, "batch_size": 4},
-        "qff": {"allow_untrained": True},            # the tiny QFF evaluated untrained, on purpose
-        "retrieval": {"shard_size": 64}})
+    root = experiments_dir(
+        tmp,
+        world,
+        "world_eval",
+        {
+            "data": {"batch_size": 4},
+            "components": {
+                "image_encoder": tiny("evaclip_hf"),
+                "text_encoder": tiny("evaclip_hf"),
+                "qformer": tiny("blip2_qff"),
+                "reranker": tiny("bge_reranker"),
+                "generator": tiny("llama3"),
+                "judge": tiny("bem"),
+            },
+            "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
+            "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
+            "logger": {"wandb": {"enabled": False}},
+            "generation": {"max_new_tokens": 4, "batch_size": 4},
+            "qff": {"allow_untrained": True},  # the tiny QFF evaluated untrained, on purpose
+            "retrieval": {"shard_size": 64},
+        },
+    )
     previous = os.environ.get("QKVQA_EXPERIMENTS")
-    os.environ["QKVQA_EXPERIMENTS"] = str(root)          # only while building; tests set it themselves
+    os.environ["QKVQA_EXPERIMENTS"] = str(root)  # only while building; tests set it themselves
     try:
         for command in (["embed", "experiment=world_eval"], ["index", "build", "experiment=world_eval"]):
             clear_run_env()

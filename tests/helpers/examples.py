@@ -1,4 +1,5 @@
 """How many examples a property test draws: its full count in `make test`, a tenth in the fast loop."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ signal goes to the whole process group, DataLoader workers included, as SLURM an
 - `save:N`   during the N-th checkpoint write (1-based): half the bytes written, then the signal.
 The signal is the real one, sent to this process by the kernel (os.kill); nothing is simulated.
 """
+
 from __future__ import annotations
 
 import io
@@ -23,7 +24,7 @@ def parse(spec: str) -> tuple[int, str, int, bool]:
     kind, rest = spec.split("@")
     where, n = rest.split(":")
     group = kind.endswith("-group")
-    kind = kind[:-len("-group")] if group else kind
+    kind = kind[: -len("-group")] if group else kind
     if kind not in SIGNALS or where not in ("train", "val", "save"):
         raise ValueError(f"bad fault spec {spec!r}")
     return SIGNALS[kind], where, int(n), group
@@ -41,7 +42,7 @@ class FaultInjector(pl.Callback):
     def _fire(self) -> None:
         if not self.fired:
             self.fired = True
-            if os.environ.get("QKVQA_TEST_FAULT_STAMP"):      # when it fired, for tests of how soon the stop follows
+            if os.environ.get("QKVQA_TEST_FAULT_STAMP"):  # when it fired, for tests of how soon the stop follows
                 import time
 
                 with open(os.environ["QKVQA_TEST_FAULT_STAMP"], "w") as f:
@@ -74,8 +75,8 @@ class FaultInjector(pl.Callback):
             f.write(data[: len(data) // 2])
             f.flush()
             injector._fire()
-            if injector.sig != signal.SIGKILL:          # a handled signal: the write completes
-                f.write(data[len(data) // 2:])
+            if injector.sig != signal.SIGKILL:  # a handled signal: the write completes
+                f.write(data[len(data) // 2 :])
 
         torch.save = save
 
@@ -103,9 +104,15 @@ def run_toy(root, run_id: str, *overrides: str, env: dict, timeout_s: float = 30
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}",
-                             f"run_id={run_id}", *overrides], cwd=repo, env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={root}", f"run_id={run_id}", *overrides],
+        cwd=repo,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     finally:
@@ -115,8 +122,9 @@ def run_toy(root, run_id: str, *overrides: str, env: dict, timeout_s: float = 30
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), time.time()
 
 
-def signal_once_answered(cmd: list, env: dict, part, rows: int, sig: int, *, group: bool = False,
-                         wait_s: float = 240, cwd=None):
+def signal_once_answered(
+    cmd: list, env: dict, part, rows: int, sig: int, *, group: bool = False, wait_s: float = 240, cwd=None
+):
     """Start `cmd` (an evaluation); once its rank-0 part file `part` holds `rows` answers (or it ended), send `sig` to
     it, or with `group` to its whole session (its DataLoader workers too, as SLURM and a terminal do); bounded.
     Returns a CompletedProcess (stderr captured) with `seconds_to_stop`, from the signal to the end."""
@@ -125,12 +133,16 @@ def signal_once_answered(cmd: list, env: dict, part, rows: int, sig: int, *, gro
     from pathlib import Path
 
     cwd = cwd or Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and proc.poll() is None and (
-                not Path(part).exists() or len(Path(part).read_text().splitlines()) < rows):
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and (not Path(part).exists() or len(Path(part).read_text().splitlines()) < rows)
+        ):
             time.sleep(0.1)
         sent = time.monotonic()
         os.killpg(proc.pid, sig) if group else proc.send_signal(sig)

@@ -1,9 +1,10 @@
 """A deterministic toy regression task used to test the run machinery (records, resume, DDP)."""
+
 from __future__ import annotations
 
 from qkvqa.utils.stop_signals import hold_stop_signal
 
-hold_stop_signal()                     # as `qkvqa`'s main does, before the heavy imports below  # noqa: E402
+hold_stop_signal()  # as `qkvqa`'s main does, before the heavy imports below  # noqa: E402
 import json
 import os
 import sys
@@ -14,8 +15,14 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import Dataset
 
-from qkvqa.data_modules.samplers import (ResumableDataLoader, ResumableSampler, batches_per_epoch, private_generator,
-                                         rank_and_world, trainer_batches_done)
+from qkvqa.data_modules.samplers import (
+    ResumableDataLoader,
+    ResumableSampler,
+    batches_per_epoch,
+    private_generator,
+    rank_and_world,
+    trainer_batches_done,
+)
 
 
 class ToyDataset(Dataset):
@@ -41,7 +48,7 @@ class ToyDataModule(pl.LightningDataModule):
         self.n, self.batch_size, self.seed, self.val_n = n, batch_size, seed, val_n
 
     def setup(self, stage=None):
-        if os.environ.get("TOY_SETUP_FLAG"):              # data preparation that takes a while (signal tests)
+        if os.environ.get("TOY_SETUP_FLAG"):  # data preparation that takes a while (signal tests)
             open(os.environ["TOY_SETUP_FLAG"], "w").close()
             time.sleep(float(os.environ.get("TOY_SETUP_SLEEP", "30")))
         self.ds = ToyDataset(self.n, seed=self.seed)
@@ -55,25 +62,38 @@ class ToyDataModule(pl.LightningDataModule):
             return []
         rank, world = rank_and_world(self.trainer)
         sampler = ResumableSampler(len(self.val_ds), shuffle=False, rank=rank, world_size=world, pad=False)
-        return torch.utils.data.DataLoader(self.val_ds, sampler=sampler, batch_size=self.batch_size,
-                                           generator=private_generator())
+        return torch.utils.data.DataLoader(
+            self.val_ds, sampler=sampler, batch_size=self.batch_size, generator=private_generator()
+        )
 
     def train_dataloader(self):
         rank, world = rank_and_world(self.trainer)
         sampler = ResumableSampler(len(self.ds), seed=self.seed, rank=rank, world_size=world)
-        return ResumableDataLoader(self.ds, sampler, trainer_batches_done(self.trainer), batch_size=self.batch_size,
-                                   num_workers=int(os.environ.get("TOY_WORKERS", "0")))
+        return ResumableDataLoader(
+            self.ds,
+            sampler,
+            trainer_batches_done(self.trainer),
+            batch_size=self.batch_size,
+            num_workers=int(os.environ.get("TOY_WORKERS", "0")),
+        )
 
 
 class ToyRegressor(pl.LightningModule):
     """A linear model trained with AdamW + OneCycle, logging its loss each step."""
 
-    def __init__(self, dim: int = 8, lr: float = 0.05, total_steps: Optional[int] = 100, fail_at_step: Optional[int] = None,
-                 seen_file: Optional[str] = None, step_sleep: float = 0.0):
+    def __init__(
+        self,
+        dim: int = 8,
+        lr: float = 0.05,
+        total_steps: Optional[int] = 100,
+        fail_at_step: Optional[int] = None,
+        seen_file: Optional[str] = None,
+        step_sleep: float = 0.0,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Linear(dim, 1)
-        self.drop = torch.nn.Dropout(0.2)       # consumes RNG, so resume must restore it
+        self.drop = torch.nn.Dropout(0.2)  # consumes RNG, so resume must restore it
 
     def setup(self, stage: str) -> None:
         if os.environ.get("TOY_RANK_SEED"):
@@ -90,12 +110,14 @@ class ToyRegressor(pl.LightningModule):
         self.log("train/loss", loss, on_step=True, prog_bar=False)
         if self.hparams.seen_file:
             with open(self.hparams.seen_file, "a") as f:
-                f.write(json.dumps({"step": self.global_step, "rank": self.global_rank,
-                                    "ids": batch["idx"].tolist()}) + "\n")
+                f.write(
+                    json.dumps({"step": self.global_step, "rank": self.global_rank, "ids": batch["idx"].tolist()})
+                    + "\n"
+                )
         return loss
 
     def validation_step(self, batch, batch_idx):
-        if os.environ.get("TOY_VAL_SLEEP"):                # a long validation (stop-deadline tests)
+        if os.environ.get("TOY_VAL_SLEEP"):  # a long validation (stop-deadline tests)
             time.sleep(float(os.environ["TOY_VAL_SLEEP"]))
         loss = torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
         self.log("val/loss", loss, on_epoch=True, batch_size=len(batch["x"]))
@@ -104,7 +126,7 @@ class ToyRegressor(pl.LightningModule):
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
         from qkvqa.run.steps import optimizer_steps
 
-        total = self.hparams.total_steps or optimizer_steps(self.trainer)   # None: planned from the data, as the QFF
+        total = self.hparams.total_steps or optimizer_steps(self.trainer)  # None: planned from the data, as the QFF
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.hparams.lr, total_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -115,14 +137,17 @@ def main(argv: list[str]) -> None:
     from qkvqa.config.load import compose
     from qkvqa.run.trainer import fit
 
-    if os.environ.get("TOY_EXTRA_OVERRIDES"):          # more key=value, e.g. for one SLURM attempt (tests/slurm)
+    if os.environ.get("TOY_EXTRA_OVERRIDES"):  # more key=value, e.g. for one SLURM attempt (tests/slurm)
         argv = [*argv, *os.environ["TOY_EXTRA_OVERRIDES"].split(",")]
     experiment, presets, rest = split_overrides(argv)
     cfg = compose(experiment, presets, rest)
     total = os.environ.get("TOY_TOTAL_STEPS", "100")
-    torch.manual_seed(cfg.seed)                   # the same initial weights as an in-process run of the test
-    module = ToyRegressor(seen_file=os.environ.get("TOY_SEEN_FILE"), total_steps=int(total) if total else None,
-                          step_sleep=float(os.environ.get("TOY_STEP_SLEEP", "0")))
+    torch.manual_seed(cfg.seed)  # the same initial weights as an in-process run of the test
+    module = ToyRegressor(
+        seen_file=os.environ.get("TOY_SEEN_FILE"),
+        total_steps=int(total) if total else None,
+        step_sleep=float(os.environ.get("TOY_STEP_SLEEP", "0")),
+    )
     callbacks = []
     if os.environ.get("QKVQA_TEST_FAULT"):
         from tests.helpers.faults import FaultInjector

@@ -1,4 +1,5 @@
 """Fixtures of the integration tests: the synthetic world with a stage-1 index built by tiny encoders."""
+
 from __future__ import annotations
 
 import pytest

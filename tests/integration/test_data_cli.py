@@ -1,4 +1,5 @@
 """`qkvqa synth` and `qkvqa kb build / show` through the real command line entry point."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ def test_synth_then_kb_build_and_show(tmp_path, capsys):
     assert not (world / "kb/store").exists()
     capsys.readouterr()
 
-    assert main(["kb", "build", "--source", str(world / "kb/encyclopedic_kb_wiki.jsonl"),
-                 "--out", str(tmp_path / "store")]) == 0
+    assert (
+        main(
+            ["kb", "build", "--source", str(world / "kb/encyclopedic_kb_wiki.jsonl"), "--out", str(tmp_path / "store")]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["articles"] == 12
 
     first = manifest["entities"][0]

@@ -1,4 +1,5 @@
 """E-VQA and InfoSeek DataModules on the synthetic world, run through a real Lightning Trainer."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,14 @@ def _config(world: dict, name: str, **overrides) -> dict:
 
 def _run_test(datamodule) -> _Recorder:
     recorder = _Recorder()
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.test(recorder, datamodule=datamodule, verbose=False)
     return recorder
 
@@ -91,7 +98,8 @@ def test_order_is_deterministic_and_two_hop_and_caps_apply(world):
     assert any(i.startswith("E-VQA_2hop_") for i in ids)
     capped = EVQADataModule(_config(world, "evqa", max_questions=5))
     assert [q.data_id for q in capped.questions("val")] == [
-        q.data_id for q in read_evqa_csv(Path(world["dir"]) / "evqa/val.csv")][:5]
+        q.data_id for q in read_evqa_csv(Path(world["dir"]) / "evqa/val.csv")
+    ][:5]
 
 
 def test_kb_store_and_article_images_come_from_the_config(world):
@@ -130,7 +138,7 @@ def _rank_batches(datamodule, rank: int, world: int) -> list[list[str]]:
     """The batches one rank of `world` is given (what predict_dataloader hands that rank's trainer)."""
     from types import SimpleNamespace
 
-    datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=world)   # only its rank and world are read
+    datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=world)  # only its rank and world are read
     loader = datamodule.predict_dataloader()
     return [sorted(b["data_id"] + b["dropped_data_ids"]) for b in loader]
 
@@ -140,19 +148,20 @@ def test_evaluation_batches_are_fixed_blocks_of_the_split_on_any_ranks_and_after
 
     benchmark = build_data_module(_config(world, "evqa", batch_size=16))
     ids = [q.data_id for q in benchmark.questions("test")]
-    B = next(b for b in (6, 4, 7, 8) if len(ids) % b)               # a batch size that leaves a short last block
-    blocks = [sorted(ids[s:s + B]) for s in range(0, len(ids), B)]
+    B = next(b for b in (6, 4, 7, 8) if len(ids) % b)  # a batch size that leaves a short last block
+    blocks = [sorted(ids[s : s + B]) for s in range(0, len(ids), B)]
     assert len(blocks) >= 4 and len(blocks[-1]) < B, "the split must end in a short block"
     whole = EvaluationDataModule(benchmark, "test", batch_size=B)
     recorder = _Batches()
-    L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-              enable_model_summary=False).predict(recorder, datamodule=whole, return_predictions=False)
-    assert [sorted(b) for b in recorder.batches] == blocks          # one rank: the split's blocks, in order
+    L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    ).predict(recorder, datamodule=whole, return_predictions=False)
+    assert [sorted(b) for b in recorder.batches] == blocks  # one rank: the split's blocks, in order
     for world_size in (2, 3):
         per_rank = [_rank_batches(whole, r, world_size) for r in range(world_size)]
-        assert sorted(b for rank in per_rank for b in rank) == sorted(blocks)   # every block once, whole
+        assert sorted(b for rank in per_rank for b in rank) == sorted(blocks)  # every block once, whole
     # A resume after some rows of block 1 and all of block 0 were written: block 0 is done, block 1 runs whole
-    done = set(ids[:B]) | set(ids[B:B + 2])
+    done = set(ids[:B]) | set(ids[B : B + 2])
     resumed = EvaluationDataModule(benchmark, "test", done, batch_size=B)
     resumed.setup("predict")
     assert _rank_batches(resumed, 0, 1) == blocks[1:]

@@ -1,4 +1,5 @@
 """`qkvqa demo` end to end on a small world: every stage runs, the report holds the comparison, a rerun reuses it all."""
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,7 @@ def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, caps
         assert status["state"] == "finished"
     summary = json.loads((run_dir / "summary.json").read_text())
     retrieval, qff = summary["demo/retrieval only/R@20"], summary["demo/QFF focus: per_layer + CDA/R@20"]
-    assert qff == pytest.approx(retrieval)              # the QFF reorders stage 1's top 20, it adds none
+    assert qff == pytest.approx(retrieval)  # the QFF reorders stage 1's top 20, it adds none
     # the inspect site compares focus none with per_layer question by question (docs/inspect.md)
     site = run_dir / "inspect"
     assert (site / "index.html").exists() and (site / "data" / "index.js").exists()
@@ -52,9 +53,11 @@ def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, caps
 
 def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):
     root, args = demo
-    trained = {f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
-               for f in ("per_layer", "none")}
-    qkvqa_logger = logging.getLogger("qkvqa")              # does not propagate to the root logger
+    trained = {
+        f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
+        for f in ("per_layer", "none")
+    }
+    qkvqa_logger = logging.getLogger("qkvqa")  # does not propagate to the root logger
     qkvqa_logger.addHandler(caplog.handler)
     try:
         assert main(args) == 0
@@ -63,7 +66,9 @@ def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):
     messages = caplog.text
     assert "reusing the synthetic world" in messages and "reusing the stage-1 index" in messages
     assert messages.count("reusing trained QFF") == 2
-    assert trained == {f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
-                       for f in ("per_layer", "none")}
+    assert trained == {
+        f: (root / "runs" / f"demo-qff-{f}" / "qff" / "model.safetensors").stat().st_mtime_ns
+        for f in ("per_layer", "none")
+    }
     out = capsys.readouterr().out
     assert "report:" in out and f"inspect: {(root / 'runs' / 'demo' / 'inspect' / 'index.html').as_uri()}" in out

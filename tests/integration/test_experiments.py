@@ -1,4 +1,5 @@
 """Every experiment in experiments/ runs with tiny components on the synthetic world (ashleve's experiment=glob(*))."""
+
 from __future__ import annotations
 
 import json
@@ -34,16 +35,36 @@ def tiny_overrides(world: dict, dataset: str, runs: Path, cache: Path) -> list[s
     """Replace the real data, weights and hardware of an experiment by the synthetic world and tiny components."""
     data = yaml.safe_load((Path(world["dir"]) / f"data_{dataset}.yaml").read_text(encoding="utf-8"))
     tokens = ["~data", *dotlist("data", {**data, "max_questions": 3, "batch_size": 3})]
-    for name, kind in {"image_encoder": "evaclip_hf", "text_encoder": "evaclip_hf", "qformer": "blip2_qff",
-                       "reranker": "bge_reranker", "judge": "bem"}.items():
-        tokens += [f"components.{name}.kind={kind}", f"components.{name}.tiny=true",
-                   f"components.{name}.device=cpu", f"components.{name}.dtype=fp32"]
-    tokens += ["components.generator.tiny=true", "components.generator.device=cpu", "components.generator.dtype=fp32",
-               "qff.checkpoint=null", "qff.allow_untrained=true", "generation.max_new_tokens=3", "retrieval.shard_size=64",
-               "retrieval.mode=image_to_summary",             # the index the eval_env fixture built
-               f"paths.checkpoints_root={runs}", f"paths.cache_dir={cache}", "preset=cpu",
-               "trainer.max_steps=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
-               "logger.wandb.enabled=false"]
+    for name, kind in {
+        "image_encoder": "evaclip_hf",
+        "text_encoder": "evaclip_hf",
+        "qformer": "blip2_qff",
+        "reranker": "bge_reranker",
+        "judge": "bem",
+    }.items():
+        tokens += [
+            f"components.{name}.kind={kind}",
+            f"components.{name}.tiny=true",
+            f"components.{name}.device=cpu",
+            f"components.{name}.dtype=fp32",
+        ]
+    tokens += [
+        "components.generator.tiny=true",
+        "components.generator.device=cpu",
+        "components.generator.dtype=fp32",
+        "qff.checkpoint=null",
+        "qff.allow_untrained=true",
+        "generation.max_new_tokens=3",
+        "retrieval.shard_size=64",
+        "retrieval.mode=image_to_summary",  # the index the eval_env fixture built
+        f"paths.checkpoints_root={runs}",
+        f"paths.cache_dir={cache}",
+        "preset=cpu",
+        "trainer.max_steps=2",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        "logger.wandb.enabled=false",
+    ]
     return tokens
 
 

@@ -8,6 +8,7 @@ It is resumed here with `resume=auto`, and weights, optimizer, scheduler, loop c
 order, metrics.csv and status.json are compared with the uninterrupted run.
 Set QKVQA_FAULT_SEED to draw other points (the seed in use is printed).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,39 +30,51 @@ from tests.helpers.toy import ToyDataModule, ToyRegressor
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("QKVQA_FAULT_SEED", "20261201"))
-MAX_STEPS = 18                       # 8 batches an epoch: stops mid-epoch 3
+MAX_STEPS = 18  # 8 batches an epoch: stops mid-epoch 3
 N_TRAIN, N_VAL = 64, 16
-BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
-        "logger.wandb.enabled=false", "trainer.max_epochs=100", "trainer.deterministic=true",
-        f"trainer.max_steps={MAX_STEPS}"]
+BASE = [
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "logger.wandb.enabled=false",
+    "trainer.max_epochs=100",
+    "trainer.deterministic=true",
+    f"trainer.max_steps={MAX_STEPS}",
+]
 # name -> (overrides, total_steps env: "" plans the OneCycle schedule from the data (no qff.schedule_steps))
 SHAPES = {
     "unmonitored_fixed_schedule": (["checkpoint.every_n_train_steps=3"], "40"),
-    "monitored_val_every_3_planned": (["checkpoint.monitor=val/loss", "checkpoint.mode=min",
-                                       "trainer.val_check_interval=3"], ""),
-    "monitored_val_per_epoch_planned": (["checkpoint.monitor=val/loss", "checkpoint.mode=min",
-                                         "checkpoint.every_n_train_steps=4"], ""),
+    "monitored_val_every_3_planned": (
+        ["checkpoint.monitor=val/loss", "checkpoint.mode=min", "trainer.val_check_interval=3"],
+        "",
+    ),
+    "monitored_val_per_epoch_planned": (
+        ["checkpoint.monitor=val/loss", "checkpoint.mode=min", "checkpoint.every_n_train_steps=4"],
+        "",
+    ),
 }
 
 
 def _faults() -> list[tuple[str, str]]:
     """(shape, fault spec): 5 SIGKILLs (2 after a step, 2 in validation, 1 mid-save), 2 SIGTERMs, 1 SIGUSR1."""
     rng = random.Random(SEED)
-    step = lambda: rng.randint(1, MAX_STEPS - 2)                          # noqa: E731
-    return [("unmonitored_fixed_schedule", f"sigkill@train:{step()}"),
-            ("monitored_val_every_3_planned", f"sigkill@train:{step()}"),
-            ("monitored_val_every_3_planned", f"sigkill@val:{step()}"),
-            ("monitored_val_per_epoch_planned", f"sigkill@val:{step()}"),
-            ("monitored_val_every_3_planned", f"sigkill@save:{rng.randint(2, 5)}"),
-            ("unmonitored_fixed_schedule", f"sigterm@train:{step()}"),
-            ("monitored_val_per_epoch_planned", f"sigterm@train:{step()}"),
-            ("monitored_val_every_3_planned", f"sigusr1@train:{step()}"),
-            # twice in one run: killed at an epoch's end, resumed, then preempted in the next epoch
-            ("monitored_val_per_epoch_planned", f"sigkill@train:8,sigterm@train:{rng.randint(10, MAX_STEPS - 2)}"),
-            # issue 37 item 7: saves just before a validation (the signal's batch is one a validation follows: step 6
-            # of val every 3 batches, an epoch's last step 8 of val per epoch): the resumed run runs that validation
-            ("monitored_val_every_3_planned", "sigterm@train:5"),
-            ("monitored_val_per_epoch_planned", "sigusr1@train:7")]
+    step = lambda: rng.randint(1, MAX_STEPS - 2)  # noqa: E731
+    return [
+        ("unmonitored_fixed_schedule", f"sigkill@train:{step()}"),
+        ("monitored_val_every_3_planned", f"sigkill@train:{step()}"),
+        ("monitored_val_every_3_planned", f"sigkill@val:{step()}"),
+        ("monitored_val_per_epoch_planned", f"sigkill@val:{step()}"),
+        ("monitored_val_every_3_planned", f"sigkill@save:{rng.randint(2, 5)}"),
+        ("unmonitored_fixed_schedule", f"sigterm@train:{step()}"),
+        ("monitored_val_per_epoch_planned", f"sigterm@train:{step()}"),
+        ("monitored_val_every_3_planned", f"sigusr1@train:{step()}"),
+        # twice in one run: killed at an epoch's end, resumed, then preempted in the next epoch
+        ("monitored_val_per_epoch_planned", f"sigkill@train:8,sigterm@train:{rng.randint(10, MAX_STEPS - 2)}"),
+        # issue 37 item 7: saves just before a validation (the signal's batch is one a validation follows: step 6
+        # of val every 3 batches, an epoch's last step 8 of val per epoch): the resumed run runs that validation
+        ("monitored_val_every_3_planned", "sigterm@train:5"),
+        ("monitored_val_per_epoch_planned", "sigusr1@train:7"),
+    ]
 
 
 def _overrides(root: Path, run_id: str, shape: str) -> list[str]:
@@ -76,8 +89,13 @@ def _fit_here(root: Path, run_id: str, shape: str, seen: Path, *extra: str) -> d
     clear_run_env()
     cfg = compose(None, [], [*_overrides(root, run_id, shape), *extra])
     torch.manual_seed(cfg.seed)
-    return fit(cfg, ToyRegressor(total_steps=_total(shape), seen_file=str(seen)),
-               ToyDataModule(n=N_TRAIN, val_n=N_VAL), command="toy-train", batch_size=8)
+    return fit(
+        cfg,
+        ToyRegressor(total_steps=_total(shape), seen_file=str(seen)),
+        ToyDataModule(n=N_TRAIN, val_n=N_VAL),
+        command="toy-train",
+        batch_size=8,
+    )
 
 
 def _child(argv: list[str], env: dict) -> None:
@@ -131,7 +149,11 @@ def _assert_same_state(a: dict, b: dict) -> None:
         for name in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(oa[pid][name], ob[pid][name]), (pid, name)
     sa, sb = a["lr_schedulers"][0], b["lr_schedulers"][0]
-    assert (sa["last_epoch"], sa["_last_lr"], sa["total_steps"]) == (sb["last_epoch"], sb["_last_lr"], sb["total_steps"])
+    assert (sa["last_epoch"], sa["_last_lr"], sa["total_steps"]) == (
+        sb["last_epoch"],
+        sb["_last_lr"],
+        sb["total_steps"],
+    )
     la, lb = a["loops"]["fit_loop"], b["loops"]["fit_loop"]
     assert la["epoch_progress"] == lb["epoch_progress"]
     assert la["epoch_loop.state_dict"] == lb["epoch_loop.state_dict"]
@@ -146,9 +168,12 @@ def references(tmp_path_factory):
         seen = root / f"{shape}.jsonl"
         _fit_here(root, shape, shape, seen)
         ckpt = torch.load(root / shape / "last.ckpt", weights_only=True)
-        assert ckpt["global_step"] == MAX_STEPS          # current at the end, whatever every_n_train_steps (item 5)
-        out[shape] = {"ckpt": ckpt, "order": _order(seen),
-                      "metrics": {(r["step"], r["name"]): r["value"] for r in RunRecord(root / shape).read_metrics()}}
+        assert ckpt["global_step"] == MAX_STEPS  # current at the end, whatever every_n_train_steps (item 5)
+        out[shape] = {
+            "ckpt": ckpt,
+            "order": _order(seen),
+            "metrics": {(r["step"], r["name"]): r["value"] for r in RunRecord(root / shape).read_metrics()},
+        }
     return out
 
 
@@ -158,14 +183,19 @@ def test_a_run_killed_anywhere_resumes_to_the_uninterrupted_result(references, t
     seen = tmp_path / "seen.jsonl"
     run_dir = tmp_path / "run"
     for i, one in enumerate(fault.split(",")):
-        env = {"QKVQA_TEST_FAULT": one, "TOY_SEEN_FILE": str(seen), "TOY_N": str(N_TRAIN), "TOY_VAL_N": str(N_VAL),
-               "TOY_TOTAL_STEPS": SHAPES[shape][1]}
+        env = {
+            "QKVQA_TEST_FAULT": one,
+            "TOY_SEEN_FILE": str(seen),
+            "TOY_N": str(N_TRAIN),
+            "TOY_VAL_N": str(N_VAL),
+            "TOY_TOTAL_STEPS": SHAPES[shape][1],
+        }
         killed = _run_in_fork([*_overrides(tmp_path, "run", shape), *(["resume=auto"] if i else [])], env)
         state = json.loads((run_dir / "status.json").read_text())["state"]
         if one.startswith("sigkill"):
             assert killed == -signal.SIGKILL, killed
-            assert state == "running"                    # nothing runs after SIGKILL to rewrite the record...
-            assert RunRecord(run_dir).observed_state() == "killed"     # ...but its lock is free: compare says so
+            assert state == "running"  # nothing runs after SIGKILL to rewrite the record...
+            assert RunRecord(run_dir).observed_state() == "killed"  # ...but its lock is free: compare says so
         else:
             assert killed == RunInterrupted.exit_code, killed
             assert state == "interrupted"
@@ -183,7 +213,7 @@ def test_a_run_killed_anywhere_resumes_to_the_uninterrupted_result(references, t
     assert sorted(set(ref["metrics"]) - set(metrics)) == [] and sorted(set(metrics) - set(ref["metrics"])) == []
     assert metrics == ref["metrics"]
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
-    assert not list(run_dir.glob(".*partial*"))          # a killed save's partial file is gone after the next save
+    assert not list(run_dir.glob(".*partial*"))  # a killed save's partial file is gone after the next save
 
 
 # ---------------------------------------------------------------------------------------------- the QFF itself
@@ -191,10 +221,22 @@ def _train_qff(overrides: list[str], run_id: str, *extra: str, callbacks=()) -> 
     from qkvqa.cli.train import train_qff
 
     clear_run_env()
-    cfg = compose("demo/qff_per_layer", [], [*overrides, f"run_id={run_id}", "trainer.enable_progress_bar=false",
-                                              "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
-                                              "trainer.deterministic=true", "qff.max_train_samples=24",
-                                              "qff.max_val_samples=8", "trainer.max_epochs=3", *extra])
+    cfg = compose(
+        "demo/qff_per_layer",
+        [],
+        [
+            *overrides,
+            f"run_id={run_id}",
+            "trainer.enable_progress_bar=false",
+            "trainer.log_every_n_steps=1",
+            "trainer.num_sanity_val_steps=0",
+            "trainer.deterministic=true",
+            "qff.max_train_samples=24",
+            "qff.max_val_samples=8",
+            "trainer.max_epochs=3",
+            *extra,
+        ],
+    )
     return train_qff(cfg, callbacks)
 
 
@@ -207,7 +249,7 @@ def test_the_shipped_qff_shape_preempted_mid_epoch_resumes_to_the_uninterrupted_
     overrides = mine_world(world, tmp_path)
     reference = _train_qff(overrides, "straight")
     steps = reference["global_step"]
-    assert steps == 18 and reference["best_model_path"]                       # 6 batches an epoch, 3 epochs
+    assert steps == 18 and reference["best_model_path"]  # 6 batches an epoch, 3 epochs
     stop = random.Random(SEED).randint(7, steps - 2)
     print(f"QKVQA_FAULT_SEED={SEED}: SIGTERM after QFF step {stop}")
     with pytest.raises(RunInterrupted):
@@ -215,7 +257,7 @@ def test_the_shipped_qff_shape_preempted_mid_epoch_resumes_to_the_uninterrupted_
     run_dir = tmp_path / "runs" / "preempted"
     assert json.loads((run_dir / "status.json").read_text())["state"] == "interrupted"
     saved = torch.load(run_dir / "last.ckpt", weights_only=True)
-    assert saved["global_step"] == stop + 1                                     # the batch in flight, then saved
+    assert saved["global_step"] == stop + 1  # the batch in flight, then saved
     summary = _train_qff(overrides, "preempted", "resume=auto")
     assert summary["global_step"] == steps
     a = torch.load(tmp_path / "runs" / "straight" / "last.ckpt", weights_only=True)

@@ -1,6 +1,7 @@
 """Issue 36 item 2: a filter kind is one class in `qkvqa.pipeline.filters` plus its name in the schema. This test
 adds one (stage 1's order reversed, a deliberately bad filter) in exactly those two places and runs an evaluation
 with it: the pipeline builds it, the card and the report name it, the traces carry its ranking."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,9 @@ class ReversedOrder(RetrievalOrderFilter):
 
 @pytest.fixture
 def reversed_kind(monkeypatch):
-    monkeypatch.setitem(schema.CHOICES, "eval.filter", (*schema.EVAL_FILTERS, "reversed"))    # its schema name
+    monkeypatch.setitem(schema.CHOICES, "eval.filter", (*schema.EVAL_FILTERS, "reversed"))  # its schema name
 
-    @register_filter_kind                                                                      # its one class
+    @register_filter_kind  # its one class
     class ReversedKind(FilterKind):
         name = "reversed"
 
@@ -48,12 +49,23 @@ def reversed_kind(monkeypatch):
 def test_a_kind_registered_in_one_class_runs_an_evaluation(eval_env, monkeypatch, reversed_kind):
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
     clear_run_env()
-    assert main(["evaluate", "experiment=world_eval", "run_id=reversed", "eval.judge=em_only", "eval.filter=reversed",
-                 "data.max_questions=6"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "experiment=world_eval",
+                "run_id=reversed",
+                "eval.judge=em_only",
+                "eval.filter=reversed",
+                "data.max_questions=6",
+            ]
+        )
+        == 0
+    )
     run_dir = eval_env["runs"] / "reversed"
     scores = json.loads((run_dir / "scores.json").read_text())
     assert scores["protocol"]["filter"] == {"kind": "reversed", "order": "stage 1 reversed"}
-    assert "qformer" not in scores["protocol"]["models"]                 # it loads no QFF
+    assert "qformer" not in scores["protocol"]["models"]  # it loads no QFF
     traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
     reordered = 0
     for trace in traces:
@@ -61,7 +73,7 @@ def test_a_kind_registered_in_one_class_runs_an_evaluation(eval_env, monkeypatch
         assert [a["url"] for a in trace["filter"]["articles"]] == stage1[::-1]
         assert trace["filter"]["name"] == "reversed" and trace["filter"]["alpha"] is None
         reordered += len(stage1) > 1
-    assert reordered >= 3                       # questions with a stage-1 ranking (the others' images are missing)
+    assert reordered >= 3  # questions with a stage-1 ranking (the others' images are missing)
     report = (run_dir / "report.md").read_text()
     assert "after reversed" in report and "kind reversed" in report
 

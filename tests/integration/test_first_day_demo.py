@@ -1,6 +1,7 @@
 """Issue 34 item 4, the demo end to end: its answers come from its contexts (the extractive reader), and the report
 states the reader and where the world is. (Whether focus none and per_layer flip a question needs the full demo's
 world and training: at this test's 14 entities and one epoch their contexts may hold the same answers.)"""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,7 @@ def _traces(run_dir):
 
 def test_the_demos_answers_come_from_its_contexts_and_the_report_says_so(demo):
     runs = demo / "runs"
-    a, b = _traces(runs / "demo-eval-1"), _traces(runs / "demo-eval-2")     # focus none, focus per_layer (+ CDA)
+    a, b = _traces(runs / "demo-eval-1"), _traces(runs / "demo-eval-2")  # focus none, focus per_layer (+ CDA)
     answered = [t for t in a + b if t.get("context") and not t.get("skipped")]
     # every prediction is a span of its own context, never a heading: the reader read it
     assert answered and all(t["prediction"] in t["context"] and not t["prediction"].startswith("#") for t in answered)

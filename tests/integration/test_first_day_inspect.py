@@ -1,5 +1,6 @@
 """Issue 34 item 4, the inspect site: the gold answer in the table, one gold-rank notation with its legend, dropped
 chunks with their text and the evidence section flagged. Real evaluations, a real site, a real headless Chromium."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,10 @@ def sites(eval_env, tmp_path_factory, monkeypatch_module):
     """Two evaluations of the same questions (A: the top-1 article's chunks, exact match; B: CDA, the tiny BEM) and
     their sites, A alone and A compared with B (run ids of their own: the eval_env runs root is shared)."""
     monkeypatch_module.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
-    for run_id, overrides in (("inspect34-a", ["eval.judge=em_only", "cda.mode=top1_article_chunks", "cda.K1=64"]),
-                              ("inspect34-b", ["eval.judge=bem"])):
+    for run_id, overrides in (
+        ("inspect34-a", ["eval.judge=em_only", "cda.mode=top1_article_chunks", "cda.K1=64"]),
+        ("inspect34-b", ["eval.judge=bem"]),
+    ):
         clear_run_env()
         assert main(["evaluate", "experiment=world_eval", f"run_id={run_id}", *overrides]) == 0
     clear_run_env()
@@ -67,8 +70,10 @@ def test_the_table_shows_the_gold_answer_and_one_gold_rank_notation_with_its_leg
     assert "gold answer" in heads and "gold rank: stage 1 → filter" in heads and "gold rank: A → B" in heads
     legend = browser.execute_script("return document.getElementById('rank-legend').textContent;")
     assert "↑n" in legend and "↓n" in legend and "–" in legend
-    cells = browser.execute_script("return [...document.querySelectorAll('#qtable tbody tr')].map(tr => "
-                                   "[...tr.children].map(td => td.textContent));")
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll('#qtable tbody tr')].map(tr => "
+        "[...tr.children].map(td => td.textContent));"
+    )
     traces = _traces(sites["a"])
     first = cells[0]
     assert " | ".join(traces[0]["gold"]["answers"]) in first
@@ -79,17 +84,22 @@ def test_the_table_shows_the_gold_answer_and_one_gold_rank_notation_with_its_leg
 
 def test_a_question_view_flags_the_evidence_section_and_shows_dropped_chunks(browser, sites):  # noqa: F811
     traces = _traces(sites["b"])
-    pos = next(i for i, t in enumerate(traces) if any(not c["selected"] for c in (t.get("cda") or {}).get("chunks", [])))
+    pos = next(
+        i for i, t in enumerate(traces) if any(not c["selected"] for c in (t.get("cda") or {}).get("chunks", []))
+    )
     _open(browser, sites["compare"], f"#/q/{pos}")
     from tests.helpers.browser import wait_for
 
     wait_for(browser, f"document.getElementById('view-question').dataset.loaded === '{pos}'")
-    dropped = browser.execute_script("return [...document.querySelectorAll('table.chunks tr.dropped td.chunktext')]"
-                                     ".map(td => td.textContent);")
+    dropped = browser.execute_script(
+        "return [...document.querySelectorAll('table.chunks tr.dropped td.chunktext')].map(td => td.textContent);"
+    )
     assert dropped and all(dropped)
-    evidence_expected = any(c["url"] == h["url"] and c["section_index"] == h["section_index"]
-                            for t in (traces[pos],) for h in (t["gold"].get("hops") or [{"url": t["gold"]["urls"][0],
-                                                                                          "section_index": t["gold"]["section_index"]}])
-                            for c in t["cda"]["chunks"])
+    evidence_expected = any(
+        c["url"] == h["url"] and c["section_index"] == h["section_index"]
+        for t in (traces[pos],)
+        for h in (t["gold"].get("hops") or [{"url": t["gold"]["urls"][0], "section_index": t["gold"]["section_index"]}])
+        for c in t["cda"]["chunks"]
+    )
     flagged = browser.execute_script("return document.querySelectorAll('table.chunks tr.evidence-row').length;")
     assert (flagged > 0) == evidence_expected

@@ -4,6 +4,7 @@ The table shows every trace; a filter shows as many questions as traces.jsonl sa
 image (loaded) and the gold answer highlighted in its context; compare mode counts the flips the two runs' correct
 sets differ by. Screenshots go under the test's tmp dir (and $QKVQA_ARTIFACTS when set).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def _correct(traces: list[dict]) -> set[str]:
 @pytest.fixture(scope="module")
 def browser():
     reason = missing()
-    if reason:       # `make test` installs the browser (.ci/install_browser.sh): in CI a missing one is a failure
+    if reason:  # `make test` installs the browser (.ci/install_browser.sh): in CI a missing one is a failure
         (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
     with chromium() as driver:
         yield driver
@@ -49,8 +50,10 @@ def sites(eval_env, tmp_path_factory):
     torch.set_num_threads(1)
     os.environ["QKVQA_EXPERIMENTS"] = str(eval_env["root"])
     try:
-        for run_id, overrides in (("inspect-a", ["eval.judge=em_only", "cda.mode=top1_article_chunks", "cda.K1=64"]),
-                                  ("inspect-b", ["eval.judge=bem"])):
+        for run_id, overrides in (
+            ("inspect-a", ["eval.judge=em_only", "cda.mode=top1_article_chunks", "cda.K1=64"]),
+            ("inspect-b", ["eval.judge=bem"]),
+        ):
             clear_run_env()
             assert main(["evaluate", "experiment=world_eval", f"run_id={run_id}", *overrides]) == 0
     finally:
@@ -77,8 +80,11 @@ def _shown(driver) -> int:
 
 
 def _select(driver, select_id: str, value: str) -> None:
-    driver.execute_script("const s = document.getElementById(arguments[0]); s.value = arguments[1];"
-                          "s.dispatchEvent(new Event('change'));", select_id, value)
+    driver.execute_script(
+        "const s = document.getElementById(arguments[0]); s.value = arguments[1];s.dispatchEvent(new Event('change'));",
+        select_id,
+        value,
+    )
 
 
 def test_the_table_lists_every_trace_and_filters_count_as_the_traces_do(browser, sites):
@@ -107,16 +113,26 @@ def test_the_table_lists_every_trace_and_filters_count_as_the_traces_do(browser,
     assert two_hop and _shown(browser) == two_hop
     _select(browser, "f-type", "")
     target = traces[len(traces) // 2]
-    browser.execute_script("const i = document.getElementById('f-search'); i.value = arguments[0];"
-                           "i.dispatchEvent(new Event('input'));", target["question"].upper())
+    browser.execute_script(
+        "const i = document.getElementById('f-search'); i.value = arguments[0];i.dispatchEvent(new Event('input'));",
+        target["question"].upper(),
+    )
     same_question = sum(1 for t in traces if t["question"] == target["question"])
     wait_for(browser, f"+document.getElementById('shown-count').dataset.shown === {same_question}")
 
 
 def test_a_question_shows_its_image_and_highlights_the_gold_answer_in_its_context(browser, sites):
     traces = _traces(sites["a"])
-    chosen = next((i for i, t in enumerate(traces) if t["image"] and t["context"]
-                   and any(a.lower() in t["context"].lower() for a in t["gold"]["answers"] if a.strip())), None)
+    chosen = next(
+        (
+            i
+            for i, t in enumerate(traces)
+            if t["image"]
+            and t["context"]
+            and any(a.lower() in t["context"].lower() for a in t["gold"]["answers"] if a.strip())
+        ),
+        None,
+    )
     assert chosen is not None, "no trace of the tiny evaluation has its answer in its context"
     _open(browser, sites["single"], f"#/q/{chosen}")
     wait_for(browser, f"document.getElementById('view-question').dataset.loaded === '{chosen}'")
@@ -148,7 +164,7 @@ def test_a_two_hop_question_shows_both_hops_with_their_evidence_sections(browser
 def test_compare_mode_counts_the_flips_the_two_correct_sets_differ_by(browser, sites):
     a, b = _traces(sites["a"]), _traces(sites["b"])
     right_to_wrong, wrong_to_right = len(_correct(a) - _correct(b)), len(_correct(b) - _correct(a))
-    assert right_to_wrong + wrong_to_right > 0              # the judges differ: the check below is not vacuous
+    assert right_to_wrong + wrong_to_right > 0  # the judges differ: the check below is not vacuous
     browser.set_window_size(1400, 1000)
     _open(browser, sites["compare"], "#/compare")
     wait_for(browser, "document.getElementById('flip-rw') !== null")
@@ -163,13 +179,18 @@ def test_compare_mode_counts_the_flips_the_two_correct_sets_differ_by(browser, s
     flipped = browser.execute_script("return document.querySelector('#qtable tbody tr').dataset.pos;")
     browser.execute_script("location.hash = arguments[0]", f"#/q/{flipped}")
     wait_for(browser, f"document.getElementById('view-question').dataset.loaded === '{flipped}'")
-    sides = browser.execute_script("return [...document.querySelectorAll('#view-question .pair h2')].map(h => h.textContent);")
+    sides = browser.execute_script(
+        "return [...document.querySelectorAll('#view-question .pair h2')].map(h => h.textContent);"
+    )
     assert sides == ["A: inspect-a", "B: inspect-b"]
     screenshot(browser, sites["shots"] / "inspect_pair.png")
     browser.set_window_size(1400, 1000)
     browser.execute_script("location.hash = '#/plots'")
     wait_for(browser, "document.getElementById('plot-recall') !== null")
     points = browser.execute_script("return document.querySelectorAll('#plot-recall circle').length;")
-    assert points == 4 * len(json.loads((sites["compare"] / "data" / "meta.js").read_text()
-                                        .split(" = ", 1)[1].rstrip().rstrip(";"))["plots"]["recall"]["k"])
+    assert points == 4 * len(
+        json.loads((sites["compare"] / "data" / "meta.js").read_text().split(" = ", 1)[1].rstrip().rstrip(";"))[
+            "plots"
+        ]["recall"]["k"]
+    )
     screenshot(browser, sites["shots"] / "inspect_plots.png")

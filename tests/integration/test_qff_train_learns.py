@@ -19,6 +19,7 @@ across CPUs and single runs of these tiny models differ by up to 40 points betwe
 Whether question focus beats no focus is a study with many seeds and confidence intervals
 (bench/qff_focus.py), never a CI assertion: the difference lies within seed noise here.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,8 @@ EPOCHS = 8
 # (docs/training.md: article R@1 lifts 31 at worst against 20; section R@1 of the worst same-seed pair 22
 # against 15), so a second seed buys no safety and doubles the test's time (about 4.5 minutes of `make test`).
 SEEDS = (0,)
-GATE_MOVED = 0.01          # mean |tanh(gate)| after training; it starts at exactly 0
-BLOCKS_MOVED = 1e-4        # max |weight change| of the question cross-attention blocks from their warm start
+GATE_MOVED = 0.01  # mean |tanh(gate)| after training; it starts at exactly 0
+BLOCKS_MOVED = 1e-4  # max |weight change| of the question cross-attention blocks from their warm start
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +50,13 @@ def learning(tmp_path_factory) -> dict:
     codes = train(work, overrides, [(focus, seed) for seed in SEEDS for focus in EXPERIMENTS], EPOCHS, parallel=2)
     assert all(code == 0 for code in codes.values()), f"training failed: {codes}; logs in {work}"
     jobs = {("untrained", 0): ("per_layer", None, 0)}
-    jobs.update({(focus, seed): (focus, work / "runs" / run_id(focus, seed) / "qff", seed)
-                 for focus in EXPERIMENTS for seed in SEEDS})
+    jobs.update(
+        {
+            (focus, seed): (focus, work / "runs" / run_id(focus, seed) / "qff", seed)
+            for focus in EXPERIMENTS
+            for seed in SEEDS
+        }
+    )
     scored = evaluate_many(jobs, overrides, work, multi, parallel=2)
     results = {"untrained": scored[("untrained", 0)], "work": str(work), "overrides": list(overrides)}
     for focus in EXPERIMENTS:
@@ -70,8 +76,8 @@ def seed_mean(runs: dict, group: str, metric: str) -> float:
 # (docs/training.md, "The learning test"): the mean lift is 3.9 (article R@1, focus none, the noisiest)
 # to 11 standard deviations of the tested mean above each margin, and the worst 3 of 6 seeds are at
 # about twice it.
-ARTICLE_LIFT = 20          # article R@1 after fusion, per focus mode (mean lift seen: 52 none, 48 per_layer)
-SECTION_LIFT = 15          # section R@1, mean of both modes' runs (lift seen: 32; worst same-seed pair 22, two worst 18)
+ARTICLE_LIFT = 20  # article R@1 after fusion, per focus mode (mean lift seen: 52 none, 48 per_layer)
+SECTION_LIFT = 15  # section R@1, mean of both modes' runs (lift seen: 32; worst same-seed pair 22, two worst 18)
 
 
 @pytest.mark.parametrize("focus", list(EXPERIMENTS))
@@ -99,7 +105,7 @@ def test_the_question_cross_attention_blocks_leave_their_warm_start(learning):
     from qkvqa.config.load import compose
     from qkvqa.qff.builder import build_qff_component
 
-    work = learning["work"]            # the untrained model every run started from (same seed and vocabulary)
+    work = learning["work"]  # the untrained model every run started from (same seed and vocabulary)
     start = build_qff_component(compose(EXPERIMENTS["per_layer"], [], learning["overrides"]).components.qformer)
     start = start.model.state_dict()
     for seed in SEEDS:

@@ -6,6 +6,7 @@ category folders with EchoSight's id2name maps beside them; GLDv2 `a/b/c/{id}.jp
 `wiki_image/output/*.csv` and `wiki_image/full/wiki_image_split/...`), `infoseek/` EchoSight's InfoSeek files.
 Each preset is used as shipped: only `data.root`, the tiny components and where runs and caches go are set.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,14 @@ from tests.integration.conftest import REPO, tiny
 
 # Large enough that the world's deliberately missing query images stay under the shipped 2 % bound.
 ENTITIES = 120
-TINY_COMPONENTS = {"image_encoder": tiny("evaclip_hf"), "text_encoder": tiny("evaclip_hf"),
-                   "qformer": tiny("blip2_qff"), "reranker": tiny("bge_reranker"), "generator": tiny("llama3"),
-                   "judge": tiny("bem")}
+TINY_COMPONENTS = {
+    "image_encoder": tiny("evaclip_hf"),
+    "text_encoder": tiny("evaclip_hf"),
+    "qformer": tiny("blip2_qff"),
+    "reranker": tiny("bge_reranker"),
+    "generator": tiny("llama3"),
+    "judge": tiny("bem"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +49,20 @@ def run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(root))
 
     def _run(preset: str, data_root: Path, *argv: str) -> str:
-        (root / f"{preset}.yaml").write_text(yaml.safe_dump({
-            "presets": [preset], "data": {"root": str(data_root)}, "components": TINY_COMPONENTS,
-            "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
-            "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
-            "logger": {"wandb": {"enabled": False}}, "qff": {"allow_untrained": True}}), encoding="utf-8")
+        (root / f"{preset}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "presets": [preset],
+                    "data": {"root": str(data_root)},
+                    "components": TINY_COMPONENTS,
+                    "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
+                    "trainer": {"accelerator": "cpu", "enable_progress_bar": False},
+                    "logger": {"wandb": {"enabled": False}},
+                    "qff": {"allow_untrained": True},
+                }
+            ),
+            encoding="utf-8",
+        )
         clear_run_env()
         capsys.readouterr()
         assert main([*argv, f"experiment={preset}"]) == 0, argv
@@ -86,7 +101,7 @@ def test_preset_evqa_data_runs_on_the_e_vqa_release_layout(release_world, run, t
     scores = json.loads((tmp_path / "runs/evqa-filter/scores.json").read_text())
     images = scores["qff_article_images"]
     assert images["ranked_articles"] > 0 and images["without_image"] < images["ranked_articles"] / 4
-    assert scores["n_skipped"] <= 2                      # the world's deliberate skips, nothing else
+    assert scores["n_skipped"] <= 2  # the world's deliberate skips, nothing else
 
 
 @pytest.mark.slow
@@ -96,7 +111,7 @@ def test_preset_infoseek_data_runs_on_echosights_infoseek_layout(release_world, 
     run("infoseek_data", infoseek, "index", "build")
     run("infoseek_data", infoseek, "evaluate", "run_id=infoseek-filter", "eval.stop_after=filter")
     scores = json.loads((tmp_path / "runs/infoseek-filter/scores.json").read_text())
-    assert scores["n_skipped"] == 1                      # oven_05001795, missing in the release too
+    assert scores["n_skipped"] == 1  # oven_05001795, missing in the release too
     images = scores["qff_article_images"]
     assert images["ranked_articles"] > 0 and images["without_image"] < images["ranked_articles"] / 4
 
@@ -109,8 +124,10 @@ def _reflectiva_release(world: Path, out: Path) -> list[dict]:
     infoseek = world / "infoseek"
     out.mkdir()
     kb = json.loads((infoseek / "wiki_100_dict_v4.json").read_text(encoding="utf-8"))
-    (out / "Wiki100k_ver_1_0-all.json").write_text(json.dumps(
-        {url: {"wikipedia_content": "\n\n".join(entry["section_texts"])} for url, entry in kb.items()}), encoding="utf-8")
+    (out / "Wiki100k_ver_1_0-all.json").write_text(
+        json.dumps({url: {"wikipedia_content": "\n\n".join(entry["section_texts"])} for url, entry in kb.items()}),
+        encoding="utf-8",
+    )
     for name in ("infoseek_val.jsonl", "infoseek_val_qtype.jsonl"):
         shutil.copy(infoseek / name, out / name)
     shutil.copytree(infoseek / "wiki_image", out / "wiki_image")
@@ -132,14 +149,24 @@ def test_preset_infoseek_reflectiva_data_runs_on_reflectivas_layout(release_worl
     refl = tmp_path / "reflectiva"
     refs = _reflectiva_release(Path(release_world["dir"]), refl)
     clear_run_env()
-    assert main(["kb", "build", "--source", str(refl / "Wiki100k_ver_1_0-all.json"), "--out", str(refl / "kb_store")]) == 0
-    own = f"retrieval.index_dir={tmp_path / 'own_index'}"           # scaffolding: the index ReflectiVA would ship
+    assert (
+        main(["kb", "build", "--source", str(refl / "Wiki100k_ver_1_0-all.json"), "--out", str(refl / "kb_store")]) == 0
+    )
+    own = f"retrieval.index_dir={tmp_path / 'own_index'}"  # scaffolding: the index ReflectiVA would ship
     run("infoseek_reflectiva_data", refl, "embed", own)
     run("infoseek_reflectiva_data", refl, "index", "build", own)
     kb_urls = list(json.loads((refl / "Wiki100k_ver_1_0-all.json").read_text()))
     _foreign_index(tmp_path / "own_index", kb_urls, refl)
-    run("infoseek_reflectiva_data", refl, "index", "import", "--faiss", str(refl / "knn.index"),
-        "--urls", str(refl / "knn.json"))
+    run(
+        "infoseek_reflectiva_data",
+        refl,
+        "index",
+        "import",
+        "--faiss",
+        str(refl / "knn.index"),
+        "--urls",
+        str(refl / "knn.json"),
+    )
     run("infoseek_reflectiva_data", refl, "evaluate", "run_id=refl-filter", "eval.stop_after=filter")
     scores = json.loads((tmp_path / "runs/refl-filter/scores.json").read_text())
     assert scores["n_questions"] == len(refs) and scores["n_skipped"] == 1

@@ -1,5 +1,6 @@
 """Resume that loses nothing: numeric equivalence, mid-epoch exactly-once, a signal before training (signals in
 training: test_fault_resume.py)."""
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,23 @@ from qkvqa.run.trainer import fit
 from tests.helpers.toy import ToyDataModule, ToyRegressor
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
-        "logger.wandb.enabled=false", "trainer.max_epochs=100", "trainer.deterministic=true"]
+BASE = [
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "logger.wandb.enabled=false",
+    "trainer.max_epochs=100",
+    "trainer.deterministic=true",
+]
 
 
 def _fit(run_root, module_kwargs=None, *overrides):
     clear_run_env()
     cfg = compose(None, [], [f"paths.checkpoints_root={run_root}", *BASE, *overrides])
-    torch.manual_seed(cfg.seed)                  # the same initial weights for every run of a test
-    return fit(cfg, ToyRegressor(total_steps=40, **(module_kwargs or {})), ToyDataModule(n=60, batch_size=8),
-               batch_size=8)
+    torch.manual_seed(cfg.seed)  # the same initial weights for every run of a test
+    return fit(
+        cfg, ToyRegressor(total_steps=40, **(module_kwargs or {})), ToyDataModule(n=60, batch_size=8), batch_size=8
+    )
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -36,7 +44,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop_at", [5, 8])       # mid-epoch (8 batches/epoch) and exactly at an epoch end
+@pytest.mark.parametrize("stop_at", [5, 8])  # mid-epoch (8 batches/epoch) and exactly at an epoch end
 def test_interrupted_and_resumed_run_equals_uninterrupted(run_root, stop_at):
     _fit(run_root, None, "run_id=A", "trainer.max_steps=14")
     _fit(run_root, None, "run_id=B", f"trainer.max_steps={stop_at}")
@@ -53,7 +61,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(run_root, stop_at):
     assert a["lr_schedulers"][0]["last_epoch"] == b["lr_schedulers"][0]["last_epoch"] == 14
     assert a["lr_schedulers"][0]["_last_lr"] == b["lr_schedulers"][0]["_last_lr"]
     losses_a, losses_b = _losses(run_root / "A"), _losses(run_root / "B")
-    assert sorted(losses_b) == list(range(1, 15))                  # step N: the N-th optimizer step's loss
+    assert sorted(losses_b) == list(range(1, 15))  # step N: the N-th optimizer step's loss
     assert [losses_b[s] for s in range(stop_at + 1, 15)] == [losses_a[s] for s in range(stop_at + 1, 15)]
 
 
@@ -66,10 +74,10 @@ def test_mid_epoch_resume_sees_every_sample_exactly_once(run_root, tmp_path):
     first = [json.loads(line) for line in seen.read_text().splitlines()]
     _fit(run_root, {"seen_file": str(seen)}, "run_id=mid", "resume=auto", "trainer.max_steps=8")
     rows = [json.loads(line) for line in seen.read_text().splitlines()]
-    restart = rows[len(first):]
+    restart = rows[len(first) :]
     ids = [i for row in rows for i in row["ids"]]
     assert len(first) == 3 and len(restart) == 5
-    assert len(ids) == len(set(ids)) == 60                       # failed + restart == one whole epoch, no repeats
+    assert len(ids) == len(set(ids)) == 60  # failed + restart == one whole epoch, no repeats
     assert [r["step"] for r in rows] == list(range(8))
 
 
@@ -77,15 +85,22 @@ def test_mid_epoch_resume_sees_every_sample_exactly_once(run_root, tmp_path):
 def test_sigterm_during_data_preparation_marks_the_run_interrupted_and_exits_143(run_root, tmp_path):
     """Issue 15 item 7: a signal before training (data preparation) left status.json at `running`."""
     flag = tmp_path / "preparing"
-    cmd = [sys.executable, "-m", "tests.helpers.toy", f"paths.checkpoints_root={run_root}", "run_id=prep", *BASE,
-           "trainer.max_steps=3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.helpers.toy",
+        f"paths.checkpoints_root={run_root}",
+        "run_id=prep",
+        *BASE,
+        "trainer.max_steps=3",
+    ]
     env = {**__import__("os").environ, "TOY_SETUP_FLAG": str(flag), "TOY_SETUP_SLEEP": "60"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not flag.exists():
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)                        # at once, not after the 60 s of preparation
+    out, _ = proc.communicate(timeout=30)  # at once, not after the 60 s of preparation
     assert proc.returncode == 143, out[-2000:]
     status = json.loads((run_root / "prep" / "status.json").read_text())
     assert status["state"] == "interrupted" and "SIGTERM" in status["error"], status
@@ -99,13 +114,13 @@ def test_a_flipped_or_truncated_last_ckpt_is_refused_on_resume_naming_the_file(r
 
     _fit(run_root, None, "run_id=flip", "trainer.max_steps=3")
     last = run_root / "flip" / "last.ckpt"
-    assert sidecar_of(last).read_text().strip()                  # written beside every checkpoint
+    assert sidecar_of(last).read_text().strip()  # written beside every checkpoint
     data = bytearray(last.read_bytes())
-    data[len(data) // 2] ^= 0x20                                  # one bit, inside the tensors
+    data[len(data) // 2] ^= 0x20  # one bit, inside the tensors
     last.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"last\.ckpt: corrupt checkpoint \(sha256"):
         _fit(run_root, None, "run_id=flip", "resume=auto", "trainer.max_steps=6")
     sidecar_of(last).unlink()
-    last.write_bytes(bytes(data[:1000]))                          # truncated, and no sidecar to compare
+    last.write_bytes(bytes(data[:1000]))  # truncated, and no sidecar to compare
     with pytest.raises(DataError, match=r"last\.ckpt: unreadable checkpoint"):
         _fit(run_root, None, "run_id=flip", "resume=auto", "trainer.max_steps=6")

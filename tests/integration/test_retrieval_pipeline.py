@@ -1,4 +1,5 @@
 """Stage 1 end to end through the CLI on the synthetic world: embed -> index build -> retrieve -> Recall@K."""
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,16 @@ def _one_torch_thread():
 @pytest.fixture
 def experiments(tmp_path, world, monkeypatch) -> Path:
     """An experiments/ directory with the repository's base and presets and `world.yaml` on the synthetic world."""
-    root = experiments_dir(tmp_path, world, "world", {
-        "components": {"image_encoder": TINY, "text_encoder": TINY},
-        "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
-        "retrieval": {"shard_size": SHARD_SIZE}})
+    root = experiments_dir(
+        tmp_path,
+        world,
+        "world",
+        {
+            "components": {"image_encoder": TINY, "text_encoder": TINY},
+            "paths": {"cache_dir": str(tmp_path / "cache"), "checkpoints_root": str(tmp_path / "runs")},
+            "retrieval": {"shard_size": SHARD_SIZE},
+        },
+    )
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(root))
     return root
 
@@ -60,8 +67,10 @@ def _check_results(path: Path, world: dict, top_k: int) -> dict:
         assert all(titles[e["url"]] == e["title"] for e in value["retrieved_entities"])
         assert value["retrieval_similarities"] == sorted(value["retrieval_similarities"], reverse=True)
     results = read_results(path)
-    rows = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type}
-            for q in questions]
+    rows = [
+        {"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type}
+        for q in questions
+    ]
     return evqa_recall_at_k({qid: r.urls for qid, r in results.items()}, rows)
 
 
@@ -79,26 +88,33 @@ def test_image_to_summary_end_to_end(experiments, world, capsys):
     summary = json.loads((run_dir / "summary.json").read_text())
     recalls = [summary[f"retrieval/test/recall@{k}"] for k in (1, 5, 10, 20)]
     assert all(0.0 <= r <= 100.0 for r in recalls) and recalls == sorted(recalls)
-    assert summary["retrieval/test/recall@20"] > 0                      # 20 of ~36 articles: some gold is in
+    assert summary["retrieval/test/recall@20"] > 0  # 20 of ~36 articles: some gold is in
     independent = _check_results(Path(out["results"]), world, top_k=20)
     assert [independent[f"recall@{k}"] for k in (1, 5, 10, 20)] == pytest.approx(recalls)
     deliberate = [s for s in world["deliberate_skips"] if s["file"] == "evqa/test.csv"]
     skipped = json.loads((run_dir / "skipped_images.json").read_text())
-    assert {k: n for k, n in skipped["counts"].items() if n} == {"missing": 1, "corrupt": 1} == \
-        {s["reason"]: 1 for s in deliberate}
+    assert (
+        {k: n for k, n in skipped["counts"].items() if n}
+        == {"missing": 1, "corrupt": 1}
+        == {s["reason"]: 1 for s in deliberate}
+    )
     assert summary["retrieval/test/n_missing_query_images"] == summary["retrieval/test/n_without_results"] >= 2
-    assert _run(capsys, "embed", "experiment=world")["shards_computed"] == 0          # resumed: nothing to do
+    assert _run(capsys, "embed", "experiment=world")["shards_computed"] == 0  # resumed: nothing to do
 
-    echosight = {qid: {"retrieved_entries": [e["url"] for e in v["retrieved_entities"]],
-                       "retrieval_similarities": v["retrieval_similarities"]}
-                 for qid, v in json.loads(Path(out["results"]).read_text()).items()}
+    echosight = {
+        qid: {
+            "retrieved_entries": [e["url"] for e in v["retrieved_entities"]],
+            "retrieval_similarities": v["retrieval_similarities"],
+        }
+        for qid, v in json.loads(Path(out["results"]).read_text()).items()
+    }
     (experiments / "echosight.json").write_text(json.dumps(echosight))
     rescored = _run(capsys, "retrieve", "experiment=world", f"retrieval.results={experiments / 'echosight.json'}")
     assert [rescored[f"recall@{k}"] for k in (1, 5, 10, 20)] == pytest.approx(recalls)
-    assert read_results(rescored["results"]) == read_results(out["results"])    # titles filled in from the KB
+    assert read_results(rescored["results"]) == read_results(out["results"])  # titles filled in from the KB
     # what stage 1 embedded travels with the file qkvqa wrote (its sidecar), not with a foreign one
     assert read_results_stage1(out["results"])["text"] == "lead_section"
-    assert read_results_stage1(rescored["results"]) is None                     # read from EchoSight's: unknown
+    assert read_results_stage1(rescored["results"]) is None  # read from EchoSight's: unknown
 
 
 @pytest.mark.slow  # seconds-long: `make test`, not the fast loop
@@ -110,7 +126,7 @@ def test_image_to_image_end_to_end_dedupes_articles(experiments, world, capsys):
     built = _run(capsys, "index", "build", *args)
     summary = json.loads((Path(built["run_dir"]) / "summary.json").read_text())
     skipped = {k.split("/")[-1]: v for k, v in summary.items() if k.startswith("index/kb_skipped/")}
-    assert skipped["missing_images"] == embedded["missing_images"] and "vectors" not in skipped   # skips, not vectors
+    assert skipped["missing_images"] == embedded["missing_images"] and "vectors" not in skipped  # skips, not vectors
     assert summary["index/count"] == embedded["vectors"]
     out = _run(capsys, "retrieve", *args, "split=test")
     recall = _check_results(Path(out["results"]), world, top_k=5)
@@ -123,12 +139,18 @@ def test_index_of_another_kb_is_refused_in_one_line(experiments, world, tmp_path
     built = _run(capsys, "index", "build", "experiment=world")
     other = make_world(tmp_path / "other", entities=24, seed=1)
     clear_run_env()
-    assert main(["retrieve", "experiment=world", f"data.root={other['dir']}",
-                 f"retrieval.index_dir={built['index_dir']}"]) == 2
+    assert (
+        main(["retrieve", "experiment=world", f"data.root={other['dir']}", f"retrieval.index_dir={built['index_dir']}"])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "does not match" in err and "KB URL checksum" in err and f"KB article count: index {world['counts']['articles']}, KB store 24" in err
-    assert "qkvqa index build experiment=world " in err           # the fix, with the user's own overrides after it
+    assert (
+        "does not match" in err
+        and "KB URL checksum" in err
+        and f"KB article count: index {world['counts']['articles']}, KB store 24" in err
+    )
+    assert "qkvqa index build experiment=world " in err  # the fix, with the user's own overrides after it
     clear_run_env()
     assert main(["index", "check", "experiment=world", "components.image_encoder.options.seed=1"]) == 2
     assert "query encoder" in capsys.readouterr().err

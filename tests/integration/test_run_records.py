@@ -1,4 +1,5 @@
 """Run records with a real Trainer: one directory per run, reuse on resume, checkpoint hygiene."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ from qkvqa.run.rundir import clear_run_env
 from qkvqa.run.trainer import fit
 from tests.helpers.toy import ToyDataModule, ToyRegressor
 
-BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
-        "logger.wandb.enabled=false", "trainer.max_epochs=50"]
+BASE = [
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "logger.wandb.enabled=false",
+    "trainer.max_epochs=50",
+]
 
 
 def _cfg(run_root, *extra):
@@ -37,7 +43,7 @@ def test_run_dir_holds_the_record(run_root):
     assert status["host"] and status["created_at"] and status["finished_at"] and len(status["attempts"]) == 1
     assert summary["global_step"] == 3 and "train/loss" in summary
     rows = RunRecord(run_dir).read_metrics()
-    assert [r["step"] for r in rows if r["name"] == "train/loss"] == [1, 2, 3]   # step N: after N optimizer steps
+    assert [r["step"] for r in rows if r["name"] == "train/loss"] == [1, 2, 3]  # step N: after N optimizer steps
 
 
 def test_new_run_ids_are_unique_directories(run_root):
@@ -122,14 +128,14 @@ def test_a_second_launch_into_a_run_directory_in_use_is_refused_naming_the_holde
 
     clear_run_env()
     fit(_cfg(run_root, "run_id=locked", "trainer.max_steps=1"), ToyRegressor(), ToyDataModule())
-    held = RunLock.acquire(run_root / "locked")                  # another job holds it
+    held = RunLock.acquire(run_root / "locked")  # another job holds it
     try:
         clear_run_env()
         with pytest.raises(ConfigError, match=rf"locked is in use by PID {os.getpid()} on .*choose another run_id"):
             fit(_cfg(run_root, "run_id=locked", "resume=auto", "trainer.max_steps=2"), ToyRegressor(), ToyDataModule())
     finally:
         held.release()
-    assert json.loads((run_root / "locked" / "status.json").read_text())["state"] == "finished"   # untouched
+    assert json.loads((run_root / "locked" / "status.json").read_text())["state"] == "finished"  # untouched
     clear_run_env()
     fit(_cfg(run_root, "run_id=locked", "resume=auto", "trainer.max_steps=2"), ToyRegressor(), ToyDataModule())
 
@@ -160,11 +166,17 @@ class _ValidatedToyData(ToyDataModule):
 
 def test_last_ckpt_stays_current_when_the_monitored_metric_stops_improving(run_root):
     clear_run_env()
-    cfg = _cfg(run_root, "run_id=mon", "trainer.max_epochs=3", "~trainer.max_steps", "checkpoint.monitor=val/score",
-               "checkpoint.mode=max")
+    cfg = _cfg(
+        run_root,
+        "run_id=mon",
+        "trainer.max_epochs=3",
+        "~trainer.max_steps",
+        "checkpoint.monitor=val/score",
+        "checkpoint.mode=max",
+    )
     summary = fit(cfg, _WorseningRegressor(total_steps=100), _ValidatedToyData(), batch_size=8)
     run_dir = run_root / "mon"
-    assert summary["global_step"] == 24                      # 3 epochs of 8 batches
+    assert summary["global_step"] == 24  # 3 epochs of 8 batches
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"] == 24
     best = [p.name for p in run_dir.glob("epoch*.ckpt")]
     assert best == ["epoch000-step0000008.ckpt"] and summary["best_model_path"].endswith(best[0])
@@ -175,7 +187,7 @@ def test_a_metrics_row_torn_by_a_kill_is_ignored_when_read_and_cut_before_the_ne
     record = RunRecord(run_root / "torn")
     record.append_metrics({"train/loss": 0.5}, step=1)
     with open(record.metrics_path, "a", encoding="utf-8") as f:
-        f.write("1796.1,2,train/lo")                               # killed mid-write
+        f.write("1796.1,2,train/lo")  # killed mid-write
     assert [(r["step"], r["value"]) for r in record.read_metrics()] == [(1, 0.5)]
     record.append_metrics({"train/loss": 0.25}, step=2)
     assert [(r["step"], r["value"]) for r in record.read_metrics()] == [(1, 0.5), (2, 0.25)]

@@ -2,6 +2,7 @@
 fix), never a traceback; partial files of killed builds are removed by the next build. The full disk is a real
 small tmpfs and the read-only folder a real read-only bind mount (root, as CI runs; skipped where mounting is not
 allowed)."""
+
 from __future__ import annotations
 
 import os
@@ -82,8 +83,9 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_keeps_the_previous_one
 
 
 def _kb_build(world, out: Path, capsys) -> tuple[int, str]:
-    rc = main(["kb", "build", "--source", str(Path(world["dir"]) / "kb" / "encyclopedic_kb_wiki.json"),
-               "--out", str(out)])
+    rc = main(
+        ["kb", "build", "--source", str(Path(world["dir"]) / "kb" / "encyclopedic_kb_wiki.json"), "--out", str(out)]
+    )
     return rc, capsys.readouterr().err
 
 
@@ -122,18 +124,17 @@ def test_a_read_only_cache_is_one_line_naming_it(experiments, read_only, capsys)
 def test_a_killed_kb_build_leaves_no_partial_after_the_next_build(world, tmp_path, capsys):
     out = tmp_path / "store"
     out.mkdir()
-    dead = out / ".kb.sqlite.partial-999999999"                    # a SIGKILLed build of a process that is gone
+    dead = out / ".kb.sqlite.partial-999999999"  # a SIGKILLed build of a process that is gone
     dead.write_bytes(b"\0" * 4096)
     assert _kb_build(world, out, capsys)[0] == 0
     assert not dead.exists() and (out / "kb.sqlite").is_file()
 
 
 def test_a_killed_index_build_leaves_no_partial_after_the_next_build(tmp_path):
+    import faiss
     import numpy as np
 
     from qkvqa.retrieval.index import _write_index_files
-
-    import faiss
 
     index = faiss.IndexFlatIP(4)
     index.add(np.eye(4, dtype="float32"))
@@ -148,16 +149,21 @@ class _Payload:
         self.marker = marker
 
     def __reduce__(self):
-        return (open, (self.marker, "w"))                           # would create the marker when unpickled
+        return (open, (self.marker, "w"))  # would create the marker when unpickled
 
 
 def test_a_crafted_pickle_as_a_checkpoint_is_refused_in_one_line_and_never_runs(tmp_path):
     marker = tmp_path / f"ran-{uuid.uuid4().hex}"
     path = tmp_path / "last.ckpt"
     torch.save({"state_dict": {}, "payload": _Payload(str(marker))}, path, pickle_module=pickle)
-    for load in (lambda: load_torch_checkpoint(path, weights_only=True),
-                 lambda: CheckedCheckpointIO().load_checkpoint(path)):
-        with pytest.raises(DataError, match=r"last\.ckpt: refused: it holds Python objects that a weights-only load "
-                                            r"does not allow.*never runs code"):
+    for load in (
+        lambda: load_torch_checkpoint(path, weights_only=True),
+        lambda: CheckedCheckpointIO().load_checkpoint(path),
+    ):
+        with pytest.raises(
+            DataError,
+            match=r"last\.ckpt: refused: it holds Python objects that a weights-only load "
+            r"does not allow.*never runs code",
+        ):
             load()
     assert not marker.exists()

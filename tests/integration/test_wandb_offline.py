@@ -1,4 +1,5 @@
 """W&B in offline mode with the toy task: W&B id = run id and step across resumes, typed sweep values, run metadata."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,25 @@ from qkvqa.run.trainer import fit
 from qkvqa.sweep.command import render_args
 from tests.helpers.toy import ToyDataModule, ToyRegressor
 
-BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
-        "trainer.max_epochs=5", "logger.wandb.enabled=true", "logger.wandb.mode=offline"]
+BASE = [
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.max_epochs=5",
+    "logger.wandb.enabled=true",
+    "logger.wandb.mode=offline",
+]
 # One swept value of every kind, as a sweep file holds them.
-SWEPT = {"qff.alpha": 0.3, "qff.lr": 1e-05, "cda.U": None, "cda.theta": 0.0, "trainer.deterministic": True,
-         "seed": 3, "eval.judge": "em_only", "qff.betas": [0.9, 0.99]}
+SWEPT = {
+    "qff.alpha": 0.3,
+    "qff.lr": 1e-05,
+    "cda.U": None,
+    "cda.theta": 0.0,
+    "trainer.deterministic": True,
+    "seed": 3,
+    "eval.judge": "em_only",
+    "qff.betas": [0.9, 0.99],
+}
 
 
 @pytest.fixture
@@ -53,15 +68,15 @@ def wandb_records(path: Path):
     assert data[:4] == b":W&B"
     pos, block, pending = 7, 32768, b""
     while pos + 7 <= len(data):
-        if block - pos % block < 7:                      # a block tail too short for a header is padding
+        if block - pos % block < 7:  # a block tail too short for a header is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if pos + 7 + length > len(data):                 # a record still being written
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # a record still being written
             return
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
-        if kind in (1, 4):                               # FULL or LAST chunk: one record is complete
+        if kind in (1, 4):  # FULL or LAST chunk: one record is complete
             record = pb.Record()
             record.ParseFromString(pending)
             pending = b""
@@ -92,10 +107,18 @@ def logged_config(offline_dir: Path) -> dict:
 def leet(offline_dir: Path, *flags: str) -> list[dict]:
     """An offline run as W&B's own reader prints it: `wandb leet inspect --json` (one JSON object per record, or
     the run's state with --summary)."""
-    done = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", *flags,
-                           str(offline_dir)], capture_output=True, text=True, timeout=120, check=True)
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()] if not flags else \
-        [json.loads(done.stdout)]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", *flags, str(offline_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return (
+        [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+        if not flags
+        else [json.loads(done.stdout)]
+    )
 
 
 def history(offline_dir: Path) -> list[dict]:
@@ -117,13 +140,13 @@ def test_offline_run_dirs_carry_the_run_id_across_resumes(run_root, wandb_offlin
     _fit(run_root, "run_id=wb", "trainer.max_steps=2")
     _fit(run_root, "run_id=wb", "resume=auto", "trainer.max_steps=4")
     dirs = _offline_dirs(run_root / "wb")
-    assert len(dirs) == 2 and all(d.name.endswith("-wb") for d in dirs)   # one per launch, same id
+    assert len(dirs) == 2 and all(d.name.endswith("-wb") for d in dirs)  # one per launch, same id
     for d in dirs:
         runs = [r.run for r in finished_records(d) if r.WhichOneof("record_type") == "run"]
         assert runs and all(r.run_id == "wb" for r in runs)
     assert sorted(p.name for p in run_root.iterdir()) == ["wb"]
     steps = [r["step"] for r in RunRecord(run_root / "wb").read_metrics() if r["name"] == "train/loss"]
-    assert steps == [1, 2, 3, 4]                           # the local record holds everything too
+    assert steps == [1, 2, 3, 4]  # the local record holds everything too
     # W&B's own step is the run's (optimizer steps done): the resumed segment continues at step 3 instead of restarting, so
     # `wandb sync` of both segments into run `wb` keeps both (wandb/wandb#5865)
     first, second = (history(d) for d in dirs)
@@ -156,7 +179,7 @@ def test_summary_and_report_are_saved_with_the_wandb_run(run_root, wandb_offline
     files = _offline_dirs(run_root / "files")[0] / "files"
     assert (files / "report.md").read_text() == "# report\n"
     assert json.loads((files / "summary.json").read_text())["global_step"] == 1
-    assert log_run_files(run_root / "files") == []          # no active run: nothing to do
+    assert log_run_files(run_root / "files") == []  # no active run: nothing to do
 
 
 @pytest.mark.slow
@@ -181,15 +204,16 @@ def test_manual_resume_is_not_hijacked_by_a_leaked_sweep(run_root, wandb_offline
 
 @pytest.mark.slow
 def test_the_wandb_run_carries_job_type_notes_tags_the_learning_rate_and_relative_paths(run_root, wandb_offline):
-    _fit(run_root, "run_id=meta", "trainer.max_steps=2", "notes=why this run", "tags=[study]",
-         "logger.wandb.tags=[toy]")
+    _fit(
+        run_root, "run_id=meta", "trainer.max_steps=2", "notes=why this run", "tags=[study]", "logger.wandb.tags=[toy]"
+    )
     log_run_files(run_root / "meta")
     (state,) = leet(_offline_dirs(run_root / "meta")[0], "--summary")
     assert state["notes"] == "why this run" and state["tags"] == ["toy", "study"]
     runs = [r["run"] for r in leet(_offline_dirs(run_root / "meta")[0]) if r.get("type") == "run"]
     assert runs and runs[0]["job_type"] == "train"
     summary = state["summary"]
-    assert summary["last_model_path"] == "last.ckpt"                    # relative to the run directory
+    assert summary["last_model_path"] == "last.ckpt"  # relative to the run directory
     assert json.loads((run_root / "meta" / "summary.json").read_text())["last_model_path"].startswith("/")
     assert "train/loss" in summary and any(k.startswith("lr-") or k.startswith("train/lr") for k in summary)
 

@@ -1,4 +1,5 @@
 """A built wheel is a whole package: the experiment YAMLs ship inside it and `python -m qkvqa config ...` finds them outside a checkout."""
+
 from __future__ import annotations
 
 import os
@@ -26,12 +27,29 @@ def wheel(tmp_path_factory) -> Path:
     for name in SOURCES:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, work / "src_tree" / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                source, work / "src_tree" / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         elif source.is_file():
             (work / "src_tree").mkdir(exist_ok=True)
             shutil.copy2(source, work / "src_tree" / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-                    str(work / "dist"), str(work / "src_tree")], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(work / "dist"),
+            str(work / "src_tree"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (built,) = (work / "dist").glob("qkvqa-*.whl")
     return built
 
@@ -46,18 +64,25 @@ def test_the_wheel_carries_every_experiment_yaml_and_the_namespaced_data_modules
 
 def test_an_installed_wheel_lists_and_composes_experiments_outside_the_checkout(wheel, tmp_path):
     site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)                 # an installed wheel is its files under site-packages
+    zipfile.ZipFile(wheel).extractall(site)  # an installed wheel is its files under site-packages
     outside = tmp_path / "somewhere"
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("QKVQA_EXPERIMENTS", "QKVQA_CONFIG_PATH")}
-    env["PYTHONPATH"] = str(site)                            # before the checkout's editable install
+    env["PYTHONPATH"] = str(site)  # before the checkout's editable install
 
     def qkvqa(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "qkvqa", *args], cwd=outside, env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "qkvqa", *args], cwd=outside, env=env, capture_output=True, text=True, timeout=120
+        )
 
-    where = subprocess.run([sys.executable, "-c", "import qkvqa, qkvqa.data_modules.qff_train; print(qkvqa.__file__)"],
-                           cwd=outside, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import qkvqa, qkvqa.data_modules.qff_train; print(qkvqa.__file__)"],
+        cwd=outside,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(where).is_relative_to(site)
     listed = qkvqa("config", "list")
     assert listed.returncode == 0, listed.stderr

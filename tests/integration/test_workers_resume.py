@@ -1,6 +1,7 @@
 """Issue 37 item 1: DataLoader workers (fork) under stop signals. SLURM and a terminal deliver SIGTERM / SIGUSR1 /
 Ctrl-C to the whole process group, DataLoader workers included. Workers ignore them; the main process honours the
 stop at the next batch boundary with the signal number kept, saves, and a resume equals the uninterrupted run."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,27 @@ from tests.integration.test_qff_train import mined, train  # noqa: F401  (the mo
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 12
-BASE = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
-        "logger.wandb.enabled=false", "trainer.deterministic=true", "trainer.max_epochs=100",
-        f"trainer.max_steps={STEPS}", "checkpoint.every_n_train_steps=4"]
+BASE = [
+    "trainer.accelerator=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "logger.wandb.enabled=false",
+    "trainer.deterministic=true",
+    "trainer.max_epochs=100",
+    f"trainer.max_steps={STEPS}",
+    "checkpoint.every_n_train_steps=4",
+]
 
 
 def toy(root: Path, run_id: str, *overrides: str, fault: str = "", workers: int = 2) -> subprocess.CompletedProcess:
     """The toy run with `workers` DataLoader workers in its own session, bounded."""
-    return run_toy(root, run_id, *BASE, *overrides, env={"OMP_NUM_THREADS": "1", "QKVQA_TEST_FAULT": fault,
-                                                         "TOY_WORKERS": str(workers), "TOY_STEP_SLEEP": "0.05"})[0]
+    return run_toy(
+        root,
+        run_id,
+        *BASE,
+        *overrides,
+        env={"OMP_NUM_THREADS": "1", "QKVQA_TEST_FAULT": fault, "TOY_WORKERS": str(workers), "TOY_STEP_SLEEP": "0.05"},
+    )[0]
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +50,25 @@ def reference(tmp_path_factory):
     return torch.load(root / "ref" / "last.ckpt", weights_only=True)
 
 
-@pytest.mark.parametrize("fault, exit_code", [("sigusr1-group@train:6", 143), ("sigterm-group@train:1", 143),
-                                              # in the second epoch (8 steps an epoch): workers prefetch at once
-                                              ("sigterm-group@train:10", 143)])
-def test_a_group_signal_with_two_workers_stops_at_a_batch_boundary_and_resumes_exactly(reference, tmp_path, fault,
-                                                                                         exit_code):
+@pytest.mark.parametrize(
+    "fault, exit_code",
+    [
+        ("sigusr1-group@train:6", 143),
+        ("sigterm-group@train:1", 143),
+        # in the second epoch (8 steps an epoch): workers prefetch at once
+        ("sigterm-group@train:10", 143),
+    ],
+)
+def test_a_group_signal_with_two_workers_stops_at_a_batch_boundary_and_resumes_exactly(
+    reference, tmp_path, fault, exit_code
+):
     stopped = toy(tmp_path, "run", fault=fault)
     assert stopped.returncode == exit_code, stopped.stdout[-3000:]
-    assert "DataLoader worker" not in stopped.stdout, stopped.stdout[-3000:]       # no worker died of the signal
+    assert "DataLoader worker" not in stopped.stdout, stopped.stdout[-3000:]  # no worker died of the signal
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["state"] == "interrupted", status
     saved = torch.load(tmp_path / "run" / "last.ckpt", weights_only=True)
-    assert saved["global_step"] == int(fault.rsplit(":", 1)[1]) + 1       # the step in flight, finished, then saved
+    assert saved["global_step"] == int(fault.rsplit(":", 1)[1]) + 1  # the step in flight, finished, then saved
     resumed = toy(tmp_path, "run", "resume=auto")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     final = torch.load(tmp_path / "run" / "last.ckpt", weights_only=True)
@@ -60,8 +80,13 @@ def test_a_group_signal_with_two_workers_stops_at_a_batch_boundary_and_resumes_e
 
 
 def test_a_qff_mid_epoch_resume_with_two_workers_equals_the_uninterrupted_run(mined):  # noqa: F811
-    common = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.deterministic=true",
-              "qff.schedule_steps=6", "data.num_workers=2"]
+    common = [
+        "trainer.limit_val_batches=0",
+        "checkpoint.monitor=null",
+        "trainer.deterministic=true",
+        "qff.schedule_steps=6",
+        "data.num_workers=2",
+    ]
     straight = train(mined, "workers-a", "trainer.max_steps=6", *common)
     train(mined, "workers-b", "trainer.max_steps=3", *common)
     resumed = train(mined, "workers-b", "trainer.max_steps=6", *common, "resume=auto")
@@ -77,8 +102,18 @@ def test_an_evaluation_with_two_workers_stopped_by_group_signals_keeps_every_ans
     with none twice. One run for both signals: each extra evaluation start costs the suite seconds."""
     from tests.integration.test_evaluate import _expected_ids, _rows
 
-    cmd = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only",
-           "generation.batch_size=1", "data.batch_size=1", "data.num_workers=2", "run_id=workers"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qkvqa.cli",
+        "evaluate",
+        "experiment=world_eval",
+        "eval.judge=em_only",
+        "generation.batch_size=1",
+        "data.batch_size=1",
+        "data.num_workers=2",
+        "run_id=workers",
+    ]
     runs, env = eval_env["runs"], eval_env["env"]
     part = runs / "workers" / "predictions.parts" / "rank0.jsonl"
     answered: list[str] = []
@@ -89,10 +124,10 @@ def test_an_evaluation_with_two_workers_stopped_by_group_signals_keeps_every_ans
         status = json.loads((runs / "workers" / "status.json").read_text())
         assert status["state"] == "interrupted", status
         now = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
-        assert len(now) >= len(answered) + 3 and now[:len(answered)] == answered      # the answers kept
+        assert len(now) >= len(answered) + 3 and now[: len(answered)] == answered  # the answers kept
         answered = now
     resumed = subprocess.run(cmd + ["resume=auto"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["data_id"] for r in _rows(runs / "workers")] == _expected_ids(world)
     ids = [json.loads(line)["data_id"] for line in part.read_text().splitlines() if line.strip()]
-    assert len(ids) == len(set(ids)) and ids[:len(answered)] == answered        # the answers kept, none twice
+    assert len(ids) == len(set(ids)) and ids[: len(answered)] == answered  # the answers kept, none twice

@@ -11,6 +11,7 @@ The cluster is configured as a site's would be where the recipes must say what t
 - two fake GPUs (`GresTypes=gpu`, `Gres=gpu:2`, gres.conf with `/dev/null` files): `--gres=gpu:N` is accepted and
   counted (a job's `AllocTRES` shows `gres/gpu=N`), though nothing uses a GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,19 @@ import time
 from pathlib import Path
 from typing import Optional
 
-
-LAUNCH_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "WANDB_RUN_ID", "WANDB_SWEEP_ID", "CUDA_VISIBLE_DEVICES"}
+LAUNCH_VARS = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WANDB_RUN_ID",
+    "WANDB_SWEEP_ID",
+    "CUDA_VISIBLE_DEVICES",
+}
 
 
 def _free_port() -> int:
@@ -45,8 +56,11 @@ class SlurmCluster:
         self.conf = self.root / "slurm.conf"
         # Jobs inherit the submitting environment (sbatch --export=ALL): leave out what earlier tests in this process
         # (Lightning, torchrun, a run) set, or a job's ranks would read another launch's rank and address.
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_", "PL_", "QKVQA_RUN"))}
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in LAUNCH_VARS and not k.startswith(("SLURM_", "TORCHELASTIC_", "PL_", "QKVQA_RUN"))
+        }
         self.env["SLURM_CONF"] = str(self.conf)
         # Jobs run as an unprivileged user (slurmd, as root, switches to it); not root: as this user anyway. The
         # Python jobs need the interpreter: one under /root (mode 0700, as pyenv's is here) is out of that user's
@@ -62,7 +76,7 @@ class SlurmCluster:
         r = self.root
         for sub in ("state", "spool", "log", "munge", "work"):
             (r / sub).mkdir(parents=True, exist_ok=True)
-        for path in (r, r / "munge", r / "work"):   # the job user reads slurm.conf and talks to munged's socket
+        for path in (r, r / "munge", r / "work"):  # the job user reads slurm.conf and talks to munged's socket
             os.chmod(path, 0o755)
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -76,7 +90,7 @@ SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={r / 'munge' / 'munge.socket'}
+AuthInfo=socket={r / "munge" / "munge.socket"}
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
@@ -93,19 +107,20 @@ InactiveLimit=0
 MinJobAge=300
 SlurmdTimeout=60
 SlurmctldTimeout=60
-StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool'}
-SlurmctldPidFile={r / 'slurmctld.pid'}
-SlurmdPidFile={r / 'slurmd.pid'}
-SlurmctldLogFile={r / 'log' / 'slurmctld.log'}
-SlurmdLogFile={r / 'log' / 'slurmd.log'}
+StateSaveLocation={r / "state"}
+SlurmdSpoolDir={r / "spool"}
+SlurmctldPidFile={r / "slurmctld.pid"}
+SlurmdPidFile={r / "slurmd.pid"}
+SlurmctldLogFile={r / "log" / "slurmctld.log"}
+SlurmdLogFile={r / "log" / "slurmd.log"}
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 NodeName={self.host} CPUs={cpus} RealMemory={memory} Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """)
-        (r / "gres.conf").write_text(f"NodeName={self.host} Name=gpu File=/dev/null\n"
-                                     f"NodeName={self.host} Name=gpu File=/dev/zero\n")
+        (r / "gres.conf").write_text(
+            f"NodeName={self.host} Name=gpu File=/dev/null\nNodeName={self.host} Name=gpu File=/dev/zero\n"
+        )
 
     def workdir(self, name: str) -> Path:
         """A new directory, owned by the unprivileged user (the job user's when that is root), for what its jobs
@@ -140,15 +155,26 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         r = self.root
         log = open(r / "log" / "daemons.out", "ab")
         self.procs["munged"] = subprocess.Popen(
-            [shutil.which("munged") or "/usr/sbin/munged", "--foreground", "--force",
-             f"--socket={r / 'munge' / 'munge.socket'}", f"--key-file={r / 'munge' / 'munge.key'}",
-             f"--pid-file={r / 'munge' / 'munged.pid'}", f"--log-file={r / 'log' / 'munged.log'}",
-             f"--seed-file={r / 'munge' / 'munge.seed'}"], stdout=log, stderr=log)
+            [
+                shutil.which("munged") or "/usr/sbin/munged",
+                "--foreground",
+                "--force",
+                f"--socket={r / 'munge' / 'munge.socket'}",
+                f"--key-file={r / 'munge' / 'munge.key'}",
+                f"--pid-file={r / 'munge' / 'munged.pid'}",
+                f"--log-file={r / 'log' / 'munged.log'}",
+                f"--seed-file={r / 'munge' / 'munge.seed'}",
+            ],
+            stdout=log,
+            stderr=log,
+        )
         self._wait(lambda: (r / "munge" / "munge.socket").exists(), 30, "munged's socket")
-        self.procs["slurmctld"] = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)],
-                                                   stdout=log, stderr=log, env=self.env)
-        self.procs["slurmd"] = subprocess.Popen(["slurmd", "-D", "-f", str(self.conf), "-N", self.host],
-                                                stdout=log, stderr=log, env=self.env)
+        self.procs["slurmctld"] = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=log, stderr=log, env=self.env
+        )
+        self.procs["slurmd"] = subprocess.Popen(
+            ["slurmd", "-D", "-f", str(self.conf), "-N", self.host], stdout=log, stderr=log, env=self.env
+        )
         self._wait(lambda: self.node_state() in ("idle", "mixed", "allocated"), timeout_s, "the node to come up")
         if os.geteuid() == 0:
             self._check_python_as_user()
@@ -157,17 +183,23 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
     def _check_python_as_user(self) -> None:
         """A job of the unprivileged user that starts this Python; if it cannot, Python jobs run as root."""
         out = self.workdir("probe") / "probe.out"
-        done = subprocess.run(self.as_user(["sbatch", "--parsable", f"--output={out}", "--wrap",
-                                            f"{sys.executable} -c pass"]), env=self.user_env(), cwd=self.root / "work",
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            self.as_user(["sbatch", "--parsable", f"--output={out}", "--wrap", f"{sys.executable} -c pass"]),
+            env=self.user_env(),
+            cwd=self.root / "work",
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"sbatch as {self.unprivileged}: {done.stderr.strip()}; logs: {self.logs()}")
         job = done.stdout.strip().split(";")[0]
         if self.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 60) != "COMPLETED":
             self.user = "root"
             why = out.read_text().strip().splitlines()[-1:] if out.exists() else ["no output"]
-            self.python_user_note = (f"{sys.executable} cannot start in a job of {self.unprivileged} "
-                                     f"({why[0]}): the Python jobs run as root")
+            self.python_user_note = (
+                f"{sys.executable} cannot start in a job of {self.unprivileged} ({why[0]}): the Python jobs run as root"
+            )
 
     def _wait(self, ready, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -224,8 +256,13 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         3 s after the job is pending again."""
         self.wait_job(job_id, ("PENDING",), timeout_s)
         time.sleep(3.0)
-        self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now",
-                 *([f"TimeLimit={time_limit}"] if time_limit else []))
+        self.run(
+            "scontrol",
+            "update",
+            f"JobId={job_id}",
+            "StartTime=now",
+            *([f"TimeLimit={time_limit}"] if time_limit else []),
+        )
 
     def logs(self) -> str:
         out = []

@@ -1,4 +1,5 @@
 """The `slurm` tests' cluster: installed by `make test` (.ci/install_slurm.sh), started once per session here."""
+
 from __future__ import annotations
 
 import shutil

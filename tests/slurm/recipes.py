@@ -9,6 +9,7 @@ toy's environment go on sbatch's command line and in the submitting environment 
 `toy.sh` runs the toy with `TOY_ATTEMPT_<n>_ENV` (space-separated `KEY=VALUE`) exported on top, n being the job's
 `SLURM_RESTART_COUNT`: a fault, a slow data preparation or slow steps for one attempt of a requeued job only.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,22 +19,39 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 16                  # 64 samples, batch 8 on 2 ranks: 4 steps an epoch
-DOCS = {"training-sbatch": REPO / "docs" / "training.md", "readme-sbatch": REPO / "README.md",
-        "evaluate-sbatch": REPO / "docs" / "training.md"}
-SCALE = {                   # the recipes' counts -> the test node's (1 node, 2 tasks, 2 fake GPUs, CPU)
-    "training-sbatch": [("#SBATCH --nodes=2", "#SBATCH --nodes=1"), ("--ntasks-per-node=4", "--ntasks-per-node=2"),
-                        ("--gres=gpu:4", "--gres=gpu:2"), ("trainer.accelerator=gpu", "trainer.accelerator=cpu"),
-                        ("trainer.devices=4", "trainer.devices=2"), ("trainer.num_nodes=2", "trainer.num_nodes=1")],
-    "readme-sbatch": [("#SBATCH --nodes=2", "#SBATCH --nodes=1"), ("--ntasks-per-node=8", "--ntasks-per-node=2"),
-                      ("--gres=gpu:8", "--gres=gpu:2"), ("trainer.devices=8", "trainer.devices=2"),
-                      ("trainer.num_nodes=2", "trainer.num_nodes=1")],
-    "evaluate-sbatch": [("--ntasks-per-node=4", "--ntasks-per-node=2"), ("--gres=gpu:4", "--gres=gpu:2"),
-                        ("trainer.accelerator=gpu", "trainer.accelerator=cpu")],
+STEPS = 16  # 64 samples, batch 8 on 2 ranks: 4 steps an epoch
+DOCS = {
+    "training-sbatch": REPO / "docs" / "training.md",
+    "readme-sbatch": REPO / "README.md",
+    "evaluate-sbatch": REPO / "docs" / "training.md",
 }
-PROGRAM = {"training-sbatch": "python -m qkvqa.cli train experiment=evqa_qff",
-           "readme-sbatch": "python -m qkvqa.cli train experiment=evqa_qff preset=ddp",
-           "evaluate-sbatch": "python -m qkvqa.cli evaluate experiment=eval/evqa_qwen"}
+SCALE = {  # the recipes' counts -> the test node's (1 node, 2 tasks, 2 fake GPUs, CPU)
+    "training-sbatch": [
+        ("#SBATCH --nodes=2", "#SBATCH --nodes=1"),
+        ("--ntasks-per-node=4", "--ntasks-per-node=2"),
+        ("--gres=gpu:4", "--gres=gpu:2"),
+        ("trainer.accelerator=gpu", "trainer.accelerator=cpu"),
+        ("trainer.devices=4", "trainer.devices=2"),
+        ("trainer.num_nodes=2", "trainer.num_nodes=1"),
+    ],
+    "readme-sbatch": [
+        ("#SBATCH --nodes=2", "#SBATCH --nodes=1"),
+        ("--ntasks-per-node=8", "--ntasks-per-node=2"),
+        ("--gres=gpu:8", "--gres=gpu:2"),
+        ("trainer.devices=8", "trainer.devices=2"),
+        ("trainer.num_nodes=2", "trainer.num_nodes=1"),
+    ],
+    "evaluate-sbatch": [
+        ("--ntasks-per-node=4", "--ntasks-per-node=2"),
+        ("--gres=gpu:4", "--gres=gpu:2"),
+        ("trainer.accelerator=gpu", "trainer.accelerator=cpu"),
+    ],
+}
+PROGRAM = {
+    "training-sbatch": "python -m qkvqa.cli train experiment=evqa_qff",
+    "readme-sbatch": "python -m qkvqa.cli train experiment=evqa_qff preset=ddp",
+    "evaluate-sbatch": "python -m qkvqa.cli evaluate experiment=eval/evqa_qwen",
+}
 
 
 def doc_script(name: str) -> str:
@@ -75,26 +93,37 @@ def recipe(name: str, work: Path, wandb: bool = False, program: str | None = Non
         path.write_text(_replace(script, PROGRAM[name], program, name))
         return path
     extra = "trainer.accelerator=cpu trainer.strategy=ddp " if "preset=ddp" in PROGRAM[name] else ""
-    script = _replace(script, PROGRAM[name], f"{launcher(work)} {extra}paths.checkpoints_root={work / 'runs'} "
-                      f"trainer.enable_progress_bar=false trainer.log_every_n_steps=1 "
-                      f"logger.wandb.enabled={str(wandb).lower()} trainer.deterministic=true "
-                      f"trainer.max_epochs=100 trainer.max_steps={STEPS}", name)
+    script = _replace(
+        script,
+        PROGRAM[name],
+        f"{launcher(work)} {extra}paths.checkpoints_root={work / 'runs'} "
+        f"trainer.enable_progress_bar=false trainer.log_every_n_steps=1 "
+        f"logger.wandb.enabled={str(wandb).lower()} trainer.deterministic=true "
+        f"trainer.max_epochs=100 trainer.max_steps={STEPS}",
+        name,
+    )
     path = work / f"{name}.sbatch"
     path.write_text(script)
     return path
 
 
-def submit(slurm, name: str, work: Path, *sbatch: str, wandb: bool = False, program: str | None = None,
-           **env: str) -> str:
+def submit(
+    slurm, name: str, work: Path, *sbatch: str, wandb: bool = False, program: str | None = None, **env: str
+) -> str:
     """Submit recipe `name` as the job user from the repository (the job's working directory); the job id.
     `sbatch`: options on sbatch's command line (they override the script's `#SBATCH` lines)."""
     import subprocess
 
     script = recipe(name, work, wandb=wandb, program=program)
     user_env = slurm.user_env(OMP_NUM_THREADS="1", WANDB_MODE="offline", **env)
-    done = subprocess.run(slurm.as_user(["sbatch", "--parsable", f"--output={work}/%x-%j.out", *sbatch,
-                                         str(script)]), env=user_env, cwd=REPO, capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        slurm.as_user(["sbatch", "--parsable", f"--output={work}/%x-%j.out", *sbatch, str(script)]),
+        env=user_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"sbatch {script}: {done.stderr.strip()}")
     return done.stdout.strip().split(";")[0]
@@ -109,8 +138,9 @@ def rows(seen: Path) -> int:
 
 
 def max_step(seen: Path) -> int:
-    return max((json.loads(line)["step"] for line in seen.read_text().splitlines()), default=-1) \
-        if seen.exists() else -1
+    return (
+        max((json.loads(line)["step"] for line in seen.read_text().splitlines()), default=-1) if seen.exists() else -1
+    )
 
 
 def order(seen: Path) -> dict:
@@ -124,8 +154,10 @@ def order(seen: Path) -> dict:
 
 def told(slurm, work: Path, rdir: Path) -> str:
     """What a failed assertion shows: the run record, the tail of every job output, the daemons' logs."""
-    parts = [f"--- {rdir / 'status.json'}\n" + ((rdir / "status.json").read_text()
-                                                if (rdir / "status.json").exists() else "(none)")]
+    parts = [
+        f"--- {rdir / 'status.json'}\n"
+        + ((rdir / "status.json").read_text() if (rdir / "status.json").exists() else "(none)")
+    ]
     parts += [f"--- {out.name}\n" + out.read_text()[-6000:] for out in sorted(work.glob("*.out"))]
     return "\n".join(parts + [slurm.logs()])
 

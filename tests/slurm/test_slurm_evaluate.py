@@ -8,6 +8,7 @@ submitted as written (tests/slurm/recipes.py), killed twice, and resumed at anot
 3. the same script submitted with one task (`--ntasks-per-node=1`; `trainer.devices` follows it) finishes the run.
 
 Each question is answered exactly once across the three attempts, and the rankings equal a single-process run's."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from tests.slurm import recipes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-RUN_ID = "evqa_qwen_test"                                   # the recipe's own run_id
+RUN_ID = "evqa_qwen_test"  # the recipe's own run_id
 ARGS = "experiment=world_eval eval.judge=em_only generation.batch_size=1 data.batch_size=1"
 
 
@@ -43,7 +44,7 @@ def _rank_pid(slurm, job: str, rank: int) -> int:
             if cmdline.exists() and b"qkvqa.cli" in cmdline.read_bytes():
                 pids.append(int(fields[0]))
     assert pids, out
-    return min(pids)                                            # the task itself, not a child it started
+    return min(pids)  # the task itself, not a child it started
 
 
 def _barrier_waits(out: Path) -> int:
@@ -57,16 +58,22 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
 
     t0 = time.monotonic()
     work = slurm.workdir("evaluate")
-    os.environ["QKVQA_TINY_DIR"] = str(work / "tiny")         # the jobs' user reads the tiny models (undone by conftest)
+    os.environ["QKVQA_TINY_DIR"] = str(work / "tiny")  # the jobs' user reads the tiny models (undone by conftest)
     world = make_world(work)
     env = build_eval_env(work, world)["env"]
     expected = [q.data_id for q in read_evqa_csv(Path(world["dir"]) / "evqa/test.csv", include_two_hop=True)]
-    if slurm.user != "root":                                   # what the tests built, the jobs write beside
+    if slurm.user != "root":  # what the tests built, the jobs write beside
         for path in [work, *work.rglob("*")]:
             os.chown(path, slurm.uid, slurm.gid, follow_symlinks=False)
-    env = {**env, "OMP_NUM_THREADS": "1"}                      # the same kernels in every run: identical floats
-    whole = subprocess.run([sys.executable, "-m", "qkvqa.cli", "evaluate", *ARGS.split(), "run_id=whole"], cwd=REPO,
-                           env=env, capture_output=True, text=True, timeout=600)
+    env = {**env, "OMP_NUM_THREADS": "1"}  # the same kernels in every run: identical floats
+    whole = subprocess.run(
+        [sys.executable, "-m", "qkvqa.cli", "evaluate", *ARGS.split(), "run_id=whole"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     reference = {r["data_id"]: r.get("ranking") for r in _lines(work / "runs" / "whole" / "predictions.jsonl")}
     print(f"single-process reference done at {time.monotonic() - t0:.0f} s")
@@ -82,7 +89,7 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
     assert recipes.wait_for(lambda: min(recipes.rows(p) for p in parts) >= 2, 300), recipes.told(slurm, work, run_dir)
     slurm.run("scancel", "--signal=USR1", job)
     assert recipes.wait_state(run_dir, "running", 120) == "interrupted", recipes.told(slurm, work, run_dir)
-    slurm.requeue_now(job)                                      # qkvqa requeued it; skip SLURM's begin delay
+    slurm.requeue_now(job)  # qkvqa requeued it; skip SLURM's begin delay
     answered = [recipes.rows(p) for p in parts]
     assert sum(answered) < len(expected), answered
     print(f"stopped in predict with {answered} answers at {time.monotonic() - t0:.0f} s; requeued")
@@ -98,9 +105,9 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
         assert recipes.wait_state(run_dir, "running", 60) == "interrupted", recipes.told(slurm, work, run_dir)
         stopped_in = time.monotonic() - sent
     finally:
-        os.kill(slow, signal.SIGCONT)                           # it stops on the SIGTERM waiting for it
+        os.kill(slow, signal.SIGCONT)  # it stops on the SIGTERM waiting for it
     state = slurm.wait_job(job, ("FAILED", "CANCELLED", "COMPLETED"), 120)
-    assert state == "FAILED", recipes.told(slurm, work, run_dir)   # exit 143: SIGTERM is not requeued by qkvqa
+    assert state == "FAILED", recipes.told(slurm, work, run_dir)  # exit 143: SIGTERM is not requeued by qkvqa
     assert int(slurm.job_field(job, "Restarts") or 0) == 1
     assert stopped_in < 30, stopped_in
     status = json.loads((run_dir / "status.json").read_text())
@@ -108,8 +115,9 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
     print(f"stopped in the barrier {stopped_in:.1f} s after SIGTERM, at {time.monotonic() - t0:.0f} s")
 
     # 3. the same script on one task
-    again = recipes.submit(slurm, "evaluate-sbatch", work, "--ntasks-per-node=1", "--gres=gpu:1", program=program,
-                           **job_env)
+    again = recipes.submit(
+        slurm, "evaluate-sbatch", work, "--ntasks-per-node=1", "--gres=gpu:1", program=program, **job_env
+    )
     state = slurm.wait_job(again, ("COMPLETED", "FAILED", "CANCELLED"), 400)
     assert state == "COMPLETED", recipes.told(slurm, work, run_dir)
     print(f"resumed on one rank, done at {time.monotonic() - t0:.0f} s")
@@ -118,7 +126,7 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
     assert status["state"] == "finished" and len(status["attempts"]) == 3, status
     assert status["world_size"] == 1, status
     ids = [row["data_id"] for p in parts for row in _lines(p)]
-    assert len(ids) == len(set(ids)) and sorted(ids) == sorted(expected)        # each question answered once
+    assert len(ids) == len(set(ids)) and sorted(ids) == sorted(expected)  # each question answered once
     rows = _lines(run_dir / "predictions.jsonl")
     assert [r["data_id"] for r in rows] == expected
-    assert {r["data_id"]: r.get("ranking") for r in rows} == reference        # the single-process rankings
+    assert {r["data_id"]: r.get("ranking") for r in rows} == reference  # the single-process rankings

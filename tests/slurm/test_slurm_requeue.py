@@ -2,6 +2,7 @@
 docs/training.md's sbatch scripts submitted as written (tests/slurm/recipes.py), preempted mid-epoch with SIGUSR1 (by
 scancel, and by `--signal=USR1@N` before a `--time` limit with W&B offline on), requeued by qkvqa itself, resumed on
 every rank to the uninterrupted result (issues 16, 37)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -21,8 +22,8 @@ def test_the_recipes_gpu_request_is_accepted_and_counted(slurm, reference):
     accepted and allocated it; a request for more GPUs than the node has is refused at submission."""
     fields = reference[3]
     assert fields["TresPerNode"] == "gres:gpu:2", fields
-    assert fields["UserId"].startswith(f"{slurm.user}("), fields              # ran as the unprivileged user
-    assert fields["Requeue"] == "1", fields                                   # the script's --requeue
+    assert fields["UserId"].startswith(f"{slurm.user}("), fields  # ran as the unprivileged user
+    assert fields["Requeue"] == "1", fields  # the script's --requeue
     work = slurm.workdir("gres")
     with pytest.raises(RuntimeError, match="Requested node configuration is not available"):
         recipes.submit(slurm, "training-sbatch", work, "--gres=gpu:3")
@@ -46,18 +47,40 @@ def test_a_strict_cluster_requeues_a_recipe_only_because_it_asks_and_runs_it_unp
     for kind, text in (("asks", script), ("silent", script.replace("#SBATCH --requeue", "#SBATCH --comment=none"))):
         path = work / f"{kind}.sbatch"
         path.write_text(text)
-        done = subprocess.run(slurm.as_user(["sbatch", "--parsable", "--ntasks-per-node=1", "--gres=gpu:1",
-                                             f"--output={work}/%x-%j.out", str(path)], user=slurm.unprivileged),
-                              env=slurm.user_env(), cwd=work, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            slurm.as_user(
+                [
+                    "sbatch",
+                    "--parsable",
+                    "--ntasks-per-node=1",
+                    "--gres=gpu:1",
+                    f"--output={work}/%x-%j.out",
+                    str(path),
+                ],
+                user=slurm.unprivileged,
+            ),
+            env=slurm.user_env(),
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 0, done.stderr
         jobs[kind] = done.stdout.strip().split(";")[0]
     try:
         for job in jobs.values():
             slurm.wait_job(job, ("RUNNING",), 60)
             assert slurm.job_field(job, "UserId").startswith(f"{slurm.unprivileged}(")
-        requeue = {kind: subprocess.run(slurm.as_user(["scontrol", "requeue", job], user=slurm.unprivileged),
-                                        env=slurm.user_env(), capture_output=True, text=True, timeout=30)
-                   for kind, job in jobs.items()}
+        requeue = {
+            kind: subprocess.run(
+                slurm.as_user(["scontrol", "requeue", job], user=slurm.unprivileged),
+                env=slurm.user_env(),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            for kind, job in jobs.items()
+        }
         assert requeue["asks"].returncode == 0, requeue["asks"].stderr
         assert requeue["silent"].returncode != 0 and "disabled" in requeue["silent"].stderr, requeue["silent"]
         assert int(slurm.job_field(jobs["asks"], "Restarts") or 0) == 1
@@ -74,7 +97,7 @@ def test_readme_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
     job = recipes.submit(slurm, "readme-sbatch", work, TOY_SEEN_FILE=str(seen), TOY_STEP_SLEEP="0.25")
     run_dir = recipes.run_dir(work, job)
     assert recipes.wait_for(lambda: recipes.rows(seen) >= 2 * 6, 240), recipes.told(slurm, work, run_dir)
-    print(f"preempting at {time.monotonic() - t0:.0f} s")                 # both ranks past step 6: mid-epoch 2
+    print(f"preempting at {time.monotonic() - t0:.0f} s")  # both ranks past step 6: mid-epoch 2
     slurm.run("scancel", "--signal=USR1", job)
     assert recipes.wait_state(run_dir, "running", 120) == "interrupted", recipes.told(slurm, work, run_dir)
     stopped_at = torch.load(run_dir / "last.ckpt", weights_only=True)["global_step"]
@@ -83,7 +106,7 @@ def test_readme_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
     state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
     assert state == "COMPLETED", recipes.told(slurm, work, run_dir)
     print(f"requeued job done at {time.monotonic() - t0:.0f} s")
-    assert int(slurm.job_field(job, "Restarts") or 0) == 1                  # requeued once, by qkvqa
+    assert int(slurm.job_field(job, "Restarts") or 0) == 1  # requeued once, by qkvqa
     assert [p.name for p in (work / "runs").iterdir()] == [run_dir.name]
     recipes.assert_resumed_like(reference, ref_order, run_dir, seen, attempts=2)
 
@@ -97,15 +120,23 @@ def test_time_limit_signal_with_wandb_on_saves_mid_run_requeues_and_resumes(slur
     reference, ref_order = reference[:2]
     work = slurm.workdir("timed")
     seen = work / "seen.jsonl"
-    job = recipes.submit(slurm, "readme-sbatch", work, "--time=3", "--signal=USR1@90", wandb=True,
-                         TOY_SEEN_FILE=str(seen), TOY_ATTEMPT_0_ENV="TOY_STEP_SLEEP=8")
+    job = recipes.submit(
+        slurm,
+        "readme-sbatch",
+        work,
+        "--time=3",
+        "--signal=USR1@90",
+        wandb=True,
+        TOY_SEEN_FILE=str(seen),
+        TOY_ATTEMPT_0_ENV="TOY_STEP_SLEEP=8",
+    )
     run_dir = recipes.run_dir(work, job)
     assert recipes.wait_for(lambda: (run_dir / "status.json").exists(), 120), recipes.told(slurm, work, run_dir)
     assert recipes.wait_state(run_dir, "running", 200) == "interrupted", recipes.told(slurm, work, run_dir)
     waited = time.monotonic() - t0
     saved = run_dir / "last.ckpt"
     stopped_at = torch.load(saved, weights_only=True)["global_step"] if saved.exists() else 0
-    assert 0 < stopped_at < STEPS, (stopped_at, recipes.told(slurm, work, run_dir))     # a mid-run resume
+    assert 0 < stopped_at < STEPS, (stopped_at, recipes.told(slurm, work, run_dir))  # a mid-run resume
     # The continuation gets a longer limit: a second time-limit signal would otherwise stop a requeued attempt
     # that starts slowly on a loaded machine, and this test checks one requeue.
     slurm.requeue_now(job, time_limit="10")

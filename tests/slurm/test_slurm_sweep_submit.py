@@ -5,6 +5,7 @@ hangs after submitting; the next run adopts that array, and SLURM ends up holdin
 
 The kill comes from an `sbatch` on PATH that runs the real one, then kills its caller (the runner): the runner's own
 code is not changed for the test."""
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,30 @@ STEPS = 2
 
 def _sweep_file(tmp_path: Path, name: str, seeds: list[int]) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": name, "program": "tests.helpers.toy", "method": "grid",
-        "metric": {"name": "train/loss", "goal": "minimize"},
-        "parameters": {"seed": {"values": seeds}},
-        "command": ["${env}", "${interpreter}", "-m", "tests.helpers.toy", "trainer.accelerator=cpu",
-                    "trainer.enable_progress_bar=false", "logger.wandb.enabled=false",
-                    "trainer.max_epochs=100", f"trainer.max_steps={STEPS}", "${args_no_hyphens}"]}, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "program": "tests.helpers.toy",
+                "method": "grid",
+                "metric": {"name": "train/loss", "goal": "minimize"},
+                "parameters": {"seed": {"values": seeds}},
+                "command": [
+                    "${env}",
+                    "${interpreter}",
+                    "-m",
+                    "tests.helpers.toy",
+                    "trainer.accelerator=cpu",
+                    "trainer.enable_progress_bar=false",
+                    "logger.wandb.enabled=false",
+                    "trainer.max_epochs=100",
+                    f"trainer.max_steps={STEPS}",
+                    "${args_no_hyphens}",
+                ],
+            },
+            sort_keys=False,
+        )
+    )
     return path
 
 
@@ -43,7 +61,7 @@ def _fake_sbatch(tmp_path: Path, then: str) -> tuple[Path, Path]:
     answer = tmp_path / "sbatch.answer"
     script = bin_dir / "sbatch"
     script.write_text(f"""#!/bin/bash
-out=$({shutil.which('sbatch')} "$@"); rc=$?
+out=$({shutil.which("sbatch")} "$@"); rc=$?
 echo "$out" > {answer}.part && mv {answer}.part {answer}
 {then}
 echo "$out"; exit $rc
@@ -56,10 +74,29 @@ def _sweep(slurm, sweep_file: Path, root: Path, *extra: str, path_first: Path | 
     env = {**slurm.user_env(), "OMP_NUM_THREADS": "1"}
     if path_first is not None:
         env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
-    return subprocess.Popen(slurm.as_user([sys.executable, "-m", "qkvqa.cli", "sweep", str(sweep_file),
-                                           "--backend", "slurm", "--checkpoints-root", str(root / "runs"),
-                                           "--sweep-dir", str(root / "sweep"), *extra]),
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        slurm.as_user(
+            [
+                sys.executable,
+                "-m",
+                "qkvqa.cli",
+                "sweep",
+                str(sweep_file),
+                "--backend",
+                "slurm",
+                "--checkpoints-root",
+                str(root / "runs"),
+                "--sweep-dir",
+                str(root / "sweep"),
+                *extra,
+            ]
+        ),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _manifest(root: Path) -> dict:
@@ -82,13 +119,13 @@ def _rerun_adopts(slurm, sweep_file: Path, root: Path, job: str, trials: list[st
         entry = manifest["trials"][tid]
         assert entry["status"] == "finished" and entry["slurm_job"] == job and entry["attempts"] == 1, entry
         status = json.loads((Path(entry["run_dir"]) / "status.json").read_text())
-        assert status["state"] == "finished" and len(status["attempts"]) == 1, status      # ran once
+        assert status["state"] == "finished" and len(status["attempts"]) == 1, status  # ran once
     return out
 
 
 def test_a_runner_killed_right_after_sbatch_returned_never_submits_the_array_again(slurm):
     t0 = time.monotonic()
-    tmp_path = slurm.workdir("sweep-killed")               # the job user's (tests/slurm/cluster.py)
+    tmp_path = slurm.workdir("sweep-killed")  # the job user's (tests/slurm/cluster.py)
     sweep_file = _sweep_file(tmp_path, "once", [0, 1])
     bin_dir, answer = _fake_sbatch(tmp_path, "kill -KILL $PPID; sleep 2")
     runner = _sweep(slurm, sweep_file, tmp_path, path_first=bin_dir)
@@ -96,7 +133,7 @@ def test_a_runner_killed_right_after_sbatch_returned_never_submits_the_array_aga
     assert runner.returncode == -signal.SIGKILL, out
     job = answer.read_text().strip().split(";")[0]
     assert job.isdigit(), answer.read_text()
-    manifest = _manifest(tmp_path)                         # what the killed runner left: the token, no job id
+    manifest = _manifest(tmp_path)  # what the killed runner left: the token, no job id
     (sub,) = manifest["submissions"]
     assert sub["job"] is None and sub["token"].startswith("once-s001-")
     assert {t["status"] for t in manifest["trials"].values()} == {"submitting"}
@@ -105,7 +142,7 @@ def test_a_runner_killed_right_after_sbatch_returned_never_submits_the_array_aga
 
     out = _rerun_adopts(slurm, sweep_file, tmp_path, job, ["t000", "t001"])
     assert f"adopted SLURM array job {job}" in out, out
-    assert _arrays_named(slurm, "once") == {job}            # one array, never a second
+    assert _arrays_named(slurm, "once") == {job}  # one array, never a second
     print(f"killed runner's array adopted and finished in {time.monotonic() - t0:.0f} s")
 
 
@@ -113,17 +150,17 @@ def test_ctrl_c_while_sbatch_hangs_after_submitting_records_the_array(slurm):
     t0 = time.monotonic()
     tmp_path = slurm.workdir("sweep-ctrl-c")
     sweep_file = _sweep_file(tmp_path, "intr", [0])
-    bin_dir, answer = _fake_sbatch(tmp_path, "exec sleep 60")     # submitted, the answer never comes
+    bin_dir, answer = _fake_sbatch(tmp_path, "exec sleep 60")  # submitted, the answer never comes
     runner = _sweep(slurm, sweep_file, tmp_path, path_first=bin_dir)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not answer.exists():
         time.sleep(0.2)
     assert answer.exists(), runner.poll()
     job = answer.read_text().strip().split(";")[0]
-    runner.send_signal(signal.SIGINT)                          # Ctrl-C
-    out, _ = runner.communicate(timeout=180)                   # bounded; a loaded machine took over 60 s
+    runner.send_signal(signal.SIGINT)  # Ctrl-C
+    out, _ = runner.communicate(timeout=180)  # bounded; a loaded machine took over 60 s
     assert runner.returncode == 130, out
-    manifest = _manifest(tmp_path)                         # adopted at once, by the token
+    manifest = _manifest(tmp_path)  # adopted at once, by the token
     assert [s["job"] for s in manifest["submissions"]] == [job], (manifest["submissions"], out)
     assert manifest["trials"]["t000"]["status"] in ("queued", "running"), manifest["trials"]
 

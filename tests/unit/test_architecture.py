@@ -1,5 +1,6 @@
 """Import direction: no import circle anywhere in the package (lazy imports inside functions included), no loop between
 packages, every package imports only the layers below it (docs/ARCHITECTURE.md "Layers"), and the layering cuts hold."""
+
 from __future__ import annotations
 
 import ast
@@ -91,8 +92,12 @@ def test_no_module_imports_one_that_imports_it_back():
 
 def imports_of(prefix: str) -> set[str]:
     """Everything the modules under `prefix` import."""
-    return {t for name, targets in import_graph().items() if name == prefix or name.startswith(prefix + ".")
-            for t in targets}
+    return {
+        t
+        for name, targets in import_graph().items()
+        if name == prefix or name.startswith(prefix + ".")
+        for t in targets
+    }
 
 
 def test_the_filter_stage_does_not_reach_into_stage_one_embedding():
@@ -101,8 +106,11 @@ def test_the_filter_stage_does_not_reach_into_stage_one_embedding():
 
 def test_the_data_layer_imports_neither_the_synthetic_world_nor_the_datamodules():
     assert not {t for t in imports_of("qkvqa.data") if t.startswith(("qkvqa.synth", "qkvqa.data_modules", "qkvqa.qff"))}
-    assert not {t for t in imports_of("qkvqa.synth") if not t.startswith(("qkvqa.synth", "qkvqa.data", "qkvqa.errors",
-                                                                           "qkvqa.utils"))}
+    assert not {
+        t
+        for t in imports_of("qkvqa.synth")
+        if not t.startswith(("qkvqa.synth", "qkvqa.data", "qkvqa.errors", "qkvqa.utils"))
+    }
 
 
 # The layers, lowest first: a package imports only packages listed before it (or itself), at the top of a file or
@@ -110,16 +118,33 @@ def test_the_data_layer_imports_neither_the_synthetic_world_nor_the_datamodules(
 # pipeline -> cli); the scorers of `metrics` sit below the stages, which score their own output with them (stage 1's
 # Recall@K, the QFF's section recall), and import none of them. `qkvqa` is the package's own __init__ (its version).
 LAYERS = (
-    "errors", "qkvqa", "utils", "components",
-    "data", "synth", "config",                      # the data layer, the synthetic world written in its formats, configs
-    "metrics",                                      # official scorers: below every stage
-    "loggers", "callbacks", "run",                  # W&B and the run-record logger, callbacks, runs and the Trainer
-    "retrieval", "qff", "data_modules", "models",   # stage 1, the filter, the DataModules (over qff's pools), QFFTrainer
-    "cda", "generation", "pipeline",                # CDA, the generator, the per-question pipeline and its recipe
+    "errors",
+    "qkvqa",
+    "utils",
+    "components",
+    "data",
+    "synth",
+    "config",  # the data layer, the synthetic world written in its formats, configs
+    "metrics",  # official scorers: below every stage
+    "loggers",
+    "callbacks",
+    "run",  # W&B and the run-record logger, callbacks, runs and the Trainer
+    "retrieval",
+    "qff",
+    "data_modules",
+    "models",  # stage 1, the filter, the DataModules (over qff's pools), QFFTrainer
+    "cda",
+    "generation",
+    "pipeline",  # CDA, the generator, the per-question pipeline and its recipe
     # tools over runs; the sweep runner and the demo run qkvqa's commands with what the command line passes in (its
     # parser, `qkvqa.cli.sweep.compose_command`; its entry point, `qkvqa.cli.main.main`)
-    "inspect", "doctor", "compare", "sweep", "demo",
-    "cli", "__main__",
+    "inspect",
+    "doctor",
+    "compare",
+    "sweep",
+    "demo",
+    "cli",
+    "__main__",
 )
 
 
@@ -156,8 +181,12 @@ def test_no_package_imports_a_package_that_imports_it_back():
 
 def test_each_package_imports_only_the_layers_below_it():
     rank = {name: i for i, name in enumerate(LAYERS)}
-    upward = sorted(f"{name} -> {t}" for name, targets in import_graph().items() for t in targets
-                    if rank[package_of(t)] > rank[package_of(name)])
+    upward = sorted(
+        f"{name} -> {t}"
+        for name, targets in import_graph().items()
+        for t in targets
+        if rank[package_of(t)] > rank[package_of(name)]
+    )
     assert upward == []
 
 
@@ -165,10 +194,15 @@ def test_the_layer_check_sees_an_upward_import():
     rank = {name: i for i, name in enumerate(LAYERS)}
     # stage 1 importing the DataModules (as retrieval.retrieve did through datamodule_for) goes up two layers
     assert rank[package_of("qkvqa.data_modules")] > rank[package_of("qkvqa.retrieval.retrieve")]
-    assert cycles(package_graph({"qkvqa.retrieval.retrieve": {"qkvqa.data_modules"},
-                                 "qkvqa.data_modules": {"qkvqa.qff.mining"},
-                                 "qkvqa.qff.mining": {"qkvqa.retrieval.retrieve"}})) == [["data_modules", "qff",
-                                                                                          "retrieval"]]
+    assert cycles(
+        package_graph(
+            {
+                "qkvqa.retrieval.retrieve": {"qkvqa.data_modules"},
+                "qkvqa.data_modules": {"qkvqa.qff.mining"},
+                "qkvqa.qff.mining": {"qkvqa.retrieval.retrieve"},
+            }
+        )
+    ) == [["data_modules", "qff", "retrieval"]]
 
 
 def test_the_stages_read_the_benchmark_they_are_given():

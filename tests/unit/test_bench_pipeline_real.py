@@ -1,5 +1,6 @@
 """bench/pipeline_real.py at its toy size: the result's keys, OURS and the OMGM-style baseline agreeing on every
 section score, positive ratios. Properties only; no speed figure is asserted."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow            # builds and runs three pipelines: `make test`, not the fast loop
+pytestmark = pytest.mark.slow  # builds and runs three pipelines: `make test`, not the fast loop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,8 +43,20 @@ def result(bench, tmp_path_factory):
 
 def test_the_result_has_every_key_and_stage(result):
     data, _ = result
-    for key in ("device", "config", "sizes", "stages", "ours_s_per_question", "omgm_style_s_per_question", "ratio",
-                "vit_lru_hit_rate", "questions", "torch_threads", "generator_flop_model", "correctness"):
+    for key in (
+        "device",
+        "config",
+        "sizes",
+        "stages",
+        "ours_s_per_question",
+        "omgm_style_s_per_question",
+        "ratio",
+        "vit_lru_hit_rate",
+        "questions",
+        "torch_threads",
+        "generator_flop_model",
+        "correctness",
+    ):
         assert key in data, key
     assert data["config"] == "toy" and data["device"] == "cpu" and data["torch_threads"] >= 1
     assert set(data["sizes"]) == {"qff", "reranker", "generator"}
@@ -56,7 +69,7 @@ def test_both_pipelines_give_the_same_section_scores(result):
     c = data["correctness"]
     assert c["passed"] and c["max_abs_section_score_difference"] <= 1e-4 == c["tolerance"]
     assert c["questions_compared"] == data["questions"] > 0
-    assert c["score_spread"]["std"] > 10 * c["tolerance"]          # the guard is not vacuous
+    assert c["score_spread"]["std"] > 10 * c["tolerance"]  # the guard is not vacuous
     assert "FAILED" not in md
 
 
@@ -77,8 +90,8 @@ def test_ratios_are_positive_and_consistent(result):
 def test_the_real_config_builds_on_the_meta_device(bench):
     report = bench.dry_run("real", "cuda", "bf16")
     params = report["params"]
-    assert 0.9e9 < params["qff_vit"] < 1.1e9                      # EVA ViT-g
-    assert 7.5e9 < params["generator"] < 8.5e9                    # Llama-3-8B
-    assert 0.5e9 < params["reranker"] < 0.6e9                     # XLM-R large
+    assert 0.9e9 < params["qff_vit"] < 1.1e9  # EVA ViT-g
+    assert 7.5e9 < params["generator"] < 8.5e9  # Llama-3-8B
+    assert 0.5e9 < params["reranker"] < 0.6e9  # XLM-R large
     flop = report["generator_flop_model"]
     assert flop["prefill_flops_per_question"] == 2 * flop["matmul_params"] * flop["prompt_tokens_mean"]

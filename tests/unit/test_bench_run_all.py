@@ -1,5 +1,6 @@
 """bench/run_all.py: RESULTS.md's header and per-benchmark times come from the run that measured them, so that
 `--render-only` and `--only` runs do not restamp earlier figures with the time of rendering."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,7 +32,7 @@ def test_render_only_keeps_the_run_header_and_times(run_all, tmp_path, monkeypat
     names = list(run_all.BENCHMARKS)
     run_all.record_run({name: {"rc": 0, "seconds": 10.0 + i} for i, name in enumerate(names)})
     record = json.loads((tmp_path / "out" / "run_all.json").read_text())
-    record["date"], record["node"] = "2026-01-02 03:04", "bench-host"        # as if it ran elsewhere, earlier
+    record["date"], record["node"] = "2026-01-02 03:04", "bench-host"  # as if it ran elsewhere, earlier
     (tmp_path / "out" / "run_all.json").write_text(json.dumps(record))
     assert run_all.main(["--render-only"]) == 0
     text = (tmp_path / "RESULTS.md").read_text()
@@ -42,7 +43,7 @@ def test_render_only_keeps_the_run_header_and_times(run_all, tmp_path, monkeypat
 def test_an_only_run_says_so_and_keeps_the_others_times(run_all, tmp_path):
     names = list(run_all.BENCHMARKS)
     run_all.record_run({name: {"rc": 0, "seconds": 10.0} for name in names})
-    run_all.record_run({names[0]: {"rc": 3, "seconds": 99.0}})          # an --only run, or a run stopped after one
+    run_all.record_run({names[0]: {"rc": 3, "seconds": 99.0}})  # an --only run, or a run stopped after one
     run_all.write_results({})
     text = (tmp_path / "RESULTS.md").read_text()
     assert f"A `bench/run_all.py` run of {names[0]} (the other benchmarks' figures are from earlier runs)" in text

@@ -1,4 +1,5 @@
 """CheckedCheckpointIO: atomic saves beside the target, the sha256 sidecar, and clear errors."""
+
 from __future__ import annotations
 
 import os
@@ -16,11 +17,11 @@ def test_a_save_is_atomic_leaves_no_debris_and_a_failed_one_keeps_the_previous_c
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
     assert io.load_checkpoint(path)["global_step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
-    (tmp_path / ".last.ckpt.partial-999999999").write_bytes(b"left by a killed save")   # no such process
+    (tmp_path / ".last.ckpt.partial-999999999").write_bytes(b"left by a killed save")  # no such process
     with pytest.raises(Exception):
-        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "bad": lambda: None}, path)   # unpicklable
-    assert not list(tmp_path.glob(".last.ckpt.partial-*"))          # its own partial and the dead one are gone
-    assert sidecar_of(path).is_file()                               # restored: the previous checkpoint stays checked
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "bad": lambda: None}, path)  # unpicklable
+    assert not list(tmp_path.glob(".last.ckpt.partial-*"))  # its own partial and the dead one are gone
+    assert sidecar_of(path).is_file()  # restored: the previous checkpoint stays checked
     assert torch.load(path, weights_only=True)["global_step"] == 1  # the previous checkpoint is whole
     io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
     assert io.load_checkpoint(path)["global_step"] == 2

@@ -1,4 +1,5 @@
 """Every `qkvqa` command and sub-command answers --help, and bad input gives one clear line."""
+
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,7 @@ def test_config_error_is_one_line_with_exit_code_2(capsys):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "qkvqa.cli", "config", "show", "cda.K1=7"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "qkvqa.cli", "config", "show", "cda.K1=7"], capture_output=True, text=True, check=True
+    ).stdout
     assert "K1: 7" in out

@@ -1,4 +1,5 @@
 """The command line qkvqa remembers for the commands it suggests is always this call's, never an earlier one's."""
+
 from __future__ import annotations
 
 from qkvqa.cli.main import main

@@ -1,4 +1,5 @@
 """`compare` from local run records: one table schema, differing keys, deduped best steps, CSV/MD, plots."""
+
 from __future__ import annotations
 
 import csv
@@ -22,8 +23,9 @@ def _run(root, run_id, alpha, losses, state="finished", seed=0, extra_summary=No
     record.start(run_id, 1, "train")
     for step, value in losses:
         record.append_metrics({"val/loss": value}, step)
-    record.update_summary({"val/loss": losses[-1][1], "global_step": losses[-1][0], "best_model_path": "/x.ckpt",
-                           **(extra_summary or {})})
+    record.update_summary(
+        {"val/loss": losses[-1][1], "global_step": losses[-1][0], "best_model_path": "/x.ckpt", **(extra_summary or {})}
+    )
     record.finish(state)
     return root / run_id
 
@@ -41,16 +43,26 @@ def test_table_schema_from_local_runs(runs):
     table = build_table(collect_local([runs]), metric="val/loss", goal="min")
     assert table.columns == ["run_id", "task", "state", "qff.alpha", "val/loss", "best_value", "best_step"]
     full = build_table(collect_local([runs]), metric="val/loss", goal="min", all_columns=True)
-    assert full.columns == ["run_id", "task", "state", "experiment", "qff.alpha", "global_step", "val/loss",
-                            "best_value", "best_step", "runtime_s"]
+    assert full.columns == [
+        "run_id",
+        "task",
+        "state",
+        "experiment",
+        "qff.alpha",
+        "global_step",
+        "val/loss",
+        "best_value",
+        "best_step",
+        "runtime_s",
+    ]
     assert full.records[0]["experiment"] == "base" and full.records[0]["runtime_s"] >= 0
     assert [r["run_id"] for r in table.records] == ["b", "a", "c"]
     b = table.records[0]
-    assert b["best_value"] == pytest.approx(0.3) and b["best_step"] == 2      # the re-logged 0.2 was replaced
+    assert b["best_value"] == pytest.approx(0.3) and b["best_step"] == 2  # the re-logged 0.2 was replaced
     assert table.records[1]["best_value"] == pytest.approx(0.5) and table.records[1]["best_step"] == 1
     assert [r["state"] for r in table.records] == ["finished", "finished", "failed"]
-    assert b["qff.alpha"] == 0.5 and b["task"] == "train" and b["val/loss"] == 0.3      # the final value
-    assert "best_model_path" not in table.columns and "seed" not in table.columns     # paths; equal keys
+    assert b["qff.alpha"] == 0.5 and b["task"] == "train" and b["val/loss"] == 0.3  # the final value
+    assert "best_model_path" not in table.columns and "seed" not in table.columns  # paths; equal keys
 
 
 def test_goal_max_reverses_the_order(runs):
@@ -71,8 +83,11 @@ def test_summary_value_is_used_when_the_metric_has_no_history(run_root):
 def test_sources_run_dir_sweep_dir_and_root_agree(runs, tmp_path):
     sweep_dir = tmp_path / "sweep"
     manifest = Manifest.create(sweep_dir, {"sweep": "s", "metric": {"name": "val/loss", "goal": "minimize"}})
-    manifest.data["trials"] = {"t000": {"run_dir": str(runs / "a")}, "t001": {"run_dir": str(runs / "b")},
-                               "t002": {"run_dir": str(runs / "never-started")}}
+    manifest.data["trials"] = {
+        "t000": {"run_dir": str(runs / "a")},
+        "t001": {"run_dir": str(runs / "b")},
+        "t002": {"run_dir": str(runs / "never-started")},
+    }
     manifest.save()
     assert [r.run_id for r in collect_local([sweep_dir])] == ["a", "b"]
     assert [r.run_id for r in collect_local([runs / "a", runs, runs / "b"])] == ["a", "b", "c"]
@@ -100,8 +115,25 @@ def test_markdown_and_csv_rendering(runs):
 
 def test_cli_writes_table_and_alpha_plot(runs, tmp_path, capsys):
     out = tmp_path / "cmp" / "table.csv"
-    assert main(["compare", str(runs), "--metric", "val/loss", "--goal", "min", "--out", str(out),
-                 "--plot", "qff.alpha", "--filter", "state=finished"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(runs),
+                "--metric",
+                "val/loss",
+                "--goal",
+                "min",
+                "--out",
+                str(out),
+                "--plot",
+                "qff.alpha",
+                "--filter",
+                "state=finished",
+            ]
+        )
+        == 0
+    )
     rows = list(csv.DictReader(out.open()))
     assert [r["run_id"] for r in rows] == ["b", "a"]
     png = tmp_path / "cmp" / "val_loss_vs_qff.alpha.png"
@@ -124,7 +156,6 @@ def test_plot_without_metric_is_an_error(runs, capsys):
     assert "--plot needs --metric" in capsys.readouterr().err
 
 
-
 def _job(root, run_id, command, overrides=(), summary=None, experiment=None):
     """The run record of a job of `command` with the config `experiment` + `overrides` composes to."""
     record = RunRecord(root / run_id)
@@ -140,21 +171,43 @@ def mixed(run_root):
     _job(run_root, "e1", "embed", ["retrieval.embed_what=kb_text"], {"embed/kb_text/rows": 36})
     _job(run_root, "i1", "index build", [], {"index/count": 36})
     for run_id, alpha, r1 in (("t1", 0.5, 40.0), ("t2", 0.9, 55.0)):
-        _job(run_root, run_id, "train", [f"qff.alpha={alpha}", "notes=try", f"logger.wandb.group={run_id}"],
-             {"val/article_r1": r1, "val/loss": 2.0, "train/loss": 1.5, "global_step": 6,
-              "last_model_path": str(run_root / run_id / "last.ckpt")}, experiment="demo/qff_per_layer")
+        _job(
+            run_root,
+            run_id,
+            "train",
+            [f"qff.alpha={alpha}", "notes=try", f"logger.wandb.group={run_id}"],
+            {
+                "val/article_r1": r1,
+                "val/loss": 2.0,
+                "train/loss": 1.5,
+                "global_step": 6,
+                "last_model_path": str(run_root / run_id / "last.ckpt"),
+            },
+            experiment="demo/qff_per_layer",
+        )
     for run_id, alpha, acc in (("v1", 0.5, 30.0), ("v2", 0.9, 35.0)):
-        _job(run_root, run_id, "evaluate", [f"qff.alpha={alpha}"],
-             {"eval/accuracy": acc, "eval/recall@1_after_filter": 50.0, "eval/n_skipped": 2.0})
+        _job(
+            run_root,
+            run_id,
+            "evaluate",
+            [f"qff.alpha={alpha}"],
+            {"eval/accuracy": acc, "eval/recall@1_after_filter": 50.0, "eval/n_skipped": 2.0},
+        )
     return run_root
 
 
 def test_the_default_table_is_readable(mixed):
     table = build_table(collect_local([mixed]))
     tasks = {r["run_id"]: r["task"] for r in table.records}
-    assert tasks == {"e1": "embed", "i1": "index build", "t1": "train", "t2": "train", "v1": "evaluate",
-                     "v2": "evaluate"}
-    assert table.columns[:3] == ["run_id", "task", "state"] and "experiment" in table.columns   # differs: a swept key
+    assert tasks == {
+        "e1": "embed",
+        "i1": "index build",
+        "t1": "train",
+        "t2": "train",
+        "v1": "evaluate",
+        "v2": "evaluate",
+    }
+    assert table.columns[:3] == ["run_id", "task", "state"] and "experiment" in table.columns  # differs: a swept key
     assert not [c for c in table.columns if c.startswith(("paths.", "logger.")) or c in ("notes", "run_id.")]
     assert not [c for c in table.columns if "vocab_texts" in c] and len(table.columns) < 25
     assert {"val/article_r1", "eval/accuracy"} <= set(table.columns) and "last_model_path" not in table.columns
@@ -168,11 +221,27 @@ def test_an_unknown_metric_is_an_error_naming_the_nearest(mixed, capsys):
     assert main(["compare", str(mixed), "--task", "train", "--metric", "val/article_r"]) == 2
     err = capsys.readouterr().err
     assert "--metric 'val/article_r': no compared run has it; did you mean val/article_r1" in err
-    assert main(["compare", str(mixed), "--task", "evaluate", "--where", "qff.alpha=0.5", "--metric",
-                 "eval/accuracy", "--format", "csv"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(mixed),
+                "--task",
+                "evaluate",
+                "--where",
+                "qff.alpha=0.5",
+                "--metric",
+                "eval/accuracy",
+                "--format",
+                "csv",
+            ]
+        )
+        == 0
+    )
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [(r["run_id"], r["task"], r["eval/accuracy"], r["best_value"]) for r in rows] == \
-        [("v1", "evaluate", "30.0", "30.0")]
+    assert [(r["run_id"], r["task"], r["eval/accuracy"], r["best_value"]) for r in rows] == [
+        ("v1", "evaluate", "30.0", "30.0")
+    ]
 
 
 def test_runs_gives_a_dataframe_for_notebooks(mixed):
@@ -210,19 +279,37 @@ def test_the_plot_shows_every_run_the_mean_sd_and_n_and_rates_from_zero(run_root
 
 def test_a_where_key_no_run_has_is_an_error_naming_the_nearest(tmp_path):
     """`--where qff.alfa=0.9` once gave an empty table with exit 0."""
-    rows = [RunRow(run_id="a", task="train", state="finished", experiment="e", config={"qff.alpha": 0.9}, summary={},
-                   runtime_s=None, source="local")]
+    rows = [
+        RunRow(
+            run_id="a",
+            task="train",
+            state="finished",
+            experiment="e",
+            config={"qff.alpha": 0.9},
+            summary={},
+            runtime_s=None,
+            source="local",
+        )
+    ]
     with pytest.raises(ConfigError, match=r"--where qff\.alfa: no compared run has this key; did you mean qff\.alpha"):
         filter_rows(rows, ["qff.alfa=0.9"])
-    assert filter_rows(rows, ["qff.alpha=0.5"]) == []                  # a known key with no match is an empty table
+    assert filter_rows(rows, ["qff.alpha=0.5"]) == []  # a known key with no match is an empty table
 
 
 def test_an_unfinished_run_s_partial_value_is_left_out_of_the_plot_and_said_so():
     from qkvqa.compare.plot import metric_figure, metric_points
 
     def row(run_id, state, value):
-        return RunRow(run_id=run_id, task="evaluate", state=state, experiment="e", config={"qff.alpha": 0.5},
-                      summary={"eval/accuracy": value}, runtime_s=None, source="local")
+        return RunRow(
+            run_id=run_id,
+            task="evaluate",
+            state=state,
+            experiment="e",
+            config={"qff.alpha": 0.5},
+            summary={"eval/accuracy": value},
+            runtime_s=None,
+            source="local",
+        )
 
     rows = [row("done", "finished", 50.0), row("cut", "failed", 90.0)]
     assert metric_points(rows, "qff.alpha", "eval/accuracy", "max") == [(0.5, 50.0)]

@@ -1,4 +1,5 @@
 """Where configs come from: experiment=path/to/file.yaml, --config-dir and $QKVQA_CONFIG_PATH, the main directory."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from qkvqa.cli.main import main
-from qkvqa.config.load import (CONFIG_PATH_ENV, checkout_experiments, compose, experiment_sources, experiments_dir,
-                               list_experiments)
+from qkvqa.config.load import (
+    CONFIG_PATH_ENV,
+    checkout_experiments,
+    compose,
+    experiment_sources,
+    experiments_dir,
+    list_experiments,
+)
 from qkvqa.errors import ConfigError
 from qkvqa.run.rundir import new_run_id
 
@@ -38,24 +45,25 @@ def user_dir(path: Path, **files: str) -> Path:
 def test_an_experiment_file_outside_the_checkout_is_read_by_its_path(main_root, tmp_path, monkeypatch):
     mine = user_dir(tmp_path / "elsewhere", mine="presets: [fast]\nqff:\n  alpha: 0.3\n") / "mine.yaml"
     cfg = compose(str(mine))
-    assert cfg.qff.alpha == 0.3 and cfg.seed == 1 and cfg.trainer.max_steps == 3     # base and its preset still apply
+    assert cfg.qff.alpha == 0.3 and cfg.seed == 1 and cfg.trainer.max_steps == 3  # base and its preset still apply
     assert cfg.experiment == str(mine.resolve())
     monkeypatch.chdir(tmp_path)
-    assert compose("elsewhere/mine.yaml").experiment == str(mine.resolve())           # relative to the working dir
-    assert "-mine-" in new_run_id(cfg.experiment)                                      # run ids use the file's name
+    assert compose("elsewhere/mine.yaml").experiment == str(mine.resolve())  # relative to the working dir
+    assert "-mine-" in new_run_id(cfg.experiment)  # run ids use the file's name
     with pytest.raises(ConfigError, match=r"experiment=elsewhere/nope\.yaml: no such file"):
         compose("elsewhere/nope.yaml")
 
 
 def test_the_search_path_adds_experiments_and_presets_and_the_first_match_wins(main_root, tmp_path, monkeypatch):
     first = user_dir(tmp_path / "first", mine="qff:\n  alpha: 0.1\n", **{"presets/slow": "trainer:\n  max_steps: 30\n"})
-    second = user_dir(tmp_path / "second", mine="qff:\n  alpha: 0.2\n", other="seed: 5\n",
-                      shipped="qff:\n  alpha: 0.9\n")
+    second = user_dir(
+        tmp_path / "second", mine="qff:\n  alpha: 0.2\n", other="seed: 5\n", shipped="qff:\n  alpha: 0.9\n"
+    )
     monkeypatch.setenv(CONFIG_PATH_ENV, f"{first}{os.pathsep}{second}")
     assert list_experiments() == ["mine", "other", "shipped"]
     assert experiment_sources() == {"mine": first, "other": second, "shipped": second}
     assert compose("mine").qff.alpha == 0.1 and compose("other").seed == 5
-    assert compose("shipped").qff.alpha == 0.9                      # the search path comes before the main directory
+    assert compose("shipped").qff.alpha == 0.9  # the search path comes before the main directory
     assert compose("mine", ["slow", "fast"]).trainer.max_steps == 3
     # --config-dir comes before $QKVQA_CONFIG_PATH
     assert compose("mine", search=[second]).qff.alpha == 0.2
@@ -90,4 +98,4 @@ def test_the_main_directory_is_the_checkouts_outside_it(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert experiments_dir() == checkout_experiments() and (checkout_experiments() / "base").is_dir()
     (tmp_path / "experiments" / "base").mkdir(parents=True)
-    assert experiments_dir() == tmp_path / "experiments"                      # a project's own experiments/ first
+    assert experiments_dir() == tmp_path / "experiments"  # a project's own experiments/ first

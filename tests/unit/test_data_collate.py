@@ -1,4 +1,5 @@
 """The DataModule collate: PIL images stay in lists, skipped images are dropped and listed, empty batches survive."""
+
 from __future__ import annotations
 
 from PIL import Image
@@ -8,8 +9,11 @@ from qkvqa.data_modules.base import SAMPLE_KEYS, collate_samples
 
 def _sample(data_id: str, image) -> dict:
     sample = {key: None for key in SAMPLE_KEYS}
-    skip = None if image is not None else {"image_id": f"img-{data_id}", "dataset_name": "infoseek",
-                                            "reason": "missing", "path": None, "detail": ""}
+    skip = (
+        None
+        if image is not None
+        else {"image_id": f"img-{data_id}", "dataset_name": "infoseek", "reason": "missing", "path": None, "detail": ""}
+    )
     sample.update(data_id=data_id, question=f"q {data_id}", image=image, image_skip=skip)
     return sample
 

@@ -1,4 +1,5 @@
 """Image resolvers per layout, the counting ImageLoader (missing / corrupt), and OMGM article images with fallback."""
+
 from __future__ import annotations
 
 import csv
@@ -15,8 +16,11 @@ from tests.data_fixtures import write_image
 def test_inaturalist_id2name_maps_are_merged_and_flat_layout_uses_the_id(tmp_path):
     (tmp_path / "train_id2name.json").write_text(json.dumps({"11": "train/birds/a.jpg"}))
     (tmp_path / "val_id2name.json").write_text(json.dumps({"22": "val/birds/b.jpg"}))
-    config = ImagesConfig(inaturalist_root="inat", inaturalist_id2name="train_id2name.json",
-                          inaturalist_id2name_extra=["val_id2name.json"])
+    config = ImagesConfig(
+        inaturalist_root="inat",
+        inaturalist_id2name="train_id2name.json",
+        inaturalist_id2name_extra=["val_id2name.json"],
+    )
     resolver = QueryImageResolver(config, root=tmp_path)
     write_image(tmp_path / "inat/val/birds/b.jpg")
     assert resolver.resolve("inaturalist", "22") == tmp_path / "inat/val/birds/b.jpg"
@@ -85,8 +89,10 @@ def _write_title_csv(path, rows):
 
 
 def test_article_images_keep_at_most_n_existing_files_per_title_in_csv_order(tmp_path):
-    rows = [["Kestrel", f"https://x/{i}.jpg", f"full/wiki_image_split/wiki_entity_image_1/k{i}.jpg", f"cap {i}"]
-            for i in range(14)]
+    rows = [
+        ["Kestrel", f"https://x/{i}.jpg", f"full/wiki_image_split/wiki_entity_image_1/k{i}.jpg", f"cap {i}"]
+        for i in range(14)
+    ]
     for i in range(14):
         if i != 0:
             write_image(tmp_path / f"full/wiki_image_split/wiki_entity_image_1/k{i}.jpg")
@@ -112,8 +118,12 @@ def test_main_image_falls_back_to_the_url_store_and_counts_articles_without_one(
     assert index.main_image("Zürich Tower", [url]) == url_store_path(store, url)
     assert index.main_image("Bare", []) is None
     assert index.main_image("Gone", ["https://upload.wikimedia.org/x.jpg"]) is None
-    assert index.coverage() == {"titles_with_csv_images": 0, "fallback_to_url_store": 1, "titles_without_image": 2,
-                                "unreadable_images": 0}
+    assert index.coverage() == {
+        "titles_with_csv_images": 0,
+        "fallback_to_url_store": 1,
+        "titles_without_image": 2,
+        "unreadable_images": 0,
+    }
 
 
 def test_a_missing_image_folder_is_refused_before_any_work(tmp_path):

@@ -1,4 +1,5 @@
 """KB store: streaming build from a JSON dict or JSONL, random access, manifest, report and error paths."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,14 @@ W = "https://en.wikipedia.org/wiki/"
 
 
 def _entries() -> dict[str, dict]:
-    entries = {W + "Kestrel": kb_entry(W + "Kestrel", "Kestrel"),
-               W + "Zürich_Tower": kb_entry(W + "Zürich_Tower", "Zürich Tower",
-                                            [("Zürich Tower", "Ein Turm."), ("Gallery", ""), ("References", "R.")]),
-               W + "Bare": kb_entry(W + "Bare", "Bare", image_urls=[]),
-               W + "Ørsted_moth": kb_entry(W + "Ørsted_moth", "Ørsted moth")}
+    entries = {
+        W + "Kestrel": kb_entry(W + "Kestrel", "Kestrel"),
+        W + "Zürich_Tower": kb_entry(
+            W + "Zürich_Tower", "Zürich Tower", [("Zürich Tower", "Ein Turm."), ("Gallery", ""), ("References", "R.")]
+        ),
+        W + "Bare": kb_entry(W + "Bare", "Bare", image_urls=[]),
+        W + "Ørsted_moth": kb_entry(W + "Ørsted_moth", "Ørsted moth"),
+    }
     return entries
 
 
@@ -48,7 +52,7 @@ def test_article_fields_round_trip_including_unicode_and_empty_sections(store):
     assert article.image_urls == ["https://upload.example.org/Zürich Tower.jpg"]
     assert article.image_reference_descriptions == ["image 0"]
     assert article.image_section_indices == [0]
-    assert [c.index for c in article.candidate_sections()] == [0]          # an empty section is never one
+    assert [c.index for c in article.candidate_sections()] == [0]  # an empty section is never one
     assert [c.index for c in article.candidate_sections(evidence_section_id=2)] == [0, 2]
     assert article.section_string(1) == "# Wiki Article: Zürich Tower\n## Section Title: Gallery\n"
 
@@ -78,8 +82,13 @@ def test_json_dict_and_jsonl_build_identical_stores(tmp_path):
 
 def test_manifest_describes_the_source_and_report_lists_issues_by_key(tmp_path):
     entries = _entries()
-    entries[W + "Broken"] = {"url": W + "Elsewhere", "title": "Broken", "section_titles": ["Broken", "Extra"],
-                             "section_texts": ["only one"], "image_urls": "not a list"}
+    entries[W + "Broken"] = {
+        "url": W + "Elsewhere",
+        "title": "Broken",
+        "section_titles": ["Broken", "Extra"],
+        "section_texts": ["only one"],
+        "image_urls": "not a list",
+    }
     source = write_kb_json(tmp_path / "kb.json", entries)
     manifest = build_kb_store(source, tmp_path / "store")
     assert manifest["source"]["size"] == source.stat().st_size
@@ -101,7 +110,7 @@ def test_manifest_describes_the_source_and_report_lists_issues_by_key(tmp_path):
 
 
 def test_a_duplicated_key_keeps_its_first_position_and_last_value_like_json_load(tmp_path):
-    text = ('{"u1": {"title": "first"}, "u2": {"title": "two"}, "u1": {"title": "last"}}')
+    text = '{"u1": {"title": "first"}, "u2": {"title": "two"}, "u1": {"title": "last"}}'
     (tmp_path / "kb.json").write_text(text)
     manifest = build_kb_store(tmp_path / "kb.json", tmp_path / "store")
     store = KBStore.open(tmp_path / "store")
@@ -162,15 +171,15 @@ def test_open_checks_the_source_by_content_not_by_mtime(tmp_path):
 
     source = write_kb_json(tmp_path / "kb.json", _entries())
     build_kb_store(source, tmp_path / "store")
-    os.utime(source, (1, 1))                                        # `touch`, `rsync` without -t
+    os.utime(source, (1, 1))  # `touch`, `rsync` without -t
     KBStore.open(tmp_path / "store", source=source)
     copy = tmp_path / "copy" / "kb.json"
     copy.parent.mkdir()
-    shutil.copy(source, copy)                                       # `cp` without -p: a new mtime
+    shutil.copy(source, copy)  # `cp` without -p: a new mtime
     KBStore.open(tmp_path / "store", source=copy)
     data = bytearray(source.read_bytes())
     at = data.index(b"Kestrel is a thing")
-    data[at:at + 7] = b"Falcon!"                                    # same size, other content
+    data[at : at + 7] = b"Falcon!"  # same size, other content
     source.write_bytes(bytes(data))
     with pytest.raises(StaleArtifactError, match="sampled fingerprint differs.*qkvqa kb build --source"):
         KBStore.open(tmp_path / "store", source=source)
@@ -184,14 +193,14 @@ def test_a_same_size_edit_outside_the_sampled_blocks_is_caught_by_the_full_check
     import qkvqa.data.kb as kb
 
     monkeypatch.setattr(kb, "SAMPLE_BLOCK", 16)
-    monkeypatch.setattr(kb, "SAMPLE_BLOCKS", 2)                      # only the first and the last 16 bytes
+    monkeypatch.setattr(kb, "SAMPLE_BLOCKS", 2)  # only the first and the last 16 bytes
     source = write_kb_json(tmp_path / "kb.json", _entries())
     build_kb_store(source, tmp_path / "store")
     data = bytearray(source.read_bytes())
     at = data.index(b"Kestrel is a thing")
-    data[at:at + 7] = b"Falcon!"
+    data[at : at + 7] = b"Falcon!"
     source.write_bytes(bytes(data))
-    store = KBStore.open(tmp_path / "store", source=source)          # the false accept
+    store = KBStore.open(tmp_path / "store", source=source)  # the false accept
     with pytest.raises(StaleArtifactError, match="sha256 differs"):
         store.check_source(source, full=True)
 
@@ -202,15 +211,15 @@ def test_open_refuses_a_manifest_that_does_not_match_and_a_damaged_store(tmp_pat
     db = tmp_path / "store" / "kb.sqlite"
     data = bytearray(db.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    db.write_bytes(bytes(data))                                     # one flipped byte: caught by the full check
+    db.write_bytes(bytes(data))  # one flipped byte: caught by the full check
     with pytest.raises(DataError, match=r"kb\.sqlite: corrupt KB store \(sha256"):
-        KBStore.open(tmp_path / "store")                            # the first open of a changed file re-hashes it
-    db.write_bytes(bytes(data[:4096]))                              # truncated: refused on open
+        KBStore.open(tmp_path / "store")  # the first open of a changed file re-hashes it
+    db.write_bytes(bytes(data[:4096]))  # truncated: refused on open
     with pytest.raises(DataError, match=r"kb\.sqlite: 4096 bytes, the build wrote"):
         KBStore.open(tmp_path / "store")
     manifest_path = tmp_path / "store" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    del manifest["store_size"], manifest["store_sha256"]           # a store of an older qkvqa: SQLite's own check
+    del manifest["store_size"], manifest["store_sha256"]  # a store of an older qkvqa: SQLite's own check
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=r"kb\.sqlite: not a readable KB store"):
         KBStore.open(tmp_path / "store")
@@ -232,15 +241,20 @@ def test_the_manifest_records_the_sha256_of_the_source_while_streaming(tmp_path)
         source = writer(tmp_path / name, _entries())
         manifest = build_kb_store(source, tmp_path / f"store_{name}")
         assert manifest["source"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
-        assert manifest["store_sha256"] == hashlib.sha256((tmp_path / f"store_{name}" / "kb.sqlite").read_bytes()).hexdigest()
+        assert (
+            manifest["store_sha256"]
+            == hashlib.sha256((tmp_path / f"store_{name}" / "kb.sqlite").read_bytes()).hexdigest()
+        )
 
 
 def test_a_reflectiva_wiki100k_kb_becomes_articles_with_paragraph_sections(tmp_path):
     """ReflectiVA's KB layout {url: {"wikipedia_content": text}}: title from the URL, paragraphs as sections (the
     blank-line switch; the default, ReflectiVA's own passages, is tests/unit/test_reflectiva_passages.py)."""
-    entries = {W + "Blue_jay": {"wikipedia_content": "The blue jay is a bird.\n\nIt lives in North America.\n\n"},
-               W + "Caf%C3%A9_racer": {"wikipedia_content": "A café racer is a motorcycle.", "wikipedia_title": "Café racer"},
-               W + "Empty": {"wikipedia_content": ""}}
+    entries = {
+        W + "Blue_jay": {"wikipedia_content": "The blue jay is a bird.\n\nIt lives in North America.\n\n"},
+        W + "Caf%C3%A9_racer": {"wikipedia_content": "A café racer is a motorcycle.", "wikipedia_title": "Café racer"},
+        W + "Empty": {"wikipedia_content": ""},
+    }
     source = tmp_path / "Wiki100k_ver_1_0-all.json"
     source.write_text(json.dumps(entries), encoding="utf-8")
     manifest = build_kb_store(source, tmp_path / "store", reflectiva_passages="blank_lines")
@@ -249,7 +263,8 @@ def test_a_reflectiva_wiki100k_kb_becomes_articles_with_paragraph_sections(tmp_p
     jay = store.get_by_url(W + "Blue_jay")
     assert (jay.title, jay.section_texts) == ("Blue jay", ["The blue jay is a bird.", "It lives in North America."])
     assert [s.text for s in jay.candidate_sections()][1] == (
-        "# Wiki Article: Blue jay\n## Section Title: \nIt lives in North America.")
+        "# Wiki Article: Blue jay\n## Section Title: \nIt lives in North America."
+    )
     assert store.get(1).title == "Café racer" and store.get(1).image_urls == []
     assert list(store.get(2).candidate_sections()) == []
     counts = manifest["issues"]
@@ -270,17 +285,17 @@ def test_a_store_survives_pickling_for_dataloader_workers(store):
 def test_get_many_queries_in_chunks_and_keeps_order_and_repeats(store, monkeypatch):
     import qkvqa.data.kb as kb
 
-    monkeypatch.setattr(kb, "QUERY_CHUNK", 2)            # the real cap is far above this 4-article store
+    monkeypatch.setattr(kb, "QUERY_CHUNK", 2)  # the real cap is far above this 4-article store
     assert [a.row_id for a in store.get_many([3, 1, 0, 2, 3, 0])] == [3, 1, 0, 2, 3, 0]
     assert store.get_many([]) == []
 
 
 def test_a_forgotten_world_dir_says_so_instead_of_asking_for_a_kb_build(tmp_path, monkeypatch):
-    from qkvqa.data_modules import build_data_module
     from qkvqa.config.load import compose
+    from qkvqa.data_modules import build_data_module
     from qkvqa.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose("demo/evaluate", [], [])                     # paths.world_dir left unset
+    cfg = compose("demo/evaluate", [], [])  # paths.world_dir left unset
     with pytest.raises(ConfigError, match="paths.world_dir"):
         build_data_module(cfg.data).kb_store()

@@ -1,4 +1,5 @@
 """Section strings, the candidate-section filter (original indexes, evidence always allowed) and LAVIS preprocessing."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,10 @@ def test_section_string_has_the_echosight_header():
     assert section_string("Kestrel", "Diet", "Mice.") == "# Wiki Article: Kestrel\n## Section Title: Diet\nMice."
 
 
-@pytest.mark.parametrize("title, excluded", [("References", True), ("EXTERNAL LINKS", True),
-                                             ("Notes and references", True), ("Diet", False), ("Links", False)])
+@pytest.mark.parametrize(
+    "title, excluded",
+    [("References", True), ("EXTERNAL LINKS", True), ("Notes and references", True), ("Diet", False), ("Links", False)],
+)
 def test_excluded_titles_are_matched_case_insensitively_as_substrings(title, excluded):
     assert is_excluded_section(title) is excluded
 

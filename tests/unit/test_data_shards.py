@@ -1,4 +1,5 @@
 """webdataset shards: brace patterns, member names, the key index and its errors."""
+
 from __future__ import annotations
 
 import io
@@ -48,7 +49,7 @@ def test_missing_truncated_and_non_tar_shards_name_the_file(tmp_path):
     index = ShardIndex.from_pattern("s-0.tar", tmp_path)
     member = index.member("k1", "question")
     data = (tmp_path / "s-0.tar").read_bytes()
-    (tmp_path / "s-0.tar").write_bytes(data[:member.offset + 100])
+    (tmp_path / "s-0.tar").write_bytes(data[: member.offset + 100])
     with pytest.raises(DataError, match=r"s-0\.tar: truncated tar shard"):
         index.read(member)
     (tmp_path / "bad.tar").write_bytes(b"\x00garbage" * 10)

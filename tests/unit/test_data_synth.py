@@ -1,4 +1,5 @@
 """Synthetic world: determinism, real formats that read back, answerable evidence, multi-entity images, skips."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,14 +14,38 @@ import yaml
 from qkvqa.data.config import data_config_from_dict, resolve_data_path
 from qkvqa.data.images import ImageLoader, QueryImageResolver
 from qkvqa.data.kb import KBStore, build_kb_store
-from qkvqa.data.questions import (read_evqa_csv, read_infoseek_csv, read_infoseek_jsonl_questions,
-                                  read_infoseek_references)
+from qkvqa.data.questions import (
+    read_evqa_csv,
+    read_infoseek_csv,
+    read_infoseek_jsonl_questions,
+    read_infoseek_references,
+)
 from qkvqa.errors import ConfigError, DataError
 from qkvqa.synth.world import DENSE_SECTION_TITLES, generate_world
 from tests.fixtures_world import make_world
 
-STOPWORDS = {"this", "what", "which", "does", "with", "that", "from", "have", "been", "when", "where", "many",
-             "much", "some", "into", "they", "their", "there", "were", "whose"}
+STOPWORDS = {
+    "this",
+    "what",
+    "which",
+    "does",
+    "with",
+    "that",
+    "from",
+    "have",
+    "been",
+    "when",
+    "where",
+    "many",
+    "much",
+    "some",
+    "into",
+    "they",
+    "their",
+    "there",
+    "were",
+    "whose",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +56,14 @@ def world(tmp_path_factory) -> dict:
 def _data_files(root: Path) -> dict[str, str]:
     """sha256 of every file except world.json, the yaml configs (absolute root) and the KB store (timestamps)."""
     skip = {"world.json", "data_evqa.yaml", "data_infoseek.yaml", ".qkvqa-synth-world"}
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in skip and not {"store", "kb_store"} & set(p.relative_to(root).parts[:2])}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in skip and not {"store", "kb_store"} & set(p.relative_to(root).parts[:2])
+    }
 
 
-@pytest.mark.slow          # seconds: `make test` runs it, `make test-fast` does not
+@pytest.mark.slow  # seconds: `make test` runs it, `make test-fast` does not
 def test_the_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path, world):
     again = generate_world(tmp_path / "again", entities=len(world["entities"]), seed=0, build_store=False)
     first, second = _data_files(Path(world["dir"])), _data_files(tmp_path / "again")
@@ -66,8 +94,9 @@ def test_every_evqa_file_reads_back_with_the_ids_world_json_records(world):
 
 def test_every_infoseek_file_reads_back(world):
     root = Path(world["dir"])
-    references = read_infoseek_references(root / "infoseek/infoseek_val.jsonl",
-                                          root / "infoseek/infoseek_val_qtype.jsonl")
+    references = read_infoseek_references(
+        root / "infoseek/infoseek_val.jsonl", root / "infoseek/infoseek_val_qtype.jsonl"
+    )
     test = read_infoseek_csv(root / "infoseek/infoseek_test_filtered.csv")
     train = read_infoseek_csv(root / "infoseek/infoseek_train_filtered.csv")
     assert [q.data_id for q in test] == list(references)
@@ -76,8 +105,9 @@ def test_every_infoseek_file_reads_back(world):
     assert {r.data_split for r in references.values()} == {"val_unseen_question", "val_unseen_entity"}
     numerical = [r.answer_eval for r in references.values() if r.question_type == "Numerical"]
     assert any(isinstance(a, dict) for a in numerical) and any(isinstance(a, list) for a in numerical)
-    assert len(read_infoseek_jsonl_questions(root / "infoseek/infoseek_val.jsonl",
-                                             root / "infoseek/infoseek_val_qtype.jsonl")) == len(test)
+    assert len(
+        read_infoseek_jsonl_questions(root / "infoseek/infoseek_val.jsonl", root / "infoseek/infoseek_val_qtype.jsonl")
+    ) == len(test)
     suffixes = {p.suffix for p in (root / "infoseek/images").rglob("*") if p.is_file()}
     assert suffixes == {".jpg", ".JPEG"}
 
@@ -106,7 +136,8 @@ def test_each_answer_is_stated_in_the_evidence_section_only(world):
                 assert not any(re.search(rf"\b{re.escape(q.answers[0])}\b", t) for t in others), q.question
             checked += 1
     assert checked == sum(len(r) for n, r in world["questions"].items() if n.startswith("evqa/")) - sum(
-        r["question_type"] == "2_hop" for n, rs in world["questions"].items() if n.startswith("evqa/") for r in rs)
+        r["question_type"] == "2_hop" for n, rs in world["questions"].items() if n.startswith("evqa/") for r in rs
+    )
 
 
 def _words(text: str) -> set[str]:
@@ -169,7 +200,7 @@ def test_dense_sections_hold_several_facts_under_titles_that_do_not_name_them(va
             if fact["section_id"]:
                 assert article.section_titles[fact["section_id"]] in DENSE_SECTION_TITLES
     layouts = {tuple(sorted(f["section_id"] for f in e["facts"].values())) for e in variant["entities"]}
-    assert len(layouts) > 1                                    # which section holds a fact varies by article
+    assert len(layouts) > 1  # which section holds a fact varies by article
     assert variant["facts_per_section"] == 3
 
 
@@ -185,8 +216,9 @@ def test_same_category_groups_need_the_kind_word_to_tell_the_entities_apart(vari
     records = [r for name, rs in variant["questions"].items() if name.startswith("evqa/") for r in rs]
     root = Path(variant["dir"])
     for split in ("train", "val", "test"):
-        for q, r in zip(read_evqa_csv(root / f"evqa/{split}.csv", include_two_hop=True),
-                        variant["questions"][f"evqa/{split}.csv"]):
+        for q, r in zip(
+            read_evqa_csv(root / f"evqa/{split}.csv", include_two_hop=True), variant["questions"][f"evqa/{split}.csv"]
+        ):
             if r["question_type"] != "2_hop":
                 assert f"this {kind[r['entity']]}" in q.question, q.question
     assert sum(len(r["image_entities"]) > 1 for r in records) / len(records) > 0.25
@@ -207,7 +239,7 @@ def test_bound_facts_are_stated_by_both_surveys_with_other_values_in_other_secti
     for entity in bound["entities"]:
         facts = entity["facts"]
         surveyed = {key.rsplit("_", 1)[0] for key in facts if key.endswith(("_early", "_recent"))}
-        assert len(surveyed) == 6 and len(facts) == 13, entity["title"]          # the lead fact is stated once
+        assert len(surveyed) == 6 and len(facts) == 13, entity["title"]  # the lead fact is stated once
         for key in surveyed:
             early, recent = facts[f"{key}_early"], facts[f"{key}_recent"]
             assert early["section_id"] != recent["section_id"]
@@ -224,8 +256,10 @@ def test_in_the_bound_world_the_question_words_stand_in_the_evidence_and_in_a_si
     entities = {e["entity_id"]: e for e in bound["entities"]}
     checked = 0
     for split in ("train", "val", "test"):
-        for q, r in zip(read_evqa_csv(root / f"evqa/{split}.csv"),
-                        [r for r in bound["questions"][f"evqa/{split}.csv"] if r["question_type"] != "2_hop"]):
+        for q, r in zip(
+            read_evqa_csv(root / f"evqa/{split}.csv"),
+            [r for r in bound["questions"][f"evqa/{split}.csv"] if r["question_type"] != "2_hop"],
+        ):
             if not r["fact"].endswith(("_early", "_recent")):
                 continue
             key, survey = r["fact"].rsplit("_", 1)
@@ -245,8 +279,9 @@ def test_the_focus_study_pairs_each_bound_question_with_its_rival_and_scores_the
     rivals = survey_rivals(bound)
     kb = json.loads((Path(bound["dir"]) / "kb/encyclopedic_kb_wiki.json").read_text(encoding="utf-8"))
     entities = {e["entity_id"]: e for e in bound["entities"]}
-    records = {f"{split}/{r['data_id']}": r for split in ("val", "test")
-               for r in bound["questions"][f"evqa/{split}.csv"]}
+    records = {
+        f"{split}/{r['data_id']}": r for split in ("val", "test") for r in bound["questions"][f"evqa/{split}.csv"]
+    }
     assert len(rivals) > 20
     for key, (url, section) in rivals.items():
         record = records[key]
@@ -255,9 +290,11 @@ def test_the_focus_study_pairs_each_bound_question_with_its_rival_and_scores_the
         assert f"{other} surveys report that" in kb[url]["section_texts"][section]
     # hits: (section hit, article hit, focus-off hit, focus change, {candidate: score}), the positive first
     first, second = list(rivals.items())[:2]
-    hits = {first[0]: (1.0, 1.0, None, None, {(first[1][0], 99): 0.9, first[1]: 0.2}),
-            second[0]: (0.0, 0.0, None, None, {(second[1][0], 99): 0.1, second[1]: 0.7, ("other", 0): 0.8}),
-            "val/unpaired": (1.0, 0.0, None, None, {("gold", 3): 0.5})}
+    hits = {
+        first[0]: (1.0, 1.0, None, None, {(first[1][0], 99): 0.9, first[1]: 0.2}),
+        second[0]: (0.0, 0.0, None, None, {(second[1][0], 99): 0.1, second[1]: 0.7, ("other", 0): 0.8}),
+        "val/unpaired": (1.0, 0.0, None, None, {("gold", 3): 0.5}),
+    }
     out = figures(hits, {second[0]}, rivals)
     assert out["all"]["pair_accuracy"] == 50.0 and out["all"]["pair_n"] == 2
     assert out["all"]["section_r1"] == 200 / 3 and out["multi"]["section_r1"] == 0.0
@@ -325,8 +362,10 @@ def test_the_kb_has_unicode_titles_articles_without_images_and_excluded_sections
     assert any(not t.isascii() for t in (a.title for a in store))
     assert report["counts"]["no_image"] == world["counts"]["articles_without_images"] > 0
     assert {r["section_title"] for r in report["excluded_section"]} == {"References", "External links"}
-    empty = report["empty_section"]                    # the Gallery sections: counted, never candidates
-    assert empty and {r["section_title"] for r in empty} == {"Gallery"} and report["counts"]["empty_section"] == len(empty)
+    empty = report["empty_section"]  # the Gallery sections: counted, never candidates
+    assert (
+        empty and {r["section_title"] for r in empty} == {"Gallery"} and report["counts"]["empty_section"] == len(empty)
+    )
     for row in empty:
         assert row["section_index"] not in [c.index for c in store.get(row["row_id"]).candidate_sections()]
     # one stands before content sections, so filtered positions and original KB indexes differ after it

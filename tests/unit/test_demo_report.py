@@ -1,4 +1,5 @@
 """The demo's comparison helpers: recall curves, multi-entity R@1, the markdown table and the plots."""
+
 from __future__ import annotations
 
 from qkvqa.demo.report import COLUMNS, markdown_table, multi_entity_r1, plot_recall, recall_curve
@@ -24,8 +25,12 @@ def test_multi_entity_r1_uses_only_the_listed_questions():
 
 
 def test_markdown_table_has_every_column_and_formats_missing_values(tmp_path):
-    row = {c: None for c in COLUMNS} | {"setting": "retrieval only", "R@1": 12.345, "s/q filter": 0.01234,
-                                         "curve": [1.0] * 20}
+    row = {c: None for c in COLUMNS} | {
+        "setting": "retrieval only",
+        "R@1": 12.345,
+        "s/q filter": 0.01234,
+        "curve": [1.0] * 20,
+    }
     table = markdown_table([row])
     assert table.splitlines()[0] == "| " + " | ".join(COLUMNS) + " |"
     assert "| retrieval only | 12.3 |" in table and "0.012" in table and "n/a" in table
@@ -37,15 +42,18 @@ def test_coinciding_recall_curves_are_drawn_distinguishably_and_say_so():
     from qkvqa.demo.report import recall_figure
 
     rising = [float(k) for k in range(1, 21)]
-    rows = [{"setting": "retrieval only", "curve": rising}, {"setting": "QFF per_layer", "curve": list(rising)},
-            {"setting": "QFF input", "curve": [k + 1.0 for k in rising]}]
+    rows = [
+        {"setting": "retrieval only", "curve": rising},
+        {"setting": "QFF per_layer", "curve": list(rising)},
+        {"setting": "QFF input", "curve": [k + 1.0 for k in rising]},
+    ]
     fig = recall_figure(rows)
     lines = fig.axes[0].get_lines()
-    assert [list(line.get_ydata()) for line in lines] == [r["curve"] for r in rows]          # values not shifted
+    assert [list(line.get_ydata()) for line in lines] == [r["curve"] for r in rows]  # values not shifted
     assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == 3
-    hidden, top = lines[0], lines[1]                                    # the same values: the later one is on top,
+    hidden, top = lines[0], lines[1]  # the same values: the later one is on top,
     assert top.get_zorder() > hidden.get_zorder() and top.get_markersize() > hidden.get_markersize()
-    assert top.get_markerfacecolor() == "none"                          # hollow, so the one below shows through
+    assert top.get_markerfacecolor() == "none"  # hollow, so the one below shows through
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["retrieval only", "QFF per_layer (same curve as retrieval only)", "QFF input"]
 
@@ -70,11 +78,15 @@ def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
         values = seeds("controlled", variant)
         assert f"{mean(values):.1f} +- {stdev(values):.1f}" in text
     controlled = study["controlled"]["variants"]["per_layer"]["diff_vs_none"]["section_r1"]
-    assert (f"{controlled['mean']:.1f} points (95 % interval {controlled['ci95_low']:.1f} to "
-            f"{controlled['ci95_high']:+.1f})") in text
+    assert (
+        f"{controlled['mean']:.1f} points (95 % interval {controlled['ci95_low']:.1f} to "
+        f"{controlled['ci95_high']:+.1f})"
+    ) in text
     default = study["default"]["variants"]["per_layer"]["diff_vs_none"]["section_r1"]
     assert f"{default['mean']:.1f} ({default['ci95_low']:.1f} to {default['ci95_high']:+.1f})" in text
     assert f"from {min(default['per_seed']):.1f} to {max(default['per_seed']):+.1f}" in text
     readme = " ".join((repo / "README.md").read_text(encoding="utf-8").split()).replace("−", "-")
-    assert (f"section R@1 {controlled['mean']:.1f} points, 95 % interval {controlled['ci95_low']:.1f} to "
-            f"{controlled['ci95_high']:+.1f}") in readme
+    assert (
+        f"section R@1 {controlled['mean']:.1f} points, 95 % interval {controlled['ci95_low']:.1f} to "
+        f"{controlled['ci95_high']:+.1f}"
+    ) in readme

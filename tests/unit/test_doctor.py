@@ -1,6 +1,7 @@
 """`qkvqa doctor` on the synthetic world in the public release layouts (evqa/, infoseek/): green on the world as
 written, and each broken variant (an image root one folder off, a malformed 2_hop row, a missing id2name map, a
 missing model directory, a corrupt index) gets its own FAIL row and exit status 1."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,17 @@ import yaml
 from qkvqa.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-TINY = {name: {"kind": kind, "tiny": True, "device": "cpu"} for name, kind in (
-    ("image_encoder", "evaclip_hf"), ("text_encoder", "evaclip_hf"), ("qformer", "blip2_qff"),
-    ("reranker", "bge_reranker"), ("generator", "llama3"), ("judge", "bem"))}
+TINY = {
+    name: {"kind": kind, "tiny": True, "device": "cpu"}
+    for name, kind in (
+        ("image_encoder", "evaclip_hf"),
+        ("text_encoder", "evaclip_hf"),
+        ("qformer", "blip2_qff"),
+        ("reranker", "bge_reranker"),
+        ("generator", "llama3"),
+        ("judge", "bem"),
+    )
+}
 
 
 @pytest.fixture
@@ -24,8 +33,15 @@ def doctor(tmp_path, capsys):
 
     def _doctor(world_dir, *overrides, experiment="demo/evaluate", json_out=True):
         capsys.readouterr()
-        argv = ["doctor", *(["--json"] if json_out else []), f"experiment={experiment}", f"paths.world_dir={world_dir}",
-                f"paths.cache_dir={tmp_path / 'cache'}", f"paths.checkpoints_root={tmp_path / 'runs'}", *overrides]
+        argv = [
+            "doctor",
+            *(["--json"] if json_out else []),
+            f"experiment={experiment}",
+            f"paths.world_dir={world_dir}",
+            f"paths.cache_dir={tmp_path / 'cache'}",
+            f"paths.checkpoints_root={tmp_path / 'runs'}",
+            *overrides,
+        ]
         status = main(argv)
         out = capsys.readouterr().out
         if not json_out:
@@ -56,23 +72,35 @@ def test_the_e_vqa_release_layout_passes(world, doctor):
     test_rows = json.loads(Path(world["dir"], "world.json").read_text())["counts"]["questions:evqa/test.csv"]
     questions = rows[("questions", "test")]
     assert questions["status"] == "ok" and f"{test_rows:,} questions read" in questions["detail"]
-    assert "2_hop" in questions["detail"]                         # evaluation reads the 2_hop rows too
+    assert "2_hop" in questions["detail"]  # evaluation reads the 2_hop rows too
     sources = {item for area, item in rows if area == "images"}
     assert sources == {"test inaturalist", "test landmarks"}
     assert rows[("kb", "store")]["status"] == "ok"
-    assert {item for area, item in rows if area == "kb images"} >= {"main images", "wiki_image_url_part_1_processed.csv"}
-    assert rows[("index", "image_to_image")]["status"] == "todo"   # not built yet: a later command writes it
+    assert {item for area, item in rows if area == "kb images"} >= {
+        "main images",
+        "wiki_image_url_part_1_processed.csv",
+    }
+    assert rows[("index", "image_to_image")]["status"] == "todo"  # not built yet: a later command writes it
     assert rows[("models", "components.generator")]["status"] == "ok"
     assert any(area == "disk" for area, _ in rows)
 
 
 def test_the_infoseek_release_layout_passes(world, doctor, tmp_path):
     experiment = tmp_path / "infoseek.yaml"
-    experiment.write_text(yaml.safe_dump({
-        "presets": ["cpu", "infoseek_data"], "task": "evaluate", "data": {"root": str(Path(world["dir"]) / "infoseek"),
-                                                                          "images": {"max_missing_fraction": 0.34}},
-        "components": TINY, "retrieval": {"mode": "image_to_image"}, "eval": {"judge": "em_only"},
-        "logger": {"wandb": {"enabled": False}}}), encoding="utf-8")
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                "presets": ["cpu", "infoseek_data"],
+                "task": "evaluate",
+                "data": {"root": str(Path(world["dir"]) / "infoseek"), "images": {"max_missing_fraction": 0.34}},
+                "components": TINY,
+                "retrieval": {"mode": "image_to_image"},
+                "eval": {"judge": "em_only"},
+                "logger": {"wandb": {"enabled": False}},
+            }
+        ),
+        encoding="utf-8",
+    )
     status, rows, _ = doctor(world["dir"], experiment=str(experiment))
     assert status == 0, failed(rows)
     assert rows[("images", "test infoseek")]["status"] in ("ok", "warn")
@@ -94,8 +122,8 @@ def test_a_kb_image_root_one_folder_off_fails_naming_the_folder(world, doctor):
     csv_rows = {item: d for (area, item), d in failed(rows).items() if area == "kb images" and item.endswith(".csv")}
     assert csv_rows, failed(rows)
     detail = next(iter(csv_rows.values()))
-    assert "wiki_image/full/full/wiki_image_split" in detail                   # the first missing path tried
-    assert f"exists under {Path(world['dir']) / 'evqa' / 'wiki_image'}" in detail   # and where it is
+    assert "wiki_image/full/full/wiki_image_split" in detail  # the first missing path tried
+    assert f"exists under {Path(world['dir']) / 'evqa' / 'wiki_image'}" in detail  # and where it is
 
 
 def test_a_query_image_root_one_folder_off_fails(world, doctor):
@@ -113,7 +141,7 @@ def test_a_malformed_two_hop_row_fails_with_its_file_and_line(world_copy, doctor
         rows = list(csv.DictReader(f))
     fields = list(rows[0])
     line = next(i for i, row in enumerate(rows) if row["question_type"] == "2_hop")
-    rows[line]["wikipedia_url"] = rows[line]["wikipedia_url"].split("|")[0]       # one URL for two hops
+    rows[line]["wikipedia_url"] = rows[line]["wikipedia_url"].split("|")[0]  # one URL for two hops
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
@@ -134,23 +162,35 @@ def test_a_missing_id2name_map_fails(world_copy, doctor):
 
 
 def test_a_missing_model_directory_fails_with_the_download_command(world, doctor, tmp_path):
-    status, rows, _ = doctor(world["dir"], "preset=local_weights", f"paths.weights_dir={tmp_path / 'weights'}",
-                             "components.reranker.tiny=false", "components.reranker.pretrained=BAAI/bge-reranker-v2-m3")
+    status, rows, _ = doctor(
+        world["dir"],
+        "preset=local_weights",
+        f"paths.weights_dir={tmp_path / 'weights'}",
+        "components.reranker.tiny=false",
+        "components.reranker.pretrained=BAAI/bge-reranker-v2-m3",
+    )
     assert status == 1
     detail = failed(rows)[("models", "components.reranker")]
     assert f"no directory at {tmp_path / 'weights' / 'BAAI' / 'bge-reranker-v2-m3'}" in detail
-    assert (f"huggingface-cli download BAAI/bge-reranker-v2-m3 --include '*.json' '*.safetensors' sentencepiece.bpe.model "
-            f"--local-dir {tmp_path / 'weights'}/BAAI/bge-reranker-v2-m3") in detail      # the command that fills it
+    assert (
+        f"huggingface-cli download BAAI/bge-reranker-v2-m3 --include '*.json' '*.safetensors' sentencepiece.bpe.model "
+        f"--local-dir {tmp_path / 'weights'}/BAAI/bge-reranker-v2-m3"
+    ) in detail  # the command that fills it
     other = rows[("models", "components.generator")]
-    assert other["status"] == "ok"                                   # a tiny component is not redirected
+    assert other["status"] == "ok"  # a tiny component is not redirected
 
 
 def _build_index(world_dir: Path, tmp_path: Path) -> Path:
     """`qkvqa embed` and `qkvqa index build` of the demo experiment (tiny encoders) into tmp_path/index."""
     from qkvqa.run.rundir import clear_run_env
 
-    common = ["experiment=demo/evaluate", f"paths.world_dir={world_dir}", f"paths.cache_dir={tmp_path / 'cache'}",
-              f"paths.checkpoints_root={tmp_path / 'runs'}", f"retrieval.index_dir={tmp_path / 'index'}"]
+    common = [
+        "experiment=demo/evaluate",
+        f"paths.world_dir={world_dir}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"paths.checkpoints_root={tmp_path / 'runs'}",
+        f"retrieval.index_dir={tmp_path / 'index'}",
+    ]
     for command in (["embed"], ["index", "build"]):
         clear_run_env()
         assert main([*command, *common]) == 0, command
@@ -168,7 +208,7 @@ def test_an_index_of_other_settings_and_a_corrupt_index_fail(world_copy, doctor,
     assert "index factory" in failed(rows)[("index", "image_to_image")]
     index_file = index / "index.faiss"
     data = bytearray(index_file.read_bytes())
-    data[len(data) // 2] ^= 0xFF                                     # one flipped byte, same size
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
     index_file.write_bytes(bytes(data))
     status, rows, _ = doctor(world_copy, f"retrieval.index_dir={index}")
     assert status == 1

@@ -1,5 +1,6 @@
 """Model checks of `qkvqa doctor` on real model directories (tiny models written through save_pretrained), paths.weights_dir
 and preset=local_weights, the pinned revision, and the one-line warning of real models on `device: auto` without a GPU."""
+
 from __future__ import annotations
 
 import shutil
@@ -31,7 +32,7 @@ def _record_download(directory: Path, commit: str) -> None:
     """What `huggingface-cli download --local-dir` leaves: .cache/huggingface/download/FILE.metadata, commit first."""
     meta = directory / ".cache" / "huggingface" / "download"
     meta.mkdir(parents=True, exist_ok=True)
-    (meta / "config.json.metadata").write_text(f"{commit}\n\"etag\"\n1733000000.0\n", encoding="utf-8")
+    (meta / "config.json.metadata").write_text(f'{commit}\n"etag"\n1733000000.0\n', encoding="utf-8")
 
 
 def _cfg(*overrides: str):
@@ -39,18 +40,23 @@ def _cfg(*overrides: str):
 
 
 def test_weights_dir_reads_every_hub_id_from_the_download_layout():
-    cfg = compose("eval/evqa_qwen", ["local_weights"], ["paths.weights_dir=/w",
-                                                        "components.image_encoder.options.tokenizer=openai/clip-vit-large-patch14"])
-    assert cfg.components.generator.pretrained == "/w/Qwen/Qwen2.5-VL-7B-Instruct"   # the experiment named the hub id
+    cfg = compose(
+        "eval/evqa_qwen",
+        ["local_weights"],
+        ["paths.weights_dir=/w", "components.image_encoder.options.tokenizer=openai/clip-vit-large-patch14"],
+    )
+    assert cfg.components.generator.pretrained == "/w/Qwen/Qwen2.5-VL-7B-Instruct"  # the experiment named the hub id
     assert cfg.components.image_encoder.pretrained == "/w/BAAI/EVA-CLIP-8B"
     assert cfg.components.image_encoder.options.tokenizer == "/w/openai/clip-vit-large-patch14"
     assert cfg.components.judge.pretrained == "/w/kortukov/answer-equivalence-bem"
-    assert cfg.qff.checkpoint == "checkpoints/evqa_qff/qff"                         # a path stays a path
-    assert compose("eval/evqa_qwen", ["local_weights"], []).components.reranker.pretrained == \
-        "weights/BAAI/bge-reranker-v2-m3"                                            # the preset's default folder
+    assert cfg.qff.checkpoint == "checkpoints/evqa_qff/qff"  # a path stays a path
+    assert (
+        compose("eval/evqa_qwen", ["local_weights"], []).components.reranker.pretrained
+        == "weights/BAAI/bge-reranker-v2-m3"
+    )  # the preset's default folder
     plain = compose("eval/evqa_qwen", [], [])
-    assert plain.components.generator.pretrained == "Qwen/Qwen2.5-VL-7B-Instruct"   # without it: hub ids
-    assert plain.components.image_encoder.revision                                 # real_models names a revision
+    assert plain.components.generator.pretrained == "Qwen/Qwen2.5-VL-7B-Instruct"  # without it: hub ids
+    assert plain.components.image_encoder.revision  # real_models names a revision
 
 
 def test_hub_ids_and_download_commands():
@@ -59,7 +65,7 @@ def test_hub_ids_and_download_commands():
     command = download_command("BAAI/EVA-CLIP-8B")
     assert command.startswith("huggingface-cli download BAAI/EVA-CLIP-8B --include ")
     assert command.endswith("--local-dir weights/BAAI/EVA-CLIP-8B") and "'*.safetensors'" in command
-    assert ".pt" not in " ".join(HUB_FILES["BAAI/EVA-CLIP-8B"])                    # never the raw 33 GB checkpoint
+    assert ".pt" not in " ".join(HUB_FILES["BAAI/EVA-CLIP-8B"])  # never the raw 33 GB checkpoint
 
 
 def test_a_model_directory_is_described_and_its_revision_checked(bem_dir, tmp_path):
@@ -67,8 +73,12 @@ def test_a_model_directory_is_described_and_its_revision_checked(bem_dir, tmp_pa
 
     _record_download(bem_dir, COMMIT_A)
     assert downloaded_revision(bem_dir) == COMMIT_A
-    base = ["eval.judge=bem", "components.judge.tiny=false", f"paths.weights_dir={tmp_path / 'weights'}",
-            "components.judge.pretrained=kortukov/answer-equivalence-bem"]
+    base = [
+        "eval.judge=bem",
+        "components.judge.tiny=false",
+        f"paths.weights_dir={tmp_path / 'weights'}",
+        "components.judge.pretrained=kortukov/answer-equivalence-bem",
+    ]
     row = model_checks(_cfg(*base, f"components.judge.revision={COMMIT_A}"), ["judge"])[0]
     assert row.status == "ok", row.detail
     assert "BertForSequenceClassification" in row.detail and f"revision {COMMIT_A[:12]}" in row.detail
@@ -85,8 +95,9 @@ def test_a_missing_weight_shard_and_a_wrong_architecture_fail(bem_dir, tmp_path)
 
     overrides = ["eval.judge=bem", "components.judge.tiny=false", f"components.judge.pretrained={bem_dir}"]
     weights = next(bem_dir.glob("*.safetensors"))
-    (bem_dir / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": weights.name, "b": "model-00002-of-00002.safetensors"}}), encoding="utf-8")
+    (bem_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": weights.name, "b": "model-00002-of-00002.safetensors"}}), encoding="utf-8"
+    )
     row = model_checks(_cfg(*overrides), ["judge"])[0]
     assert row.status == "fail" and "model-00002-of-00002.safetensors" in row.detail
     (bem_dir / "model.safetensors.index.json").unlink()
@@ -118,16 +129,19 @@ def test_load_builds_a_tiny_model_and_runs_the_forward():
 def test_real_models_on_device_auto_without_a_gpu_warn_in_one_line():
     from qkvqa.components.hardware import cpu_fallback_warning
 
-    cfg = _cfg("components.generator.tiny=false", "components.generator.pretrained=Qwen/Qwen2.5-VL-7B-Instruct",
-               "components.generator.device=auto")
+    cfg = _cfg(
+        "components.generator.tiny=false",
+        "components.generator.pretrained=Qwen/Qwen2.5-VL-7B-Instruct",
+        "components.generator.device=auto",
+    )
     no_gpu = {"available": False, "reason": "the NVIDIA driver 535.1 is older than torch 2.14.1 needs"}
     line = cpu_fallback_warning(cfg, ["generator", "reranker"], no_gpu)
     assert line is not None and "\n" not in line
     assert "components.generator (Qwen/Qwen2.5-VL-7B-Instruct)" in line and "535.1" in line
-    assert "reranker" not in line                                                   # tiny models never warn
+    assert "reranker" not in line  # tiny models never warn
     assert cpu_fallback_warning(cfg, ["generator"], {"available": True, "reason": None}) is None
     cfg.components.generator.device = "cpu"
-    assert cpu_fallback_warning(cfg, ["generator"], no_gpu) is None                 # device: cpu means it
+    assert cpu_fallback_warning(cfg, ["generator"], no_gpu) is None  # device: cpu means it
 
 
 def test_the_gpu_status_names_a_reason_when_no_gpu_is_usable():
@@ -141,7 +155,7 @@ def test_the_gpu_status_names_a_reason_when_no_gpu_is_usable():
 def test_revision_is_recorded_with_the_run_config():
     cfg = compose("eval/evqa_qwen", [], [f"components.qformer.revision={COMMIT_A}"])
     plain = OmegaConf.to_container(cfg, resolve=True)
-    assert plain["components"]["qformer"]["revision"] == COMMIT_A                   # config.yaml is this container
+    assert plain["components"]["qformer"]["revision"] == COMMIT_A  # config.yaml is this container
 
 
 @pytest.fixture
@@ -155,7 +169,7 @@ def hub_cache(bem_dir, tmp_path, monkeypatch) -> Path:
     shutil.copytree(bem_dir, repo / "snapshots" / COMMIT_A)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT_A, encoding="utf-8")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))       # where this process's hub cache is
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))  # where this process's hub cache is
     return cache
 
 
@@ -166,9 +180,10 @@ def test_a_hub_id_loads_at_its_revision_from_the_cache(hub_cache):
     spec = ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem", revision=COMMIT_A, device="cpu")
     path = resolve_pretrained(spec)
     assert Path(path) == hub_cache / "models--kortukov--answer-equivalence-bem" / "snapshots" / COMMIT_A
-    assert 0.0 <= build_component(spec).equivalent("q", "a", "a") <= 1.0          # from_pretrained reads that snapshot
-    assert resolve_pretrained(ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem",
-                                            revision="main")).endswith(COMMIT_A)   # a branch resolves through refs/
+    assert 0.0 <= build_component(spec).equivalent("q", "a", "a") <= 1.0  # from_pretrained reads that snapshot
+    assert resolve_pretrained(
+        ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem", revision="main")
+    ).endswith(COMMIT_A)  # a branch resolves through refs/
     with pytest.raises(MissingWeightsError, match=f"at revision {COMMIT_B}"):
         resolve_pretrained(ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem", revision=COMMIT_B))
 
@@ -176,7 +191,11 @@ def test_a_hub_id_loads_at_its_revision_from_the_cache(hub_cache):
 def test_doctor_reads_a_hub_id_from_the_cache_with_its_commit(hub_cache):
     from qkvqa.doctor.models import model_checks
 
-    base = ["eval.judge=bem", "components.judge.tiny=false", "components.judge.pretrained=kortukov/answer-equivalence-bem"]
+    base = [
+        "eval.judge=bem",
+        "components.judge.tiny=false",
+        "components.judge.pretrained=kortukov/answer-equivalence-bem",
+    ]
     row = model_checks(_cfg(*base, f"components.judge.revision={COMMIT_A}"), ["judge"])[0]
     assert row.status == "ok" and f"revision {COMMIT_A[:12]}" in row.detail, row.detail
     row = model_checks(_cfg(*base, f"components.judge.revision={COMMIT_B}"), ["judge"])[0]

@@ -1,6 +1,7 @@
 """E-VQA question files as released (google-research `encyclopedic_vqa/README.md`): 2_hop rows hold two values
 joined by '|' in `wikipedia_url`, `evidence_section_id` and `evidence_section_title`, and both hops are kept through
 the question, the scores and the trace; `wikipedia_url_used_in_train` gives the seen / unseen rows of the report."""
+
 from __future__ import annotations
 
 import csv
@@ -23,17 +24,28 @@ A, B = "https://en.wikipedia.org/wiki/A", "https://en.wikipedia.org/wiki/B"
 
 def two_hop_row(**overrides: str) -> dict[str, str]:
     """A 2_hop row written as the README says: two URLs, two section ids, two section titles."""
-    return evqa_row("2_hop", **{"wikipedia_url": f"{A}|{B}", "wikipedia_title": "A|B", "evidence_section_id": "3|1",
-                                "evidence_section_title": "Habitat|Diet", "answer": "seeds",
-                                "wikipedia_url_used_in_train": "False", **overrides})
+    return evqa_row(
+        "2_hop",
+        **{
+            "wikipedia_url": f"{A}|{B}",
+            "wikipedia_title": "A|B",
+            "evidence_section_id": "3|1",
+            "evidence_section_title": "Habitat|Diet",
+            "answer": "seeds",
+            "wikipedia_url_used_in_train": "False",
+            **overrides,
+        },
+    )
 
 
 def test_a_two_hop_row_keeps_both_urls_section_ids_and_titles(tmp_path):
     path = write_csv(tmp_path / "test.csv", [evqa_row(), two_hop_row()])
     single, two_hop = read_evqa_csv(path, include_two_hop=True)
-    assert two_hop.hops == [{"url": A, "title": "A", "section_index": 3, "section_title": "Habitat"},
-                            {"url": B, "title": "B", "section_index": 1, "section_title": "Diet"}]
-    assert (two_hop.gold_url, two_hop.evidence_section_id) == (A, 3)        # the first hop: the entity in the image
+    assert two_hop.hops == [
+        {"url": A, "title": "A", "section_index": 3, "section_title": "Habitat"},
+        {"url": B, "title": "B", "section_index": 1, "section_title": "Diet"},
+    ]
+    assert (two_hop.gold_url, two_hop.evidence_section_id) == (A, 3)  # the first hop: the entity in the image
     assert single.hops == [{"url": A, "title": "A", "section_index": 1, "section_title": "Description"}]
 
 
@@ -44,17 +56,20 @@ def test_a_two_hop_row_with_one_title_keeps_it_for_the_first_hop(tmp_path):
     assert [h["title"] for h in question.hops] == ["A", None]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("evidence_section_id", "3|x"),          # a hop that is not a section index
-    ("evidence_section_id", "3"),            # one id for two URLs
-    ("evidence_section_id", "3|1|2"),
-    ("evidence_section_id", "3|"),
-    ("evidence_section_title", "Habitat"),   # one title for two URLs
-    ("wikipedia_url", A),                    # a 2_hop row with one URL
-    ("wikipedia_url", f"{A}|"),
-    ("wikipedia_title", "A|B|C"),
-    ("wikipedia_url_used_in_train", "yes"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("evidence_section_id", "3|x"),  # a hop that is not a section index
+        ("evidence_section_id", "3"),  # one id for two URLs
+        ("evidence_section_id", "3|1|2"),
+        ("evidence_section_id", "3|"),
+        ("evidence_section_title", "Habitat"),  # one title for two URLs
+        ("wikipedia_url", A),  # a 2_hop row with one URL
+        ("wikipedia_url", f"{A}|"),
+        ("wikipedia_title", "A|B|C"),
+        ("wikipedia_url_used_in_train", "yes"),
+    ],
+)
 def test_a_malformed_two_hop_value_names_file_line_and_field(tmp_path, field, value):
     path = write_csv(tmp_path / "test.csv", [evqa_row(), two_hop_row(**{field: value})])
     with pytest.raises(DataError, match=f"line 3: field '{field}'") as error:
@@ -64,8 +79,11 @@ def test_a_malformed_two_hop_value_names_file_line_and_field(tmp_path, field, va
 
 def test_two_section_ids_on_a_single_hop_row_say_that_only_two_hop_rows_hold_two(tmp_path):
     path = write_csv(tmp_path / "test.csv", [evqa_row(evidence_section_id="3|1")])
-    with pytest.raises(DataError, match=r"line 2: field 'evidence_section_id': '3\|1' is not a section index "
-                                        r"\(only 2_hop rows"):
+    with pytest.raises(
+        DataError,
+        match=r"line 2: field 'evidence_section_id': '3\|1' is not a section index "
+        r"\(only 2_hop rows",
+    ):
         read_evqa_csv(path)
 
 
@@ -77,14 +95,25 @@ def test_wikipedia_url_used_in_train_is_read(tmp_path, value, expected):
 
 def _scored(tmp_path):
     """Five questions: 3 seen (2 answered right), 1 unseen two-hop (right), 1 without a used-in-train value (wrong)."""
-    rows = [evqa_row(question=f"q{i}", answer="seeds", wikipedia_url_used_in_train=seen)
-            for i, seen in enumerate(["True", "True", "True", ""])]
+    rows = [
+        evqa_row(question=f"q{i}", answer="seeds", wikipedia_url_used_in_train=seen)
+        for i, seen in enumerate(["True", "True", "True", ""])
+    ]
     rows.insert(2, two_hop_row(question="q2hop"))
     questions = read_evqa_csv(write_csv(tmp_path / "test.csv", rows), include_two_hop=True)
     right = {"q0", "q2hop", "q1"}
-    predictions = [{"data_id": q.data_id, "prediction": "seeds" if q.question in right else "moss",
-                    "ranking": [{"url": B, "score": 1.0}], "top1_section": [B, 1], "context_text": "",
-                    "context_tokens": 1, "seconds": {}} for q in questions]
+    predictions = [
+        {
+            "data_id": q.data_id,
+            "prediction": "seeds" if q.question in right else "moss",
+            "ranking": [{"url": B, "score": 1.0}],
+            "top1_section": [B, 1],
+            "context_text": "",
+            "context_tokens": 1,
+            "seconds": {},
+        }
+        for q in questions
+    ]
     return questions, predictions
 
 
@@ -96,8 +125,11 @@ def test_the_scores_give_seen_and_unseen_accuracy_each_with_its_n(tmp_path):
     assert split["unseen"] == {"n": 1, "correct": 1.0, "accuracy": 100.0}
     assert split["n_unknown"] == 1
     assert flat_metrics(scores)["eval/accuracy_unseen"] == 100.0
-    cfg = SimpleNamespace(experiment="x", eval=SimpleNamespace(split="test", filter="retrieval", context="cda"),
-                          cda=SimpleNamespace(mode="full", U=2, theta=0.5, chunk_tokens=60, K1=4, K2=2))
+    cfg = SimpleNamespace(
+        experiment="x",
+        eval=SimpleNamespace(split="test", filter="retrieval", context="cda"),
+        cda=SimpleNamespace(mode="full", U=2, theta=0.5, chunk_tokens=60, K1=4, K2=2),
+    )
     report = render_report("run", cfg, scores, None, [])
     assert "| all, gold article seen in training | 3 | 66.67 |" in report
     assert "| all, gold article unseen in training | 1 | 100.00 |" in report
@@ -112,22 +144,34 @@ def test_two_hop_rows_stay_out_of_the_recall_tables_and_count_per_hop_under_poli
     # The two-hop question's top-1 article is its second hop with that hop's evidence section (1): a hit; the first
     # hop's section index (3) would have made it a miss.
     two_hop = [q for q in questions if q.question_type == "2_hop"]
-    any_hop = score_run("evqa", [p for p in predictions if p["data_id"] == two_hop[0].data_id], two_hop, {}, None,
-                        20, "any")
+    any_hop = score_run(
+        "evqa", [p for p in predictions if p["data_id"] == two_hop[0].data_id], two_hop, {}, None, 20, "any"
+    )
     assert any_hop["section_recall"]["evidence_section_recall@1"] == 100.0
 
 
 def test_the_trace_keeps_both_hops_and_the_used_in_train_flag(tmp_path):
     questions, predictions = _scored(tmp_path)
-    traces = build_traces(predictions, questions, {q.data_id: Retrieved([B]) for q in questions}, {}, dataset="evqa",
-                          split="test", top_k=20, filter_name="retrieval", alpha=None, image_path=lambda q: None)
+    traces = build_traces(
+        predictions,
+        questions,
+        {q.data_id: Retrieved([B]) for q in questions},
+        {},
+        dataset="evqa",
+        split="test",
+        top_k=20,
+        filter_name="retrieval",
+        alpha=None,
+        image_path=lambda q: None,
+    )
     two_hop = next(t for t in traces if t["question_type"] == "2_hop")
     assert two_hop["gold"]["urls"] == [A, B] and two_hop["gold"]["section_index"] == 3
     assert [(h["url"], h["section_index"], h["section_title"]) for h in two_hop["gold"]["hops"]] == [
-        (A, 3, "Habitat"), (B, 1, "Diet")]
+        (A, 3, "Habitat"),
+        (B, 1, "Diet"),
+    ]
     assert two_hop["gold"]["url_used_in_train"] is False
-    assert [t["gold"]["url_used_in_train"] for t in traces if t["question_type"] != "2_hop"] == [True, True, True,
-                                                                                                   None]
+    assert [t["gold"]["url_used_in_train"] for t in traces if t["question_type"] != "2_hop"] == [True, True, True, None]
 
 
 def test_the_synthetic_world_writes_two_hop_rows_as_the_release_does(world):

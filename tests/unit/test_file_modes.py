@@ -1,4 +1,5 @@
 """Every output file gets the mode a plain open() gives under the umask (0o666 & ~umask), so runs can be shared."""
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,7 @@ def test_atomic_writes_honour_the_umask(tmp_path, mask, expected):
         atomic_write(tmp_path / "index.faiss", lambda f: f.write(b"x"))
     assert mode(tmp_path / "a" / "status.json") == mode(tmp_path / "report.md") == expected
     assert mode(tmp_path / "index.faiss") == expected
-    assert mode(tmp_path / "a") == 0o777 & ~mask                     # the directory as mkdir makes it
+    assert mode(tmp_path / "a") == 0o777 & ~mask  # the directory as mkdir makes it
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o002])
@@ -58,14 +59,14 @@ def test_make_shareable_fixes_a_safetensors_file_and_a_tree(tmp_path, mask):
         save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
         make_shareable(tmp_path / "model.safetensors")
         assert mode(tmp_path / "model.safetensors") == 0o666 & ~mask
-        tree = Path(tempfile.mkdtemp(dir=tmp_path))                      # 0700
+        tree = Path(tempfile.mkdtemp(dir=tmp_path))  # 0700
         (tree / "sub").mkdir(mode=0o700)
         os.close(os.open(tree / "sub" / "f", os.O_CREAT | os.O_WRONLY, 0o600))
         (tree / "link").symlink_to(tmp_path / "model.safetensors")
         os.chmod(tmp_path / "model.safetensors", 0o600)
         make_shareable(tree)
     assert tree_modes(tree) == {".": 0o777 & ~mask, "sub": 0o777 & ~mask, "sub/f": 0o666 & ~mask}
-    assert mode(tmp_path / "model.safetensors") == 0o600                # a symlink's target is not touched
+    assert mode(tmp_path / "model.safetensors") == 0o600  # a symlink's target is not touched
 
 
 def test_the_trained_qff_export_and_a_kb_store_honour_the_umask(tmp_path):
@@ -76,10 +77,12 @@ def test_the_trained_qff_export_and_a_kb_store_honour_the_umask(tmp_path):
     from tests.data_fixtures import kb_entry, write_kb_json
 
     torch.manual_seed(0)
-    with umask(0o002):                    # not SQLite's 0644 nor safetensors' 0600: what the user asked for
+    with umask(0o002):  # not SQLite's 0644 nor safetensors' 0600: what the user asked for
         comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
         out = comp.save_pretrained(tmp_path / "qff")
-        build_kb_store(write_kb_json(tmp_path / "kb.json", {"https://e/a": kb_entry("https://e/a", "A")}), tmp_path / "store")
+        build_kb_store(
+            write_kb_json(tmp_path / "kb.json", {"https://e/a": kb_entry("https://e/a", "A")}), tmp_path / "store"
+        )
     paths = [p for root in (out, tmp_path / "store") for p in [root, *root.rglob("*")]]
     assert {"model.safetensors", "kb.sqlite", "manifest.json"} <= {p.name for p in paths}
     wrong = {str(p): oct(mode(p)) for p in paths if mode(p) != (0o775 if p.is_dir() else 0o664)}
@@ -98,4 +101,4 @@ def test_run_and_sweep_locks_are_created_with_the_umask_mode(tmp_path):
         finally:
             lock.release()
         with RunnerLock(tmp_path / "sweep") as held:
-            assert mode(held.path) == 0o664                            # a lock file, never executable
+            assert mode(held.path) == 0o664  # a lock file, never executable

@@ -1,4 +1,5 @@
 """Issue 34 item 3: `qkvqa compare` output that fits a terminal and compares what applies, from real run records."""
+
 from __future__ import annotations
 
 import csv
@@ -24,16 +25,28 @@ def evaluations(run_root, tmp_path):
         _job(run_root, run_id, "train", [f"qff.lr={lr}"], {"val/article_r1": 40.0, "global_step": 6})
         (run_root / run_id / "qff").mkdir()
     here = os.getcwd()
-    os.chdir(tmp_path)                               # eval-b names the world relative to where it was run
+    os.chdir(tmp_path)  # eval-b names the world relative to where it was run
     try:
         for run_id, overrides, acc in (
-                ("eval-a", ["qff.checkpoint=" + str(run_root / "train-a" / "qff"), "qff.focus=per_layer",
-                            f"data.root={world}"], 30.123456),
-                ("eval-b", ["qff.checkpoint=" + str(run_root / "train-b" / "qff"), "qff.focus=none",
-                            "data.root=world"], 35.5),
-                ("eval-retrieval", ["eval.filter=retrieval", "qff.focus=input", f"data.root={world}"], 20.0)):
-            _job(run_root, run_id, "evaluate", overrides,
-                 {"eval/accuracy": acc, "eval/recall@1_after_filter": 50.0, "eval/section_r1": 12.345678})
+            (
+                "eval-a",
+                ["qff.checkpoint=" + str(run_root / "train-a" / "qff"), "qff.focus=per_layer", f"data.root={world}"],
+                30.123456,
+            ),
+            (
+                "eval-b",
+                ["qff.checkpoint=" + str(run_root / "train-b" / "qff"), "qff.focus=none", "data.root=world"],
+                35.5,
+            ),
+            ("eval-retrieval", ["eval.filter=retrieval", "qff.focus=input", f"data.root={world}"], 20.0),
+        ):
+            _job(
+                run_root,
+                run_id,
+                "evaluate",
+                overrides,
+                {"eval/accuracy": acc, "eval/recall@1_after_filter": 50.0, "eval/section_r1": 12.345678},
+            )
         _job(run_root, "20261203-101010-demo-evaluate-ab12", "embed", [], {"embed/kb_text/rows": 36})
     finally:
         os.chdir(here)
@@ -57,7 +70,7 @@ def test_markdown_csv_and_json_hold_every_column(evaluations, capsys):
     assert main(["compare", str(evaluations), "--task", "evaluate", "--format", "json"]) == 0
     records = json.loads(capsys.readouterr().out)
     assert {r["run_id"] for r in records} == {"eval-a", "eval-b", "eval-retrieval"}
-    assert {r["eval/accuracy"] for r in records} == {30.123456, 35.5, 20.0}          # every digit
+    assert {r["eval/accuracy"] for r in records} == {30.123456, 35.5, 20.0}  # every digit
     assert main(["compare", str(evaluations), "--task", "evaluate", "--format", "markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| run_id |") and len(lines) == 5
@@ -74,12 +87,12 @@ def test_floats_show_four_significant_figures(evaluations, capsys):
 def test_paths_compare_resolved_keys_that_do_not_apply_are_empty_and_evaluations_show_their_training(evaluations):
     table = build_table(filter_rows(collect_local([evaluations]), [], task="evaluate"), metrics=["eval/accuracy"])
     rows = table.records
-    assert "data.root" not in table.columns                         # ./world and /abs/world are one world
+    assert "data.root" not in table.columns  # ./world and /abs/world are one world
     assert "qff.focus" in table.columns
     by_id = {r["run_id"]: r for r in rows}
-    assert by_id["eval-retrieval"]["qff.focus"] is None             # no QFF ran: not "input"
+    assert by_id["eval-retrieval"]["qff.focus"] is None  # no QFF ran: not "input"
     assert by_id["eval-a"]["qff.focus"] == "per_layer"
-    assert "trained.qff.lr" in table.columns                        # the lr that made each evaluated QFF
+    assert "trained.qff.lr" in table.columns  # the lr that made each evaluated QFF
     assert by_id["eval-a"]["trained.qff.lr"] == 1e-5 and by_id["eval-b"]["trained.qff.lr"] == 2e-5
     assert by_id["eval-retrieval"]["trained.qff.lr"] is None
 

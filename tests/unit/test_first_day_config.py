@@ -1,4 +1,5 @@
 """Issue 34: `eval.split=validation` (a common spelling) reads as the val split; a split that is none says which are."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,17 @@ from qkvqa.config.load import compose
 from qkvqa.errors import ConfigError
 
 
-@pytest.mark.parametrize("spelling, split", [("validation", "val"), ("valid", "val"), ("dev", "val"),
-                                             ("Validation", "val"), ("testing", "test"), ("val", "val")])
+@pytest.mark.parametrize(
+    "spelling, split",
+    [
+        ("validation", "val"),
+        ("valid", "val"),
+        ("dev", "val"),
+        ("Validation", "val"),
+        ("testing", "test"),
+        ("val", "val"),
+    ],
+)
 def test_a_split_alias_reads_as_its_split(spelling, split):
     assert compose(None, [], [f"eval.split={spelling}"]).eval.split == split
 

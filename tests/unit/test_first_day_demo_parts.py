@@ -1,5 +1,6 @@
 """Issue 34 item 5, the demo: its world's location and the command that reuses it without re-embedding are stated;
 the world's deliberately missing images are warned once per demo, not once per evaluation."""
+
 from __future__ import annotations
 
 import logging
@@ -15,7 +16,7 @@ def test_the_reuse_command_reads_the_demos_world_caches_and_qff(tmp_path):
     tokens = shlex.split(demo.reuse_command())
     assert tokens[:3] == ["qkvqa", "evaluate", "experiment=demo/evaluate"]
     mine = compose("demo/evaluate", [], tokens[3:])
-    ran = compose("demo/evaluate", [], [*demo.common, "run_id=demo-embed"])        # what the demo embedded with
+    ran = compose("demo/evaluate", [], [*demo.common, "run_id=demo-embed"])  # what the demo embedded with
     assert mine.paths.world_dir == str(tmp_path / "demo" / "world") == ran.paths.world_dir
     assert mine.paths.cache_dir == ran.paths.cache_dir and mine.seed == ran.seed == 3
     assert mine.data.kb_store == ran.data.kb_store and expected_encoders(mine) == expected_encoders(ran)
@@ -34,7 +35,7 @@ def test_a_warning_repeated_by_each_evaluation_is_shown_once():
     handler.addFilter(OncePerRun())
     logger.addHandler(handler)
     try:
-        for _ in range(4):                                  # four evaluations of the same world
+        for _ in range(4):  # four evaluations of the same world
             logger.warning("skipping landmarks image %s (corrupt): %s", "66cd", "/w/66cd.jpg")
             logger.warning("skipping inaturalist image %s (missing): %s", "a1b2", "/w/a1b2.jpg")
             logger.info("evaluating 42 questions")
@@ -42,4 +43,4 @@ def test_a_warning_repeated_by_each_evaluation_is_shown_once():
         logger.removeHandler(handler)
     assert lines.count("skipping landmarks image 66cd (corrupt): /w/66cd.jpg") == 1
     assert lines.count("skipping inaturalist image a1b2 (missing): /w/a1b2.jpg") == 1
-    assert lines.count("evaluating 42 questions") == 4                # information is not deduplicated
+    assert lines.count("evaluating 42 questions") == 4  # information is not deduplicated

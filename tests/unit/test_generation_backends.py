@@ -1,4 +1,5 @@
 """Tiny Llama-3 and Qwen2.5-VL generators: batched left-padded greedy generation equals one-by-one, token counting."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,9 @@ from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt
 from qkvqa.generation.tiny import write_tiny_llama3
 
 # A short template keeps the byte-level prompts short (the appendix prompts run in test_appendix_prompt_generates).
-SETTINGS = GenerationConfig(max_new_tokens=5, batch_size=4, prompt="template",
-                            template="Context: {context}\nQuestion: {question}\nAnswer:")
+SETTINGS = GenerationConfig(
+    max_new_tokens=5, batch_size=4, prompt="template", template="Context: {context}\nQuestion: {question}\nAnswer:"
+)
 
 
 def requests():
@@ -38,7 +40,7 @@ def test_batched_generation_equals_one_by_one(generator):
     batched = generator.generate(reqs)
     single = [generator.generate([r])[0] for r in reqs]
     assert batched == single
-    assert len(set(batched)) > 1                        # rows are not interchangeable
+    assert len(set(batched)) > 1  # rows are not interchangeable
     # One byte per token, so at most one character per new token: max_new_tokens is honoured.
     assert all(len(a) <= 5 for a in batched) and max(map(len, batched)) >= 3
     short = generator.generate_prompts([Prompt(None, ("hello",))] * 2, max_new_tokens=1)
@@ -59,13 +61,16 @@ def test_appendix_prompt_generates(generator):
     settings = GenerationConfig(max_new_tokens=3)
     request = requests()[0]
     paper = Generator(generator.chat, generator.runner, settings)
-    assert paper.generate([request]) == generator.generate_prompts([answer_prompt(request, generator.generator_type,
-                                                                                  settings)], max_new_tokens=3)
+    assert paper.generate([request]) == generator.generate_prompts(
+        [answer_prompt(request, generator.generator_type, settings)], max_new_tokens=3
+    )
     text = generator.chat.render(answer_prompt(request, generator.generator_type, settings))
     assert "Answer the encyclopedic question about the given image." in text
     assert "- Question: What is the wingspan of this bird?" in text
     if generator.generator_type == "vlm":
-        assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 1 and text.endswith("<|im_start|>assistant\n")
+        assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 1 and text.endswith(
+            "<|im_start|>assistant\n"
+        )
     else:
         assert "<|image_pad|>" not in text and text.startswith("<|begin_of_text|><|start_header_id|>system")
         assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
@@ -73,10 +78,10 @@ def test_appendix_prompt_generates(generator):
 
 def test_token_counting_without_special_tokens(generator):
     tokenizer = generator.chat.tokenizer
-    assert generator.count_tokens("heron") == 5 and generator.count_tokens("Südtirol") == 9     # UTF-8 bytes
+    assert generator.count_tokens("heron") == 5 and generator.count_tokens("Südtirol") == 9  # UTF-8 bytes
     assert generator.count_tokens("<|im_end|>" if generator.generator_type == "vlm" else "<|eot_id|>") == 1
     if generator.generator_type == "llm":
-        assert len(tokenizer("heron")["input_ids"]) == 6          # the bos token is added there, not counted here
+        assert len(tokenizer("heron")["input_ids"]) == 6  # the bos token is added there, not counted here
     assert generator.truncate_to_tokens("Südtirol is", 2) == "S"  # never half a character
     assert generator.truncate_to_tokens("Südtirol is", 3) == "Sü"
     assert generator.truncate_to_tokens("Südtirol is", 100) == "Südtirol is"
@@ -99,9 +104,11 @@ def test_a_tokenizer_without_chat_template_gets_the_llama3_format(tmp_path):
     plain = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     plain.chat_template = None
     prompt = Prompt("Be brief.", ("Which river?",))
-    expected = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                "<|start_header_id|>user<|end_header_id|>\n\nWhich river?<|eot_id|>"
-                "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    expected = (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhich river?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert Llama3Format(plain).render(prompt) == expected
 
 

@@ -1,4 +1,5 @@
 """Prompts: the appendix prompts verbatim per dataset x generator type, custom templates, MLLM filtering, summaries."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,15 @@ from PIL import Image
 from qkvqa.config.schema import GenerationConfig
 from qkvqa.errors import ConfigError
 from qkvqa.generation import prompts as P
-from qkvqa.generation.prompts import (GenerationRequest, Prompt, answer_prompt, fill_template, filter_prompts,
-                                      merge_filter_outputs, summary_prompt)
+from qkvqa.generation.prompts import (
+    GenerationRequest,
+    Prompt,
+    answer_prompt,
+    fill_template,
+    filter_prompts,
+    merge_filter_outputs,
+    summary_prompt,
+)
 
 PAPER = Path(__file__).resolve().parents[3] / "shared" / "paper" / "qkvqa-paper.txt"
 
@@ -22,13 +30,15 @@ PAPER_LINES = {
         "image in your output. Directly output the answer of the question according to the context. You are a "
         "helpful assistant for answering encyclopedic questions. If the context does not contain the information "
         "required to answer the question, you should answer the question using internal model knowledge.",
-        "User Prompt - Context: { Chunks } - Question: { Textual question } The answer is:"),
+        "User Prompt - Context: { Chunks } - Question: { Textual question } The answer is:",
+    ),
     ("evqa", "vlm"): (
         "System Prompt Answer the encyclopedic question about the given image. Don’t mention the visual content of "
         "image in your output. Directly output the answer of the question according to the context. If the context "
         "does not contain the information required to answer the question, you should answer the question using "
         "internal model knowledge.",
-        "User Prompt - Context: { Chunks } - Question: { Textual question } { Query Image } The answer is:"),
+        "User Prompt - Context: { Chunks } - Question: { Textual question } { Query Image } The answer is:",
+    ),
     ("infoseek", "llm"): (
         "System Prompt Answer the encyclopedic question about the given image. Don’t mention the visual content of "
         "image in your output. Directly output the answer of the question according to the context. You are a "
@@ -43,7 +53,8 @@ PAPER_LINES = {
         "or region does this mountain locate in? Just answer the questions, no explanations needed. Short answer "
         "is: Province of Belluno",
         "User Prompt - Context: { Chunks } - Question: { Textual question } Just answer the questions, no "
-        "explanations needed. Short answer is:"),
+        "explanations needed. Short answer is:",
+    ),
     ("infoseek", "vlm"): (
         "System Prompt Answer the encyclopedic question about the given image. Don’t mention the visual content of "
         "image in your output. Directly output the answer of the question according to the context. If you need "
@@ -57,12 +68,14 @@ PAPER_LINES = {
         "or region does this mountain locate in? Just answer the questions, no explanations needed. Short answer "
         "is: Province of Belluno",
         "User Prompt - Context: { Chunks } - Question: { Textual question } { Query Image } Just answer the "
-        "questions, no explanations needed. Short answer is:"),
+        "questions, no explanations needed. Short answer is:",
+    ),
     "filter": (
         "System Prompt You are an encyclopedia expert. Given the question, image and candidate article, filter out "
         "the information in the article that is relevant to answering the question. Do not directly answer the "
         "question.",
-        "User Prompt {Query Image } - Question: { Textual question } { Candidate Image } - Context: { Sections }"),
+        "User Prompt {Query Image } - Question: { Textual question } { Candidate Image } - Context: { Sections }",
+    ),
 }
 
 
@@ -80,14 +93,13 @@ def test_appendix_prompts_verbatim_by_dataset_and_generator_type(dataset, genera
     system_line, user_line = PAPER_LINES[(dataset, generator_type)]
     assert "System Prompt " + prompt.system == system_line
     assert as_paper_line(prompt) == user_line
-    assert len(prompt.images) == (1 if generator_type == "vlm" else 0)      # an LLM never gets the image
+    assert len(prompt.images) == (1 if generator_type == "vlm" else 0)  # an LLM never gets the image
     assert ("Dolomites" in prompt.system) == (dataset == "infoseek")
 
 
 def test_filter_prompt_verbatim():
     article = SimpleNamespace(title="T", section_titles=["S"], section_texts=["x"])
-    (prompt,) = filter_prompts("{ Textual question }", Image.new("RGB", (8, 8)), [article],
-                               [Image.new("RGB", (8, 8))])
+    (prompt,) = filter_prompts("{ Textual question }", Image.new("RGB", (8, 8)), [article], [Image.new("RGB", (8, 8))])
     system_line, user_line = PAPER_LINES["filter"]
     assert "System Prompt " + prompt.system == system_line
     text = as_paper_line(prompt, ("{Query Image }", "{ Candidate Image }"))
@@ -109,11 +121,12 @@ def test_vlm_prompt_without_image_and_values_with_braces():
 
 
 def test_custom_template():
-    settings = GenerationConfig(prompt="template", template="Q: {question}\nC: {context}\nA:",
-                                template_system="Be brief.")
+    settings = GenerationConfig(
+        prompt="template", template="Q: {question}\nC: {context}\nA:", template_system="Be brief."
+    )
     image = Image.new("RGB", (8, 8))
     vlm = answer_prompt(GenerationRequest("q", "c", image, "infoseek"), "vlm", settings)
-    assert vlm == Prompt("Be brief.", (image, "Q: q\nC: c\nA:"))                 # no {image}: image first
+    assert vlm == Prompt("Be brief.", (image, "Q: q\nC: c\nA:"))  # no {image}: image first
     llm = answer_prompt(GenerationRequest("q", "c", image, "infoseek"), "llm", settings)
     assert llm == Prompt("Be brief.", ("Q: q\nC: c\nA:",))
     placed = GenerationConfig(prompt="template", template="{context} {image} {question}")
@@ -129,24 +142,39 @@ def test_custom_template():
 
 
 def test_filter_prompts_over_the_top_articles():
-    articles = [SimpleNamespace(title=f"A{i}", section_titles=["Intro", "References", "Habitat"],
-                                section_texts=[f"intro {i}", "refs", f"habitat {i}"]) for i in range(7)]
+    articles = [
+        SimpleNamespace(
+            title=f"A{i}",
+            section_titles=["Intro", "References", "Habitat"],
+            section_texts=[f"intro {i}", "refs", f"habitat {i}"],
+        )
+        for i in range(7)
+    ]
     query = Image.new("RGB", (8, 8), "red")
     candidates = [Image.new("RGB", (8, 8), "blue") if i % 2 == 0 else None for i in range(7)]
     prompts = filter_prompts("where does it live?", query, articles, candidates, top_n=5)
     assert len(prompts) == 5
-    assert prompts[0].parts == (query, " - Question: where does it live? ", candidates[0],
-                                " - Context: # Wiki Article: A0\n## Section Title: Intro\nintro 0\n"
-                                "# Wiki Article: A0\n## Section Title: Habitat\nhabitat 0")
-    assert prompts[1].parts[:2] == (query, " - Question: where does it live? - Context: # Wiki Article: A1\n"
-                                           "## Section Title: Intro\nintro 1\n# Wiki Article: A1\n"
-                                           "## Section Title: Habitat\nhabitat 1")
+    assert prompts[0].parts == (
+        query,
+        " - Question: where does it live? ",
+        candidates[0],
+        " - Context: # Wiki Article: A0\n## Section Title: Intro\nintro 0\n"
+        "# Wiki Article: A0\n## Section Title: Habitat\nhabitat 0",
+    )
+    assert prompts[1].parts[:2] == (
+        query,
+        " - Question: where does it live? - Context: # Wiki Article: A1\n"
+        "## Section Title: Intro\nintro 1\n# Wiki Article: A1\n"
+        "## Section Title: Habitat\nhabitat 1",
+    )
     assert all("refs" not in p.user_text() for p in prompts)
     assert len(filter_prompts("q", None, articles[:2])) == 2
     with pytest.raises(ValueError, match="candidate images"):
         filter_prompts("q", query, articles, candidates[:2])
-    assert merge_filter_outputs([" It lives in rivers. ", "", "  ", "It nests in trees."]) == \
-        "It lives in rivers.\nIt nests in trees."
+    assert (
+        merge_filter_outputs([" It lives in rivers. ", "", "  ", "It nests in trees."])
+        == "It lives in rivers.\nIt nests in trees."
+    )
 
 
 def test_summary_prompt():

@@ -1,5 +1,6 @@
 """Kind reflectiva: a tiny LLaVA converted through the real converter generates end to end with tiny: true, reads the
 image, batches like one-by-one, and renders ReflectiVA's conversation (conv llama_3_1) text."""
+
 from __future__ import annotations
 
 import json
@@ -17,20 +18,24 @@ from qkvqa.generation.tiny_llava import write_tiny_llava_source
 
 SETTINGS = GenerationConfig(max_new_tokens=4, batch_size=3)
 HERON = "# Wiki Article: Grey heron\n## Section Title: Description\nThe grey heron is tall."
-SYSTEM = ("You are a helpful language and vision assistant. You are able to understand the visual content that the "
-          "user provides, and assist the user with a variety of tasks using natural language.")
+SYSTEM = (
+    "You are a helpful language and vision assistant. You are able to understand the visual content that the "
+    "user provides, and assist the user with a variety of tasks using natural language."
+)
 
 
 def requests():
-    return [GenerationRequest("What is the wingspan of this bird?", HERON, Image.new("RGB", (70, 50), "red"), "evqa"),
-            GenerationRequest("Which region?", "Südtirol", None, "infoseek"),
-            GenerationRequest("How tall is it?", HERON + " " + HERON, Image.new("RGB", (30, 56), "blue"), "infoseek"),
-            GenerationRequest("Name?", "x", Image.new("RGB", (90, 40), "green"), "evqa")]
+    return [
+        GenerationRequest("What is the wingspan of this bird?", HERON, Image.new("RGB", (70, 50), "red"), "evqa"),
+        GenerationRequest("Which region?", "Südtirol", None, "infoseek"),
+        GenerationRequest("How tall is it?", HERON + " " + HERON, Image.new("RGB", (30, 56), "blue"), "infoseek"),
+        GenerationRequest("Name?", "x", Image.new("RGB", (90, 40), "green"), "evqa"),
+    ]
 
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory) -> Generator:
-    with pytest.MonkeyPatch.context() as patch:             # module-scoped: before the per-test tiny dir is set
+    with pytest.MonkeyPatch.context() as patch:  # module-scoped: before the per-test tiny dir is set
         patch.setenv("QKVQA_TINY_DIR", str(tmp_path_factory.mktemp("tiny")))
         yield build_generator({"kind": "reflectiva", "tiny": True, "device": "cpu"}, SETTINGS)
 
@@ -45,17 +50,23 @@ def test_prompt_is_reflectivas_conversation_text(generator):
         "<|start_header_id|>user<|end_header_id|>\n\n<image>\n\nWhat is this?<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n[Retrieval]<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nConsider this paragraph: <paragraph>Some passage.</paragraph>. "
-        "Give a short answer.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        "Give a short answer.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     # the same messages as conv.get_prompt() builds them, through the checkpoint's own template
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": "<image>\n\nWhat is this?"},
-                {"role": "assistant", "content": "[Retrieval]"},
-                {"role": "user", "content": "Consider this paragraph: <paragraph>Some passage.</paragraph>. "
-                                            "Give a short answer."}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "<image>\n\nWhat is this?"},
+        {"role": "assistant", "content": "[Retrieval]"},
+        {
+            "role": "user",
+            "content": "Consider this paragraph: <paragraph>Some passage.</paragraph>. Give a short answer.",
+        },
+    ]
     plain = generator.chat.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     assert text.startswith(plain) and generator.chat.opening_added
-    assert reflectiva_prompt(request, short=False).parts == ("Consider this paragraph: <paragraph>Some passage."
-                                                             "</paragraph>",)
+    assert reflectiva_prompt(request, short=False).parts == (
+        "Consider this paragraph: <paragraph>Some passage.</paragraph>",
+    )
 
 
 def test_tokens_hold_one_bos_and_the_expanded_image(generator):
@@ -66,7 +77,7 @@ def test_tokens_hold_one_bos_and_the_expanded_image(generator):
     tokenizer = generator.chat.tokenizer
     assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id
     config = generator.runner.model.config
-    assert ids.count(config.image_token_index) == config.image_seq_length == 4        # (28 / 14) ** 2 patches
+    assert ids.count(config.image_token_index) == config.image_seq_length == 4  # (28 / 14) ** 2 patches
     assert tuple(inputs["pixel_values"].shape) == (1, 3, 28, 28)
 
 
@@ -105,8 +116,10 @@ def test_image_placeholder_is_never_generated_and_a_literal_one_is_text(generato
 
 
 def test_generate_prompts_with_filter_style_prompts(generator):
-    prompts = [Prompt("sys", (Image.new("RGB", (40, 20)), " - Question: q ", Image.new("RGB", (20, 40)))),
-               Prompt(None, ("hello",))]
+    prompts = [
+        Prompt("sys", (Image.new("RGB", (40, 20)), " - Question: q ", Image.new("RGB", (20, 40)))),
+        Prompt(None, ("hello",)),
+    ]
     out = generator.generate_prompts(prompts, max_new_tokens=2)
     assert len(out) == 2
 
@@ -118,8 +131,9 @@ def test_the_original_layout_and_vllm_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="vllm"):
         build_generator({"kind": "reflectiva", "tiny": True}, GenerationConfig(backend="vllm"))
     with pytest.raises(ConfigError, match="short_prompt"):
-        build_generator({"kind": "reflectiva", "tiny": True, "device": "cpu", "options": {"short_prompt": "yes"}},
-                        SETTINGS)
+        build_generator(
+            {"kind": "reflectiva", "tiny": True, "device": "cpu", "options": {"short_prompt": "yes"}}, SETTINGS
+        )
     assert json.loads((source / "config.json").read_text())["model_type"] == "llava_llama"
 
 
@@ -136,5 +150,6 @@ def test_appendix_prompt_style_gives_the_papers_vlm_prompt(generator):
     assert prompt == answer_prompt(request, "vlm", SETTINGS) and prompt.system == EVQA_VLM_SYSTEM
     assert "<image>" in chat.render(prompt) and not prompt.history
     with pytest.raises(ConfigError, match="prompt_style"):
-        build_generator({"kind": "reflectiva", "tiny": True, "device": "cpu", "options": {"prompt_style": "x"}},
-                        SETTINGS)
+        build_generator(
+            {"kind": "reflectiva", "tiny": True, "device": "cpu", "options": {"prompt_style": "x"}}, SETTINGS
+        )

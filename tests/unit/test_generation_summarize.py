@@ -1,4 +1,5 @@
 """`qkvqa summarize`: one summary per KB article through the tiny generator, resumable, refusing another KB's file."""
+
 from __future__ import annotations
 
 import json
@@ -12,17 +13,24 @@ from qkvqa.errors import DataError, StaleArtifactError
 from qkvqa.generation.backends import build_generator
 from qkvqa.generation.summarize import read_summaries, summarize_articles
 
-SETTINGS = GenerationConfig(batch_size=2, summary_max_new_tokens=4, summary_context_tokens=64,
-                            summary_template="{title}: {context}\nSummary:")
+SETTINGS = GenerationConfig(
+    batch_size=2, summary_max_new_tokens=4, summary_context_tokens=64, summary_template="{title}: {context}\nSummary:"
+)
 
 
 def write_kb(tmp_path, n=5):
     entries = {}
     for i in range(n):
         url = f"https://en.wikipedia.org/wiki/Heron_{i}"
-        entries[url] = {"url": url, "title": f"Heron {i}", "section_titles": ["Abstract", "References"],
-                        "section_texts": [f"Heron {i} is a wading bird. " * 5, "refs"], "image_urls": [],
-                        "image_reference_descriptions": [], "image_section_indices": []}
+        entries[url] = {
+            "url": url,
+            "title": f"Heron {i}",
+            "section_titles": ["Abstract", "References"],
+            "section_texts": [f"Heron {i} is a wading bird. " * 5, "refs"],
+            "image_urls": [],
+            "image_reference_descriptions": [],
+            "image_section_indices": [],
+        }
     (tmp_path / "kb.json").write_text(json.dumps(entries), encoding="utf-8")
     build_kb_store(tmp_path / "kb.json", tmp_path / "store")
     return KBStore.open(tmp_path / "store")
@@ -74,14 +82,23 @@ def test_summary_context_is_truncated_to_generator_tokens(generator):
 def test_summarize_command(tmp_path, capsys):
     write_kb(tmp_path, 3)
     out = tmp_path / "out" / "summaries.jsonl"
-    args = ["summarize", "--out", str(out), f"data.kb_store={tmp_path / 'store'}", "components.generator.kind=llama3",
-            "components.generator.tiny=true", "components.generator.pretrained=null",
-            "components.generator.device=cpu", "components.generator.dtype=fp32",
-            "generation.summary_max_new_tokens=3", "generation.batch_size=2"]
+    args = [
+        "summarize",
+        "--out",
+        str(out),
+        f"data.kb_store={tmp_path / 'store'}",
+        "components.generator.kind=llama3",
+        "components.generator.tiny=true",
+        "components.generator.pretrained=null",
+        "components.generator.device=cpu",
+        "components.generator.dtype=fp32",
+        "generation.summary_max_new_tokens=3",
+        "generation.batch_size=2",
+    ]
     assert main(args + ["--limit", "2"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["written"] == 2
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {"out": str(out), "written": 1, "skipped": 2}
     assert [r["row_id"] for r in rows(out)] == [0, 1, 2]
-    assert main(["summarize", "components.generator.tiny=true"]) == 2        # no data.kb_store: one-line error
+    assert main(["summarize", "components.generator.tiny=true"]) == 2  # no data.kb_store: one-line error
     assert "data.kb_store" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """`qkvqa inspect`'s site builder without a browser: files, index columns, shards, thumbnails, plots, compare, errors."""
+
 from __future__ import annotations
 
 import json
@@ -32,24 +33,68 @@ def make_trace(i: int, correct: bool, before, after, image=None, qtype="template
     if category == "NR-W" and not before:
         category = "not_retrieved"
     return {
-        "trace_version": 1, "data_id": f"Q{i}", "question": f"What do the larvae of insect {i} feed on?",
-        "dataset": "evqa", "split": "test", "question_type": qtype, "image": image,
+        "trace_version": 1,
+        "data_id": f"Q{i}",
+        "question": f"What do the larvae of insect {i} feed on?",
+        "dataset": "evqa",
+        "split": "test",
+        "question_type": qtype,
+        "image": image,
         "gold": {"answers": [answer], "urls": [GOLD], "section_index": 2},
         "stage1": [{"url": u, "title": u.rsplit("/", 1)[1], "sim": 0.9 - 0.1 * k} for k, u in enumerate(stage1)],
-        "filter": {"name": "qff", "alpha": 0.9, "articles": [
-            {"url": u, "title": u.rsplit("/", 1)[1], "stage1_rank": s1rank.get(u), "sim_ret": 0.5, "qff": 0.4,
-             "fused": 1.0 - 0.1 * k, "sections": [{"index": 0, "title": "Lead", "score": 0.3}]}
-            for k, u in enumerate(fused)]},
-        "cda": {"mode": "full", "U": 2, "theta": 0.5, "kept": fused[:2],
-                "chunks": [{"url": fused[0], "section_index": 0, "chunk_index": 0, "tokens": 12, "score": 0.8,
-                            "selected": True, "text": context},
-                           {"url": fused[1], "section_index": 1, "chunk_index": 0, "tokens": 9, "score": 0.1,
-                            "selected": False, "text": None}]},
-        "context": context, "prediction": answer if correct else "moss", "skipped": None,
-        "verdict": {"correct": correct, "score": float(correct),
-                    "references": [{"answer": answer, "em": correct, "bem": None}]},
+        "filter": {
+            "name": "qff",
+            "alpha": 0.9,
+            "articles": [
+                {
+                    "url": u,
+                    "title": u.rsplit("/", 1)[1],
+                    "stage1_rank": s1rank.get(u),
+                    "sim_ret": 0.5,
+                    "qff": 0.4,
+                    "fused": 1.0 - 0.1 * k,
+                    "sections": [{"index": 0, "title": "Lead", "score": 0.3}],
+                }
+                for k, u in enumerate(fused)
+            ],
+        },
+        "cda": {
+            "mode": "full",
+            "U": 2,
+            "theta": 0.5,
+            "kept": fused[:2],
+            "chunks": [
+                {
+                    "url": fused[0],
+                    "section_index": 0,
+                    "chunk_index": 0,
+                    "tokens": 12,
+                    "score": 0.8,
+                    "selected": True,
+                    "text": context,
+                },
+                {
+                    "url": fused[1],
+                    "section_index": 1,
+                    "chunk_index": 0,
+                    "tokens": 9,
+                    "score": 0.1,
+                    "selected": False,
+                    "text": None,
+                },
+            ],
+        },
+        "context": context,
+        "prediction": answer if correct else "moss",
+        "skipped": None,
+        "verdict": {
+            "correct": correct,
+            "score": float(correct),
+            "references": [{"answer": answer, "em": correct, "bem": None}],
+        },
         "gold_rank": {"before": before, "after": after},
-        "answer_in_context": answer.lower() in context.lower(), "category": category,
+        "answer_in_context": answer.lower() in context.lower(),
+        "category": category,
         "seconds": {"retrieve": 0.01, "filter": 0.1, "select": 0.05, "generate": 0.2},
     }
 
@@ -59,9 +104,16 @@ def write_run(root: Path, name: str, traces: list[dict]) -> Path:
     run.mkdir(parents=True)
     (run / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces), encoding="utf-8")
     (run / "status.json").write_text(json.dumps({"run_id": name, "state": "finished", "command": "evaluate"}))
-    (run / "scores.json").write_text(json.dumps({"accuracy": 50.0, "n_skipped": 0,
-                                                 "recall_before_filter": {"recall@1": 25.0},
-                                                 "recall_after_filter": {"recall@1": 50.0}}))
+    (run / "scores.json").write_text(
+        json.dumps(
+            {
+                "accuracy": 50.0,
+                "n_skipped": 0,
+                "recall_before_filter": {"recall@1": 25.0},
+                "recall_after_filter": {"recall@1": 50.0},
+            }
+        )
+    )
     return run
 
 
@@ -70,7 +122,7 @@ def read_js(path: Path, name: str):
     text = path.read_text(encoding="utf-8")
     prefix = f"window.{name} = "
     assert text.startswith(prefix) and text.rstrip().endswith(";")
-    return json.loads(text[len(prefix):].rstrip().rstrip(";"))
+    return json.loads(text[len(prefix) :].rstrip().rstrip(";"))
 
 
 @pytest.fixture
@@ -99,19 +151,23 @@ def test_the_site_holds_every_question_in_the_index_and_in_shards_with_thumbnail
     assert index["columns"] == list(COLUMNS) and [r[0] for r in index["rows"]] == [f"Q{i}" for i in range(7)]
     col = {c: k for k, c in enumerate(index["columns"])}
     assert [r[col["correct"]] for r in index["rows"]] == [1, 1, 1, 1, 0, 0, 0]
-    assert [r[col["after"]] for r in index["rows"]][:4] == [1, 1, 4, 0]          # 0: not in the list
+    assert [r[col["after"]] for r in index["rows"]][:4] == [1, 1, 4, 0]  # 0: not in the list
     shards = sorted((out / "data" / "a").glob("*.js"))
     assert [p.name for p in shards] == ["00000.js", "00001.js", "00002.js"]
     text = shards[1].read_text(encoding="utf-8")
     assert text.startswith('QKVQA.shard("a",1,')
-    rows = json.loads(text[len('QKVQA.shard("a",1,'):].rstrip().rstrip(");"))
+    rows = json.loads(text[len('QKVQA.shard("a",1,') :].rstrip().rstrip(");"))
     assert [r["data_id"] for r in rows] == ["Q3", "Q4", "Q5"] and rows[0]["_thumb"].endswith(".jpg")
-    (thumb,) = (out / "thumbs").glob("*.jpg")                  # one image, one thumbnail
+    (thumb,) = (out / "thumbs").glob("*.jpg")  # one image, one thumbnail
     with Image.open(thumb) as img:
         assert img.format == "JPEG" and max(img.size) <= 320
     meta = read_js(out / "data" / "meta.js", "QKVQA_META")
     assert meta["compare"] is False and meta["runs"]["a"]["headline"]["accuracy"] == 50.0
-    assert meta["plots"]["accuracy_by_type"]["a"]["templated"] == {"n": 6, "correct": 4, "accuracy": pytest.approx(66.667)}
+    assert meta["plots"]["accuracy_by_type"]["a"]["templated"] == {
+        "n": 6,
+        "correct": 4,
+        "accuracy": pytest.approx(66.667),
+    }
 
 
 def test_recall_curves_count_an_absent_gold_article_as_a_miss_and_leave_two_hop_rows_out(runs):
@@ -126,8 +182,8 @@ def test_compare_pairs_questions_by_id_and_counts_flips_as_the_difference_of_the
     pairing = pair_runs(a, b)
     assert [b.traces[j]["data_id"] for j in pairing] == a.ids()
     counts = flips(a, b)
-    assert counts["right_to_wrong"] == len(a.correct_ids() - b.correct_ids()) == 2          # Q0, Q1
-    assert counts["wrong_to_right"] == len(b.correct_ids() - a.correct_ids()) == 2          # Q4, Q5
+    assert counts["right_to_wrong"] == len(a.correct_ids() - b.correct_ids()) == 2  # Q0, Q1
+    assert counts["wrong_to_right"] == len(b.correct_ids() - a.correct_ids()) == 2  # Q4, Q5
     site = build_site(runs[0], compare=runs[1])
     assert site.out == runs[0] / "inspect-vs-run_b" and site.flips == counts
     index = read_js(site.out / "data" / "index.js", "QKVQA_INDEX")
@@ -138,7 +194,9 @@ def test_compare_pairs_questions_by_id_and_counts_flips_as_the_difference_of_the
 
 def test_compare_refuses_runs_over_different_questions(runs, tmp_path, image):
     other = write_run(tmp_path, "run_c", [make_trace(i, True, 1, 1, image=image) for i in range(3, 9)])
-    with pytest.raises(ConfigError, match="same questions.*3 questions only in run_a, 2 only in run_c.*inspect each alone"):
+    with pytest.raises(
+        ConfigError, match="same questions.*3 questions only in run_a, 2 only in run_c.*inspect each alone"
+    ):
         build_site(runs[0], compare=other)
 
 
@@ -146,8 +204,11 @@ def test_a_run_without_traces_says_why_and_how_to_get_them(tmp_path, capsys):
     run = tmp_path / "old_run"
     run.mkdir()
     (run / "status.json").write_text(json.dumps({"run_id": "old_run", "state": "finished", "command": "evaluate"}))
-    with pytest.raises(DataError, match=r"traces.jsonl: missing \(the run predates traces or has not finished\); "
-                                        r"rerun `qkvqa evaluate` .*run_id=old_run resume=auto"):
+    with pytest.raises(
+        DataError,
+        match=r"traces.jsonl: missing \(the run predates traces or has not finished\); "
+        r"rerun `qkvqa evaluate` .*run_id=old_run resume=auto",
+    ):
         load_run(run)
     assert main(["inspect", str(run)]) == 2
     err = capsys.readouterr().err.strip()
@@ -167,7 +228,7 @@ def test_a_rebuild_removes_the_shards_a_larger_build_left(runs, tmp_path, image)
     out = tmp_path / "site"
     build_site(runs[0], out=out, shard_size=2)
     assert len(list((out / "data" / "a").glob("*.js"))) == 4
-    small = write_run(tmp_path, "small", [make_trace(i, True, 1, 1) for i in range(3)])        # no image
+    small = write_run(tmp_path, "small", [make_trace(i, True, 1, 1) for i in range(3)])  # no image
     build_site(small, out=out, shard_size=2)
     assert len(list((out / "data" / "a").glob("*.js"))) == 2 and not list((out / "thumbs").glob("*.jpg"))
 

@@ -1,4 +1,5 @@
 """`verify_sha256_once`: a file is hashed once per version, also where its directory takes no stamp file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +27,7 @@ def test_a_verified_file_is_not_hashed_again_and_force_hashes_it(tmp_path, monke
     verify_sha256_once(f, sha, "KB store", "rebuild it")
     assert (tmp_path / ".store.bin.verified").is_file()
     _same_size_flip(f, f.stat())
-    verify_sha256_once(f, sha, "KB store", "rebuild it")            # trusted: the stamp matches size and mtime
+    verify_sha256_once(f, sha, "KB store", "rebuild it")  # trusted: the stamp matches size and mtime
     with pytest.raises(DataError, match=r"store\.bin: corrupt KB store"):
         verify_sha256_once(f, sha, "KB store", "rebuild it", force=True)
 
@@ -37,11 +38,11 @@ def test_where_no_stamp_can_go_beside_the_file_it_goes_to_the_user_cache(tmp_pat
     monkeypatch.setenv("QKVQA_STAMP_DIR", str(stamps))
     f = tmp_path / "index.faiss"
     f.write_bytes(b"index" * 100)
-    (tmp_path / ".index.faiss.verified").mkdir()                   # nothing can be written where the stamp goes
+    (tmp_path / ".index.faiss.verified").mkdir()  # nothing can be written where the stamp goes
     sha = hashlib.sha256(f.read_bytes()).hexdigest()
     verify_sha256_once(f, sha, "index file", "rebuild the index")
     assert len(list(stamps.iterdir())) == 1
     _same_size_flip(f, f.stat())
-    verify_sha256_once(f, sha, "index file", "rebuild the index")    # the cached stamp spares the re-hash
+    verify_sha256_once(f, sha, "index file", "rebuild the index")  # the cached stamp spares the re-hash
     with pytest.raises(DataError, match="corrupt index file"):
         verify_sha256_once(f, sha, "index file", "rebuild the index", force=True)

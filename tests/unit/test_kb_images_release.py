@@ -6,6 +6,7 @@ OMGM (ChaoLinAViy/OMGM) lays its wiki images out as `output/wiki_image_url_part_
 `wiki_img_path_prefix`, "the parent folder containing the full/wiki_image_split folder" (README.md,
 `--wiki_img_path_prefix`; utils/utils.py:101 `os.path.join(wiki_img_path_prefix, img_path)`).
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,15 +31,16 @@ def _release(root: Path, titles=TITLES, write_files: bool = True) -> Path:
     folder = root / "wiki_image"
     for part in (1, 2):
         rows = [["title", "image_URL", "img_path", "caption"]]
-        for title in titles[part - 1::2]:
+        for title in titles[part - 1 :: 2]:
             name = title.replace(" ", "_") + ".jpg"
             img_path = f"full/wiki_image_split/wiki_entity_image_{part}/{name}"
             rows.append([title, f"https://upload.wikimedia.org/x/{name}", img_path, f"Photo of {title}"])
             if write_files:
                 write_image(folder / img_path)
         (folder / "output").mkdir(parents=True, exist_ok=True)
-        with open(folder / "output" / f"wiki_image_url_part_{part}_processed.csv", "w", newline="",
-                  encoding="utf-8") as f:
+        with open(
+            folder / "output" / f"wiki_image_url_part_{part}_processed.csv", "w", newline="", encoding="utf-8"
+        ) as f:
             csv.writer(f).writerows(rows)
     return folder
 
@@ -66,18 +68,38 @@ def _datamodule(tmp_path: Path, kb_image_root: str, bound: float = 0.02, titles=
     from qkvqa.data.kb import build_kb_store
     from qkvqa.data_modules import build_data_module
 
-    kb = {f"https://en.wikipedia.org/wiki/{t.replace(' ', '_')}": {
-        "title": t, "section_titles": [t], "section_texts": [f"{t} is a thing."], "image_urls": [],
-        "image_reference_descriptions": [], "image_section_indices": [], "url": ""} for t in titles}
+    kb = {
+        f"https://en.wikipedia.org/wiki/{t.replace(' ', '_')}": {
+            "title": t,
+            "section_titles": [t],
+            "section_texts": [f"{t} is a thing."],
+            "image_urls": [],
+            "image_reference_descriptions": [],
+            "image_section_indices": [],
+            "url": "",
+        }
+        for t in titles
+    }
     for url, entry in kb.items():
         entry["url"] = url
     (tmp_path / "encyclopedic_kb_wiki.json").write_text(json.dumps(kb), encoding="utf-8")
     if not (tmp_path / "kb_store").exists():
         build_kb_store(tmp_path / "encyclopedic_kb_wiki.json", tmp_path / "kb_store")
-    return build_data_module(data_config_from_dict({
-        "dataset": "evqa", "root": str(tmp_path), "kb_source": "encyclopedic_kb_wiki.json", "kb_store": "kb_store",
-        "images": {"kb_image_csvs": ["wiki_image/output/wiki_image_url_part_*_processed.csv"],
-                   "kb_image_root": kb_image_root, "max_missing_fraction": bound}}))
+    return build_data_module(
+        data_config_from_dict(
+            {
+                "dataset": "evqa",
+                "root": str(tmp_path),
+                "kb_source": "encyclopedic_kb_wiki.json",
+                "kb_store": "kb_store",
+                "images": {
+                    "kb_image_csvs": ["wiki_image/output/wiki_image_url_part_*_processed.csv"],
+                    "kb_image_root": kb_image_root,
+                    "max_missing_fraction": bound,
+                },
+            }
+        )
+    )
 
 
 def test_a_kb_image_root_one_folder_off_stops_with_the_counts_and_the_paths_tried(tmp_path):
@@ -95,10 +117,12 @@ def test_a_kb_image_root_one_folder_off_stops_with_the_counts_and_the_paths_trie
 
 def test_missing_kb_images_under_the_bound_are_counted_above_it_stop(tmp_path):
     folder = _release(tmp_path)
-    (folder / "full/wiki_image_split/wiki_entity_image_1/Entity_0.jpg").unlink()        # 1 of 16: 6 %
+    (folder / "full/wiki_image_split/wiki_entity_image_1/Entity_0.jpg").unlink()  # 1 of 16: 6 %
     index = _datamodule(tmp_path, "wiki_image", bound=0.1).article_images()
     assert index.missing_counts(TITLES) == {"tried": 16, "missing": 1, "titles_with_images": 15}
-    with pytest.raises(DataError, match=r"1 of 16 KB images .* \(6\.2%, more than data.images.max_missing_fraction=0.05"):
+    with pytest.raises(
+        DataError, match=r"1 of 16 KB images .* \(6\.2%, more than data.images.max_missing_fraction=0.05"
+    ):
         _datamodule(tmp_path, "wiki_image", bound=0.05).article_images()
 
 
@@ -108,9 +132,10 @@ def test_only_the_kb_articles_images_count_and_a_kb_without_any_image_stops(tmp_
     _release(tmp_path, titles=TITLES + [f"Other {i}" for i in range(40)], write_files=False)
     for title in TITLES:
         part = 1 + TITLES.index(title) % 2
-        write_image(tmp_path / f"wiki_image/full/wiki_image_split/wiki_entity_image_{part}/"
-                    f"{title.replace(' ', '_')}.jpg")
-    index = _datamodule(tmp_path, "wiki_image").article_images()              # 40 of 56 listed files missing
+        write_image(
+            tmp_path / f"wiki_image/full/wiki_image_split/wiki_entity_image_{part}/{title.replace(' ', '_')}.jpg"
+        )
+    index = _datamodule(tmp_path, "wiki_image").article_images()  # 40 of 56 listed files missing
     assert len(index.by_title) == 16 and index.missing_counts()["missing"] == 40
     other = tmp_path / "other"
     other.mkdir()
@@ -124,15 +149,18 @@ def test_an_img_path_that_leaves_its_root_is_never_read_and_counts_as_missing(tm
     folder = _release(tmp_path)
     secret = write_image(tmp_path / "private" / "secret.jpg")
     (folder / "full/wiki_image_split/link").symlink_to(tmp_path / "private")
-    hostile = [["Entity 0", "https://x/a.jpg", str(secret), "absolute"],
-               ["Entity 1", "https://x/b.jpg", "full/../../private/secret.jpg", "dot-dot"],
-               ["Entity 2", "https://x/c.jpg", "full/wiki_image_split/link/secret.jpg", "symlinked folder"]]
+    hostile = [
+        ["Entity 0", "https://x/a.jpg", str(secret), "absolute"],
+        ["Entity 1", "https://x/b.jpg", "full/../../private/secret.jpg", "dot-dot"],
+        ["Entity 2", "https://x/c.jpg", "full/wiki_image_split/link/secret.jpg", "symlinked folder"],
+    ]
     (folder / "full/wiki_image_split/wiki_entity_image_1/out.jpg").symlink_to(secret)
     hostile.append(["Entity 4", "https://x/d.jpg", "full/wiki_image_split/wiki_entity_image_1/out.jpg", "symlink"])
     with open(folder / "output/wiki_image_url_part_3_processed.csv", "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([["title", "image_URL", "img_path", "caption"], *hostile])
-    config = ImagesConfig(kb_image_csvs=["wiki_image/output/wiki_image_url_part_3_processed.csv"],
-                          kb_image_root="wiki_image")
+    config = ImagesConfig(
+        kb_image_csvs=["wiki_image/output/wiki_image_url_part_3_processed.csv"], kb_image_root="wiki_image"
+    )
     index = ArticleImageIndex.from_config(config, root=tmp_path)
     assert index.by_title == {} and index.outside_root == 4
     assert all(reason == "outside_root" for _, _, reason in index.missing_examples)
@@ -159,15 +187,33 @@ def test_mining_that_keeps_no_sample_stops_and_writes_no_pools(tmp_path):
     store = _datamodule(tmp_path, "wiki_image").kb_store()
     facts = ArticleFactsSource(store, ArticleImageIndex({}), ImagePaths(tmp_path / "wiki_image", tmp_path))
     urls = [f"https://en.wikipedia.org/wiki/Entity_{i}" for i in range(16)]
-    questions = [Question(data_id=f"q{i}", question="what?", answers=["x"], raw_answer="x", question_type="templated",
-                          image_id=f"img{i}", image_ids=[f"img{i}"], dataset_name="landmarks", gold_urls=[urls[i]],
-                          gold_title=f"Entity {i}", evidence_section_id=0, evidence_section_title="", split="train",
-                          source="test") for i in range(4)]
+    questions = [
+        Question(
+            data_id=f"q{i}",
+            question="what?",
+            answers=["x"],
+            raw_answer="x",
+            question_type="templated",
+            image_id=f"img{i}",
+            image_ids=[f"img{i}"],
+            dataset_name="landmarks",
+            gold_urls=[urls[i]],
+            gold_title=f"Entity {i}",
+            evidence_section_id=0,
+            evidence_section_title="",
+            split="train",
+            source="test",
+        )
+        for i in range(4)
+    ]
     results = {q.data_id: Retrieved(urls, [None] * 16, [1.0] * 16) for q in questions}
     mined = mine_pools(questions, results, facts, lambda q: q.image_id, split="train")
     assert mined.report["kept"] == 0 and mined.report["dropped_by_reason"]["no_gold_image"] == 4
-    with pytest.raises(DataError, match=r"mining train kept 0 of 4 samples \(dropped: no_gold_image 4\).*"
-                                        r"kb_image_root \(the folder holding full/\)"):
+    with pytest.raises(
+        DataError,
+        match=r"mining train kept 0 of 4 samples \(dropped: no_gold_image 4\).*"
+        r"kb_image_root \(the folder holding full/\)",
+    ):
         check_kept(mined.report, tmp_path / "mining_report_train.json")
 
 
@@ -182,22 +228,31 @@ def test_embedding_kb_images_stops_before_the_encoder_and_never_ends_with_0_vect
     data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
     tiny = {"kind": "evaclip_hf", "tiny": True, "device": "cpu", "dtype": "fp32"}
     (tmp_path / "empty").mkdir()
-    data["images"]["kb_image_root"] = str(tmp_path / "empty")              # every CSV file missing
-    cfg = OmegaConf.merge(compose(), {"data": data, "components": {"image_encoder": tiny, "text_encoder": tiny},
-                                      "paths": {"cache_dir": str(tmp_path / "cache")},
-                                      "retrieval": {"shard_size": 1000}})
+    data["images"]["kb_image_root"] = str(tmp_path / "empty")  # every CSV file missing
+    cfg = OmegaConf.merge(
+        compose(),
+        {
+            "data": data,
+            "components": {"image_encoder": tiny, "text_encoder": tiny},
+            "paths": {"cache_dir": str(tmp_path / "cache")},
+            "retrieval": {"shard_size": 1000},
+        },
+    )
 
-    class NoEncoder:                                   # the check must come before any pixel is encoded
+    class NoEncoder:  # the check must come before any pixel is encoded
         identity = None
 
         def __getattr__(self, name):
             raise AssertionError(f"the encoder was used ({name})")
 
-    with pytest.raises(DataError, match=r"KB images that the title -> image CSVs list for the KB store's articles are "
-                                        r"missing .*tried .*empty/"):
+    with pytest.raises(
+        DataError,
+        match=r"KB images that the title -> image CSVs list for the KB store's articles are "
+        r"missing .*tried .*empty/",
+    ):
         embed_set(cfg, "kb_images", benchmark=build_benchmark(cfg.data), encoder=NoEncoder())
     cfg.data.images.max_missing_fraction = 1.0
-    cfg.data.images.kb_image_url_store = str(tmp_path / "empty")           # no fallback pixels either
+    cfg.data.images.kb_image_url_store = str(tmp_path / "empty")  # no fallback pixels either
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QKVQA_TINY_DIR", str(tmp_path / "tiny"))
         with pytest.raises(DataError, match=r"is complete but holds 0 vectors .*missing_images"):
@@ -213,8 +268,9 @@ def _qff_datamodule(world: dict, tmp_path: Path, *overrides: str):
     mined = mine_world(world, tmp_path, splits=("train",))
     cfg = compose("demo/qff_per_layer", [], [*mined, "qff.val_negatives=null", "data.val_questions=null", *overrides])
     component = build_qff_component(cfg.components.qformer, cfg.qff)
-    return QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
-                              component.image_processor), tmp_path / "pools/hardneg_train.json"
+    return QFFTrainDataModule(
+        cfg.data, settings_from_config(cfg, component), component.tokenizer, component.image_processor
+    ), tmp_path / "pools/hardneg_train.json"
 
 
 def test_qff_training_stops_before_fit_on_0_kept_samples_and_on_missing_article_images(world, tmp_path):
@@ -223,16 +279,17 @@ def test_qff_training_stops_before_fit_on_0_kept_samples_and_on_missing_article_
     facts = json.loads(sidecar.read_text())
     images = {url: f["image"] for url, f in facts["articles"].items() if f["image"]}
     for f in facts["articles"].values():
-        f["image"] = None                                    # pools mined when no article had its image
+        f["image"] = None  # pools mined when no article had its image
     sidecar.write_text(json.dumps(facts))
     with pytest.raises(DataError, match=r"QFF train: 0 of \d+ questions give a training sample .*no_gold_image"):
         dm.setup("fit")
-    for url, f in facts["articles"].items():                 # the images are back, but the root moved
+    for url, f in facts["articles"].items():  # the images are back, but the root moved
         f["image"] = images.get(url)
     sidecar.write_text(json.dumps(facts))
     (tmp_path / "empty").mkdir()
-    moved, _ = _qff_datamodule(world, tmp_path / "b", f"data.images.kb_image_root={tmp_path / 'empty'}",
-                               f"qff.negatives={pools}")
+    moved, _ = _qff_datamodule(
+        world, tmp_path / "b", f"data.images.kb_image_root={tmp_path / 'empty'}", f"qff.negatives={pools}"
+    )
     with pytest.raises(DataError, match=r"of the \d+ article images the QFF samples use are missing .*tried "):
         moved.setup("fit")
 
@@ -247,6 +304,7 @@ def test_a_repeated_row_of_a_title_takes_no_second_slot(tmp_path):
         rows += [row, row] if i == 0 else [row]
     with open(folder / "output/wiki_image_url_part_1_processed.csv", "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
-    index = ArticleImageIndex.from_config(ImagesConfig(kb_image_csvs=["wiki_image/output/*_part_1_*.csv"],
-                                                       kb_image_root="wiki_image"), root=tmp_path)
+    index = ArticleImageIndex.from_config(
+        ImagesConfig(kb_image_csvs=["wiki_image/output/*_part_1_*.csv"], kb_image_root="wiki_image"), root=tmp_path
+    )
     assert [i.caption for i in index.images("Entity 0")] == [f"c{i}" for i in range(10)]

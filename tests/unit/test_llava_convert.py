@@ -1,5 +1,6 @@
 """The LLaVA -> transformers Llava converter: a tiny checkpoint in the original key layout, converted, gives the logits
 of a forward written from the original architecture (llava_arch.py), and inputs that are not that layout are refused."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,21 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qkvqa.errors import DataError
-from qkvqa.generation.llava_convert import (CONVERTER_VERSION, RECORD, card_fields, convert_llava,
-                                            image_processor_for, map_key)
+from qkvqa.generation.llava_convert import (
+    CONVERTER_VERSION,
+    RECORD,
+    card_fields,
+    convert_llava,
+    image_processor_for,
+    map_key,
+)
 from qkvqa.generation.tiny_llava import write_tiny_clip_tower, write_tiny_llava_source
 
-IMAGE_TOKEN_INDEX = -200          # llava/constants.py
+IMAGE_TOKEN_INDEX = -200  # llava/constants.py
 
 
 # ---- the original architecture, written from ReflectiVA's llava/ code (not from the converter) ----
+
 
 def expand2square(image, background):
     """llava/mm_utils.py expand2square."""
@@ -38,9 +46,14 @@ def process_images(images, tower: Path):
 
     processor = CLIPImageProcessor.from_pretrained(str(tower))
     background = tuple(int(x * 255) for x in processor.image_mean)
-    return torch.stack([torch.as_tensor(processor.preprocess(expand2square(image, background),
-                                                             return_tensors="pt")["pixel_values"][0])
-                        for image in images])
+    return torch.stack(
+        [
+            torch.as_tensor(
+                processor.preprocess(expand2square(image, background), return_tensors="pt")["pixel_values"][0]
+            )
+            for image in images
+        ]
+    )
 
 
 def tokenizer_image_token(prompt, tokenizer):
@@ -58,11 +71,22 @@ def tokenizer_image_token(prompt, tokenizer):
 
 def reflectiva_conversation(tokenizer, question, passages, short=True):
     """conv llama_3_1's get_prompt (llava/conversation.py) for release_retrieval.py's concat_paragraph messages."""
-    system = ("You are a helpful language and vision assistant. You are able to understand the visual content that "
-              "the user provides, and assist the user with a variety of tasks using natural language.")
-    turns = [("user", "<image>\n\n" + question), ("assistant", "[Retrieval]"),
-             ("user", "Consider this paragraph: <paragraph>" + passages + "</paragraph>"
-              + (". Give a short answer." if short else "")), ("assistant", None)]
+    system = (
+        "You are a helpful language and vision assistant. You are able to understand the visual content that "
+        "the user provides, and assist the user with a variety of tasks using natural language."
+    )
+    turns = [
+        ("user", "<image>\n\n" + question),
+        ("assistant", "[Retrieval]"),
+        (
+            "user",
+            "Consider this paragraph: <paragraph>"
+            + passages
+            + "</paragraph>"
+            + (". Give a short answer." if short else ""),
+        ),
+        ("assistant", None),
+    ]
     messages = [{"role": "system", "content": system}] + [{"role": r, "content": m} for r, m in turns if m]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
 
@@ -77,21 +101,32 @@ class OriginalLlava(torch.nn.Module):
 
         config = json.loads((source / "config.json").read_text())
         self.select_layer = config["mm_vision_select_layer"]
-        text = {k: v for k, v in config.items() if k in LlamaConfig().to_dict() and k not in ("model_type",
-                                                                                                "architectures")}
+        text = {
+            k: v for k, v in config.items() if k in LlamaConfig().to_dict() and k not in ("model_type", "architectures")
+        }
         self.llama = LlamaForCausalLM(LlamaConfig(**text)).eval()
-        self.projector = torch.nn.Sequential(torch.nn.Linear(config["mm_hidden_size"], config["hidden_size"]),
-                                             torch.nn.GELU(), torch.nn.Linear(config["hidden_size"],
-                                                                              config["hidden_size"]))
+        self.projector = torch.nn.Sequential(
+            torch.nn.Linear(config["mm_hidden_size"], config["hidden_size"]),
+            torch.nn.GELU(),
+            torch.nn.Linear(config["hidden_size"], config["hidden_size"]),
+        )
         state = {}
         for name in json.loads((source / "model.safetensors.index.json").read_text())["weight_map"].values():
             with safe_open(str(source / name), framework="pt") as handle:
                 state.update({k: handle.get_tensor(k) for k in handle.keys()})
-        self.llama.load_state_dict({k: v for k, v in state.items() if not k.startswith("model.mm_projector.")
-                                    and not k.startswith("model.vision_tower.")}, strict=True)
-        self.projector.load_state_dict({k[len("model.mm_projector."):]: v for k, v in state.items()
-                                        if k.startswith("model.mm_projector.")}, strict=True)
-        self.vision = CLIPVisionModel.from_pretrained(str(tower)).eval()      # CLIPVisionTower.load_model
+        self.llama.load_state_dict(
+            {
+                k: v
+                for k, v in state.items()
+                if not k.startswith("model.mm_projector.") and not k.startswith("model.vision_tower.")
+            },
+            strict=True,
+        )
+        self.projector.load_state_dict(
+            {k[len("model.mm_projector.") :]: v for k, v in state.items() if k.startswith("model.mm_projector.")},
+            strict=True,
+        )
+        self.vision = CLIPVisionModel.from_pretrained(str(tower)).eval()  # CLIPVisionTower.load_model
 
     @torch.no_grad()
     def forward(self, ids: list[int], pixel_values: torch.Tensor) -> torch.Tensor:
@@ -100,19 +135,21 @@ class OriginalLlava(torch.nn.Module):
         ids_t = torch.tensor(ids)
         where = int((ids_t == IMAGE_TOKEN_INDEX).nonzero()[0])
         embed = self.llama.get_input_embeddings()
-        embeds = torch.cat([embed(ids_t[:where]), features, embed(ids_t[where + 1:])])
+        embeds = torch.cat([embed(ids_t[:where]), features, embed(ids_t[where + 1 :])])
         return self.llama(inputs_embeds=embeds[None]).logits[0]
 
 
 # ---- fixtures ----
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("llava")
     source = write_tiny_llava_source(root / "source", seed=3, saved_tower=True)
     tower = write_tiny_clip_tower(root / "clip", seed=4)
-    record = convert_llava(source, root / "converted", vision_tower=tower, source_id="tiny/llava",
-                           progress=lambda m: None)
+    record = convert_llava(
+        source, root / "converted", vision_tower=tower, source_id="tiny/llava", progress=lambda m: None
+    )
     return source, tower, root / "converted", record
 
 
@@ -127,7 +164,7 @@ def _converted(path):
 
 
 IMAGES = [Image.new("RGB", (70, 42), (200, 30, 40)), Image.new("RGB", (30, 50), (10, 180, 90))]
-for _i, _img in enumerate(IMAGES):                     # some structure, so that different crops give other pixels
+for _i, _img in enumerate(IMAGES):  # some structure, so that different crops give other pixels
     for _x in range(0, _img.size[0], 7):
         _img.putpixel((_x, _x % _img.size[1]), (255, 255, 255))
 
@@ -139,8 +176,10 @@ def test_key_map_of_the_original_layout():
     assert map_key("lm_head.weight") == "lm_head.weight"
     assert map_key("model.mm_projector.0.bias") == "model.multi_modal_projector.linear_1.bias"
     assert map_key("model.mm_projector.2.weight") == "model.multi_modal_projector.linear_2.weight"
-    assert map_key("model.vision_tower.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight") == \
-        "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"
+    assert (
+        map_key("model.vision_tower.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight")
+        == "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"
+    )
     assert map_key("model.layers.0.self_attn.rotary_emb.inv_freq") is None
     with pytest.raises(KeyError):
         map_key("model.image_newline")
@@ -166,20 +205,23 @@ def test_converted_logits_match_the_original_forward(checkpoint):
     original = OriginalLlava(source, tower)
     model, processor = _converted(converted)
     vocab = json.loads((source / "config.json").read_text())["vocab_size"]
-    prompt = reflectiva_conversation(source_tokenizer, "What is the wingspan of this bird?",
-                                     "# Wiki Article: Grey heron\nThe grey heron is tall.")
+    prompt = reflectiva_conversation(
+        source_tokenizer, "What is the wingspan of this bird?", "# Wiki Article: Grey heron\nThe grey heron is tall."
+    )
     prompt += "<|start_header_id|>assistant<|end_header_id|>\n\n"
-    reference_ids = tokenizer_image_token(prompt, source_tokenizer)[1:]     # release_retrieval.py drops one bos
+    reference_ids = tokenizer_image_token(prompt, source_tokenizer)[1:]  # release_retrieval.py drops one bos
     worst = 0.0
     for image in IMAGES:
         pixels = process_images([image], tower)
         expected = original(reference_ids, pixels)
-        inputs = processor(text=[prompt], images=[image], add_special_tokens=False, return_token_type_ids=False,
-                           return_tensors="pt")
-        n = expected.shape[0] - (len(reference_ids) - 1)                  # image features spliced in
-        expanded = [t for i in reference_ids for t in ([model.config.image_token_index] * n
-                                                       if i == IMAGE_TOKEN_INDEX else [i])]
-        assert inputs["input_ids"][0].tolist() == expanded                 # the same tokens around the image
+        inputs = processor(
+            text=[prompt], images=[image], add_special_tokens=False, return_token_type_ids=False, return_tensors="pt"
+        )
+        n = expected.shape[0] - (len(reference_ids) - 1)  # image features spliced in
+        expanded = [
+            t for i in reference_ids for t in ([model.config.image_token_index] * n if i == IMAGE_TOKEN_INDEX else [i])
+        ]
+        assert inputs["input_ids"][0].tolist() == expanded  # the same tokens around the image
         with torch.no_grad():
             logits = model(**inputs).logits[0]
         assert logits.shape[0] == expected.shape[0]
@@ -202,7 +244,7 @@ def test_record_names_the_source_and_the_choices(checkpoint):
     assert {"config.json", "model-00001-of-00002.safetensors", "tokenizer.json"} <= set(files)
     assert len(record["source"]["fingerprint"]["sha256"]) == 64
     assert record["vision_tower"]["weights_from"] == "vision_tower_dir"
-    assert record["ignored_keys"] > 0                  # the saved tower, which LLaVA does not load either
+    assert record["ignored_keys"] > 0  # the saved tower, which LLaVA does not load either
     assert record["image_token"]["rows_added"] == 1
     assert record["llava"]["conv_mode"] == "llama_3_1" and record["llava"]["image_aspect_ratio"] == "pad"
     config = json.loads((converted / "config.json").read_text())
@@ -232,9 +274,17 @@ def _edit_config(path: Path, **fields):
     (path / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("field, value", [("model_type", "llava"), ("model_type", "llama"),
-                                          ("mm_projector_type", "linear"), ("image_aspect_ratio", "anyres"),
-                                          ("mm_patch_merge_type", "spatial_unpad"), ("mm_use_im_start_end", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("model_type", "llava"),
+        ("model_type", "llama"),
+        ("mm_projector_type", "linear"),
+        ("image_aspect_ratio", "anyres"),
+        ("mm_patch_merge_type", "spatial_unpad"),
+        ("mm_use_im_start_end", True),
+    ],
+)
 def test_a_config_outside_the_layout_is_refused_naming_file_and_field(checkpoint, tmp_path, field, value):
     source, tower, _, _ = checkpoint
     copy = _copy_source(source, tmp_path / "src")
@@ -289,13 +339,26 @@ def test_cli_converts_and_refuses_in_one_line(checkpoint, tmp_path, capsys):
     from qkvqa.cli.main import main
 
     source, tower, _, record = checkpoint
-    assert main(["convert-llava", str(source), "--vision-tower", str(tower), "--out", str(tmp_path / "cli"),
-                 "--source-id", "tiny/llava"]) == 0
+    assert (
+        main(
+            [
+                "convert-llava",
+                str(source),
+                "--vision-tower",
+                str(tower),
+                "--out",
+                str(tmp_path / "cli"),
+                "--source-id",
+                "tiny/llava",
+            ]
+        )
+        == 0
+    )
     written = json.loads((tmp_path / "cli" / RECORD).read_text())
     assert written["source"]["fingerprint"] == record["source"]["fingerprint"]
     capsys.readouterr()
     assert main(["convert-llava", str(source), "--vision-tower", str(tower), "--out", str(tmp_path / "anon")]) == 0
-    assert "--source-id" in capsys.readouterr().err            # no hub id known: the card could not match the row
+    assert "--source-id" in capsys.readouterr().err  # no hub id known: the card could not match the row
     status = main(["convert-llava", str(tower), "--vision-tower", str(tower), "--out", str(tmp_path / "bad")])
     err = capsys.readouterr().err.strip().splitlines()
     assert status != 0 and len(err) == 1 and "config.json" in err[0] and "model_type" in err[0]
@@ -340,9 +403,17 @@ def test_the_openai_336_preprocessing_as_released_pads_like_expand2square(tmp_pa
     converted processor gives process_images' pixels for a 5:3 and a 3:5 photo-like image at 336 x 336."""
     import numpy as np
 
-    config = {"crop_size": 336, "do_center_crop": True, "do_normalize": True, "do_resize": True,
-              "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
-              "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 336}
+    config = {
+        "crop_size": 336,
+        "do_center_crop": True,
+        "do_normalize": True,
+        "do_resize": True,
+        "feature_extractor_type": "CLIPFeatureExtractor",
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "resample": 3,
+        "size": 336,
+    }
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
     ours = image_processor_for(tmp_path, "pad")
     rng = np.random.default_rng(0)

@@ -1,4 +1,5 @@
 """BEM judge: official input layout and segment ids, threshold, EM shortcut, overflow, tiny round trip, loading."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,29 +48,44 @@ def test_bem_is_a_registered_kind():
 
 def test_layout_is_candidate_reference_question_with_segments_0_1_2(judge):
     assert judge.label == BEM_LABEL and judge.model.config.type_vocab_size == 3
-    (input_ids, token_types), = judge.encode([SKY])
-    assert _tokens(judge, input_ids) == ["[CLS]", "scattering", "of", "light", "[SEP]", "light", "scattering",
-                                         "[SEP]", "why", "is", "the", "sky", "blue", "[SEP]"]
+    ((input_ids, token_types),) = judge.encode([SKY])
+    assert _tokens(judge, input_ids) == [
+        "[CLS]",
+        "scattering",
+        "of",
+        "light",
+        "[SEP]",
+        "light",
+        "scattering",
+        "[SEP]",
+        "why",
+        "is",
+        "the",
+        "sky",
+        "blue",
+        "[SEP]",
+    ]
     assert token_types == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2]
     batch = judge.collate(judge.encode([SKY, ("q", "r", "c")]))
     assert batch["token_type_ids"][0].tolist() == token_types
-    assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1, 2, 2] + [0] * 7      # padding gets 0
+    assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1, 2, 2] + [0] * 7  # padding gets 0
     assert batch["attention_mask"].sum(1).tolist() == [14, 7]
     assert batch["input_ids"][1, 7:].eq(judge.tokenizer.pad_token_id).all()
 
 
 def test_raw_text_is_tokenised_without_preprocessing_or_special_tokens(judge):
-    (input_ids, _), = judge.encode([("Q", "The Answer: Paris!", "[SEP] x")])
+    ((input_ids, _),) = judge.encode([("Q", "The Answer: Paris!", "[SEP] x")])
     tokens = _tokens(judge, input_ids)
-    assert tokens[1:6] == ["[", "sep", "]", "x", "[SEP]"]              # '[SEP]' in an answer stays text
-    assert tokens[6:12] == ["the", "answer", ":", "paris", "!", "[SEP]"]    # no preprocess_answer
+    assert tokens[1:6] == ["[", "sep", "]", "x", "[SEP]"]  # '[SEP]' in an answer stays text
+    assert tokens[6:12] == ["the", "answer", ":", "paris", "!", "[SEP]"]  # no preprocess_answer
 
 
 def test_two_token_types_give_segments_0_1_and_an_approximate_label(monkeypatch_module):
-    two = build_component(ComponentSpec(kind="bem", tiny=True, device="cpu",
-                                        options={"vocab_texts": VOCAB, "type_vocab_size": 2}))
+    two = build_component(
+        ComponentSpec(kind="bem", tiny=True, device="cpu", options={"vocab_texts": VOCAB, "type_vocab_size": 2})
+    )
     assert two.label == APPROXIMATE_LABEL and "approximate" in two.label
-    (_, token_types), = two.encode([SKY])
+    ((_, token_types),) = two.encode([SKY])
     assert token_types == [0] * 5 + [1] * 9
     assert 0.0 <= two.equivalent(*SKY) <= 1.0
 
@@ -104,35 +120,39 @@ def test_bem_runs_only_when_em_fails_and_sees_the_multi_answer_reference_with_co
     _fixed_head(fixed_judge, [0.0, 5.0])
     seen = []
     handle = fixed_judge.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs["input_ids"].clone()), with_kwargs=True)
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].clone()), with_kwargs=True
+    )
     try:
         assert evqa.evaluate_example("q", ["Paris", "Lutetia"], "paris", "templated", bem=fixed_judge) == 1.0
-        assert seen == []                                    # EM passed: BEM skipped
+        assert seen == []  # EM passed: BEM skipped
         assert evqa.evaluate_example("q", ["red&&green"], "crimson", "multi_answer", bem=fixed_judge) == 1.0
         assert len(seen) == 1
         tokens = _tokens(fixed_judge, seen[0][0].tolist())
-        assert "&" not in tokens and "," in tokens           # && became ','
+        assert "&" not in tokens and "," in tokens  # && became ','
     finally:
         handle.remove()
     _fixed_head(fixed_judge, [5.0, 0.0])
     assert evqa.evaluate_example("q", ["red&&green&&blue"], "red", "multi_answer", bem=fixed_judge) == 0.0
-    assert evqa.evaluate_example("q", ["red&&green"], "red", "multi_answer", bem=fixed_judge) == 1.0   # EM accepts
+    assert evqa.evaluate_example("q", ["red&&green"], "red", "multi_answer", bem=fixed_judge) == 1.0  # EM accepts
 
 
 def test_evaluate_with_bem_batches_and_labels(fixed_judge):
     _fixed_head(fixed_judge, [0.0, 5.0])
-    questions = [{"data_id": f"E-VQA_{i}", "question": "q", "answer": "Paris|Lutetia", "question_type": "templated"}
-                 for i in range(5)]
+    questions = [
+        {"data_id": f"E-VQA_{i}", "question": "q", "answer": "Paris|Lutetia", "question_type": "templated"}
+        for i in range(5)
+    ]
     predictions = [{"data_id": f"E-VQA_{i}", "prediction": "Paris" if i == 0 else "London"} for i in range(5)]
     rows = []
     handle = fixed_judge.model.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
     fixed_judge.batch_size = 32
     try:
         result = evqa.evaluate(predictions, questions, bem=fixed_judge)
     finally:
         handle.remove()
-    assert rows == [8]                   # 4 EM failures x 2 references, one batch
+    assert rows == [8]  # 4 EM failures x 2 references, one batch
     assert result["label"] == BEM_LABEL and result["all"]["accuracy"] == 100.0
     assert evqa.evaluate(predictions, questions)["all"]["accuracy"] == 20.0
 
@@ -144,8 +164,9 @@ def test_overflow_raises_by_default_and_truncation_is_counted(monkeypatch_module
     assert raising.max_length == 64
     with pytest.raises(ValueError, match=r"86 tokens .* > 64"):
         raising.equivalent("why", "light", long_candidate)
-    truncating = build_component(ComponentSpec(kind="bem", tiny=True, device="cpu",
-                                               options={**short, "overflow": "truncate"}))
+    truncating = build_component(
+        ComponentSpec(kind="bem", tiny=True, device="cpu", options={**short, "overflow": "truncate"})
+    )
     (input_ids, token_types), (short_ids, _) = truncating.encode([("why", "light", long_candidate), SKY])
     assert len(input_ids) == 64 and token_types[-3:] == [1, 2, 2]
     assert truncating.truncated_count == 1 and len(short_ids) == 14
@@ -170,8 +191,9 @@ def test_configuration_errors(tmp_path, monkeypatch_module):
     (no_tokenizer / "vocab.txt").unlink()
     with pytest.raises(MissingWeightsError, match="no tokenizer"):
         build_component(ComponentSpec(kind="bem", pretrained=str(no_tokenizer)))
-    assert isinstance(build_component(ComponentSpec(kind="bem", pretrained=str(write_tiny_bem(tmp_path / "ok")))),
-                      BemJudge)
+    assert isinstance(
+        build_component(ComponentSpec(kind="bem", pretrained=str(write_tiny_bem(tmp_path / "ok")))), BemJudge
+    )
 
 
 @pytest.mark.gpu

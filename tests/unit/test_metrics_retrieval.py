@@ -1,13 +1,28 @@
 """Retrieval and analysis metrics: URL-deduplicated Recall@K, 2_hop policies, evidence-section recall, Table 3."""
+
 from __future__ import annotations
 
 import pytest
 
 from qkvqa.errors import ConfigError, DataError
-from qkvqa.metrics.analysis import (accuracy_summary, context_length_stats, error_analysis, evqa_hop_accuracy,
-                                    grouped_accuracy)
-from qkvqa.metrics.retrieval import (best_section_index, dedupe_keep_order, entry_urls, evidence_section_recall,
-                                     evqa_gold_urls, evqa_recall_at_k, gold_rank, recall_at_k, recall_from_ranks)
+from qkvqa.metrics.analysis import (
+    accuracy_summary,
+    context_length_stats,
+    error_analysis,
+    evqa_hop_accuracy,
+    grouped_accuracy,
+)
+from qkvqa.metrics.retrieval import (
+    best_section_index,
+    dedupe_keep_order,
+    entry_urls,
+    evidence_section_recall,
+    evqa_gold_urls,
+    evqa_recall_at_k,
+    gold_rank,
+    recall_at_k,
+    recall_from_ranks,
+)
 
 QUESTIONS = [
     {"data_id": "q0", "wikipedia_url": "u/a", "question_type": "templated", "evidence_section_id": "2"},
@@ -16,10 +31,10 @@ QUESTIONS = [
     {"data_id": "q3", "wikipedia_url": "u/d|u/e", "question_type": "2_hop", "evidence_section_id": "3"},
 ]
 RANKINGS = {
-    "q0": ["u/a", "u/x"],                                    # rank 1
-    "q1": ["u/x", "u/x", "u/x", "u/b"],                      # rank 4 before dedup, 2 after
-    "q2": [{"url": "u/y", "title": "Y"}, {"url": "u/z"}, {"url": "u/c"}],   # OMGM layout, rank 3
-    "q3": ["u/e", "u/d"],                                    # second URL first
+    "q0": ["u/a", "u/x"],  # rank 1
+    "q1": ["u/x", "u/x", "u/x", "u/b"],  # rank 4 before dedup, 2 after
+    "q2": [{"url": "u/y", "title": "Y"}, {"url": "u/z"}, {"url": "u/c"}],  # OMGM layout, rank 3
+    "q3": ["u/e", "u/d"],  # second URL first
 }
 
 
@@ -42,17 +57,20 @@ def test_entry_urls_rejects_unknown_shapes():
 def test_recall_at_k_every_query_counts():
     gold = {"q0": ("u/a",), "q1": ("u/b",), "q2": ("u/c",), "q9": ("u/z",)}
     result = recall_at_k(RANKINGS, gold, ks=(1, 2, 3, 20))
-    assert result["recall@1"] == 25.0            # q9 has no retrievals and still counts
-    assert result["recall@2"] == 50.0            # q1 is a hit at 2 thanks to the dedup
+    assert result["recall@1"] == 25.0  # q9 has no retrievals and still counts
+    assert result["recall@2"] == 50.0  # q1 is a hit at 2 thanks to the dedup
     assert result["recall@3"] == 75.0 and result["recall@20"] == 75.0
     assert (result["n_queries"], result["n_without_results"], result["n_unknown_rankings"]) == (4, 1, 1)
 
 
-@pytest.mark.parametrize("policy, gold_q3, recall1, n_queries", [
-    ("exclude", None, 100 / 3, 3),
-    ("first", ("u/d",), 25.0, 4),               # u/d is at rank 2
-    ("any", ("u/d", "u/e"), 50.0, 4),           # u/e is at rank 1
-])
+@pytest.mark.parametrize(
+    "policy, gold_q3, recall1, n_queries",
+    [
+        ("exclude", None, 100 / 3, 3),
+        ("first", ("u/d",), 25.0, 4),  # u/d is at rank 2
+        ("any", ("u/d", "u/e"), 50.0, 4),  # u/e is at rank 1
+    ],
+)
 def test_two_hop_policies(policy, gold_q3, recall1, n_queries):
     assert evqa_gold_urls("u/d|u/e", "2_hop", policy) == gold_q3
     assert evqa_gold_urls("u/a", "templated", policy) == ("u/a",)
@@ -73,7 +91,7 @@ def test_recall_from_ranks_and_empty_input():
 
 
 def test_best_section_index_maps_filtered_positions_to_kb_indices():
-    assert best_section_index([0.1, 0.9, 0.9]) == 1                       # first on ties
+    assert best_section_index([0.1, 0.9, 0.9]) == 1  # first on ties
     assert best_section_index([0.1, 0.9, 0.3], section_indices=[0, 2, 5]) == 2
     with pytest.raises(DataError):
         best_section_index([])
@@ -82,10 +100,12 @@ def test_best_section_index_maps_filtered_positions_to_kb_indices():
 
 
 def test_top1_evidence_section_recall():
-    top1 = {"q0": ("u/a", 2),          # right article, right section: hit
-            "q1": ("u/b", 3),          # right article, wrong section
-            "q2": ("u/x", 1),          # wrong article
-            "q3": ("u/d", 3)}          # 2_hop
+    top1 = {
+        "q0": ("u/a", 2),  # right article, right section: hit
+        "q1": ("u/b", 3),  # right article, wrong section
+        "q2": ("u/x", 1),  # wrong article
+        "q3": ("u/d", 3),
+    }  # 2_hop
     result = evidence_section_recall(top1, QUESTIONS)
     assert result["evidence_section_recall@1"] == pytest.approx(100 / 3) and result["n_queries"] == 3
     assert evidence_section_recall(top1, QUESTIONS, "first")["evidence_section_recall@1"] == 50.0
@@ -96,14 +116,15 @@ def test_top1_evidence_section_recall():
 
 # --- analysis --------------------------------------------------------------------------------------
 
+
 def test_error_analysis_table3():
     gold_at_top1 = {"a": True, "b": True, "c": True, "d": False, "e": False}
     scores = {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0, "e": 0.0}
     result = error_analysis(gold_at_top1, scores)
     assert result["r1"] == 60.0
     assert result["r1_c"] == pytest.approx(200 / 3)
-    assert result["nr_c"] == 20.0                      # share of all questions (paper's wording)
-    assert result["nr_c_conditional"] == 50.0          # accuracy among not-rank-1 questions
+    assert result["nr_c"] == 20.0  # share of all questions (paper's wording)
+    assert result["nr_c_conditional"] == 50.0  # accuracy among not-rank-1 questions
     assert (result["n"], result["n_top1"], result["n_not_top1"]) == (5, 3, 2)
     all_top1 = error_analysis({"a": True}, {"a": 1.0})
     assert all_top1["nr_c"] == 0.0 and all_top1["nr_c_conditional"] is None
@@ -129,7 +150,7 @@ def test_error_categories_partition_table3():
 
 def test_context_length_stats():
     stats = context_length_stats([100, 200, 300, 400, 1000])
-    assert stats == {"n": 5, "mean": 400.0, "median": 300.0, "p95": pytest.approx(880.0)}   # linear interpolation
+    assert stats == {"n": 5, "mean": 400.0, "median": 300.0, "p95": pytest.approx(880.0)}  # linear interpolation
     assert context_length_stats([]) == {"n": 0, "mean": None, "median": None, "p95": None}
 
 

@@ -1,4 +1,5 @@
 """Question-keyed torchmetrics in one process: de-duplication by question id, recall, the coverage assertion."""
+
 from __future__ import annotations
 
 import math
@@ -6,14 +7,19 @@ import math
 import pytest
 import torch
 
-from qkvqa.metrics.torchmetrics_classes import (PerQuestionMean, RecallAtK, assert_question_ids, question_key,
-                                                question_keys)
+from qkvqa.metrics.torchmetrics_classes import (
+    PerQuestionMean,
+    RecallAtK,
+    assert_question_ids,
+    question_key,
+    question_keys,
+)
 
 
 def test_repeated_question_counts_once_with_its_first_value():
     metric = PerQuestionMean()
     metric.update(["a", "b"], [1.0, 0.0])
-    metric.update(["a", "c"], [0.0, 0.0])        # a repeated: its first value (1.0) is kept
+    metric.update(["a", "c"], [0.0, 0.0])  # a repeated: its first value (1.0) is kept
     assert metric.compute().item() == pytest.approx(1 / 3)
     keys, values = metric.per_question()
     assert len(keys) == 3 and sorted(values.tolist()) == [0.0, 0.0, 1.0]
@@ -29,7 +35,7 @@ def test_integer_ids_and_tensors_are_used_as_keys():
 
 def test_string_keys_are_stable_63_bit_hashes():
     assert question_key("E-VQA_0") == question_key("E-VQA_0") != question_key("E-VQA_1")
-    assert 0 <= question_key("infoseek_val_00012345") < 2 ** 63
+    assert 0 <= question_key("infoseek_val_00012345") < 2**63
     # pinned: the key must not depend on the process (Python's salted hash() would differ between ranks)
     assert question_key("E-VQA_0") == 3161020944951795196
 
@@ -52,7 +58,7 @@ def test_update_rejects_mismatched_lengths():
 def test_recall_at_k_from_gold_ranks():
     metric = RecallAtK(ks=(1, 5))
     metric.update(["a", "b", "c", "d"], [1, 3, 0, 7])
-    metric.update(["a"], [1])                     # padded repeat: ignored
+    metric.update(["a"], [1])  # padded repeat: ignored
     result = metric.compute()
     assert result["recall@1"].item() == 25.0 and result["recall@5"].item() == 50.0
     with pytest.warns(UserWarning, match="before the ``update``"):

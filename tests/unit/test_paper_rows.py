@@ -1,5 +1,6 @@
 """Issue 32 item 2: each paper row declares the settings its number means, and the protocol card says "no, because
 KEY = VALUE where the row uses WANTED" for every one of them that a run changes (every row, every setting)."""
+
 from __future__ import annotations
 
 import copy
@@ -23,11 +24,16 @@ QUESTIONS = {"evqa": 5750, "infoseek": 71335}
 def scores_of(row, **overrides) -> dict:
     """Scores of a run over the row's whole question set, stage 1 on OMGM's imported summary index."""
     sample = 1000 if row.key == "table6/infoseek_1k" else None
-    scores = {"dataset": row.dataset, "n_questions": sample or QUESTIONS[row.dataset], "n_skipped": 3,
-              "exclude_skipped": False, "two_hop_rows": row.dataset == "evqa",
-              "question_set": {"max_questions": None, "sample_questions": sample},
-              "benchmark": {"label": "BEM (PyTorch reproduction)"} if row.dataset == "evqa" else {},
-              "stage1_text": OMGM_STAGE1}
+    scores = {
+        "dataset": row.dataset,
+        "n_questions": sample or QUESTIONS[row.dataset],
+        "n_skipped": 3,
+        "exclude_skipped": False,
+        "two_hop_rows": row.dataset == "evqa",
+        "question_set": {"max_questions": None, "sample_questions": sample},
+        "benchmark": {"label": "BEM (PyTorch reproduction)"} if row.dataset == "evqa" else {},
+        "stage1_text": OMGM_STAGE1,
+    }
     return {**scores, **overrides}
 
 
@@ -37,8 +43,11 @@ def converted(tmp_path_factory):
     from qkvqa.generation.llava_convert import CONVERTER_VERSION, RECORD
 
     out = tmp_path_factory.mktemp("reflectiva-hf")
-    (out / RECORD).write_text(json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA", "path": "/src"},
-                                          "converter_version": CONVERTER_VERSION}))
+    (out / RECORD).write_text(
+        json.dumps(
+            {"source": {"hub_id": "aimagelab/ReflectiVA", "path": "/src"}, "converter_version": CONVERTER_VERSION}
+        )
+    )
     return out
 
 
@@ -86,7 +95,7 @@ def test_every_experiment_names_a_row_that_names_it_back():
         text = OmegaConf.load(path)
         if not isinstance(text, dict) and "paper" not in text or text.get("paper") is None:
             continue
-        name = str(path.relative_to(EXPERIMENTS))[:-len(".yaml")]
+        name = str(path.relative_to(EXPERIMENTS))[: -len(".yaml")]
         row = paper_row(text["paper"])
         assert name in row.experiments, (name, row.key)
     for row in PAPER_ROWS.values():
@@ -169,8 +178,10 @@ def test_a_local_copy_of_the_weights_matches_its_hub_id():
     OmegaConf.update(cfg, "components.generator.pretrained", "/data/weights/Qwen2.5-VL-7B-Instruct")
     assert verdict(cfg, scores_of(row)) == []
     OmegaConf.update(cfg, "components.generator.pretrained", "/data/weights/Qwen2.5-VL-3B-Instruct")
-    assert any("components.generator.pretrained = /data/weights/Qwen2.5-VL-3B-Instruct" in r
-               for r in verdict(cfg, scores_of(row)))
+    assert any(
+        "components.generator.pretrained = /data/weights/Qwen2.5-VL-3B-Instruct" in r
+        for r in verdict(cfg, scores_of(row))
+    )
 
 
 def test_the_card_says_how_the_weights_were_matched_to_the_release(tmp_path):
@@ -215,16 +226,28 @@ def test_a_results_file_is_judged_by_the_stage_1_it_records_and_an_unrecorded_on
     lead = {"text": "lead_section", "index": "idx", "detail": "each article's lead section"}
     assert any(r.startswith("stage 1 embeds lead_section") for r in verdict(cfg, scores_of(row, stage1_text=lead)))
     unrecorded = scores_of(row, stage1_text=None)
-    assert verdict(cfg, unrecorded) == []                  # OMGM's step-1 file: taken to be its summaries...
+    assert verdict(cfg, unrecorded) == []  # OMGM's step-1 file: taken to be its summaries...
     card = protocol_card(cfg, unrecorded, KB())
-    assert card["stage1"]["text"].startswith("not recorded with the file: taken to be llama3_summaries")   # ...said
+    assert card["stage1"]["text"].startswith("not recorded with the file: taken to be llama3_summaries")  # ...said
 
 
 def test_the_card_says_counted_as_wrong_only_when_they_are():
     row = PAPER_ROWS["eval/evqa_qwen"]
-    base = {"dataset": "evqa", "protocol": None, "split": "test", "n_questions": 10, "n_unanswerable": 2,
-            "per_question_type": {}, "kb": {}, "stage1": {}, "filter": {}, "models": {}, "paper": row.title,
-            "comparable": False, "not_comparable_because": ["x"]}
+    base = {
+        "dataset": "evqa",
+        "protocol": None,
+        "split": "test",
+        "n_questions": 10,
+        "n_unanswerable": 2,
+        "per_question_type": {},
+        "kb": {},
+        "stage1": {},
+        "filter": {},
+        "models": {},
+        "paper": row.title,
+        "comparable": False,
+        "not_comparable_because": ["x"],
+    }
     assert "2 unanswerable, counted as wrong" in render_card({**base, "unanswerable": "counted as wrong"})
     left_out = render_card({**base, "unanswerable": "left out (eval.exclude_skipped)"})
     assert "counted as wrong" not in left_out and "2 unanswerable, left out" in left_out
@@ -239,15 +262,20 @@ def test_every_alpha_sweep_trial_compares_with_figure_5_at_its_alpha():
     spec = load_sweep(EXPERIMENTS / "sweeps" / "alpha_sweep.yaml")
     row = PAPER_ROWS["figure5/alpha"]
     for params in spec.trial_params(None, 0):
-        cfg = compose("eval/evqa_qwen", [], [f"{k}={v}" for k, v in params.items()]
-                      + ["qff.checkpoint=checkpoints/evqa_qff/qff"])
+        cfg = compose(
+            "eval/evqa_qwen", [], [f"{k}={v}" for k, v in params.items()] + ["qff.checkpoint=checkpoints/evqa_qff/qff"]
+        )
         assert cfg.paper == "figure5/alpha" and verdict(cfg, scores_of(row)) == []
     # the CDA grid's trials are Table 6 cells: the swept keys are the cell, not reasons
     grid = load_sweep(EXPERIMENTS / "sweeps" / "cda_grid.yaml")
     table6 = PAPER_ROWS["table6/infoseek_1k"]
     for params in grid.trial_params(None, 0)[:12]:
-        cfg = compose("table6/infoseek_1k", [], [f"{k}={'null' if v is None else v}" for k, v in params.items()]
-                      + ["qff.checkpoint=checkpoints/evqa_qff/qff"])
+        cfg = compose(
+            "table6/infoseek_1k",
+            [],
+            [f"{k}={'null' if v is None else v}" for k, v in params.items()]
+            + ["qff.checkpoint=checkpoints/evqa_qff/qff"],
+        )
         assert verdict(cfg, scores_of(table6)) == []
 
 
@@ -267,8 +295,11 @@ def test_weights_of_an_older_converter_are_a_reason_and_the_card_names_the_sourc
     assert card["converted_from"] == "aimagelab/ReflectiVA" and card["converter_version"] == CONVERTER_VERSION
     old = tmp_path / "old-conversion"
     old.mkdir()
-    (old / RECORD).write_text(json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA"},
-                                          "converter_version": CONVERTER_VERSION - 1}))
+    (old / RECORD).write_text(
+        json.dumps({"source": {"hub_id": "aimagelab/ReflectiVA"}, "converter_version": CONVERTER_VERSION - 1})
+    )
     OmegaConf.update(cfg, "components.generator.pretrained", str(old))
-    assert any(f"was converted by qkvqa convert-llava version {CONVERTER_VERSION - 1}" in r
-               for r in verdict(cfg, scores_of(row)))
+    assert any(
+        f"was converted by qkvqa convert-llava version {CONVERTER_VERSION - 1}" in r
+        for r in verdict(cfg, scores_of(row))
+    )

@@ -1,4 +1,5 @@
 """The protocol card's comparability verdict and the weights fingerprint."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,11 +10,17 @@ from qkvqa.pipeline.protocol import comparability_line, not_comparable_because, 
 
 
 def paper_scores(**overrides) -> dict:
-    scores = {"dataset": "evqa", "n_questions": 5750, "n_skipped": 12, "exclude_skipped": False, "two_hop_rows": True,
-              "question_set": {"max_questions": None, "sample_questions": None},
-              "benchmark": {"label": "BEM (PyTorch reproduction)"},
-              # stage 1 searched an imported OMGM summary index, as the paper's rows do
-              "stage1_text": {"text": "llama3_summaries", "index": "index/omgm", "detail": "imported OMGM summary index"}}
+    scores = {
+        "dataset": "evqa",
+        "n_questions": 5750,
+        "n_skipped": 12,
+        "exclude_skipped": False,
+        "two_hop_rows": True,
+        "question_set": {"max_questions": None, "sample_questions": None},
+        "benchmark": {"label": "BEM (PyTorch reproduction)"},
+        # stage 1 searched an imported OMGM summary index, as the paper's rows do
+        "stage1_text": {"text": "llama3_summaries", "index": "index/omgm", "detail": "imported OMGM summary index"},
+    }
     return {**scores, **overrides}
 
 
@@ -24,10 +31,12 @@ def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
     assert not_comparable_because(cfg, paper_scores(), used) == []
     card = {"paper": paper_row(cfg.paper).title, "comparable": True, "not_comparable_because": []}
     assert comparability_line(card) == f"comparable to paper {card['paper']}: yes" and "48.0" in card["paper"]
-    for overrides, reason in [({"n_questions": 4750, "two_hop_rows": False}, "single-hop rows only"),
-                              ({"exclude_skipped": True}, "12 unanswerable questions are left out"),
-                              ({"question_set": {"max_questions": 50, "sample_questions": None}}, "first 50"),
-                              ({"benchmark": {"label": "BEM approximate (two segments)"}}, "approximate")]:
+    for overrides, reason in [
+        ({"n_questions": 4750, "two_hop_rows": False}, "single-hop rows only"),
+        ({"exclude_skipped": True}, "12 unanswerable questions are left out"),
+        ({"question_set": {"max_questions": 50, "sample_questions": None}}, "first 50"),
+        ({"benchmark": {"label": "BEM approximate (two segments)"}}, "approximate"),
+    ]:
         assert any(reason in r for r in not_comparable_because(cfg, paper_scores(**overrides), used)), reason
     other = compose("eval/evqa_qwen", [], ["data.protocol=custom"])
     assert any("data.protocol = custom" in r for r in not_comparable_because(other, paper_scores(), used))
@@ -37,9 +46,15 @@ def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
 
 def test_table_6_wants_its_1k_subset():
     cfg = compose("table6/infoseek_1k", [], [])
-    subset = {"dataset": "infoseek", "n_questions": 1000, "n_skipped": 0, "exclude_skipped": False,
-              "question_set": {"max_questions": None, "sample_questions": 1000}, "benchmark": {},
-              "stage1_text": paper_scores()["stage1_text"]}
+    subset = {
+        "dataset": "infoseek",
+        "n_questions": 1000,
+        "n_skipped": 0,
+        "exclude_skipped": False,
+        "question_set": {"max_questions": None, "sample_questions": 1000},
+        "benchmark": {},
+        "stage1_text": paper_scores()["stage1_text"],
+    }
     assert verdict(cfg, subset) == []
     whole = {**subset, "question_set": {"max_questions": None, "sample_questions": None}}
     assert any("1K subset" in r for r in verdict(cfg, whole))
@@ -57,7 +72,7 @@ def test_the_weights_fingerprint_follows_content_not_place(tmp_path):
     assert weights_fingerprint(str(tmp_path / "a")) == weights_fingerprint(str(tmp_path / "b")) is not None
     (tmp_path / "b" / "model.safetensors").write_bytes(b"\1" + b"\0" * 99)
     assert weights_fingerprint(str(tmp_path / "a")) != weights_fingerprint(str(tmp_path / "b"))
-    assert weights_fingerprint("Salesforce/blip2-itm-vit-g") is None            # a hub id: nothing local to read
+    assert weights_fingerprint("Salesforce/blip2-itm-vit-g") is None  # a hub id: nothing local to read
 
 
 def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):

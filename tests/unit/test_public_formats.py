@@ -2,6 +2,7 @@
 code (tests/fixtures/public/README.md names the file and line each follows). One test per documented field and per
 documented quirk of the formats whose readers live in qkvqa.data.questions, qkvqa.data.kb and qkvqa.metrics; the
 image CSVs, mined negatives and index files have their readers' tests beside those readers."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,15 @@ from pathlib import Path
 import pytest
 
 from qkvqa.data.kb import KBStore, build_kb_store
-from qkvqa.data.questions import (attach_infoseek_references, is_training_question, read_evqa_csv, read_infoseek_csv,
-                                  read_infoseek_jsonl_questions, read_infoseek_references, read_webdataset_questions)
+from qkvqa.data.questions import (
+    attach_infoseek_references,
+    is_training_question,
+    read_evqa_csv,
+    read_infoseek_csv,
+    read_infoseek_jsonl_questions,
+    read_infoseek_references,
+    read_webdataset_questions,
+)
 from qkvqa.data.shards import ShardIndex
 from qkvqa.metrics import infoseek
 
@@ -38,6 +46,7 @@ def evqa_store(tmp_path_factory):
 
 
 # ---- E-VQA question CSV: google-research encyclopedic_vqa/README.md lines 32-75 ------------------------------------
+
 
 def test_evqa_question_text_is_read_whole_through_csv_quoting(evqa):
     """README line 38 `question`; the CSV quotes a question holding commas and double quotes."""
@@ -115,6 +124,7 @@ def test_evqa_wikipedia_url_used_in_train_is_a_boolean(evqa):
 
 # ---- E-VQA KB JSON: README lines 102-117 ---------------------------------------------------------------------------
 
+
 def test_kb_maps_urls_to_entries_in_file_order_and_url_repeats_the_key(evqa_store):
     """README lines 102-104 and 117; file order is the row id every index uses (data-formats.md section 2.1)."""
     kb = _kb(PUBLIC / "evqa/encyclopedic_kb_wiki.json")
@@ -138,7 +148,7 @@ def test_kb_images_their_captions_and_section_indices_are_parallel(evqa_store):
     warbler = evqa_store.get_by_url(W + "Grey-crested_warbler")
     assert warbler.image_reference_descriptions == ["An adult in spring", "A nest in a reed bed"]
     assert [warbler.section_titles[i] for i in warbler.image_section_indices] == ["Grey-crested warbler", "Habitat"]
-    assert evqa_store.manifest["issues"]["no_image"] == 1          # the bridge has none: counted, not an error
+    assert evqa_store.manifest["issues"]["no_image"] == 1  # the bridge has none: counted, not an error
 
 
 def test_kb_store_records_the_sha256_the_release_is_checked_by(evqa_store):
@@ -157,22 +167,25 @@ def test_kb_references_and_external_links_are_never_candidates_but_keep_their_in
 
 # ---- EchoSight's InfoSeek files: Go2Heart/EchoSight README ("VQA Questions", "Knowledge Base") ------------------------
 
+
 def test_echosight_infoseek_csvs_are_evqa_columns_plus_data_id(tmp_path):
     """README: InfoSeek "transformed to E-VQA format"; test/test_reranker.py lines 102-103 key infoseek rows by their
     data_id; utils/test_utils.py line 34 keeps question_type "infoseek"."""
     test = read_infoseek_csv(PUBLIC / "echosight/infoseek_test_filtered.csv")
     train = read_infoseek_csv(PUBLIC / "echosight/infoseek_train_filtered.csv")
     assert [q.data_id for q in test] == ["infoseek_val_00000001", "infoseek_val_00000002", "infoseek_val_00000003"]
-    assert all(q.question_type == "infoseek" and q.dataset_name == "infoseek" and is_training_question(q)
-               for q in test + train)
+    assert all(
+        q.question_type == "infoseek" and q.dataset_name == "infoseek" and is_training_question(q) for q in test + train
+    )
     assert test[0].answers == ["Kenya", "Republic of Kenya", "KE"] and test[0].url_used_in_train is None
 
 
 def test_echosight_test_csv_holds_infoseek_val_ids(tmp_path):
     """EchoSight's "test" file is InfoSeek val: its data_ids join the official references (data-formats.md 3.1)."""
     questions = read_infoseek_csv(PUBLIC / "echosight/infoseek_test_filtered.csv")
-    references = read_infoseek_references(PUBLIC / "infoseek/infoseek_val.jsonl",
-                                          PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
+    references = read_infoseek_references(
+        PUBLIC / "infoseek/infoseek_val.jsonl", PUBLIC / "infoseek/infoseek_val_qtype.jsonl"
+    )
     overlap = attach_infoseek_references(questions, references)
     assert overlap["questions_without_reference"] == 0 and overlap["references_without_question"] == 1
 
@@ -186,49 +199,63 @@ def test_echosight_100k_kb_is_the_evqa_kb_format(tmp_path):
 
 # ---- InfoSeek: open-vision-language/infoseek README ("InfoSeek Annotation"), edchengg/infoseek_eval ---------------
 
+
 def test_infoseek_jsonl_fields():
     """infoseek README example: data_id, image_id, question, answer (a list), answer_eval, data_split."""
-    (first, *_) = read_infoseek_jsonl_questions(PUBLIC / "infoseek/infoseek_val.jsonl",
-                                                PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
-    assert (first.data_id, first.image_id, first.question) == ("infoseek_val_00000001", "oven_00000011",
-                                                               "Which country is this bridge in?")
-    assert first.answers == ["Kenya"] and first.reference.answer_eval[-1] == "\U0001F1F0\U0001F1EA"
+    (first, *_) = read_infoseek_jsonl_questions(
+        PUBLIC / "infoseek/infoseek_val.jsonl", PUBLIC / "infoseek/infoseek_val_qtype.jsonl"
+    )
+    assert (first.data_id, first.image_id, first.question) == (
+        "infoseek_val_00000001",
+        "oven_00000011",
+        "Which country is this bridge in?",
+    )
+    assert first.answers == ["Kenya"] and first.reference.answer_eval[-1] == "\U0001f1f0\U0001f1ea"
     assert first.reference.data_split == "val_unseen_question" and first.gold_urls == []
 
 
 def test_infoseek_numerical_answer_eval_is_a_list_of_one_range_dict_or_a_bare_dict():
     """infoseek_eval.py prepare_qid2example lines 400-408: `[{"wikidata", "range"}]` or the dict alone."""
-    references = read_infoseek_references(PUBLIC / "infoseek/infoseek_val.jsonl",
-                                          PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
+    references = read_infoseek_references(
+        PUBLIC / "infoseek/infoseek_val.jsonl", PUBLIC / "infoseek/infoseek_val_qtype.jsonl"
+    )
     assert isinstance(references["infoseek_val_00000002"].answer_eval, list)
     assert isinstance(references["infoseek_val_00000004"].answer_eval, dict)
-    predictions = [{"data_id": "infoseek_val_00000002", "prediction": "about 500 metres"},
-                   {"data_id": "infoseek_val_00000004", "prediction": "12.5"}]
-    result = infoseek.evaluate(predictions, str(PUBLIC / "infoseek/infoseek_val.jsonl"),
-                               str(PUBLIC / "infoseek/infoseek_val_qtype.jsonl"))
-    assert result["unseen_entity_score"]["score_num"] == 100.0          # 500 in [452.7, 553.3]
-    assert result["unseen_question_score"]["score_num"] == 0.0          # 12.5 outside [9.9, 12.1]
+    predictions = [
+        {"data_id": "infoseek_val_00000002", "prediction": "about 500 metres"},
+        {"data_id": "infoseek_val_00000004", "prediction": "12.5"},
+    ]
+    result = infoseek.evaluate(
+        predictions, str(PUBLIC / "infoseek/infoseek_val.jsonl"), str(PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
+    )
+    assert result["unseen_entity_score"]["score_num"] == 100.0  # 500 in [452.7, 553.3]
+    assert result["unseen_question_score"]["score_num"] == 0.0  # 12.5 outside [9.9, 12.1]
 
 
 def test_infoseek_qtypes_are_capitalised_and_compared_lower_case():
     """infoseek_eval.py lines 264 and 399: the type is lower-cased before use (String / Numerical / Time)."""
-    references = read_infoseek_references(PUBLIC / "infoseek/infoseek_val.jsonl",
-                                          PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
+    references = read_infoseek_references(
+        PUBLIC / "infoseek/infoseek_val.jsonl", PUBLIC / "infoseek/infoseek_val_qtype.jsonl"
+    )
     assert [r.question_type for r in references.values()] == ["String", "Numerical", "Time", "Numerical"]
 
 
 def test_infoseek_split_is_unseen_question_by_suffix_else_unseen_entity():
     """infoseek_eval.py line 377: a data_split ending in `unseen_question` is that split, every other one the
     unseen-entity split."""
-    predictions = [{"data_id": "infoseek_val_00000001", "prediction": "Kenya"},
-                   {"data_id": "infoseek_val_00000003", "prediction": "1931"}]
-    result = infoseek.evaluate(predictions, str(PUBLIC / "infoseek/infoseek_val.jsonl"),
-                               str(PUBLIC / "infoseek/infoseek_val_qtype.jsonl"))
+    predictions = [
+        {"data_id": "infoseek_val_00000001", "prediction": "Kenya"},
+        {"data_id": "infoseek_val_00000003", "prediction": "1931"},
+    ]
+    result = infoseek.evaluate(
+        predictions, str(PUBLIC / "infoseek/infoseek_val.jsonl"), str(PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
+    )
     assert result["unseen_question_score"]["score_string"] == 100.0
-    assert result["unseen_entity_score"]["score_time"] == 0.0          # the time rule is exact match, as the scorer
+    assert result["unseen_entity_score"]["score_time"] == 0.0  # the time rule is exact match, as the scorer
 
 
 # ---- ReflectiVA: aimagelab/ReflectiVA rag_evaluation/infoseek/release_retrieval.py ---------------------------------
+
 
 def test_reflectiva_kb_entries_hold_only_wikipedia_content(tmp_path):
     """Line 152 reads `wikipedia[entity_url]['wikipedia_content']` and nothing else: the title comes from the URL,
@@ -245,8 +272,9 @@ def test_reflectiva_kb_entries_hold_only_wikipedia_content(tmp_path):
 def test_reflectiva_query_shards_are_keyed_by_data_id_with_question_and_image_members():
     """Lines 133-148 (`sample.pop('question').decode('utf-8')`, `sample['img.jpg']`) and 292 (`data_id` =
     `__key__`)."""
-    references = read_infoseek_references(PUBLIC / "infoseek/infoseek_val.jsonl",
-                                          PUBLIC / "infoseek/infoseek_val_qtype.jsonl")
+    references = read_infoseek_references(
+        PUBLIC / "infoseek/infoseek_val.jsonl", PUBLIC / "infoseek/infoseek_val_qtype.jsonl"
+    )
     shards = ShardIndex.from_pattern(str(PUBLIC / "reflectiva/val-{0000..0000}.tar"))
     questions = read_webdataset_questions(shards, references)
     assert [q.data_id for q in questions] == list(references)

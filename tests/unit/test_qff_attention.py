@@ -1,4 +1,5 @@
 """The fused (sdpa) Q-Former attention against the eager HF modules: every pass, every focus mode, gradients."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from qkvqa.errors import ConfigError
 from tests.unit.test_qff_model import SECTIONS, inputs, tiny
 
-TOLERANCE = 1e-5          # fp32, the issue's bound
+TOLERANCE = 1e-5  # fp32, the issue's bound
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -40,7 +41,7 @@ def test_text_and_question_passes_match_eager():
     sec, qs, images = inputs(comp)
     assert sec["attention_mask"].min() == 0 and qs["attention_mask"].min() == 0, "both batches must be padded"
     eager, sdpa = both(comp, lambda m: m.encode_text(sec["input_ids"], sec["attention_mask"]))
-    real = sec["attention_mask"].bool()                      # padded rows are garbage in both; compare real tokens
+    real = sec["attention_mask"].bool()  # padded rows are garbage in both; compare real tokens
     assert max_diff(eager[real], sdpa[real]) <= TOLERANCE
     eager, sdpa = both(comp, lambda m: m.encode_question(qs["input_ids"], qs["attention_mask"], images))
     assert len(eager.layer_states) == len(sdpa.layer_states) == comp.model.num_layers
@@ -61,22 +62,30 @@ def test_section_pass_with_open_gates_matches_eager(focus):
     image_index, question_index = torch.tensor([0, 0, 1]), torch.tensor([1, 0, 1])
 
     def run(m):
-        return m.encode_sections(sec["input_ids"], sec["attention_mask"], images, question, image_index=image_index,
-                                 question_index=question_index)
+        return m.encode_sections(
+            sec["input_ids"],
+            sec["attention_mask"],
+            images,
+            question,
+            image_index=image_index,
+            question_index=question_index,
+        )
+
     eager, sdpa = both(comp, run)
     assert eager.shape == sdpa.shape == (3, comp.model.num_queries, comp.model.hidden_size)
     assert max_diff(eager, sdpa) <= TOLERANCE
-    if focus != "none":                                     # the comparison is not vacuous: focus changes the pass
-        generic = comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images, question,
-                                             image_index=image_index, focus="none")
-        assert not torch.equal(generic, sdpa)               # a property, not a gap measured on one CPU
+    if focus != "none":  # the comparison is not vacuous: focus changes the pass
+        generic = comp.model.encode_sections(
+            sec["input_ids"], sec["attention_mask"], images, question, image_index=image_index, focus="none"
+        )
+        assert not torch.equal(generic, sdpa)  # a property, not a gap measured on one CPU
 
 
 def test_gradients_match_eager_in_training_mode_without_dropout():
     comp = tiny(focus="per_layer")
     model = comp.model
     model.train()
-    for module in model.modules():                          # dropout draws differ between the paths; switch it off
+    for module in model.modules():  # dropout draws differ between the paths; switch it off
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     with torch.no_grad():
@@ -87,8 +96,14 @@ def test_gradients_match_eager_in_training_mode_without_dropout():
         model.attention = attention
         model.zero_grad()
         question = model.encode_question(qs["input_ids"], qs["attention_mask"], images)
-        states = model.encode_sections(sec["input_ids"], sec["attention_mask"], images, question,
-                                       image_index=torch.tensor([0, 0, 1]), question_index=torch.tensor([0, 0, 1]))
+        states = model.encode_sections(
+            sec["input_ids"],
+            sec["attention_mask"],
+            images,
+            question,
+            image_index=torch.tensor([0, 0, 1]),
+            question_index=torch.tensor([0, 0, 1]),
+        )
         states.pow(2).mean().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and any(k.startswith("q_xattn") for k in grads[0])
@@ -108,8 +123,9 @@ def test_a_scored_question_matches_eager_through_the_component():
     comp = tiny(focus="per_layer")
     comp.model.q_gate.fill_(0.5)
     sections = [SECTIONS[:2], SECTIONS[2:]]
-    eager, sdpa = both(comp, lambda m: comp.score_sections("what is this bird?", _image(1), [_image(2), _image(3)],
-                                                           sections))
+    eager, sdpa = both(
+        comp, lambda m: comp.score_sections("what is this bird?", _image(1), [_image(2), _image(3)], sections)
+    )
     assert [len(s) for s in eager] == [len(s) for s in sdpa] == [2, 1]
     for e, s in zip(eager, sdpa):
         assert max(abs(a - b) for a, b in zip(e, s)) <= TOLERANCE
@@ -124,8 +140,15 @@ def test_each_section_meets_the_question_question_index_names():
     image_index = torch.tensor([0, 0, 1])
 
     def run(question_index):
-        return comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images, question,
-                                          image_index=image_index, question_index=torch.tensor(question_index))
+        return comp.model.encode_sections(
+            sec["input_ids"],
+            sec["attention_mask"],
+            images,
+            question,
+            image_index=image_index,
+            question_index=torch.tensor(question_index),
+        )
+
     mixed, first, second = run([0, 1, 0]), run([0, 0, 0]), run([1, 1, 1])
     assert max_diff(mixed[0], first[0]) == 0.0 and max_diff(mixed[1], second[1]) == 0.0
-    assert not torch.equal(first[1], second[1])          # two questions: states differ (no figure from one CPU)
+    assert not torch.equal(first[1], second[1])  # two questions: states differ (no figure from one CPU)

@@ -1,4 +1,5 @@
 """QFF training DataModule: seeded negatives per (seed, epoch, sample), de-duplicated images, dynamic padding, drops, sharding."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,10 +8,16 @@ import pytest
 import torch
 
 from qkvqa.config.load import compose
-from qkvqa.data_modules.qff_train import (EpochTaggedSampler, QFFTrainDataModule, article_image_id, query_image_id,
-                                          settings_from_config)
+from qkvqa.data_modules.qff_train import (
+    EpochTaggedSampler,
+    QFFTrainDataModule,
+    article_image_id,
+    query_image_id,
+    settings_from_config,
+)
 from qkvqa.qff.builder import build_qff_component
 from tests.helpers.qff_study import SPLIT_FILES, mine_world
+
 
 @pytest.fixture(scope="module")
 def mined(world, tmp_path_factory) -> list[str]:
@@ -23,8 +30,9 @@ def setting(mined):
     """(cfg, component, DataModule set up for fit) on the session world."""
     cfg = compose("demo/qff_per_layer", [], mined)
     component = build_qff_component(cfg.components.qformer, cfg.qff)
-    dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
-                            component.image_processor)
+    dm = QFFTrainDataModule(
+        cfg.data, settings_from_config(cfg, component), component.tokenizer, component.image_processor
+    )
     dm.setup("fit")
     return cfg, component, dm
 
@@ -52,9 +60,15 @@ def test_negatives_are_drawn_from_the_pool_and_fixed_by_seed_epoch_and_index(set
 def test_keep_gold_negatives_puts_every_sibling_section_in_the_drawn_set_and_draws_the_rest(setting):
     cfg, _, dm = setting
     dataset = dm.dataset("train")
-    kept = type(dataset)(dataset.samples, dataset.pools, dataset.store,
-                         dataclasses.replace(dm.settings, gold_sections=8, keep_gold_negatives=True))
-    plain = type(dataset)(dataset.samples, dataset.pools, dataset.store, dataclasses.replace(dm.settings, gold_sections=8))
+    kept = type(dataset)(
+        dataset.samples,
+        dataset.pools,
+        dataset.store,
+        dataclasses.replace(dm.settings, gold_sections=8, keep_gold_negatives=True),
+    )
+    plain = type(dataset)(
+        dataset.samples, dataset.pools, dataset.store, dataclasses.replace(dm.settings, gold_sections=8)
+    )
     siblings_drawn = {"kept": 0, "plain": 0}
     for index in range(len(dataset)):
         ref = dataset.samples[index]
@@ -78,8 +92,10 @@ def test_samples_carry_section_strings_of_the_candidates_with_their_original_ind
     for (url, index), text in zip(sample["candidates"], sample["texts"]):
         article = store.get_by_url(url)
         assert text == article.section_string(index)
-        assert article.section_titles[index] not in ("References", "External links") or \
-            (url, index) == sample["candidates"][0]
+        assert (
+            article.section_titles[index] not in ("References", "External links")
+            or (url, index) == sample["candidates"][0]
+        )
 
 
 def test_the_collate_loads_each_distinct_image_once_and_pads_to_the_longest_text(setting):
@@ -114,7 +130,9 @@ def test_samples_with_unreadable_images_are_dropped_and_an_all_dropped_batch_is_
     batch = dm.collator()([good, bad, broken])
     assert batch["size"] == 1 and batch["data_ids"] == [good["data_id"]]
     assert {(d["data_id"], d["reason"]) for d in batch["dropped"]} == {
-        (bad["data_id"], "query_image_unreadable"), (broken["data_id"], "article_image_unreadable")}
+        (bad["data_id"], "query_image_unreadable"),
+        (broken["data_id"], "article_image_unreadable"),
+    }
     empty = dm.collator()([bad, broken])
     assert empty["size"] == 0 and len(empty["dropped"]) == 2
     assert "sections" not in empty and "pixel_values" not in empty
@@ -150,8 +168,9 @@ def test_max_train_samples_takes_a_seeded_subset(setting, mined):
     cfg = compose("demo/qff_per_layer", [], [*mined, "qff.max_train_samples=10", "qff.max_val_samples=5"])
     subsets = []
     for _ in range(2):
-        dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
-                                component.image_processor)
+        dm = QFFTrainDataModule(
+            cfg.data, settings_from_config(cfg, component), component.tokenizer, component.image_processor
+        )
         dm.setup("fit")
         subsets.append([r.question.data_id for r in dm.dataset("train").samples])
         assert len(dm.dataset("val")) == 5
@@ -165,8 +184,12 @@ def test_validation_batches_carry_every_section_of_the_top_k_articles(setting):
     batch = dm.collator()(samples)
     rerank = batch["rerank"]
     slots = torch.cat([c["slot"] for c in rerank["chunks"]]).tolist()
-    expected = {(q, a, j) for q, item in enumerate(rerank["questions"])
-                for a, article in enumerate(item["articles"]) for j in range(len(article["sections"]))}
+    expected = {
+        (q, a, j)
+        for q, item in enumerate(rerank["questions"])
+        for a, article in enumerate(item["articles"])
+        for j in range(len(article["sections"]))
+    }
     assert len(slots) == len(set(map(tuple, slots))) and set(map(tuple, slots)) == expected
     for q, (sample, item) in enumerate(zip(samples, rerank["questions"])):
         assert len(item["articles"]) == min(cfg.qff.val_top_k, 20)
@@ -192,4 +215,4 @@ def test_focus_blocks_and_gates_get_their_own_learning_rate_and_gates_no_weight_
     assert groups["focus_gates"]["params"] == [comp.model.q_gate]
     ids = [id(p) for g in groups.values() for p in g["params"]]
     trainable = [p for p in comp.model.parameters() if p.requires_grad]
-    assert len(ids) == len(set(ids)) == len(trainable)       # every trainable parameter in exactly one group
+    assert len(ids) == len(set(ids)) == len(trainable)  # every trainable parameter in exactly one group

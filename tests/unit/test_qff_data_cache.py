@@ -1,4 +1,5 @@
 """Frozen-ViT feature cache: the same features as the ViT, resumable shards split over processes, stale caches refused."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,14 @@ from qkvqa.config.load import compose
 from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
 from qkvqa.errors import StaleArtifactError
 from qkvqa.qff.builder import build_qff_component
-from qkvqa.qff.vit_cache import (ViTFeatureCache, env_shard_split, feature_shape,
-                                 image_sources,
-                                 fill_cache, vision_fingerprint)
+from qkvqa.qff.vit_cache import (
+    ViTFeatureCache,
+    env_shard_split,
+    feature_shape,
+    fill_cache,
+    image_sources,
+    vision_fingerprint,
+)
 from tests.helpers.qff_study import mine_world
 
 
@@ -27,16 +33,18 @@ def setup(world, tmp_path_factory):
     cfg = compose("demo/qff_per_layer", [], overrides)
     component = build_qff_component(cfg.components.qformer, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor)
-    dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
-                            component.image_processor)
+    dm = QFFTrainDataModule(
+        cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer, component.image_processor
+    )
     dm.setup("fit")
     return overrides, component, fingerprint, dm.needed_images(), dm, work
 
 
 def write(path, setup, shard_size=16, **kwargs) -> ViTFeatureCache:
     _, component, fingerprint, needed, dm, _ = setup
-    cache = ViTFeatureCache.create(path, needed, fingerprint, feature_shape(component.model), shard_size,
-                                   sources=image_sources(dm.config))
+    cache = ViTFeatureCache.create(
+        path, needed, fingerprint, feature_shape(component.model), shard_size, sources=image_sources(dm.config)
+    )
     fill_cache(cache, component.model, component.image_processor, dm.collator().load_image, batch_size=8, **kwargs)
     return cache
 
@@ -48,8 +56,9 @@ def test_cached_features_equal_the_vit_and_training_batches_read_them(setup, tmp
     assert cache.num_shards == -(-len(needed) // 16) and cache.skipped() == {}
     assert json.loads((tmp_path / "cache/manifest.json").read_text())["dtype"] == "float16"
     assert np.load(tmp_path / "cache/shard-00000.npy", mmap_mode="r").dtype == np.float16
-    cached = QFFTrainDataModule(dm.config, dataclasses.replace(dm.settings, vit_cache=str(tmp_path / "cache")),
-                                component.tokenizer)
+    cached = QFFTrainDataModule(
+        dm.config, dataclasses.replace(dm.settings, vit_cache=str(tmp_path / "cache")), component.tokenizer
+    )
     cached.setup("fit")
     samples = [dm.dataset("train")[(0, i)] for i in range(3)]
     from_pixels, from_cache = dm.collator()(samples), cached.collator()(samples)
@@ -70,8 +79,9 @@ def test_a_rerun_writes_only_the_missing_shards_and_processes_split_the_shards(s
     write(path, setup, shard_index=1, num_shards=2)
     stamps = {p.name: p.stat().st_mtime_ns for p in path.glob("shard-*.npy")}
     (path / "shard-00001.done.json").unlink()
-    rerun = ViTFeatureCache.create(path, setup[3], setup[2], feature_shape(setup[1].model), 16,
-                                   sources=image_sources(setup[4].config))
+    rerun = ViTFeatureCache.create(
+        path, setup[3], setup[2], feature_shape(setup[1].model), 16, sources=image_sources(setup[4].config)
+    )
     assert rerun.pending() == [1]
     write(path, setup)
     after = {p.name: p.stat().st_mtime_ns for p in path.glob("shard-*.npy")}
@@ -101,8 +111,9 @@ def test_a_cache_read_from_other_image_roots_is_refused(setup, tmp_path):
     ViTFeatureCache.create(tmp_path / "c", needed, fingerprint, feature_shape(component.model), 16, sources=sources)
     moved = dataclasses.replace(dm.config, images=dataclasses.replace(dm.config.images, landmarks_root="elsewhere"))
     with pytest.raises(StaleArtifactError, match="another sources"):
-        ViTFeatureCache.create(tmp_path / "c", needed, fingerprint, feature_shape(component.model), 16,
-                               sources=image_sources(moved))
+        ViTFeatureCache.create(
+            tmp_path / "c", needed, fingerprint, feature_shape(component.model), 16, sources=image_sources(moved)
+        )
     write(tmp_path / "full", setup)
     ViTFeatureCache.open(tmp_path / "full", fingerprint, needed, sources=sources)
     with pytest.raises(StaleArtifactError, match=r"read from other images \(differing: query: data.root"):
@@ -119,17 +130,25 @@ def test_the_fingerprint_changes_with_the_vit_weights_and_the_preprocessing(setu
         changed = vision_fingerprint(model, component.image_processor)
         weight.copy_(saved)
     assert changed != fingerprint
-    processor = type(component.image_processor)(**{**component.image_processor.to_dict(),
-                                                    "image_mean": [0.5, 0.5, 0.5]})
+    processor = type(component.image_processor)(
+        **{**component.image_processor.to_dict(), "image_mean": [0.5, 0.5, 0.5]}
+    )
     assert vision_fingerprint(model, processor) != fingerprint == vision_fingerprint(model, component.image_processor)
 
 
 def test_cache_vit_from_a_config_mines_missing_pools_and_is_resumable(setup, tmp_path, monkeypatch):
     overrides = [o for o in setup[0] if not o.startswith(("qff.negatives", "qff.val_negatives"))]
     monkeypatch.delenv("RANK", raising=False)
-    cfg = compose("demo/qff_per_layer", [], [*overrides, f"qff.vit_cache={tmp_path / 'cache'}",
-                                              f"retrieval.results={setup[5] / 'stage1_train.json'}",
-                                              "data.val_questions=null"])
+    cfg = compose(
+        "demo/qff_per_layer",
+        [],
+        [
+            *overrides,
+            f"qff.vit_cache={tmp_path / 'cache'}",
+            f"retrieval.results={setup[5] / 'stage1_train.json'}",
+            "data.val_questions=null",
+        ],
+    )
     done = build_cache_from_config(cfg, pools_dir=tmp_path / "run")
     assert done["complete"] and done["shards_written"] == done["shards_total"]
     assert (tmp_path / "run/hardneg_train.json").is_file() and not (tmp_path / "run/hardneg_val.json").exists()

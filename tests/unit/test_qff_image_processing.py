@@ -1,4 +1,5 @@
 """OMGM's targetpad transform against hand-computed pixels, and the squash alternative."""
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,7 @@ def test_omgm_target_pad_geometry_by_hand(size, padded_size, band):
         torch.testing.assert_close(pixels, WHITE[:, None, None].expand(3, 224, 224), atol=1e-5, rtol=0)
         return
     axis, width = band
-    line = pixels[:, :, 112] if axis == "rows" else pixels[:, 112, :]       # across the bands
+    line = pixels[:, :, 112] if axis == "rows" else pixels[:, 112, :]  # across the bands
     # bicubic blurs two source pixels each way: two output pixels when shrinking, 2 * scale when enlarging
     blur = math.ceil(2 * max(1.0, 224 / min(padded_size))) + 1
     inside, outside = int(width) - blur, math.ceil(width) + blur
@@ -74,13 +75,21 @@ def omgm_reference(image, side=224, ratio=1.25):
         hp, vp = max(int((scaled - w) / 2), 0), max(int((scaled - h) / 2), 0)
         return F.pad(img, [hp, vp, hp, vp], 0, "constant")
 
-    return Compose([target_pad_omgm, Resize(side, interpolation=F.InterpolationMode.BICUBIC), CenterCrop(side),
-                    lambda img: img.convert("RGB"), ToTensor(),
-                    Normalize(MEAN.tolist(), STD.tolist())])(image)
+    return Compose(
+        [
+            target_pad_omgm,
+            Resize(side, interpolation=F.InterpolationMode.BICUBIC),
+            CenterCrop(side),
+            lambda img: img.convert("RGB"),
+            ToTensor(),
+            Normalize(MEAN.tolist(), STD.tolist()),
+        ]
+    )(image)
 
 
-@pytest.mark.parametrize("size", [(300, 300), (400, 300), (600, 400), (300, 400), (641, 427), (333, 500), (50, 20),
-                                  (500, 401), (257, 224)])
+@pytest.mark.parametrize(
+    "size", [(300, 300), (400, 300), (600, 400), (300, 400), (641, 427), (333, 500), (50, 20), (500, 401), (257, 224)]
+)
 def test_the_processor_equals_omgm_s_torchvision_transform(size):
     generator = torch.Generator().manual_seed(sum(size))
     noise = (torch.rand((size[1], size[0], 3), generator=generator) * 255).to(torch.uint8).numpy()
@@ -93,22 +102,35 @@ def test_a_qff_trained_with_the_old_square_geometry_is_refused_by_name(tmp_path)
     import json
 
     from qkvqa.errors import StaleArtifactError
-    from qkvqa.qff.builder import _check_preprocessing, RUNTIME_DEFAULTS
+    from qkvqa.qff.builder import RUNTIME_DEFAULTS, _check_preprocessing
     from qkvqa.qff.model import CHECKPOINT_CONFIG
 
-    (tmp_path / CHECKPOINT_CONFIG).write_text(json.dumps(
-        {"preprocessing": {"image_transform": "targetpad", "blip_text_preprocess": True}}))   # no image_geometry
-    with pytest.raises(StaleArtifactError, match=r"trained with image geometry targetpad_square .* OMGM's "
-                                                 r"omgm_targetpad_1\.25 .* Retrain the QFF"):
+    (tmp_path / CHECKPOINT_CONFIG).write_text(
+        json.dumps({"preprocessing": {"image_transform": "targetpad", "blip_text_preprocess": True}})
+    )  # no image_geometry
+    with pytest.raises(
+        StaleArtifactError,
+        match=r"trained with image geometry targetpad_square .* OMGM's "
+        r"omgm_targetpad_1\.25 .* Retrain the QFF",
+    ):
         _check_preprocessing(tmp_path, dict(RUNTIME_DEFAULTS))
-    (tmp_path / CHECKPOINT_CONFIG).write_text(json.dumps({"preprocessing": {
-        "image_transform": "targetpad", "image_geometry": "omgm_targetpad_1.25", "blip_text_preprocess": True}}))
-    _check_preprocessing(tmp_path, dict(RUNTIME_DEFAULTS))                                 # today's geometry loads
+    (tmp_path / CHECKPOINT_CONFIG).write_text(
+        json.dumps(
+            {
+                "preprocessing": {
+                    "image_transform": "targetpad",
+                    "image_geometry": "omgm_targetpad_1.25",
+                    "blip_text_preprocess": True,
+                }
+            }
+        )
+    )
+    _check_preprocessing(tmp_path, dict(RUNTIME_DEFAULTS))  # today's geometry loads
 
 
 def test_a_nearly_square_image_is_resized_and_centre_cropped_without_padding():
-    image = Image.new("RGB", (60, 50), "black")             # 1.2 : 1, below the ratio: no padding
-    for x in [*range(15), *range(45, 60)]:                  # white side stripes, 15 columns each
+    image = Image.new("RGB", (60, 50), "black")  # 1.2 : 1, below the ratio: no padding
+    for x in [*range(15), *range(45, 60)]:  # white side stripes, 15 columns each
         for y in range(50):
             image.putpixel((x, y), (255, 255, 255))
     assert target_pad(image) is image
@@ -116,7 +138,7 @@ def test_a_nearly_square_image_is_resized_and_centre_cropped_without_padding():
     # short side 50 -> 100, long side 60 -> 120; the centre 100 columns are image columns 5..55, so
     # 10 of each stripe's 15 columns remain: output columns 0..19 and 80..99
     assert pixels.shape == (3, 100, 100)
-    torch.testing.assert_close(pixels[:, 0, 5], WHITE, atol=1e-5, rtol=0)    # a top row: no black band
+    torch.testing.assert_close(pixels[:, 0, 5], WHITE, atol=1e-5, rtol=0)  # a top row: no black band
     torch.testing.assert_close(pixels[:, 50, 50], BLACK, atol=1e-5, rtol=0)
     torch.testing.assert_close(pixels[:, 50, 94], WHITE, atol=1e-5, rtol=0)
 
@@ -124,7 +146,7 @@ def test_a_nearly_square_image_is_resized_and_centre_cropped_without_padding():
 def test_squash_stretches_and_an_unknown_transform_is_refused():
     image = Image.new("RGB", (50, 20), "white")
     squashed = blip2_image_processor(224, "squash")(images=[image], return_tensors="pt")["pixel_values"]
-    torch.testing.assert_close(squashed[0, :, 10, 112], WHITE, atol=1e-4, rtol=0)      # no black band
+    torch.testing.assert_close(squashed[0, :, 10, 112], WHITE, atol=1e-4, rtol=0)  # no black band
     with pytest.raises(ConfigError, match="image_transform"):
         blip2_image_processor(224, "letterbox")
 

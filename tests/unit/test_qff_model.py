@@ -1,4 +1,5 @@
 """The question-focused Q-Former wrapper: stock equality at gate 0, focus modes, batching, gradients, dtypes."""
+
 from __future__ import annotations
 
 import copy
@@ -11,9 +12,11 @@ from qkvqa.errors import ConfigError
 from qkvqa.qff.model import QFFModel
 from qkvqa.qff.scoring import late_interaction
 
-SECTIONS = ["# Wiki Article: Grey heron\n## Section Title: Description\nThe grey heron is a large bird with long legs.",
-            "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish.",
-            "# Wiki Article: Eiffel Tower\n## Section Title: History\nThe tower was built in 1889 for the fair in the city."]
+SECTIONS = [
+    "# Wiki Article: Grey heron\n## Section Title: Description\nThe grey heron is a large bird with long legs.",
+    "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish.",
+    "# Wiki Article: Eiffel Tower\n## Section Title: History\nThe tower was built in 1889 for the fair in the city.",
+]
 QUESTIONS = ["what is the wingspan of this bird?", "when was this landmark built?"]
 
 
@@ -23,8 +26,12 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def tiny(**options):
     """A tiny QFF component: 4 Q-Former layers, image cross-attention in layers 0 and 2 (as BLIP-2's every 2nd)."""
     torch.manual_seed(0)
-    spec = {"kind": "blip2_qff", "tiny": True, "device": "cpu",
-            "options": {"num_layers": 4, "cross_attention_frequency": 2, "vocab_texts": SECTIONS + QUESTIONS, **options}}
+    spec = {
+        "kind": "blip2_qff",
+        "tiny": True,
+        "device": "cpu",
+        "options": {"num_layers": 4, "cross_attention_frequency": 2, "vocab_texts": SECTIONS + QUESTIONS, **options},
+    }
     return build_component(spec)
 
 
@@ -41,8 +48,14 @@ def stock_itm(base, input_ids, attention_mask, image_states, **kwargs):
     q = base.query_tokens.shape[1]
     embeds = base.embeddings(input_ids=input_ids, query_embeds=base.query_tokens.expand(input_ids.shape[0], -1, -1))
     mask = torch.cat([torch.ones(input_ids.shape[0], q, dtype=attention_mask.dtype), attention_mask], 1)
-    return base.qformer(query_embeds=embeds, query_length=q, attention_mask=mask, encoder_hidden_states=image_states,
-                        encoder_attention_mask=torch.ones(image_states.shape[:-1], dtype=torch.long), **kwargs)
+    return base.qformer(
+        query_embeds=embeds,
+        query_length=q,
+        attention_mask=mask,
+        encoder_hidden_states=image_states,
+        encoder_attention_mask=torch.ones(image_states.shape[:-1], dtype=torch.long),
+        **kwargs,
+    )
 
 
 @torch.no_grad()
@@ -51,8 +64,9 @@ def test_text_only_path_equals_stock_qformer():
     sec, _, _ = inputs(comp)
     assert sec["attention_mask"].min() == 0, "the batch must be padded"
     base = comp.model.base
-    stock = base.qformer(query_embeds=base.embeddings(input_ids=sec["input_ids"]), query_length=0,
-                         attention_mask=sec["attention_mask"]).last_hidden_state
+    stock = base.qformer(
+        query_embeds=base.embeddings(input_ids=sec["input_ids"]), query_length=0, attention_mask=sec["attention_mask"]
+    ).last_hidden_state
     ours = comp.model.encode_text(sec["input_ids"], sec["attention_mask"])
     assert (ours - stock).abs().max().item() == 0.0
 
@@ -79,8 +93,9 @@ def test_zero_gate_section_pass_equals_stock_exactly(focus):
     image_index = torch.tensor([0, 0, 1])
     per_section = images[image_index]
     stock = stock_itm(comp.model.base, sec["input_ids"], sec["attention_mask"], per_section).last_hidden_state
-    focused = comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images, question,
-                                         image_index=image_index)
+    focused = comp.model.encode_sections(
+        sec["input_ids"], sec["attention_mask"], images, question, image_index=image_index
+    )
     generic = comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], per_section, focus="none")
     q = comp.model.num_queries
     assert (focused - stock[:, :q]).abs().max().item() == 0.0
@@ -111,11 +126,24 @@ def test_section_encoding_depends_on_the_question_only_when_focused():
     comp.model.q_gate.fill_(1.0)
     sec, qs, images = inputs(comp)
     questions = comp.model.encode_question(qs["input_ids"], qs["attention_mask"], images)
-    focused = [comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], questions,
-                                          question_index=torch.full((3,), i)) for i in range(2)]
+    focused = [
+        comp.model.encode_sections(
+            sec["input_ids"], sec["attention_mask"], images[:1], questions, question_index=torch.full((3,), i)
+        )
+        for i in range(2)
+    ]
     assert not torch.allclose(focused[0], focused[1])
-    generic = [comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], questions,
-                                          question_index=torch.full((3,), i), focus="none") for i in range(2)]
+    generic = [
+        comp.model.encode_sections(
+            sec["input_ids"],
+            sec["attention_mask"],
+            images[:1],
+            questions,
+            question_index=torch.full((3,), i),
+            focus="none",
+        )
+        for i in range(2)
+    ]
     assert torch.equal(generic[0], generic[1])
 
 
@@ -131,8 +159,14 @@ def test_broadcast_and_index_layouts_agree():
     broadcast = comp.model.encode_sections(ids, mask, images[:1], first)
     copied = type(first)(tuple(s.repeat(3, 1, 1) for s in first.layer_states))
     explicit = comp.model.encode_sections(ids, mask, images[0:1].repeat(3, 1, 1), copied)
-    indexed = comp.model.encode_sections(ids, mask, images, questions, image_index=torch.zeros(3, dtype=torch.long),
-                                         question_index=torch.zeros(3, dtype=torch.long))
+    indexed = comp.model.encode_sections(
+        ids,
+        mask,
+        images,
+        questions,
+        image_index=torch.zeros(3, dtype=torch.long),
+        question_index=torch.zeros(3, dtype=torch.long),
+    )
     torch.testing.assert_close(broadcast, explicit, rtol=0, atol=1e-6)
     torch.testing.assert_close(indexed, explicit, rtol=0, atol=1e-6)
     # per-article images: each section gets its own article's states
@@ -150,8 +184,9 @@ def test_gate_gets_gradient_at_init_and_vit_stays_frozen():
     images = model.encode_image(torch.randn(2, 3, size, size))
     assert not images.requires_grad
     question = model.encode_question(qs["input_ids"][:1], qs["attention_mask"][:1], images[:1])
-    states = model.encode_sections(sec["input_ids"], sec["attention_mask"], images, question,
-                                   image_index=torch.tensor([0, 0, 1]))
+    states = model.encode_sections(
+        sec["input_ids"], sec["attention_mask"], images, question, image_index=torch.tensor([0, 0, 1])
+    )
     logits = late_interaction(question.tokens, states) / 0.07
     torch.nn.functional.cross_entropy(logits[None], torch.tensor([0])).backward()
     assert model.q_gate.grad is not None and (model.q_gate.grad != 0).all()
@@ -197,8 +232,15 @@ def test_frozen_vit_stays_in_eval_mode():
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_half_precision_keeps_qformer_and_new_blocks_fp32(dtype):
-    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "dtype": dtype,
-                            "options": {"num_layers": 2, "vocab_texts": SECTIONS}})
+    comp = build_component(
+        {
+            "kind": "blip2_qff",
+            "tiny": True,
+            "device": "cpu",
+            "dtype": dtype,
+            "options": {"num_layers": 2, "vocab_texts": SECTIONS},
+        }
+    )
     model = comp.model
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     assert model.vision_dtype == half
@@ -226,8 +268,13 @@ def test_wrong_calls_are_refused():
         with pytest.raises(ValueError, match="pass question_index"):
             comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], questions)
         with pytest.raises(ValueError, match="pass image_index"):
-            comp.model.encode_sections(sec["input_ids"], sec["attention_mask"], images, questions,
-                                       question_index=torch.zeros(3, dtype=torch.long))
+            comp.model.encode_sections(
+                sec["input_ids"],
+                sec["attention_mask"],
+                images,
+                questions,
+                question_index=torch.zeros(3, dtype=torch.long),
+            )
     with pytest.raises(ConfigError, match="focus"):
         QFFModel(copy.deepcopy(comp.model.base), focus="per-layer")
 
@@ -236,18 +283,24 @@ def test_one_bf16_mixed_step_at_the_paper_lr_changes_every_trainable_tensor():
     """fp32 master weights: a bf16 weight cannot take a step of lr 1e-5 (its update rounds away)."""
     from qkvqa.models.qff_module import freeze_outside_objective
 
-    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "dtype": "bf16",
-                            "options": {"num_layers": 4, "cross_attention_frequency": 2,
-                                        "vocab_texts": SECTIONS + QUESTIONS}})
+    comp = build_component(
+        {
+            "kind": "blip2_qff",
+            "tiny": True,
+            "device": "cpu",
+            "dtype": "bf16",
+            "options": {"num_layers": 4, "cross_attention_frequency": 2, "vocab_texts": SECTIONS + QUESTIONS},
+        }
+    )
     model = comp.model.train()
     freeze_outside_objective(model)
-    model.q_gate.data.fill_(0.3)                       # so the focus blocks are on the loss's path at step 0
+    model.q_gate.data.fill_(0.3)  # so the focus blocks are on the loss's path at step 0
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert "base.embeddings.word_embeddings.weight" in trainable
     before = {n: p.detach().clone() for n, p in trainable.items()}
     optimizer = torch.optim.AdamW(trainable.values(), lr=1e-5, betas=(0.9, 0.98), eps=1e-7, weight_decay=0.05)
     sec, qs, images = inputs(comp)
-    with torch.autocast("cpu", dtype=torch.bfloat16):            # what precision="bf16-mixed" runs
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what precision="bf16-mixed" runs
         question = model.encode_question(qs["input_ids"][:1], qs["attention_mask"][:1], images[:1])
         states = model.encode_sections(sec["input_ids"], sec["attention_mask"], images[:1], question)
         logits = late_interaction(question.tokens, states) / 0.07
@@ -259,7 +312,7 @@ def test_one_bf16_mixed_step_at_the_paper_lr_changes_every_trainable_tensor():
     for name, param in trainable.items():
         pushed = param.grad.abs() > 1e-6 if param.grad is not None else torch.zeros_like(param, dtype=torch.bool)
         moved = param.detach() != before[name]
-        if (pushed & ~moved).any():      # (a key bias gets no gradient at all: softmax ignores it)
+        if (pushed & ~moved).any():  # (a key bias gets no gradient at all: softmax ignores it)
             stuck[name] = f"{int((pushed & ~moved).sum())} of {int(pushed.sum())} pushed elements stayed"
     assert not stuck, f"{len(stuck)} trainable tensors did not take the step: {dict(list(stuck.items())[:4])}"
     assert (trainable["base.embeddings.word_embeddings.weight"].grad.abs() > 1e-6).any()
@@ -277,7 +330,7 @@ def test_an_open_or_absent_gate_gives_the_focus_blocks_gradient_at_step_0(option
     blocks, gates = model.focus_parameters()
     assert sum(p.grad.abs().sum().item() for p in blocks if p.grad is not None) > 0
     assert (len(gates) == 1) == (options["gate"] == "tanh")
-    if options["gate"] == "none":      # no gate: the block's output replaces the queries from step 0
+    if options["gate"] == "none":  # no gate: the block's output replaces the queries from step 0
         assert model.gate_values() is None and not hasattr(model, "q_gate")
         reloaded = QFFModel.from_checkpoint(model.save_pretrained(tmp_path / "qff"))
         assert reloaded.gate == "none" and not hasattr(reloaded, "q_gate")

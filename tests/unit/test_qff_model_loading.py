@@ -1,4 +1,5 @@
 """The `blip2_qff` component: checkpoints, the LAVIS name mapping, tokenisation and batched per-article scoring."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,19 @@ from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.scoring import late_interaction, per_section_loop
 
-ARTICLES = [["# Wiki Article: Grey heron\n## Section Title: Description\nThe grey heron is a large bird.",
-             "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish, frogs and small mammals near the river.",
-             "# Wiki Article: Grey heron\n## Section Title: Range\nFound in Europe and Asia."],
-            ["# Wiki Article: Eiffel Tower\n## Section Title: History\nBuilt in 1889.",
-             "# Wiki Article: Eiffel Tower\n## Section Title: Height\nThe tower is 330 metres tall."],
-            ["# Wiki Article: Rose\n## Section Title: Colour\nRed, white or pink flowers."],
-            []]
+ARTICLES = [
+    [
+        "# Wiki Article: Grey heron\n## Section Title: Description\nThe grey heron is a large bird.",
+        "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish, frogs and small mammals near the river.",
+        "# Wiki Article: Grey heron\n## Section Title: Range\nFound in Europe and Asia.",
+    ],
+    [
+        "# Wiki Article: Eiffel Tower\n## Section Title: History\nBuilt in 1889.",
+        "# Wiki Article: Eiffel Tower\n## Section Title: Height\nThe tower is 330 metres tall.",
+    ],
+    ["# Wiki Article: Rose\n## Section Title: Colour\nRed, white or pink flowers."],
+    [],
+]
 QUESTION = "what does this bird eat?"
 
 
@@ -34,8 +41,14 @@ def picture(seed: int) -> Image.Image:
 
 def tiny(**options):
     torch.manual_seed(0)
-    return build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu",
-                            "options": {"num_layers": 4, "cross_attention_frequency": 2, **options}})
+    return build_component(
+        {
+            "kind": "blip2_qff",
+            "tiny": True,
+            "device": "cpu",
+            "options": {"num_layers": 4, "cross_attention_frequency": 2, **options},
+        }
+    )
 
 
 def perturb_new_blocks(model) -> None:
@@ -72,18 +85,20 @@ def test_checkpoint_focus_conflict_is_refused(tmp_path):
     out = tiny().save_pretrained(tmp_path / "qff")
     with pytest.raises(ConfigError, match="built with focus='per_layer'"):
         build_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu", "options": {"focus": "input"}})
-    generic = build_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu",
-                               "options": {"focus": "none"}})
+    generic = build_component(
+        {"kind": "blip2_qff", "pretrained": str(out), "device": "cpu", "options": {"focus": "none"}}
+    )
     assert generic.model.focus == "per_layer" and generic.focus == "none"
 
 
 def test_per_article_vit_runs_once_and_matches_a_per_section_loop():
-    comp = tiny(section_batch_size=2, vit_lru_size=0)     # the LRU pads ViT forwards to fixed chunks
+    comp = tiny(section_batch_size=2, vit_lru_size=0)  # the LRU pads ViT forwards to fixed chunks
     comp.model.q_gate.data.fill_(0.5)
     images_seen = []
     hook = comp.model.base.vision_model.register_forward_pre_hook(
-        lambda m, args, kwargs: images_seen.append(kwargs["pixel_values"].shape[0]), with_kwargs=True)
-    article_images = [picture(1), None, picture(3), picture(4)]   # article 1 has no image, article 3 no sections
+        lambda m, args, kwargs: images_seen.append(kwargs["pixel_values"].shape[0]), with_kwargs=True
+    )
+    article_images = [picture(1), None, picture(3), picture(4)]  # article 1 has no image, article 3 no sections
     scores = comp.score_sections(QUESTION, picture(0), article_images, ARTICLES)
     assert sum(images_seen) == 1 + 2, "the question image and the two scored article images, once each"
     assert [len(s) for s in scores] == [3, 0, 1, 0]
@@ -117,13 +132,15 @@ def test_tokenisation_truncates_pads_to_longest_and_cleans_text():
     short = comp.tokenize_sections(["a bird", "a large grey bird"])
     assert short["input_ids"].shape == (2, 6) and short["attention_mask"][0].tolist() == [1, 1, 1, 1, 0, 0]
     assert comp.tokenize_questions([long_text])["input_ids"].shape == (1, 8)
-    cleaned = tiny()                                   # OMGM's blip_caption cleaning is the default
+    cleaned = tiny()  # OMGM's blip_caption cleaning is the default
     header = cleaned.tokenize_sections(["# Wiki Article: Heron\n## Section Title: Diet\nFish."])["input_ids"]
     plain = cleaned.tokenize_sections(["wiki article heron section title diet fish"])["input_ids"]
     assert torch.equal(header, plain)
     raw = tiny(blip_text_preprocess=False)
-    assert not torch.equal(raw.tokenize_sections(["# Wiki Article: Heron"])["input_ids"],
-                           raw.tokenize_sections(["wiki article heron"])["input_ids"])
+    assert not torch.equal(
+        raw.tokenize_sections(["# Wiki Article: Heron"])["input_ids"],
+        raw.tokenize_sections(["wiki article heron"])["input_ids"],
+    )
 
 
 def test_image_processor_uses_clip_statistics_and_the_model_size():
@@ -132,22 +149,35 @@ def test_image_processor_uses_clip_statistics_and_the_model_size():
     assert pixels.shape == (2, 3, 42, 42) and pixels.dtype == comp.model.vision_dtype
     assert comp.image_processor.image_mean == pytest.approx([0.48145466, 0.4578275, 0.40821073])
     assert comp.image_processor.resample == 3 and comp.model.encode_image(pixels).shape[1] == (42 // 14) ** 2 + 1
-    assert comp.image_processor.transform == "targetpad"                     # OMGM's default
+    assert comp.image_processor.transform == "targetpad"  # OMGM's default
 
 
 def hf_to_lavis(hf: dict) -> tuple[dict, dict]:
     """HF names -> LAVIS names, written independently of qkvqa.qff.lavis; returns (blip2 state, EVA ViT state)."""
     blip2, eva = {}, {}
-    simple = {"query_tokens": "query_tokens", "embeddings.word_embeddings.weight": "Qformer.bert.embeddings.word_embeddings.weight",
-              "embeddings.position_embeddings.weight": "Qformer.bert.embeddings.position_embeddings.weight",
-              "qformer.layernorm.weight": "Qformer.bert.embeddings.LayerNorm.weight",
-              "qformer.layernorm.bias": "Qformer.bert.embeddings.LayerNorm.bias",
-              "vision_model.post_layernorm.weight": "ln_vision.weight", "vision_model.post_layernorm.bias": "ln_vision.bias"}
-    vit = {"vision_model.embeddings.class_embedding": "cls_token", "vision_model.embeddings.position_embedding": "pos_embed",
-           "vision_model.embeddings.patch_embedding.weight": "patch_embed.proj.weight",
-           "vision_model.embeddings.patch_embedding.bias": "patch_embed.proj.bias"}
-    block_parts = {"layer_norm1": "norm1", "layer_norm2": "norm2", "self_attn.projection": "attn.proj",
-                   "self_attn.qkv": "attn.qkv", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+    simple = {
+        "query_tokens": "query_tokens",
+        "embeddings.word_embeddings.weight": "Qformer.bert.embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight": "Qformer.bert.embeddings.position_embeddings.weight",
+        "qformer.layernorm.weight": "Qformer.bert.embeddings.LayerNorm.weight",
+        "qformer.layernorm.bias": "Qformer.bert.embeddings.LayerNorm.bias",
+        "vision_model.post_layernorm.weight": "ln_vision.weight",
+        "vision_model.post_layernorm.bias": "ln_vision.bias",
+    }
+    vit = {
+        "vision_model.embeddings.class_embedding": "cls_token",
+        "vision_model.embeddings.position_embedding": "pos_embed",
+        "vision_model.embeddings.patch_embedding.weight": "patch_embed.proj.weight",
+        "vision_model.embeddings.patch_embedding.bias": "patch_embed.proj.bias",
+    }
+    block_parts = {
+        "layer_norm1": "norm1",
+        "layer_norm2": "norm2",
+        "self_attn.projection": "attn.proj",
+        "self_attn.qkv": "attn.qkv",
+        "mlp.fc1": "mlp.fc1",
+        "mlp.fc2": "mlp.fc2",
+    }
     for key, value in hf.items():
         if key in simple:
             blip2[simple[key]] = value
@@ -157,7 +187,7 @@ def hf_to_lavis(hf: dict) -> tuple[dict, dict]:
             i, rest = key.split(".")[3], ".".join(key.split(".")[4:])
             if rest == "self_attn.qkv.bias":
                 d = value.shape[0] // 3
-                eva[f"blocks.{i}.attn.q_bias"], eva[f"blocks.{i}.attn.v_bias"] = value[:d], value[2 * d:]
+                eva[f"blocks.{i}.attn.q_bias"], eva[f"blocks.{i}.attn.v_bias"] = value[:d], value[2 * d :]
                 continue
             module, param = rest.rsplit(".", 1)
             eva[f"blocks.{i}.{block_parts[module]}.{param}"] = value
@@ -166,8 +196,11 @@ def hf_to_lavis(hf: dict) -> tuple[dict, dict]:
             blip2[lavis.replace("attention.attention.", "attention.self.")] = value
         else:
             head, rest = key.split(".", 1)
-            blip2[{"vision_projection": "vision_proj", "text_projection": "text_proj", "itm_head": "itm_head"}[head]
-                  + "." + rest] = value
+            blip2[
+                {"vision_projection": "vision_proj", "text_projection": "text_proj", "itm_head": "itm_head"}[head]
+                + "."
+                + rest
+            ] = value
     return blip2, eva
 
 
@@ -175,17 +208,24 @@ def test_lavis_checkpoint_loads_through_the_name_mapping(tmp_path):
     comp = tiny()
     base = comp.model.base
     g = torch.Generator().manual_seed(2)
-    with torch.no_grad():            # distinct q/v biases (k part 0, as EVA has no k bias) so the merge is checked
+    with torch.no_grad():  # distinct q/v biases (k part 0, as EVA has no k bias) so the merge is checked
         for layer in base.vision_model.encoder.layers:
             d = layer.self_attn.embed_dim
             bias = torch.randn(3 * d, generator=g)
-            bias[d:2 * d] = 0
+            bias[d : 2 * d] = 0
             layer.self_attn.qkv.bias.copy_(bias)
     hf = {k: v.clone() for k, v in base.state_dict().items()}
     blip2, eva = hf_to_lavis(hf)
-    blip2.update({"temp": torch.tensor(0.07), "Qformer.cls.predictions.bias": torch.zeros(3),
-                  "Qformer.bert.embeddings.position_ids": torch.arange(8)[None]})
-    eva.update({f"blocks.{len(base.vision_model.encoder.layers)}.norm1.weight": torch.ones(32)})  # EVA's unused last block
+    blip2.update(
+        {
+            "temp": torch.tensor(0.07),
+            "Qformer.cls.predictions.bias": torch.zeros(3),
+            "Qformer.bert.embeddings.position_ids": torch.arange(8)[None],
+        }
+    )
+    eva.update(
+        {f"blocks.{len(base.vision_model.encoder.layers)}.norm1.weight": torch.ones(32)}
+    )  # EVA's unused last block
     torch.save({"model": blip2}, tmp_path / "blip2_pretrained.pth")
     torch.save(eva, tmp_path / "eva_vit_g.pth")
     comp.tokenizer.save_pretrained(str(tmp_path / "tok"))
@@ -199,15 +239,24 @@ def test_lavis_checkpoint_loads_through_the_name_mapping(tmp_path):
     for key, value in hf.items():
         assert torch.equal(state[key], value), key
     assert torch.equal(loaded.model.q_gate, torch.zeros(4))
-    assert loaded.score_sections(QUESTION, picture(0), [picture(1)], ARTICLES[:1]) == \
-        comp.score_sections(QUESTION, picture(0), [picture(1)], ARTICLES[:1])
+    assert loaded.score_sections(QUESTION, picture(0), [picture(1)], ARTICLES[:1]) == comp.score_sections(
+        QUESTION, picture(0), [picture(1)], ARTICLES[:1]
+    )
 
 
 def test_qff_config_section_feeds_the_component(tmp_path):
     spec = {"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}}
-    comp = build_qff_component(spec, QFFConfig(focus="input", max_text_tokens=20, question_max_tokens=10,
-                                               score_direction="section_to_question", section_batch_size=8,
-                                               gradient_checkpointing=True))
+    comp = build_qff_component(
+        spec,
+        QFFConfig(
+            focus="input",
+            max_text_tokens=20,
+            question_max_tokens=10,
+            score_direction="section_to_question",
+            section_batch_size=8,
+            gradient_checkpointing=True,
+        ),
+    )
     assert comp.model.focus == "input" and comp.model.gradient_checkpointing
     assert (comp.max_text_tokens, comp.question_max_tokens, comp.section_batch_size) == (20, 10, 8)
     assert comp.score_direction == "section_to_question"
@@ -244,12 +293,18 @@ def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_
 
     out = tiny(image_transform="squash").save_pretrained(tmp_path / "qff")
     meta = json.loads((out / "qff_config.json").read_text())
-    assert meta["preprocessing"] == {"image_transform": "squash", "image_geometry": "hf_squash",
-                                     "blip_text_preprocess": True}
-    assert meta["vit_dtype"] == "fp32"          # issue 32 item 6: the dtype its ViT ran in, recorded with it
+    assert meta["preprocessing"] == {
+        "image_transform": "squash",
+        "image_geometry": "hf_squash",
+        "blip_text_preprocess": True,
+    }
+    assert meta["vit_dtype"] == "fp32"  # issue 32 item 6: the dtype its ViT ran in, recorded with it
     spec = {"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}
-    with pytest.raises(StaleArtifactError, match=r"qff.image_transform: trained with 'squash', this config has "
-                                                 r"'targetpad'.*qff.image_transform='squash'"):
+    with pytest.raises(
+        StaleArtifactError,
+        match=r"qff.image_transform: trained with 'squash', this config has "
+        r"'targetpad'.*qff.image_transform='squash'",
+    ):
         build_component({**spec, "options": {"image_transform": "targetpad"}})
     build_component({**spec, "options": {"image_transform": "squash"}})
     weights = out / "model.safetensors"

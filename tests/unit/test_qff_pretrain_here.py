@@ -1,5 +1,6 @@
 """components.qformer.init=pretrained_here (qkvqa.qff.pretrain_here): what the MLM pretraining changes, its cache key,
 its reuse check, and the builder's refusal of an unresolved init; tiny Q-Formers on the synthetic world."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def config(world: dict, cache: Path, *extra: str):
-    return compose("demo/qff_per_layer", [], [f"paths.world_dir={world['dir']}", f"paths.cache_dir={cache}",
-                                              "components.qformer.init=pretrained_here", "qff.text_pretrain.steps=40",
-                                              "qff.text_pretrain.batch_size=16", *extra])
+    return compose(
+        "demo/qff_per_layer",
+        [],
+        [
+            f"paths.world_dir={world['dir']}",
+            f"paths.cache_dir={cache}",
+            "components.qformer.init=pretrained_here",
+            "qff.text_pretrain.steps=40",
+            "qff.text_pretrain.batch_size=16",
+            *extra,
+        ],
+    )
 
 
 def named(model) -> dict[str, torch.Tensor]:
@@ -68,7 +78,7 @@ def test_the_cache_is_reused_and_rebuilt_when_an_input_changes(world, tmp_path):
     first, _ = build(config(world, cache))
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     again, _ = build(config(world, cache))
-    assert again == first and (first / "model.safetensors").stat().st_mtime_ns == stamp      # reused, not rebuilt
+    assert again == first and (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
     # another setting, another seed, another base or another corpus: another directory
     assert build(config(world, cache, "qff.text_pretrain.steps=41"))[0] != first
     assert build(config(world, cache, "qff.text_pretrain.seed=1"))[0] != first
@@ -112,12 +122,26 @@ def test_an_unresolved_init_is_refused_and_a_trained_checkpoint_ignores_it(world
 
 
 def test_the_command_builds_it_and_says_where(world, tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "QKVQA_TINY_DIR": str(tmp_path / "tiny"), "PYTHONPATH": str(REPO / "src")}
-    args = [sys.executable, "-m", "qkvqa.cli.main", "pretrain-qformer", "experiment=demo/qff_per_layer",
-            f"paths.world_dir={world['dir']}", f"paths.cache_dir={tmp_path / 'cache'}", "qff.text_pretrain.steps=20"]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "QKVQA_TINY_DIR": str(tmp_path / "tiny"),
+        "PYTHONPATH": str(REPO / "src"),
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "qkvqa.cli.main",
+        "pretrain-qformer",
+        "experiment=demo/qff_per_layer",
+        f"paths.world_dir={world['dir']}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "qff.text_pretrain.steps=20",
+    ]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(printed["pretrained"]).is_dir() and printed["steps"] == 20
-    assert "pretrain the Q-Former's text layers" in done.stderr          # progress lines in a log
+    assert "pretrain the Q-Former's text layers" in done.stderr  # progress lines in a log

@@ -1,5 +1,6 @@
 """The focus study's instruments (tests/helpers/qff_study.py): the positive control's oracle focus path and the BM25
 lexical reference; properties only."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,21 +8,30 @@ import torch
 
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.model import QFFModel, QuestionEncoding
-from tests.helpers.qff_study import (BM25, OracleFocusModel, OracleQuestionEncoding, attribute_presence,
-                                     attribute_words, make_oracle, oracle_token_ids)
+from tests.helpers.qff_study import (
+    BM25,
+    OracleFocusModel,
+    OracleQuestionEncoding,
+    attribute_presence,
+    attribute_words,
+    make_oracle,
+    oracle_token_ids,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 QUESTION = "According to recent surveys, what does the diet of this bird consist of mainly?"
-SECTIONS = ["Diet: Early surveys report that its diet consists mainly of seeds.",
-            "Range: Recent surveys report that the species is native to the Andes."]
+SECTIONS = [
+    "Diet: Early surveys report that its diet consists mainly of seeds.",
+    "Range: Recent surveys report that the species is native to the Andes.",
+]
 
 
 def test_bm25_prefers_the_section_with_the_rare_query_word_and_saturates():
     corpus = [[1, 2, 3], [1, 4, 5], [1, 6], [1, 7, 7]]
     bm25 = BM25(corpus, ignore=[0])
     assert bm25.score([1, 2], [1, 2, 9]) > bm25.score([1, 2], [1, 4, 9]) > 0
-    assert bm25.score([2], [2] * 10) < 10 * bm25.score([2], [2])          # term frequency saturates
-    assert bm25.score([0, 2], [0, 0, 2]) == bm25.score([2], [2])          # ignored ids count nowhere (nor in length)
+    assert bm25.score([2], [2] * 10) < 10 * bm25.score([2], [2])  # term frequency saturates
+    assert bm25.score([0, 2], [0, 0, 2]) == bm25.score([2], [2])  # ignored ids count nowhere (nor in length)
     assert bm25.score([3], [1, 2]) == 0.0
 
 
@@ -33,9 +43,18 @@ def test_attribute_words_name_the_asked_fact_and_nothing_generic():
 
 @pytest.fixture(scope="module")
 def component():
-    spec = {"kind": "blip2_qff", "tiny": True, "device": "cpu",
-            "options": {"hidden_size": 32, "num_layers": 2, "num_query_tokens": 2, "seed": 0,
-                        "vocab_texts": [" ".join([*attribute_words(), QUESTION, *SECTIONS])]}}
+    spec = {
+        "kind": "blip2_qff",
+        "tiny": True,
+        "device": "cpu",
+        "options": {
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_query_tokens": 2,
+            "seed": 0,
+            "vocab_texts": [" ".join([*attribute_words(), QUESTION, *SECTIONS])],
+        },
+    }
     return build_qff_component(spec, {"focus": "per_layer", "blip_text_preprocess": False})
 
 
@@ -67,7 +86,9 @@ def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
         assert (focused - plain.encode_sections(s["input_ids"], s["attention_mask"], image, whole)).abs().max() > 1e-6
         assert torch.allclose(focused, plain.encode_sections(s["input_ids"], s["attention_mask"], image, masked))
         off = oracle.encode_sections(s["input_ids"], s["attention_mask"], image, encoding, focus="none")
-        assert torch.allclose(off, plain.encode_sections(s["input_ids"], s["attention_mask"], image, None, focus="none"))
+        assert torch.allclose(
+            off, plain.encode_sections(s["input_ids"], s["attention_mask"], image, None, focus="none")
+        )
 
 
 def _image():
@@ -93,6 +114,7 @@ def test_the_presence_oracle_hands_the_focus_path_whether_the_section_states_the
         focused = oracle.encode_sections(s["input_ids"], s["attention_mask"], image, encoding)
         scaled = [tuple(f * value for f in encoding.focus_states) for value in share.tolist()]
         for row, states in enumerate(scaled):
-            expected = plain.encode_sections(s["input_ids"][row:row + 1], s["attention_mask"][row:row + 1], image,
-                                             QuestionEncoding(states))
-            assert torch.allclose(focused[row:row + 1], expected, atol=1e-5)
+            expected = plain.encode_sections(
+                s["input_ids"][row : row + 1], s["attention_mask"][row : row + 1], image, QuestionEncoding(states)
+            )
+            assert torch.allclose(focused[row : row + 1], expected, atol=1e-5)

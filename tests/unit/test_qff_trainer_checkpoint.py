@@ -1,4 +1,5 @@
 """QFFTrainer hyper-parameters: plain values that rebuild the model, so QFFTrainer.load_from_checkpoint(path) needs no arguments."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,7 @@ def test_the_hyper_parameters_are_plain_and_rebuild_the_model_with_its_frozen_vi
     settings = QFFTrainSettings(lr=3e-5, betas=(0.8, 0.9), vision_fingerprint=fingerprint)
     module = QFFTrainer(component.model, settings, model_spec={"qformer": SPEC, "qff": QFF})
     torch.save(dict(module.hparams), tmp_path / "hparams.pt")
-    hparams = torch.load(tmp_path / "hparams.pt", weights_only=True)          # plain values only
+    hparams = torch.load(tmp_path / "hparams.pt", weights_only=True)  # plain values only
     rebuilt = QFFTrainer(**hparams)
     assert rebuilt.settings == settings and rebuilt.model.focus == "per_layer"
     assert vision_fingerprint(rebuilt.model, component.image_processor) == fingerprint
@@ -42,15 +43,16 @@ def test_the_hyper_parameters_are_plain_and_rebuild_the_model_with_its_frozen_vi
     rebuilt.load_state_dict(checkpoint["state_dict"])
     state = rebuilt.state_dict()
     for key, value in module.state_dict().items():
-        if not key.startswith("model.base.vision_model."):                   # the ViT is the component's, unchanged
+        if not key.startswith("model.base.vision_model."):  # the ViT is the component's, unchanged
             assert torch.equal(state[key], value), key
 
 
 def test_a_rebuilt_vit_that_differs_from_the_checkpoints_is_refused():
     component = build_qff_component(SPEC, QFF)
     fingerprint = vision_fingerprint(component.model, component.image_processor)
-    module = QFFTrainer(component.model, QFFTrainSettings(vision_fingerprint=fingerprint),
-                        model_spec={"qformer": SPEC, "qff": QFF})
+    module = QFFTrainer(
+        component.model, QFFTrainSettings(vision_fingerprint=fingerprint), model_spec={"qformer": SPEC, "qff": QFF}
+    )
     checkpoint = {"state_dict": module.state_dict()}
     module.on_save_checkpoint(checkpoint)
     other_vit = {**SPEC, "options": {**SPEC["options"], "seed": 4}}
@@ -67,7 +69,9 @@ def test_without_a_component_spec_the_architecture_is_recorded():
     assert rebuilt.state_dict().keys() == module.state_dict().keys()
     rebuilt.load_state_dict(module.state_dict())
     with pytest.raises(MissingWeightsError, match="leaves the frozen ViT out"):
-        QFFTrainer(settings={**module.hparams["settings"], "vision_fingerprint": "blake2b:x"},
-                   model_spec=module.hparams["model_spec"])
+        QFFTrainer(
+            settings={**module.hparams["settings"], "vision_fingerprint": "blake2b:x"},
+            model_spec=module.hparams["model_spec"],
+        )
     with pytest.raises(ConfigError, match="needs settings"):
         QFFTrainer(component.model)

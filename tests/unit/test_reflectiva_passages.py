@@ -3,6 +3,7 @@ the passages of aimagelab/ReflectiVA `rag_evaluation/infoseek/release_retrieval.
 (n=300, line 152): spaCy blank English + sentencizer, whole sentences packed greedily into passages of at most 300
 spaCy tokens. The fixture `tests/fixtures/public/reflectiva/Wiki100k_ver_1_0-all.json` has articles without blank
 lines (each used to become one section, cut at 512 words by the QFF's text preprocessing, in silence)."""
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,7 @@ def test_passages_are_whole_sentences_packed_greedily_as_reflectiva_packs_them(n
         assert tokens <= 300 or len(taken) == 1
     assert position == len(sentences)
     if url.startswith("Harbour"):
-        assert len(nlp(passages[0])) > 300                  # the overlong first sentence stands alone, uncut
+        assert len(nlp(passages[0])) > 300  # the overlong first sentence stands alone, uncut
 
 
 def test_tokens_are_spacy_tokens_not_whitespace_words(nlp):
@@ -83,8 +84,11 @@ def test_blank_lines_stay_a_switch_recorded_in_the_manifest(tmp_path):
     build_kb_store(FIXTURE, tmp_path / "paragraphs", reflectiva_passages="blank_lines")
     store = KBStore.open(tmp_path / "paragraphs", reflectiva_passages="blank_lines")
     assert store.get_by_url(W + "Blue_jay").section_texts == [
-        "The blue jay is a passerine bird.", "It is native to eastern North America.", "Its diet includes nuts and seeds."]
-    assert len(store.get_by_url(W + "Grey-crested_warbler").section_texts) == 1     # no blank line: one section
+        "The blue jay is a passerine bird.",
+        "It is native to eastern North America.",
+        "Its diet includes nuts and seeds.",
+    ]
+    assert len(store.get_by_url(W + "Grey-crested_warbler").section_texts) == 1  # no blank line: one section
     with pytest.raises(StaleArtifactError, match="'blank_lines', the run asks for 'spacy_300'.*--reflectiva-passages"):
         KBStore.open(tmp_path / "paragraphs", reflectiva_passages="spacy_300")
     with pytest.raises(DataError, match="unknown ReflectiVA passage rule 'sentences'"):
@@ -95,7 +99,7 @@ def test_a_store_built_before_the_rule_was_recorded_reads_as_blank_lines_and_is_
     build_kb_store(FIXTURE, tmp_path / "old", reflectiva_passages="blank_lines")
     manifest_path = tmp_path / "old/manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    del manifest["source"]["reflectiva_passages"]                   # what an older qkvqa wrote
+    del manifest["source"]["reflectiva_passages"]  # what an older qkvqa wrote
     manifest_path.write_text(json.dumps(manifest))
     assert KBStore.open(tmp_path / "old").reflectiva_passages == "blank_lines"
     with pytest.raises(StaleArtifactError, match="rebuild it"):

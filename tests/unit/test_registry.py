@@ -1,4 +1,5 @@
 """The component registry: tiny and pretrained paths share one loader; missing weights fail clearly."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,8 +49,10 @@ def test_registered_kinds_include_the_text_encoder():
     assert "bert_text_encoder" in registered_kinds()
 
 
-@pytest.mark.parametrize("local_rank, cuda, expected", [(None, False, "cpu"), ("1", False, "cpu"), (None, True, "cuda"),
-                                                         ("1", True, "cuda:1"), ("3", True, "cuda:1")])
+@pytest.mark.parametrize(
+    "local_rank, cuda, expected",
+    [(None, False, "cpu"), ("1", False, "cpu"), (None, True, "cuda"), ("1", True, "cuda:1"), ("3", True, "cuda:1")],
+)
 def test_auto_device_is_this_ranks_gpu(monkeypatch, local_rank, cuda, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

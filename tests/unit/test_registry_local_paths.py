@@ -1,4 +1,5 @@
 """resolve_pretrained: a relative path with one slash below an existing folder is a local path, not a hub id."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,8 @@ def test_one_slash_path_below_an_existing_folder_names_the_local_directory(tmp_p
     message = str(err.value)
     assert "no directory at weights/llama31-8b-generator-ft" in message
     assert str(tmp_path / "weights" / "llama31-8b-generator-ft") in message
-    assert "hub id" not in message.split("Download")[0]            # not read as a hub id
-    assert "qkvqa convert-llava" in message                        # how to fill it, for this kind
+    assert "hub id" not in message.split("Download")[0]  # not read as a hub id
+    assert "qkvqa convert-llava" in message  # how to fill it, for this kind
 
 
 def test_one_slash_local_directory_is_returned(tmp_path, monkeypatch):
@@ -36,7 +37,7 @@ def test_one_slash_file_is_a_path(tmp_path, monkeypatch):
 
 
 def test_neither_local_nor_cached_names_the_local_path_too(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)                                   # no `nobody/` folder here: may be a hub id
+    monkeypatch.chdir(tmp_path)  # no `nobody/` folder here: may be a hub id
     with pytest.raises(MissingWeightsError) as err:
         resolve_pretrained(ComponentSpec(kind="llama3", pretrained="nobody/no-such-model-xyz"))
     message = str(err.value)

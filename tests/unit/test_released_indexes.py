@@ -11,6 +11,7 @@ The files are written here exactly as their owners' code writes them:
   `summary_llama3.index`, one summary vector per KB entry; a hit's id is the KB entry index itself
   (`self.knowledge_base[index_id]`), with no id file.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,18 @@ N, DIM = 60, 16
 def kb(tmp_path_factory) -> KBStore:
     tmp = tmp_path_factory.mktemp("released")
     urls = [f"https://en.wikipedia.org/wiki/E{i}" for i in range(N)]
-    entries = {u: {"url": u, "title": u.rsplit("/", 1)[1], "section_titles": ["lead"], "section_texts": ["text"],
-                   "image_urls": [], "image_reference_descriptions": [], "image_section_indices": []} for u in urls}
+    entries = {
+        u: {
+            "url": u,
+            "title": u.rsplit("/", 1)[1],
+            "section_titles": ["lead"],
+            "section_texts": ["text"],
+            "image_urls": [],
+            "image_reference_descriptions": [],
+            "image_section_indices": [],
+        }
+        for u in urls
+    }
     (tmp / "kb.json").write_text(json.dumps(entries), encoding="utf-8")
     build_kb_store(tmp / "kb.json", tmp / "store")
     return KBStore.open(tmp / "store")
@@ -73,11 +84,18 @@ def _brute_force(queries: np.ndarray, vectors: np.ndarray, rows: list[int], k: i
 
 def test_echosights_kb_index_and_id_pickle_import_and_rank_like_the_index(kb, tmp_path):
     images_per_entry = [1 + i % 3 for i in range(N)]
-    ids = [i for i in range(N) for _ in range(images_per_entry[i])]      # EchoSight's score_ids, contiguous rows
+    ids = [i for i in range(N) for _ in range(images_per_entry[i])]  # EchoSight's score_ids, contiguous rows
     vectors = _unit(len(ids), seed=0)
     src = _echosight_files(tmp_path / "evqa_2M_faiss_index", vectors, ids)
-    manifest = import_index(src / "kb_index.faiss", None, tmp_path / "index", kb_store=kb, mode="image_to_image",
-                            encoders=ENCODERS, ids_file=src / "kb_index_ids.pkl")
+    manifest = import_index(
+        src / "kb_index.faiss",
+        None,
+        tmp_path / "index",
+        kb_store=kb,
+        mode="image_to_image",
+        encoders=ENCODERS,
+        ids_file=src / "kb_index_ids.pkl",
+    )
     assert manifest["count"] == len(ids) and manifest["imported"]["format"] == "id_pickle"
     assert manifest["factory_equivalent"] == "Flat" and manifest["imported"]["unmapped_vectors"] == 0
     loaded = load_index(tmp_path / "index", kb_store=kb, mode="image_to_image", encoders=ENCODERS, factory="Flat")
@@ -94,8 +112,15 @@ def test_omgms_summary_index_imports_in_kb_order_and_ranks_like_it(kb, tmp_path)
     index = faiss.IndexFlatIP(DIM)
     index.add(vectors)
     faiss.write_index(index, str(tmp_path / "summary_llama3.index"))
-    manifest = import_index(tmp_path / "summary_llama3.index", None, tmp_path / "index", kb_store=kb,
-                            mode="image_to_summary", encoders=ENCODERS, kb_order=True)
+    manifest = import_index(
+        tmp_path / "summary_llama3.index",
+        None,
+        tmp_path / "index",
+        kb_store=kb,
+        mode="image_to_summary",
+        encoders=ENCODERS,
+        kb_order=True,
+    )
     assert manifest["imported"]["format"] == "kb_order" and "ids" not in manifest["imported"]
     loaded = load_index(tmp_path / "index", kb_store=kb, mode="image_to_summary", encoders=ENCODERS, factory="Flat")
     queries = _unit(20, seed=3)
@@ -106,8 +131,15 @@ def test_omgms_summary_index_imports_in_kb_order_and_ranks_like_it(kb, tmp_path)
     fewer.add(vectors[: N - 1])
     faiss.write_index(fewer, str(tmp_path / "other.index"))
     with pytest.raises(DataError, match=rf"holds {N - 1} vectors but the KB store .* has {N} articles"):
-        import_index(tmp_path / "other.index", None, tmp_path / "index2", kb_store=kb, mode="image_to_summary",
-                     encoders=ENCODERS, kb_order=True)
+        import_index(
+            tmp_path / "other.index",
+            None,
+            tmp_path / "index2",
+            kb_store=kb,
+            mode="image_to_summary",
+            encoders=ENCODERS,
+            kb_order=True,
+        )
 
 
 class _Payload:
@@ -117,24 +149,35 @@ class _Payload:
         return (Path.touch, (Path("/tmp/qkvqa-pickle-payload-ran"),))
 
 
-@pytest.mark.parametrize("content, message", [
-    ([_Payload()], r"the pickle names pathlib\."),
-    (np.arange(N), r"the pickle names numpy"),
-    ({"ids": list(range(N))}, r"holds a dict; expected a list"),
-    ([float(i) for i in range(N)], r"entry 0: float"),
-    (list(range(N - 1)), rf"{N - 1} ids, but the index holds {N} vectors"),
-    (list(range(1, N + 1)), rf"entry {N - 1}: {N} is not a row of the KB store"),
-])
-def test_an_id_pickle_with_anything_but_lists_strings_and_ints_is_refused_naming_the_file(kb, tmp_path, content,
-                                                                                           message):
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ([_Payload()], r"the pickle names pathlib\."),
+        (np.arange(N), r"the pickle names numpy"),
+        ({"ids": list(range(N))}, r"holds a dict; expected a list"),
+        ([float(i) for i in range(N)], r"entry 0: float"),
+        (list(range(N - 1)), rf"{N - 1} ids, but the index holds {N} vectors"),
+        (list(range(1, N + 1)), rf"entry {N - 1}: {N} is not a row of the KB store"),
+    ],
+)
+def test_an_id_pickle_with_anything_but_lists_strings_and_ints_is_refused_naming_the_file(
+    kb, tmp_path, content, message
+):
     marker = Path("/tmp/qkvqa-pickle-payload-ran")
     marker.unlink(missing_ok=True)
     src = _echosight_files(tmp_path / "src", _unit(N, seed=4), list(range(N)))
     with open(src / "kb_index_ids.pkl", "wb") as f:
         pickle.dump(content, f)
     with pytest.raises(DataError, match=message) as error:
-        import_index(src / "kb_index.faiss", None, tmp_path / "index", kb_store=kb, mode="image_to_image",
-                     encoders=ENCODERS, ids_file=src / "kb_index_ids.pkl")
+        import_index(
+            src / "kb_index.faiss",
+            None,
+            tmp_path / "index",
+            kb_store=kb,
+            mode="image_to_image",
+            encoders=ENCODERS,
+            ids_file=src / "kb_index_ids.pkl",
+        )
     assert str(src / "kb_index_ids.pkl") in str(error.value) and not marker.exists()
     assert not (tmp_path / "index" / "manifest.json").exists()
 
@@ -145,18 +188,41 @@ def test_an_id_pickle_of_urls_is_read_and_exactly_one_id_source_is_required(kb, 
     with open(src / "urls.pkl", "wb") as f:
         pickle.dump(urls[::-1], f, protocol=2)
     assert read_id_list(src / "urls.pkl", N) == urls[::-1]
-    manifest = import_index(src / "kb_index.faiss", None, tmp_path / "index", kb_store=kb, mode="image_to_image",
-                            encoders=ENCODERS, ids_file=src / "urls.pkl")
+    manifest = import_index(
+        src / "kb_index.faiss",
+        None,
+        tmp_path / "index",
+        kb_store=kb,
+        mode="image_to_image",
+        encoders=ENCODERS,
+        ids_file=src / "urls.pkl",
+    )
     assert np.load(tmp_path / "index/vector_rows.npy").tolist() == list(range(N))[::-1] and manifest["count"] == N
     with pytest.raises(ConfigError, match="exactly one of --urls"):
-        import_index(src / "kb_index.faiss", None, tmp_path / "index2", kb_store=kb, mode="image_to_image",
-                     encoders=ENCODERS, ids_file=src / "urls.pkl", kb_order=True)
+        import_index(
+            src / "kb_index.faiss",
+            None,
+            tmp_path / "index2",
+            kb_store=kb,
+            mode="image_to_image",
+            encoders=ENCODERS,
+            ids_file=src / "urls.pkl",
+            kb_order=True,
+        )
 
 
 def _set(path: Path, kb: KBStore, vectors: np.ndarray) -> EmbeddingSet:
-    emb = EmbeddingSet.create(path, {"what": "kb_text", "encoder": ENCODER, "dtype": "float32", "shard_size": N,
-                                     "source": {"kb_url_checksum": kb.url_checksum, "kb_articles": len(kb),
-                                                "summary_source": "lead_section"}}, N)
+    emb = EmbeddingSet.create(
+        path,
+        {
+            "what": "kb_text",
+            "encoder": ENCODER,
+            "dtype": "float32",
+            "shard_size": N,
+            "source": {"kb_url_checksum": kb.url_checksum, "kb_articles": len(kb), "summary_source": "lead_section"},
+        },
+        N,
+    )
     return emb
 
 
@@ -172,7 +238,7 @@ def test_non_finite_vectors_are_refused_when_a_shard_is_written(kb, tmp_path, ba
     half = _set(tmp_path / "half", kb, vectors).manifest
     emb16 = EmbeddingSet.create(tmp_path / "f16", {**half, "dtype": "float16"}, N)
     big = _unit(N, seed=7)
-    big[2] *= 1e6                                                      # finite in float32, Inf in float16
+    big[2] *= 1e6  # finite in float32, Inf in float16
     with pytest.raises(DataError, match=r"first: row 2"):
         emb16.write_shard(0, big, list(range(N)))
 
@@ -183,7 +249,7 @@ def test_non_finite_vectors_are_refused_when_an_index_is_built(kb, tmp_path):
     emb.write_shard(0, vectors, list(range(N)))
     npy = emb.shard_file(0, ".npy")
     array = np.load(npy)
-    array[11, 0] = np.nan                                # a shard damaged after it was written (sha256 mended too)
+    array[11, 0] = np.nan  # a shard damaged after it was written (sha256 mended too)
     np.save(npy, array)
     record = json.loads(emb.shard_file(0, ".done.json").read_text())
     from qkvqa.utils.io import sha256_file
@@ -210,12 +276,21 @@ def test_an_index_of_another_factory_than_the_configs_is_refused(kb, tmp_path):
     hnsw.add(vectors)
     faiss.write_index(hnsw, str(tmp_path / "knn.index"))
     (tmp_path / "knn.json").write_text(json.dumps([[u, "s"] for u in kb.urls()]))
-    manifest = import_index(tmp_path / "knn.index", tmp_path / "knn.json", tmp_path / "imported", kb_store=kb,
-                            mode="image_to_summary", encoders=ENCODERS)
+    manifest = import_index(
+        tmp_path / "knn.index",
+        tmp_path / "knn.json",
+        tmp_path / "imported",
+        kb_store=kb,
+        mode="image_to_summary",
+        encoders=ENCODERS,
+    )
     assert manifest["factory_equivalent"] == "HNSW32"
     assert load_index(tmp_path / "imported", kb_store=kb, factory="HNSW32").index.ntotal == N
-    with pytest.raises(StaleArtifactError, match=r"index factory: index HNSW32 \(imported imported \(IndexHNSWFlat\)\)"
-                                                 r", config retrieval.index_factory=Flat"):
+    with pytest.raises(
+        StaleArtifactError,
+        match=r"index factory: index HNSW32 \(imported imported \(IndexHNSWFlat\)\)"
+        r", config retrieval.index_factory=Flat",
+    ):
         load_index(tmp_path / "imported", kb_store=kb, factory="Flat")
 
 
@@ -237,19 +312,45 @@ def test_stage_1_names_its_text_from_the_index_it_searched(kb, tmp_path):
     index = faiss.IndexFlatIP(DIM)
     index.add(vectors)
     faiss.write_index(index, str(tmp_path / "summary_llama3.index"))
-    imported = import_index(tmp_path / "summary_llama3.index", None, tmp_path / "omgm", kb_store=kb,
-                            mode="image_to_summary", encoders=ENCODERS, kb_order=True)
+    imported = import_index(
+        tmp_path / "summary_llama3.index",
+        None,
+        tmp_path / "omgm",
+        kb_store=kb,
+        mode="image_to_summary",
+        encoders=ENCODERS,
+        kb_order=True,
+    )
     omgm = index_text_source(imported, str(tmp_path / "omgm"))
     assert omgm["text"] == "llama3_summaries" and "summary_llama3.index" in omgm["detail"]
-    knn = import_index(tmp_path / "summary_llama3.index", None, tmp_path / "other", kb_store=kb, mode="image_to_summary",
-                       encoders=ENCODERS, ids_file=None, kb_order=True)
-    assert index_text_source({**knn, "imported": {**knn["imported"], "format": "url_list"}}, "x")["text"] == \
-        "imported url_list"
+    knn = import_index(
+        tmp_path / "summary_llama3.index",
+        None,
+        tmp_path / "other",
+        kb_store=kb,
+        mode="image_to_summary",
+        encoders=ENCODERS,
+        ids_file=None,
+        kb_order=True,
+    )
+    assert (
+        index_text_source({**knn, "imported": {**knn["imported"], "format": "url_list"}}, "x")["text"]
+        == "imported url_list"
+    )
 
     cfg = compose("eval/evqa_qwen", [], ["qff.checkpoint=checkpoints/evqa_qff/qff"])
-    scores = {"dataset": "evqa", "n_questions": 5750, "n_skipped": 0, "exclude_skipped": False, "two_hop_rows": True,
-              "question_set": {}, "benchmark": {"label": "BEM"}}
+    scores = {
+        "dataset": "evqa",
+        "n_questions": 5750,
+        "n_skipped": 0,
+        "exclude_skipped": False,
+        "two_hop_rows": True,
+        "question_set": {},
+        "benchmark": {"label": "BEM"},
+    }
     because = not_comparable_because(cfg, {**scores, "stage1_text": lead}, used_components(cfg))
-    assert because == ["stage 1 embeds lead_section where the row uses OMGM's LLaMA-3 article summaries (import "
-                       "OMGM's summary index, or `qkvqa summarize`; docs/retrieval.md)"]
+    assert because == [
+        "stage 1 embeds lead_section where the row uses OMGM's LLaMA-3 article summaries (import "
+        "OMGM's summary index, or `qkvqa summarize`; docs/retrieval.md)"
+    ]
     assert not_comparable_because(cfg, {**scores, "stage1_text": omgm}, used_components(cfg)) == []

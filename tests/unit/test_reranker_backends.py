@@ -1,4 +1,5 @@
 """The chunk reranker: FlagEmbedding and the native transformers port give the same scores on the tiny cross-encoder."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,8 @@ QUESTION = "what is the wingspan of the grey heron?"
 PAIRS = [
     (QUESTION, "# Wiki Article: Grey heron\n## Section Title: Description\nThe wingspan is 155 to 195 cm."),
     (QUESTION, "# Wiki Article: Grey heron\n## Section Title: Diet\nIt eats fish, frogs and small mammals."),
-    ("which river is this?", "The Danube flows through ten countries. " * 80),        # passage truncated
-    ("how tall " * 500 + "is it?", "Short passage."),                                  # query truncated
+    ("which river is this?", "The Danube flows through ten countries. " * 80),  # passage truncated
+    ("how tall " * 500 + "is it?", "Short passage."),  # query truncated
     ("Qui a construit la tour ?", "Gustave Eiffel’s company built the tower in 1889."),  # <unk> pieces
 ]
 
@@ -35,7 +36,7 @@ def test_both_backends_give_the_same_scores(rerankers):
         a = flag.score(PAIRS, normalize=normalize)
         b = native.score(PAIRS, normalize=normalize)
         assert b == pytest.approx(a, abs=1e-5)
-        assert max(a) - min(a) > 1e-2                     # the tiny model does tell the pairs apart
+        assert max(a) - min(a) > 1e-2  # the tiny model does tell the pairs apart
     raw = native.score(PAIRS, normalize=False)
     assert native.score(PAIRS) == pytest.approx([1 / (1 + math.exp(-x)) for x in raw], abs=1e-12)
 

@@ -1,4 +1,5 @@
 """Embedding shard sets on the synthetic world: resume recomputes exactly the missing or corrupt shards, skips are counted."""
+
 from __future__ import annotations
 
 import json
@@ -6,17 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from qkvqa.errors import DataError
 import yaml
 from omegaconf import OmegaConf
 
 from qkvqa.components import build_component
 from qkvqa.config.load import compose
-from qkvqa.errors import ConfigError
 from qkvqa.data.benchmark import build_benchmark
+from qkvqa.errors import ConfigError, DataError
 from qkvqa.retrieval import embed
-
 
 TINY = {"kind": "evaclip_hf", "tiny": True, "device": "cpu", "dtype": "fp32"}
 
@@ -42,10 +40,15 @@ def encoder(tmp_path_factory):
 def world_cfg(world: dict, tmp: Path, **retrieval):
     """A config on the world's E-VQA data with tiny EVA-CLIP encoders and caches under `tmp`."""
     data = yaml.safe_load((Path(world["dir"]) / "data_evqa.yaml").read_text(encoding="utf-8"))
-    return OmegaConf.merge(compose(), {
-        "data": data, "components": {"image_encoder": TINY, "text_encoder": TINY},
-        "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
-        "retrieval": {"shard_size": 10, **retrieval}})
+    return OmegaConf.merge(
+        compose(),
+        {
+            "data": data,
+            "components": {"image_encoder": TINY, "text_encoder": TINY},
+            "paths": {"cache_dir": str(tmp / "cache"), "checkpoints_root": str(tmp / "runs")},
+            "retrieval": {"shard_size": 10, **retrieval},
+        },
+    )
 
 
 def embed_set(cfg, kind: str, **options):
@@ -63,7 +66,7 @@ def _mtimes(emb) -> dict[int, int]:
 
 def test_resume_computes_only_missing_partial_or_corrupt_shards(world, encoder, tmp_path):
     articles = world["counts"]["articles"]
-    cfg = world_cfg(world, tmp_path, shard_size=-(-articles // 4))      # four shards
+    cfg = world_cfg(world, tmp_path, shard_size=-(-articles // 4))  # four shards
     first = embed_set(cfg, "kb_text", encoder=encoder, max_shards=2)
     assert (first.computed, first.pending, first.set.n_shards) == ([0, 1], [2, 3], 4)
     second = embed_set(cfg, "kb_text", encoder=encoder)
@@ -73,16 +76,16 @@ def test_resume_computes_only_missing_partial_or_corrupt_shards(world, encoder, 
     assert ids == list(range(articles)) and vectors.shape == (articles, encoder.dim)
     assert emb.manifest["dtype"] == "float16"
     before = _mtimes(emb)
-    emb.shard_file(1, ".npy").unlink()                                   # deleted
-    with open(emb.shard_file(3, ".npy"), "r+b") as f:                    # corrupted in place, same size
+    emb.shard_file(1, ".npy").unlink()  # deleted
+    with open(emb.shard_file(3, ".npy"), "r+b") as f:  # corrupted in place, same size
         f.seek(-4, 2)
         f.write(b"\xff\xff\xff\xff")
-    emb.shard_file(2, ".done.json").unlink()                             # died before its done record
+    emb.shard_file(2, ".done.json").unlink()  # died before its done record
     third = embed_set(cfg, "kb_text", encoder=encoder)
     assert (third.computed, third.reused) == ([1, 2, 3], [0])
     after = _mtimes(emb)
     assert after[0] == before[0] and all(after[i] != before[i] for i in (1, 2, 3))
-    np.testing.assert_array_equal(emb.load_all()[0], vectors)            # the recomputed shards are identical
+    np.testing.assert_array_equal(emb.load_all()[0], vectors)  # the recomputed shards are identical
     assert embed_set(cfg, "kb_text", encoder=encoder).computed == []
 
 
@@ -113,8 +116,11 @@ def test_kb_images_are_counted_image_by_image(world, encoder, tmp_path):
 def test_query_images_skip_the_worlds_deliberately_broken_images(world, encoder, tmp_path):
     cfg = world_cfg(world, tmp_path)
     report = embed_set(cfg, "query_images", split="test", encoder=encoder)
-    expected = {(s["dataset_name"], s["image_id"], s["reason"]) for s in world["deliberate_skips"]
-                if s["file"] == "evqa/test.csv"}
+    expected = {
+        (s["dataset_name"], s["image_id"], s["reason"])
+        for s in world["deliberate_skips"]
+        if s["file"] == "evqa/test.csv"
+    }
     assert {(s["dataset_name"], s["image_id"], s["reason"]) for s in report.set.skipped()} == expected
     _, ids = report.set.load_all()
     assert len(ids) == len({tuple(i) for i in ids}) == report.set.manifest["n_rows"] - len(expected)
@@ -126,8 +132,13 @@ def test_summaries_replace_the_lead_section_and_change_the_set(world, encoder, t
     store = Embedder(lead, "kb_text").benchmark.kb_store()
     urls = list(store.urls())
     summaries = tmp_path / "summaries.jsonl"
-    summaries.write_text(json.dumps({"url": urls[0], "summary": "a small grey bird of the Andes"}) + "\n"
-                         + json.dumps({"row_id": 5, "summary": "an old stone tower"}) + "\n", encoding="utf-8")
+    summaries.write_text(
+        json.dumps({"url": urls[0], "summary": "a small grey bird of the Andes"})
+        + "\n"
+        + json.dumps({"row_id": 5, "summary": "an old stone tower"})
+        + "\n",
+        encoding="utf-8",
+    )
     cfg = world_cfg(world, tmp_path, summary_source="summaries", summaries=str(summaries))
     with_summaries = embed_set(cfg, "kb_text", encoder=encoder)
     with_lead = embed_set(lead, "kb_text", encoder=encoder)
@@ -152,10 +163,10 @@ def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encod
     good = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)
     wrong = world_cfg(world, tmp_path)
     wrong.data.images.landmarks_root = str(tmp_path / "nowhere")
-    with pytest.raises(DataError, match="landmarks image folder"):       # stopped before the encoder runs
+    with pytest.raises(DataError, match="landmarks image folder"):  # stopped before the encoder runs
         embed_set(wrong, "query_images", split="test", encoder=encoder)
     (tmp_path / "nowhere").mkdir()
-    wrong.data.images.max_missing_fraction = 1.0                          # raised on purpose: the skips are kept
+    wrong.data.images.max_missing_fraction = 1.0  # raised on purpose: the skips are kept
     bad = embed_set(wrong, "query_images", split="test", encoder=encoder)
     assert bad.set.path != good.set.path and len(bad.set.skipped()) > len(good.set.skipped())
     again = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)
@@ -168,11 +179,14 @@ def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encod
     copied.data.root = str(tmp_path / "copy")
     before = Embedder(copied, "query_images", "test").description()
     dm = build_benchmark(copied.data)
-    image = next(p for p in (dm.image_loader.resolver.resolve(q.dataset_name, q.image_id) for q in dm.questions("test"))
-                 if p is not None)
+    image = next(
+        p
+        for p in (dm.image_loader.resolver.resolve(q.dataset_name, q.image_id) for q in dm.questions("test"))
+        if p is not None
+    )
     image.write_bytes(image.read_bytes() + b"\0")
     assert Embedder(copied, "query_images", "test").description() != before
     no_map = world_cfg(world, tmp_path)
     no_map.data.images.inaturalist_id2name = "evqa/missing_id2name.json"
     with pytest.raises(DataError, match=r"missing_id2name\.json: id2name map not found"):
-        Embedder(no_map, "query_images", "test").description()      # once "worked" from the cache
+        Embedder(no_map, "query_images", "test").description()  # once "worked" from the cache

@@ -1,4 +1,5 @@
 """Retrieval encoders: tiny models load through the real paths, vectors are unit-norm and batch-invariant."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,10 @@ def _one_torch_thread():
 
 def _images() -> list[Image.Image]:
     rng = np.random.default_rng(1)
-    return [Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8), "RGB")
-            for w, h in [(64, 48), (30, 90), (120, 120)]]
+    return [
+        Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8), "RGB")
+        for w, h in [(64, 48), (30, 90), (120, 120)]
+    ]
 
 
 def _tiny(kind: str, **options) -> dict:
@@ -70,14 +73,15 @@ def test_text_vectors_do_not_depend_on_padding_or_batching(kind, encoders):
 
 def test_tiny_evaclip_goes_through_remote_code_and_pretrained_dir_gives_the_same_vectors(tmp_path, encoders):
     tiny = encoders["evaclip_hf"]
-    assert type(tiny.model).__name__ == "TinyEvaCLIPModel"          # loaded by trust_remote_code from auto_map
+    assert type(tiny.model).__name__ == "TinyEvaCLIPModel"  # loaded by trust_remote_code from auto_map
     write_tiny_evaclip(tmp_path / "weights" / "BAAI" / "EVA-CLIP-tiny", seed=0)
-    spec = ComponentSpec(kind="evaclip_hf", pretrained=str(tmp_path / "weights" / "BAAI" / "EVA-CLIP-tiny"),
-                         device="cpu")
+    spec = ComponentSpec(
+        kind="evaclip_hf", pretrained=str(tmp_path / "weights" / "BAAI" / "EVA-CLIP-tiny"), device="cpu"
+    )
     loaded = build_component(spec)
     np.testing.assert_allclose(loaded.embed_images(_images()), tiny.embed_images(_images()), atol=1e-6)
     np.testing.assert_allclose(loaded.embed_texts(TEXTS), tiny.embed_texts(TEXTS), atol=1e-6)
-    assert encoder_identity(spec)["weights"] == "BAAI/EVA-CLIP-tiny"       # a local copy is named like its hub id
+    assert encoder_identity(spec)["weights"] == "BAAI/EVA-CLIP-tiny"  # a local copy is named like its hub id
 
 
 def test_evaclip_refuses_a_model_without_encode_methods(tmp_path):
@@ -122,8 +126,11 @@ def test_tiny_clip_tokenizer_knows_words_and_still_tokenises_anything(tmp_path):
 
 def test_identity_and_shared_encoders():
     image_spec = _tiny("evaclip_hf", image_size=64, batch_size=8)
-    assert encoder_identity(image_spec) == {"kind": "evaclip_hf", "weights": "tiny(seed=0)",
-                                            "options": {"image_size": 64}}
+    assert encoder_identity(image_spec) == {
+        "kind": "evaclip_hf",
+        "weights": "tiny(seed=0)",
+        "options": {"image_size": 64},
+    }
     image, text = build_encoders(image_spec, dict(image_spec))
     assert image is text and image.preprocess.size == 64
     image, text = build_encoders(image_spec, _tiny("clip_hf"))

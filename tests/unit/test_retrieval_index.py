@@ -1,4 +1,5 @@
 """faiss indexes over embedding sets: build by factory string, batched adds, article search, stale-index refusal."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,18 @@ ENCODER = {"kind": "test_vectors", "weights": "random", "options": {}}
 
 def _kb(tmp: Path, n: int, prefix: str = "A") -> KBStore:
     urls = [f"https://en.wikipedia.org/wiki/{prefix}{i}" for i in range(n)]
-    entries = {u: {"url": u, "title": u.rsplit("/", 1)[1], "section_titles": ["lead"], "section_texts": ["text"],
-                   "image_urls": [], "image_reference_descriptions": [], "image_section_indices": []} for u in urls}
+    entries = {
+        u: {
+            "url": u,
+            "title": u.rsplit("/", 1)[1],
+            "section_titles": ["lead"],
+            "section_texts": ["text"],
+            "image_urls": [],
+            "image_reference_descriptions": [],
+            "image_section_indices": [],
+        }
+        for u in urls
+    }
     (tmp / f"kb_{prefix}{n}.json").write_text(json.dumps(entries), encoding="utf-8")
     build_kb_store(tmp / f"kb_{prefix}{n}.json", tmp / f"store_{prefix}{n}")
     return KBStore.open(tmp / f"store_{prefix}{n}")
@@ -33,13 +44,32 @@ def _clustered(n: int, dim: int, clusters: int, seed: int) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def _vector_set(path: Path, store: KBStore, vectors: np.ndarray, rows: np.ndarray, shard_size: int,
-                kind: str = "kb_text", dtype: str = "float32") -> EmbeddingSet:
+def _vector_set(
+    path: Path,
+    store: KBStore,
+    vectors: np.ndarray,
+    rows: np.ndarray,
+    shard_size: int,
+    kind: str = "kb_text",
+    dtype: str = "float32",
+) -> EmbeddingSet:
     """An embedding set written through the public shard API (as an import of precomputed vectors would)."""
     n_rows = len(store) if kind == "kb_text" else len(vectors)
-    emb = EmbeddingSet.create(path, {"what": kind, "encoder": ENCODER, "dtype": dtype, "shard_size": shard_size,
-                                     "source": {"kb_url_checksum": store.url_checksum, "kb_articles": len(store),
-                                                "summary_source": "lead_section"}}, n_rows)
+    emb = EmbeddingSet.create(
+        path,
+        {
+            "what": kind,
+            "encoder": ENCODER,
+            "dtype": dtype,
+            "shard_size": shard_size,
+            "source": {
+                "kb_url_checksum": store.url_checksum,
+                "kb_articles": len(store),
+                "summary_source": "lead_section",
+            },
+        },
+        n_rows,
+    )
     ids = [int(r) if kind == "kb_text" else [int(r), f"img{j}"] for j, r in enumerate(rows)]
     for i in range(emb.n_shards):
         start, stop = emb.shard_rows(i)
@@ -62,19 +92,22 @@ def _overlap(a, b, k=20) -> float:
     return float(np.mean([len({r for r, _ in x[:k]} & {r for r, _ in y[:k]}) / k for x, y in zip(a, b)]))
 
 
-@pytest.mark.parametrize("factory,params", [("IVF128,Flat", {"nprobe": 16}),
-                                            pytest.param("HNSW32", {"ef_search": 128}, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "factory,params",
+    [("IVF128,Flat", {"nprobe": 16}), pytest.param("HNSW32", {"ef_search": 128}, marks=pytest.mark.slow)],
+)
 def test_approximate_indexes_reach_flat_recall(big, factory, params):
     tmp, store, emb, flat = big
     queries = _clustered(200, 32, 64, seed=1)
-    manifest = build_index(emb, tmp / factory, kb_store=store, factory=factory, query_encoder=ENCODER,
-                           train_size=8000, add_batch=3000)
+    manifest = build_index(
+        emb, tmp / factory, kb_store=store, factory=factory, query_encoder=ENCODER, train_size=8000, add_batch=3000
+    )
     assert manifest["count"] == 20000 and manifest["trained_on"] == (8000 if factory.startswith("IVF") else 0)
     approx = load_index(tmp / factory, kb_store=store, mode="image_to_summary")
     exact = search_articles(flat, queries, 20)
     assert _overlap(search_articles(approx, queries, 20, **params), exact) >= 0.9
     if factory.startswith("IVF"):
-        assert _overlap(search_articles(approx, queries, 20, nprobe=1), exact) < 0.9   # nprobe is applied
+        assert _overlap(search_articles(approx, queries, 20, nprobe=1), exact) < 0.9  # nprobe is applied
 
 
 @pytest.mark.slow
@@ -98,7 +131,7 @@ def test_image_mode_deduplicates_by_article_and_widens_the_search(tmp_path):
     store = _kb(tmp_path, 10)
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(10, 16))
-    rows = np.repeat(np.arange(10), 30)                       # 30 near-identical images per article
+    rows = np.repeat(np.arange(10), 30)  # 30 near-identical images per article
     vectors = centres[rows] + 0.01 * rng.normal(size=(300, 16))
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
     emb = _vector_set(tmp_path / "set", store, vectors, rows, shard_size=64, kind="kb_images")
@@ -111,7 +144,7 @@ def test_image_mode_deduplicates_by_article_and_widens_the_search(tmp_path):
         articles = [row for row, _ in hit]
         assert len(articles) == 5 == len(set(articles)) and articles[0] == first
         assert [s for _, s in hit] == sorted((s for _, s in hit), reverse=True)
-    assert len(search_articles(index, vectors[:1], 50)[0]) == 10   # never more articles than the KB has
+    assert len(search_articles(index, vectors[:1], 50)[0]) == 10  # never more articles than the KB has
 
 
 def test_stale_or_mismatched_index_is_refused_with_what_differs(tmp_path):
@@ -120,7 +153,9 @@ def test_stale_or_mismatched_index_is_refused_with_what_differs(tmp_path):
     build_index(emb, tmp_path / "index", kb_store=store, query_encoder=ENCODER)
     hint = "qkvqa index build experiment=x"
     other = _kb(tmp_path, 51, prefix="B")
-    with pytest.raises(StaleArtifactError, match="KB URL checksum.*KB article count: index 50, KB store 51.*index build"):
+    with pytest.raises(
+        StaleArtifactError, match="KB URL checksum.*KB article count: index 50, KB store 51.*index build"
+    ):
         load_index(tmp_path / "index", kb_store=other, rebuild_hint=hint)
     with pytest.raises(StaleArtifactError, match="mode: index image_to_summary, config image_to_image"):
         load_index(tmp_path / "index", kb_store=store, mode="image_to_image")
@@ -134,7 +169,7 @@ def test_stale_or_mismatched_index_is_refused_with_what_differs(tmp_path):
     with pytest.raises(DataError, match=r"vector_rows\.npy: corrupt index file \(sha256.*qkvqa index build"):
         load_index(tmp_path / "index", kb_store=store, rebuild_hint="qkvqa index build")
     manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
-    del manifest["sha256"]                                    # an index built before hashes were recorded
+    del manifest["sha256"]  # an index built before hashes were recorded
     (tmp_path / "index" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(StaleArtifactError, match="vector count"):
         load_index(tmp_path / "index", kb_store=store)
@@ -149,7 +184,7 @@ def test_incomplete_or_corrupt_sets_and_bad_factories_are_refused(tmp_path):
         build_index(emb, tmp_path / "i1", kb_store=store, factory="IVF100,Flat", query_encoder=ENCODER)
     with pytest.raises(ConfigError, match="cannot build 'Nonsense12'"):
         build_index(emb, tmp_path / "i2", kb_store=store, factory="Nonsense12", query_encoder=ENCODER)
-    with open(emb.shard_file(1, ".npy"), "r+b") as f:       # flip bytes inside the vectors of shard 1
+    with open(emb.shard_file(1, ".npy"), "r+b") as f:  # flip bytes inside the vectors of shard 1
         f.seek(-8, 2)
         f.write(b"\x00" * 8)
     assert emb.pending() == [1]
@@ -163,10 +198,10 @@ def test_a_flipped_byte_in_an_index_file_is_refused_at_first_load_naming_the_fil
     emb = _vector_set(tmp_path / "set", store, _clustered(40, 8, 4, seed=0), np.arange(40), shard_size=40)
     build_index(emb, tmp_path / "index", kb_store=store, query_encoder=ENCODER)
     load_index(tmp_path / "index", kb_store=store)
-    assert (tmp_path / "index" / ".index.faiss.verified").is_file()      # later loads skip the re-hash
+    assert (tmp_path / "index" / ".index.faiss.verified").is_file()  # later loads skip the re-hash
     path = tmp_path / "index" / "index.faiss"
     data = bytearray(path.read_bytes())
-    data[-3] ^= 0x01                                            # inside the vectors: faiss would read it fine
+    data[-3] ^= 0x01  # inside the vectors: faiss would read it fine
     path.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"index\.faiss: corrupt index file"):
         load_index(tmp_path / "index", kb_store=store)
@@ -191,19 +226,23 @@ def _foreign(tmp: Path, vectors: np.ndarray, urls: list) -> tuple[Path, Path]:
 def test_an_imported_index_maps_each_vector_to_its_kb_row_by_url(tmp_path):
     store = _kb(tmp_path, 200)
     vectors = _clustered(200, 16, 8, seed=1)
-    order = np.random.default_rng(0).permutation(200)           # the foreign index holds the articles shuffled
+    order = np.random.default_rng(0).permutation(200)  # the foreign index holds the articles shuffled
     urls = list(store.urls())
     knn, values = _foreign(tmp_path, vectors[order], [urls[i] for i in order])
     encoders = {"kb": ENCODER, "query": ENCODER}
-    manifest = import_index(knn, values, tmp_path / "imported", kb_store=store, mode="image_to_summary", encoders=encoders)
+    manifest = import_index(
+        knn, values, tmp_path / "imported", kb_store=store, mode="image_to_summary", encoders=encoders
+    )
     assert manifest["count"] == 200 and manifest["imported"]["unmapped_vectors"] == 0
     loaded = load_index(tmp_path / "imported", kb_store=store, mode="image_to_summary", encoders=encoders)
     hits = search_articles(loaded, vectors[:50], k=1)
-    assert [h[0][0] for h in hits] == list(range(50))             # each article finds itself, by KB row
+    assert [h[0][0] for h in hits] == list(range(50))  # each article finds itself, by KB row
     # one URL the KB lacks (0.5%, under the 1% bound) maps to -1 and is never returned
     gone = [urls[i] if i != order[0] else "https://en.wikipedia.org/wiki/Elsewhere" for i in order]
     knn, values = _foreign(tmp_path, vectors[order], gone)
-    manifest = import_index(knn, values, tmp_path / "partial", kb_store=store, mode="image_to_summary", encoders=encoders)
+    manifest = import_index(
+        knn, values, tmp_path / "partial", kb_store=store, mode="image_to_summary", encoders=encoders
+    )
     assert manifest["imported"]["unmapped_vectors"] == 1
     loaded = load_index(tmp_path / "partial", kb_store=store, mode="image_to_summary", encoders=encoders)
     assert all(row != order[0] for hit in search_articles(loaded, vectors, k=5) for row, _ in hit)

@@ -1,4 +1,5 @@
 """CLIP preprocessing: the centre-crop path equals transformers' CLIPImageProcessor; targetpad pads, then resizes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +20,14 @@ def test_center_crop_matches_clip_image_processor(size):
     from transformers import CLIPImageProcessor
 
     image = _noise_image(*size)
-    reference = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
-                                   do_center_crop=True, resample=3, image_mean=list(OPENAI_CLIP_MEAN),
-                                   image_std=list(OPENAI_CLIP_STD))(images=[image], return_tensors="np")["pixel_values"]
+    reference = CLIPImageProcessor(
+        size={"shortest_edge": 224},
+        crop_size={"height": 224, "width": 224},
+        do_center_crop=True,
+        resample=3,
+        image_mean=list(OPENAI_CLIP_MEAN),
+        image_std=list(OPENAI_CLIP_STD),
+    )(images=[image], return_tensors="np")["pixel_values"]
     ours = ClipPreprocess()([image])
     assert ours.shape == reference.shape == (1, 3, 224, 224)
     np.testing.assert_allclose(ours, reference, atol=1e-5)
@@ -34,10 +40,10 @@ def test_targetpad_pads_the_short_side_with_the_pad_colour():
     assert padded.getpixel((200, 0)) == (0, 0, 0) and padded.getpixel((200, 200)) == (255, 255, 255)
     pixels = ClipPreprocess(mode="targetpad", size=32)([wide])[0]
     black = (0 - np.asarray(OPENAI_CLIP_MEAN)) / np.asarray(OPENAI_CLIP_STD)
-    np.testing.assert_allclose(pixels[:, 0, 16], black, atol=1e-5)       # top rows are padding
-    assert pixels[:, 16, 16].mean() > 1.0                                 # the middle is the white image
+    np.testing.assert_allclose(pixels[:, 0, 16], black, atol=1e-5)  # top rows are padding
+    assert pixels[:, 16, 16].mean() > 1.0  # the middle is the white image
     centre_crop = ClipPreprocess(size=32)([wide])[0]
-    assert centre_crop[:, 0, 16].mean() > 1.0                             # centre crop has no padding at all
+    assert centre_crop[:, 0, 16].mean() > 1.0  # centre crop has no padding at all
 
 
 def test_targetpad_leaves_images_within_the_target_ratio_alone():

@@ -1,4 +1,5 @@
 """Rank and run identity from the launcher's environment: SLURM, torchrun, Lightning's own children (issue 16)."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,8 +7,17 @@ import pytest
 from qkvqa.run.rundir import launcher_run_id
 from qkvqa.utils.logging import global_rank
 
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID",
-               "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID")
+LAUNCH_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 @pytest.fixture
@@ -17,15 +27,18 @@ def launch(monkeypatch):
     return lambda **env: [monkeypatch.setenv(k, str(v)) for k, v in env.items()]
 
 
-@pytest.mark.parametrize("env,rank", [
-    ({}, 0),
-    ({"RANK": 3, "LOCAL_RANK": 1, "SLURM_PROCID": 0}, 3),                   # torchrun inside a SLURM job
-    ({"SLURM_PROCID": 5, "SLURM_NTASKS": 8}, 5),                             # srun started every task
-    ({"SLURM_PROCID": 0, "SLURM_NTASKS": 1, "LOCAL_RANK": 1}, 1),            # salloc + srun -n1: Lightning's child
-    ({"SLURM_PROCID": 0, "SLURM_NTASKS": 1}, 0),
-    ({"LOCAL_RANK": 1, "NODE_RANK": 1, "LOCAL_WORLD_SIZE": 2}, 3),
-    ({"LOCAL_RANK": 0, "NODE_RANK": 1}, 1),                                 # not rank zero, whatever the size
-])
+@pytest.mark.parametrize(
+    "env,rank",
+    [
+        ({}, 0),
+        ({"RANK": 3, "LOCAL_RANK": 1, "SLURM_PROCID": 0}, 3),  # torchrun inside a SLURM job
+        ({"SLURM_PROCID": 5, "SLURM_NTASKS": 8}, 5),  # srun started every task
+        ({"SLURM_PROCID": 0, "SLURM_NTASKS": 1, "LOCAL_RANK": 1}, 1),  # salloc + srun -n1: Lightning's child
+        ({"SLURM_PROCID": 0, "SLURM_NTASKS": 1}, 0),
+        ({"LOCAL_RANK": 1, "NODE_RANK": 1, "LOCAL_WORLD_SIZE": 2}, 3),
+        ({"LOCAL_RANK": 0, "NODE_RANK": 1}, 1),  # not rank zero, whatever the size
+    ],
+)
 def test_global_rank_reads_the_launcher_that_started_this_process(launch, env, rank):
     launch(**env)
     assert global_rank() == rank
@@ -49,10 +62,13 @@ def test_only_a_sigusr1_save_inside_a_slurm_job_requeues_it():
 
     job = {"SLURM_JOB_ID": "4711"}
     assert requeue_command(signal.SIGUSR1, job) == ["scontrol", "requeue", "4711"]
-    assert requeue_command(signal.SIGUSR1, {**job, "SLURM_ARRAY_JOB_ID": "90", "SLURM_ARRAY_TASK_ID": "3"}) == \
-        ["scontrol", "requeue", "90_3"]
-    assert requeue_command(signal.SIGTERM, job) is None          # preemption: SLURM requeues a --requeue job itself
-    assert requeue_command(signal.SIGUSR1, {}) is None            # not in a SLURM job
+    assert requeue_command(signal.SIGUSR1, {**job, "SLURM_ARRAY_JOB_ID": "90", "SLURM_ARRAY_TASK_ID": "3"}) == [
+        "scontrol",
+        "requeue",
+        "90_3",
+    ]
+    assert requeue_command(signal.SIGTERM, job) is None  # preemption: SLURM requeues a --requeue job itself
+    assert requeue_command(signal.SIGUSR1, {}) is None  # not in a SLURM job
 
 
 def test_lightning_requeues_nothing_itself_under_slurm(launch):
@@ -76,7 +92,7 @@ def test_a_run_never_joins_a_wandb_service_another_process_started(monkeypatch):
     monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/tmp/wandb-elsewhere.sock")
     _clear_stale_wandb_env(run)
     assert "WANDB_SERVICE" not in os.environ
-    own = f"3-{os.getpid()}-tcp-localhost-40000"                     # the service this process started itself
+    own = f"3-{os.getpid()}-tcp-localhost-40000"  # the service this process started itself
     monkeypatch.setenv("WANDB_SERVICE", own)
     _clear_stale_wandb_env(run)
     assert os.environ["WANDB_SERVICE"] == own
@@ -100,7 +116,7 @@ def test_a_sigusr1_during_start_up_is_held_and_stops_the_run_as_interrupted(tmp_
     before = signal.getsignal(signal.SIGUSR1)
     try:
         hold_stop_signal()
-        os.kill(os.getpid(), signal.SIGUSR1)                          # delivered now, held, the process lives
+        os.kill(os.getpid(), signal.SIGUSR1)  # delivered now, held, the process lives
         cfg = compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=early"])
         with pytest.raises(RunInterrupted, match="SIGUSR1"):
             with run_job(cfg, "test"):
@@ -137,7 +153,7 @@ def test_an_error_a_stop_signal_causes_is_recorded_as_an_interruption(tmp_path):
     assert stopped.value.signum == signal.SIGUSR1
     status = json.loads((tmp_path / "wrapped" / "status.json").read_text())
     assert status["state"] == "interrupted" and "SIGUSR1" in status["error"], status
-    assert stop_signal_received() is None                              # the next run in this process starts clean
+    assert stop_signal_received() is None  # the next run in this process starts clean
     with run_job(compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=next"]), "test"):
         pass
     assert json.loads((tmp_path / "next" / "status.json").read_text())["state"] == "finished"
@@ -151,7 +167,11 @@ def test_a_sigusr1_while_python_shuts_down_after_the_work_does_not_kill_the_proc
     import sys
 
     sent = tmp_path / "sent"
-    child = subprocess.Popen([sys.executable, "-c", f"""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import os, time
 from qkvqa.utils.stop_signals import hold_stop_signal
 hold_stop_signal()
@@ -163,9 +183,13 @@ class ShutsDownSlowly:                        # its finaliser runs after Python 
             time.sleep(0.05)                  # shut down until the test has sent the signal
         time.sleep(0.3)
 keep = ShutsDownSlowly()
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "shutting down"
-    assert child.poll() is None                                        # the signal lands during the shutdown
+    assert child.poll() is None  # the signal lands during the shutdown
     child.send_signal(signal.SIGUSR1)
     sent.touch()
     assert child.wait(timeout=60) == 0
@@ -186,8 +210,8 @@ def test_before_training_on_several_ranks_a_stop_signal_is_noted_for_the_first_b
     cfg = compose(None, [], [f"paths.checkpoints_root={tmp_path}", "run_id=deferred"])
     with run_job(cfg, "test", world_size=2, defer_stop=True):
         os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.5)                                                # not raised here
-        assert stop_signal_received() == signal.SIGUSR1                # LastCheckpoint.on_train_start reads it
+        time.sleep(0.5)  # not raised here
+        assert stop_signal_received() == signal.SIGUSR1  # LastCheckpoint.on_train_start reads it
     assert stop_signal_received() is None
 
 
@@ -202,8 +226,11 @@ def test_a_command_that_opens_no_run_leaves_sigusr1_its_default_and_a_run_comman
     try:
         assert main(["config", "list"]) == 0
         assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
-        opens = {name for name in ("train", "evaluate", "embed", "mine", "rerank", "retrieve", "cache-vit", "demo")
-                 if getattr(build_parser().parse_args([name]), "opens_run", False)}
+        opens = {
+            name
+            for name in ("train", "evaluate", "embed", "mine", "rerank", "retrieve", "cache-vit", "demo")
+            if getattr(build_parser().parse_args([name]), "opens_run", False)
+        }
         assert opens == {"train", "evaluate", "embed", "mine", "rerank", "retrieve", "cache-vit", "demo"}
         assert not getattr(build_parser().parse_args(["synth", "--out", "x"]), "opens_run", False)
     finally:

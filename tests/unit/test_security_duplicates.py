@@ -1,5 +1,6 @@
 """Issue 31 item 5: question rows that repeat another row exactly are counted and warned, and refused with --strict
 (E-VQA numbers rows by position, so a repeat would be scored as one more question)."""
+
 from __future__ import annotations
 
 import logging
@@ -24,10 +25,12 @@ def repeated_csv(world, tmp_path) -> Path:
 def test_exact_repeats_are_found_with_both_lines(repeated_csv, world):
     questions = read_evqa_csv(repeated_csv, split="test", include_two_hop=True)
     repeats = duplicate_rows(questions)
-    n = len(questions) + 1                       # the last CSV line (the header is line 1)
+    n = len(questions) + 1  # the last CSV line (the header is line 1)
     assert [(a.rsplit(":", 1)[1], b.rsplit(":", 1)[1]) for a, b in repeats] == [(str(n - 1), "2"), (str(n), "4")]
-    assert duplicate_rows(read_evqa_csv(Path(world["dir"]) / "evqa" / "test.csv", split="test",
-                                        include_two_hop=True)) == []
+    assert (
+        duplicate_rows(read_evqa_csv(Path(world["dir"]) / "evqa" / "test.csv", split="test", include_two_hop=True))
+        == []
+    )
 
 
 def test_repeats_are_counted_and_warned_and_refused_under_strict(repeated_csv, tmp_path, caplog):

@@ -1,5 +1,6 @@
 """Issue 31 items 2 and 5: query-image paths stay inside their roots; every PIL mode and EXIF orientation is decoded
 to the pixels a person sees."""
+
 from __future__ import annotations
 
 import io
@@ -31,8 +32,9 @@ def test_an_absolute_or_dotdot_id2name_value_is_a_counted_skip_never_read(tmp_pa
     root = tmp_path / "data"
     _photo(root / "inat" / "train" / "00001_Animalia" / "ok.jpg")
     (root / "inat").mkdir(exist_ok=True)
-    (root / "train_id2name.json").write_text(json.dumps({
-        "ok": "train/00001_Animalia/ok.jpg", "abs": str(secret), "up": "../../home/private/passport.jpg"}))
+    (root / "train_id2name.json").write_text(
+        json.dumps({"ok": "train/00001_Animalia/ok.jpg", "abs": str(secret), "up": "../../home/private/passport.jpg"})
+    )
     config = ImagesConfig(inaturalist_root="inat", inaturalist_id2name="train_id2name.json")
     loader = ImageLoader(QueryImageResolver(config, root=root))
     assert loader.load("inaturalist", "ok").size == (40, 30)
@@ -57,7 +59,7 @@ def test_a_symlink_out_of_the_root_is_not_followed_but_a_symlinked_root_is(tmp_p
     _photo(real / "oven_1.jpg")
     (real / "oven_2.jpg").symlink_to(secret)
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "infoseek").symlink_to(real)              # a root that is a symlink is the user's choice
+    (tmp_path / "data" / "infoseek").symlink_to(real)  # a root that is a symlink is the user's choice
     loader = ImageLoader(QueryImageResolver(ImagesConfig(infoseek_root="infoseek"), root=tmp_path / "data"))
     assert loader.load("infoseek", "oven_1") is not None
     assert loader.load("infoseek", "oven_2") is None
@@ -68,8 +70,10 @@ def test_paths_outside_the_root_count_towards_the_missing_bound_and_name_the_pat
     root = tmp_path / "imgs"
     _photo(root / "a.jpg")
     resolver = QueryImageResolver(ImagesConfig(infoseek_root=str(root), max_missing_fraction=0.1))
-    questions = [SimpleNamespace(dataset_name="infoseek", image_id="a"),
-                 SimpleNamespace(dataset_name="infoseek", image_id="../home/private/passport")]
+    questions = [
+        SimpleNamespace(dataset_name="infoseek", image_id="a"),
+        SimpleNamespace(dataset_name="infoseek", image_id="../home/private/passport"),
+    ]
     with pytest.raises(DataError, match="1 of 2 .*passport.jpg: outside the root, never read"):
         resolver.check_images(questions)
 
@@ -96,19 +100,19 @@ def test_a_16_bit_query_image_reaches_the_loader_scaled(tmp_path):
 
 
 def test_cmyk_gives_the_colours_it_encodes():
-    cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))             # no cyan, full magenta and yellow: red
+    cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # no cyan, full magenta and yellow: red
     assert _pixels(to_rgb(cmyk))[0, 0].tolist() == [255, 0, 0]
     assert _pixels(to_rgb(Image.new("CMYK", (8, 8), (0, 0, 0, 255))))[0, 0].tolist() == [0, 0, 0]
 
 
 def test_palette_with_transparency_is_composited_on_white():
     image = Image.new("P", (8, 8), 1)
-    image.putpalette([0, 0, 0, 0, 0, 255] + [0] * 762)             # index 0 black, 1 blue
+    image.putpalette([0, 0, 0, 0, 0, 255] + [0] * 762)  # index 0 black, 1 blue
     image.putpixel((0, 0), 0)
-    image.info["transparency"] = 1                                 # blue is transparent
+    image.info["transparency"] = 1  # blue is transparent
     out = _pixels(to_rgb(image))
     assert out[1, 1].tolist() == [255, 255, 255] and out[0, 0].tolist() == [0, 0, 0]
-    rgba = Image.new("RGBA", (8, 8), (200, 0, 0, 0))               # fully transparent red: white, not red or black
+    rgba = Image.new("RGBA", (8, 8), (200, 0, 0, 0))  # fully transparent red: white, not red or black
     assert _pixels(to_rgb(rgba))[0, 0].tolist() == [255, 255, 255]
     half = Image.new("LA", (8, 8), (0, 128))
     assert abs(_pixels(to_rgb(half))[0, 0, 0] - 127) <= 1
@@ -125,11 +129,14 @@ def _oriented(orientation: int) -> Image.Image:
     return Image.open(io.BytesIO(buffer.getvalue()))
 
 
-@pytest.mark.parametrize("orientation, size, red_at", [
-    (3, (4, 2), (0, 3)),         # rotated 180: red on the right
-    (6, (2, 4), (0, 0)),         # rotate 90 clockwise to view: 2 wide, 4 high, red on top
-    (8, (2, 4), (3, 0)),         # rotate 90 counter-clockwise to view: red at the bottom
-])
+@pytest.mark.parametrize(
+    "orientation, size, red_at",
+    [
+        (3, (4, 2), (0, 3)),  # rotated 180: red on the right
+        (6, (2, 4), (0, 0)),  # rotate 90 clockwise to view: 2 wide, 4 high, red on top
+        (8, (2, 4), (3, 0)),  # rotate 90 counter-clockwise to view: red at the bottom
+    ],
+)
 def test_exif_orientation_is_applied(orientation, size, red_at):
     out = to_rgb(_oriented(orientation))
     assert out.size == size

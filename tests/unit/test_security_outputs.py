@@ -1,5 +1,6 @@
 """Issue 31 items 3 and 4: `inspect --out` and `synth --out` never delete or serve a user's files; `--serve` serves the
 site's own files only, to local Host headers only, and a slow client holds up nobody."""
+
 from __future__ import annotations
 
 import http.client
@@ -22,8 +23,11 @@ def test_inspect_refuses_a_folder_of_the_users_and_deletes_nothing(runs, tmp_pat
     (out / "thumbs").mkdir()
     (out / "thumbs" / "holiday.jpg").write_bytes(b"jpeg")
     (out / "index.html").write_text("my page")
-    with pytest.raises(ConfigError, match=f"mine: this folder holds files that qkvqa inspect --out did not write "
-                                          f"\\(no {SITE_MARKER}\\).*choose a new or empty folder"):
+    with pytest.raises(
+        ConfigError,
+        match=f"mine: this folder holds files that qkvqa inspect --out did not write "
+        f"\\(no {SITE_MARKER}\\).*choose a new or empty folder",
+    ):
         build_site(runs[0], out=out)
     assert (out / "data" / "x" / "notes.js").read_text() == "mine"
     assert (out / "thumbs" / "holiday.jpg").read_bytes() == b"jpeg"
@@ -72,8 +76,15 @@ def test_serve_gives_the_sites_files_and_nothing_else(served):
     assert _get(served, "/index.html")[0] == 200
     assert _get(served, "/data/index.js")[0] == 200
     assert _get(served, "/", host=f"localhost:{served}")[0] == 302
-    for path in ("/secret.env", f"/{SITE_MARKER}", "/data/", "/data", "/thumbs/", "/data/../secret.env",
-                 "/%2e%2e/secret.env"):
+    for path in (
+        "/secret.env",
+        f"/{SITE_MARKER}",
+        "/data/",
+        "/data",
+        "/thumbs/",
+        "/data/../secret.env",
+        "/%2e%2e/secret.env",
+    ):
         status, body = _get(served, path)
         assert status == 404 and b"hunter2" not in body, path
 
@@ -88,16 +99,16 @@ def test_a_trickling_client_blocks_nobody_and_is_dropped(served):
     slow = socket.create_connection(("127.0.0.1", served), timeout=30)
     slow.sendall(b"G")
     started = time.monotonic()
-    assert _get(served, "/index.html")[0] == 200               # served beside it at once
+    assert _get(served, "/index.html")[0] == 200  # served beside it at once
     assert time.monotonic() - started < 5
     closed = False
     deadline = time.monotonic() + 25
     try:
-        while time.monotonic() < deadline:                     # one byte every second: never idle for the timeout
+        while time.monotonic() < deadline:  # one byte every second: never idle for the timeout
             slow.sendall(b"E")
             time.sleep(1)
     except OSError:
-        closed = True                                          # the server shut the connection
+        closed = True  # the server shut the connection
     if not closed:
         slow.settimeout(1)
         closed = slow.recv(1) == b""

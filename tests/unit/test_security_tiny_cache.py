@@ -1,4 +1,5 @@
 """Issue 31 item 1: a planted tiny-model folder never runs its code (the tiny EVA-CLIP loads with trust_remote_code)."""
+
 from __future__ import annotations
 
 import json

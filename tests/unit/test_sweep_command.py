@@ -1,4 +1,5 @@
 """The sweep command contract: W&B's `${args_no_hyphens}` rendering reaches our parser with the sweep's types."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,14 +16,14 @@ REPO = Path(__file__).resolve().parents[2]
 # One value of every kind a sweep can hold, with the dotted keys they are swept under.
 PARAMS = {
     "qff.alpha": 0.3,
-    "qff.lr": 1e-05,                 # Python renders 1e-05 (no dot)
-    "cda.U": None,                   # rendered as the text None
+    "qff.lr": 1e-05,  # Python renders 1e-05 (no dot)
+    "cda.U": None,  # rendered as the text None
     "cda.theta": 0.0,
-    "trainer.deterministic": True,   # rendered True
+    "trainer.deterministic": True,  # rendered True
     "qff.learnable_temperature": False,
     "seed": 7,
     "eval.judge": "em_only",
-    "qff.betas": [0.9, 0.99],        # rendered as a Python list repr
+    "qff.betas": [0.9, 0.99],  # rendered as a Python list repr
     "trainer.precision": "bf16-mixed",
 }
 
@@ -53,12 +54,31 @@ def test_cli_accepts_rendered_overrides_with_their_types(capsys):
 
 def test_command_macros_expand_like_the_agent(monkeypatch):
     monkeypatch.setenv("QKVQA_TEST_EXP", "evqa_qff")
-    argv = render_command(["${env}", "${interpreter}", "${program}", "experiment=${envvar:QKVQA_TEST_EXP}",
-                           "--flag=${envvar:QKVQA_UNSET}", "${args_no_hyphens}", "${args_json_file}"],
-                          {"a.b": 1, "c": True}, program="prog.py", interpreter="/venv/bin/python",
-                          args_json_file="/tmp/args.json")
-    assert argv == ["/usr/bin/env", "/venv/bin/python", "prog.py", "experiment=evqa_qff", "--flag=QKVQA_UNSET",
-                    "a.b=1", "c=True", "/tmp/args.json"]
+    argv = render_command(
+        [
+            "${env}",
+            "${interpreter}",
+            "${program}",
+            "experiment=${envvar:QKVQA_TEST_EXP}",
+            "--flag=${envvar:QKVQA_UNSET}",
+            "${args_no_hyphens}",
+            "${args_json_file}",
+        ],
+        {"a.b": 1, "c": True},
+        program="prog.py",
+        interpreter="/venv/bin/python",
+        args_json_file="/tmp/args.json",
+    )
+    assert argv == [
+        "/usr/bin/env",
+        "/venv/bin/python",
+        "prog.py",
+        "experiment=evqa_qff",
+        "--flag=QKVQA_UNSET",
+        "a.b=1",
+        "c=True",
+        "/tmp/args.json",
+    ]
 
 
 @pytest.mark.parametrize("form", ["module", "program"])
@@ -66,8 +86,9 @@ def test_rendered_command_runs_our_cli(tmp_path, form):
     """The agent's canonical form ([${env}, ${interpreter}, ${program}, ${args_no_hyphens}]) and ours (-m qkvqa.cli)."""
     if form == "program":
         program = tmp_path / "qkvqa_config_show.py"
-        program.write_text("import sys\nfrom qkvqa.cli.main import main\n"
-                           "sys.exit(main(['config', 'show', *sys.argv[1:]]))\n")
+        program.write_text(
+            "import sys\nfrom qkvqa.cli.main import main\nsys.exit(main(['config', 'show', *sys.argv[1:]]))\n"
+        )
         command = ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
     else:
         program = None

@@ -1,5 +1,6 @@
 """The SLURM sweep backend's pieces that need no cluster: the array script and the task's trial lookup (the
 whole backend runs on a real cluster in tests/slurm/test_slurm_sweep.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,15 @@ from qkvqa.sweep.slurm_array import array_spec, render_array_script, settled_sta
 
 
 def test_the_array_script_runs_one_trial_per_task_under_srun(tmp_path):
-    script = render_array_script("alpha", tmp_path / "sweep", [0, 3, 7], cwd=Path("/repo"), interpreter="/venv/python",
-                                 parallel=2, gpus_per_trial=1)
+    script = render_array_script(
+        "alpha",
+        tmp_path / "sweep",
+        [0, 3, 7],
+        cwd=Path("/repo"),
+        interpreter="/venv/python",
+        parallel=2,
+        gpus_per_trial=1,
+    )
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
     assert "#SBATCH --array=0,3,7%2" in lines and "#SBATCH --job-name=alpha" in lines
@@ -26,9 +34,13 @@ def test_the_array_script_runs_one_trial_per_task_under_srun(tmp_path):
 
 def test_a_task_finds_its_trial_by_array_index_or_says_why_not(tmp_path):
     manifest = Manifest.create(tmp_path, {"sweep": "s"})
-    manifest.trials.update({"t000": {"index": 0, "argv": ["python", "-c", "0"]},
-                            "t001": {"index": 1, "argv": ["python", "-c", "1"]},
-                            "t002": {"index": 2, "argv": None}})
+    manifest.trials.update(
+        {
+            "t000": {"index": 0, "argv": ["python", "-c", "0"]},
+            "t001": {"index": 1, "argv": ["python", "-c", "1"]},
+            "t002": {"index": 2, "argv": None},
+        }
+    )
     manifest.save()
     assert trial_command(tmp_path, 1) == ("t001", ["python", "-c", "1"])
     with pytest.raises(SystemExit, match="no submitted trial has index 2"):
@@ -39,14 +51,15 @@ def test_a_task_finds_its_trial_by_array_index_or_says_why_not(tmp_path):
 
 def test_a_task_that_left_the_queue_is_settled_from_its_run_record():
     assert settled_status("finished", True) == "finished" and settled_status("failed", True) == "failed"
-    assert settled_status("running", True) == "interrupted"           # killed: no chance to write its end
+    assert settled_status("running", True) == "interrupted"  # killed: no chance to write its end
     assert settled_status("interrupted", True) == "interrupted"
-    assert settled_status(None, False) == "pending"                   # cancelled while pending: submit it again
-    assert settled_status(None, True) == "failed"                     # started, died before its run: visible
+    assert settled_status(None, False) == "pending"  # cancelled while pending: submit it again
+    assert settled_status(None, True) == "failed"  # started, died before its run: visible
 
 
 # --- a submission recorded before sbatch whose job id the runner never read (issue 37 item 6); the whole path runs on
 # the real cluster in tests/slurm/test_slurm_sweep_submit.py, these are its branches with SLURM's answers on PATH.
+
 
 def _slurm_answers(tmp_path, monkeypatch, squeue: str = "", sacct: str | None = None) -> None:
     """`squeue` printing `squeue`, `sacct` printing `sacct` (None: accounting off, an error), `sbatch` present."""
@@ -54,10 +67,11 @@ def _slurm_answers(tmp_path, monkeypatch, squeue: str = "", sacct: str | None = 
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    scripts = {"squeue": f"printf '%s' '{squeue}'",
-               "sacct": ("echo 'accounting storage is disabled' >&2; exit 1" if sacct is None
-                         else f"printf '%s' '{sacct}'"),
-               "sbatch": "echo 'no submitting here' >&2; exit 1"}
+    scripts = {
+        "squeue": f"printf '%s' '{squeue}'",
+        "sacct": ("echo 'accounting storage is disabled' >&2; exit 1" if sacct is None else f"printf '%s' '{sacct}'"),
+        "sbatch": "echo 'no submitting here' >&2; exit 1",
+    }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
@@ -73,17 +87,31 @@ def _half_submitted(tmp_path):
     from qkvqa.sweep.spec import load_sweep
 
     path = tmp_path / "arr.yaml"
-    path.write_text(yaml.safe_dump({"name": "arr", "method": "grid", "metric": {"name": "m", "goal": "minimize"},
-                                    "parameters": {"seed": {"values": [0, 1]}},
-                                    "command": ["python", "-m", "x", "${args_no_hyphens}"]}))
-    sweep = SlurmSweep(load_sweep(path), compose=compose_command, checkpoints_root=tmp_path / "runs",
-                       sweep_dir=tmp_path / "sweep")
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "arr",
+                "method": "grid",
+                "metric": {"name": "m", "goal": "minimize"},
+                "parameters": {"seed": {"values": [0, 1]}},
+                "command": ["python", "-m", "x", "${args_no_hyphens}"],
+            }
+        )
+    )
+    sweep = SlurmSweep(
+        load_sweep(path), compose=compose_command, checkpoints_root=tmp_path / "runs", sweep_dir=tmp_path / "sweep"
+    )
     manifest = Manifest.create(tmp_path / "sweep", {"sweep": "arr"})
     for trial in sweep.trials:
-        manifest.trials[trial.trial_id] = {"index": trial.index, "status": SUBMITTING,
-                                           "submission": "arr-s001-feedc0de",
-                                           "status_before_submit": "interrupted", "attempts": 1,
-                                           "run_dir": str(tmp_path / "runs" / trial.run_id), "argv": ["python"]}
+        manifest.trials[trial.trial_id] = {
+            "index": trial.index,
+            "status": SUBMITTING,
+            "submission": "arr-s001-feedc0de",
+            "status_before_submit": "interrupted",
+            "attempts": 1,
+            "run_dir": str(tmp_path / "runs" / trial.run_id),
+            "argv": ["python"],
+        }
     manifest.data["submissions"] = [{"token": "arr-s001-feedc0de", "job": None, "trials": ["t000", "t001"]}]
     manifest.save()
     return sweep, Manifest.load(tmp_path / "sweep")
@@ -92,7 +120,7 @@ def _half_submitted(tmp_path):
 def test_a_submission_slurm_never_got_releases_its_trials(tmp_path, monkeypatch):
     from qkvqa.sweep.slurm_array import _submittable
 
-    _slurm_answers(tmp_path, monkeypatch)                      # squeue: nothing; sacct: accounting off; no logs
+    _slurm_answers(tmp_path, monkeypatch)  # squeue: nothing; sacct: accounting off; no logs
     sweep, manifest = _half_submitted(tmp_path)
     sweep.settle_submissions(manifest)
     assert manifest.data["submissions"][0]["outcome"] == "not submitted"
@@ -105,16 +133,19 @@ def test_a_submission_is_adopted_from_accounting_or_from_its_task_logs(tmp_path,
     sweep, manifest = _half_submitted(tmp_path)
     sweep.settle_submissions(manifest)
     assert manifest.data["submissions"][0]["job"] == "4242"
-    assert [(e["status"], e["slurm_job"], e["log"], e["attempts"]) for e in manifest.trials.values()] == \
-        [("queued", "4242", "logs/slurm-4242_0.out", 2), ("queued", "4242", "logs/slurm-4242_1.out", 2)]
+    assert [(e["status"], e["slurm_job"], e["log"], e["attempts"]) for e in manifest.trials.values()] == [
+        ("queued", "4242", "logs/slurm-4242_0.out", 2),
+        ("queued", "4242", "logs/slurm-4242_1.out", 2),
+    ]
 
     logs = tmp_path / "logs-case"
     logs.mkdir()
-    _slurm_answers(logs, monkeypatch)                          # forgotten by the controller, no accounting
+    _slurm_answers(logs, monkeypatch)  # forgotten by the controller, no accounting
     sweep, manifest = _half_submitted(logs)
     (logs / "sweep" / "logs").mkdir()
     (logs / "sweep" / "logs" / "slurm-77_1.out").write_text(
-        "=== 2026-01-01T00:00:00 trial t001, array task 77_1, job name arr-s001-feedc0de, restart 0: python\n")
+        "=== 2026-01-01T00:00:00 trial t001, array task 77_1, job name arr-s001-feedc0de, restart 0: python\n"
+    )
     sweep.settle_submissions(manifest)
     assert manifest.data["submissions"][0]["job"] == "77"
 

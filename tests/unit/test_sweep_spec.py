@@ -1,4 +1,5 @@
 """Sweep files: validation, W&B distributions, grid order, seeded random search, value-type drift."""
+
 from __future__ import annotations
 
 import math
@@ -40,14 +41,19 @@ def test_cda_grid_covers_table_6_keys_with_null_limits():
     spec = load_sweep(REPO / "experiments" / "sweeps" / "cda_grid.yaml")
     assert set(spec.parameters) == {"cda.U", "cda.theta", "cda.chunk_tokens", "cda.K1", "cda.K2"}
     points = spec.trial_params(None, 0)
-    assert len(points) == 108 and any(p["cda.U"] is None for p in points) and any(p["cda.theta"] is None for p in points)
+    assert (
+        len(points) == 108 and any(p["cda.U"] is None for p in points) and any(p["cda.theta"] is None for p in points)
+    )
 
 
 def test_grid_order_first_parameter_slowest():
     spec = _sweep({"seed": {"values": [1, 2]}, "qff.alpha": {"values": [0.25, 0.75]}, "notes": {"value": "x"}})
     assert spec.trial_params(None, 0) == [
-        {"seed": 1, "qff.alpha": 0.25, "notes": "x"}, {"seed": 1, "qff.alpha": 0.75, "notes": "x"},
-        {"seed": 2, "qff.alpha": 0.25, "notes": "x"}, {"seed": 2, "qff.alpha": 0.75, "notes": "x"}]
+        {"seed": 1, "qff.alpha": 0.25, "notes": "x"},
+        {"seed": 1, "qff.alpha": 0.75, "notes": "x"},
+        {"seed": 2, "qff.alpha": 0.25, "notes": "x"},
+        {"seed": 2, "qff.alpha": 0.75, "notes": "x"},
+    ]
     assert len(spec.trial_params(3, 0)) == 3
 
 
@@ -104,8 +110,14 @@ def test_distribution_samples_stay_in_range(distribution):
 
 
 def test_seeded_random_search_is_reproducible_and_extends_as_a_prefix():
-    spec = _sweep({"qff.lr": {"distribution": "log_uniform_values", "min": 1e-6, "max": 1e-3},
-                   "seed": {"min": 0, "max": 1000}, "eval.judge": {"values": ["bem", "em_only"]}}, method="random")
+    spec = _sweep(
+        {
+            "qff.lr": {"distribution": "log_uniform_values", "min": 1e-6, "max": 1e-3},
+            "seed": {"min": 0, "max": 1000},
+            "eval.judge": {"values": ["bem", "em_only"]},
+        },
+        method="random",
+    )
     five = spec.trial_params(5, seed=3)
     assert five == spec.trial_params(5, seed=3)
     assert spec.trial_params(8, seed=3)[:5] == five
@@ -116,8 +128,11 @@ def test_seeded_random_search_is_reproducible_and_extends_as_a_prefix():
 
 def test_controller_only_keys_are_named():
     assert _sweep({"a": {"value": 1}}).controller_only_keys() == []
-    spec = _sweep({"a": {"value": 1}}, early_terminate={"type": "hyperband", "min_iter": 3},
-                  metric={"name": "m", "goal": "maximize", "target": 0.9})
+    spec = _sweep(
+        {"a": {"value": 1}},
+        early_terminate={"type": "hyperband", "min_iter": 3},
+        metric={"name": "m", "goal": "maximize", "target": 0.9},
+    )
     assert spec.controller_only_keys() == ["early_terminate", "metric.target"]
 
 
@@ -134,25 +149,49 @@ def test_bayes_is_refused_by_the_local_runner():
         spec.trial_params(4, 0)
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"method": "hyperband", "parameters": {"a": {"value": 1}}, "command": COMMAND}, "method must be one of"),
-    ({"method": "grid", "parameters": {}, "command": COMMAND}, "parameters"),
-    ({"method": "grid", "parameters": {"run_id": {"values": ["a"]}}, "command": COMMAND}, "may not be swept"),
-    ({"method": "grid", "parameters": {"qff": {"parameters": {"alpha": {"value": 1.0}}}}, "command": COMMAND},
-     "flat dotted names"),
-    ({"method": "grid", "parameters": {"a": {"value": 1}}}, "give a `command:`"),
-    ({"method": "grid", "parameters": {"a": {"value": 1}}, "command": ["python", "t.py", "${args}"]},
-     "args_no_hyphens"),
-    ({"method": "grid", "parameters": {"a": {"value": 1}}, "command": ["${interpreter}", "${args_no_hyphen}"]},
-     "unknown macro"),
-    ({"method": "grid", "parameters": {"a": {"value": 1}}, "command": ["${interpreter}", "${program}",
-                                                                       "${args_no_hyphens}"]}, "no `program:`"),
-    ({"method": "grid", "parameters": {"a": {"min": 3, "max": 1}}, "command": COMMAND}, "greater than max"),
-    ({"method": "grid", "parameters": {"a": {"distribution": "zipf", "min": 1, "max": 2}}, "command": COMMAND},
-     "unknown distribution"),
-    ({"method": "grid", "parameters": {"a": {"value": 1}}, "metric": {"name": "m", "goal": "up"}, "command": COMMAND},
-     "minimize or maximize"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"method": "hyperband", "parameters": {"a": {"value": 1}}, "command": COMMAND}, "method must be one of"),
+        ({"method": "grid", "parameters": {}, "command": COMMAND}, "parameters"),
+        ({"method": "grid", "parameters": {"run_id": {"values": ["a"]}}, "command": COMMAND}, "may not be swept"),
+        (
+            {"method": "grid", "parameters": {"qff": {"parameters": {"alpha": {"value": 1.0}}}}, "command": COMMAND},
+            "flat dotted names",
+        ),
+        ({"method": "grid", "parameters": {"a": {"value": 1}}}, "give a `command:`"),
+        (
+            {"method": "grid", "parameters": {"a": {"value": 1}}, "command": ["python", "t.py", "${args}"]},
+            "args_no_hyphens",
+        ),
+        (
+            {"method": "grid", "parameters": {"a": {"value": 1}}, "command": ["${interpreter}", "${args_no_hyphen}"]},
+            "unknown macro",
+        ),
+        (
+            {
+                "method": "grid",
+                "parameters": {"a": {"value": 1}},
+                "command": ["${interpreter}", "${program}", "${args_no_hyphens}"],
+            },
+            "no `program:`",
+        ),
+        ({"method": "grid", "parameters": {"a": {"min": 3, "max": 1}}, "command": COMMAND}, "greater than max"),
+        (
+            {"method": "grid", "parameters": {"a": {"distribution": "zipf", "min": 1, "max": 2}}, "command": COMMAND},
+            "unknown distribution",
+        ),
+        (
+            {
+                "method": "grid",
+                "parameters": {"a": {"value": 1}},
+                "metric": {"name": "m", "goal": "up"},
+                "command": COMMAND,
+            },
+            "minimize or maximize",
+        ),
+    ],
+)
 def test_invalid_sweeps_are_refused_with_a_reason(raw, message):
     with pytest.raises(ConfigError, match=message):
         parse_sweep(raw)
@@ -167,12 +206,15 @@ def test_name_comes_from_the_file_and_is_made_path_safe(tmp_path):
     assert spec.name == "my-sweep-1" and spec.raw["parameters"]["qff.lr"]["values"] == [1e-5]
 
 
-@pytest.mark.parametrize("text, key, hint", [
-    ("[1e-5]", "qff.lr", "'1e-5' (str)"),          # YAML 1.1 (PyYAML, wandb sweep) reads 1e-5 as text
-    ("[None]", "cda.theta", "'None' (str)"),       # `None` is text in YAML; null is None
-    ("[1]", "qff.alpha", "1 (int)"),               # an int for a float key is logged as 1.0
-    ("[yes]", "notes", "True (bool)"),             # YAML 1.1 bool for a str key
-])
+@pytest.mark.parametrize(
+    "text, key, hint",
+    [
+        ("[1e-5]", "qff.lr", "'1e-5' (str)"),  # YAML 1.1 (PyYAML, wandb sweep) reads 1e-5 as text
+        ("[None]", "cda.theta", "'None' (str)"),  # `None` is text in YAML; null is None
+        ("[1]", "qff.alpha", "1 (int)"),  # an int for a float key is logged as 1.0
+        ("[yes]", "notes", "True (bool)"),  # YAML 1.1 bool for a str key
+    ],
+)
 def test_values_that_would_drift_are_refused(tmp_path, text, key, hint):
     path = tmp_path / "drift.yaml"
     path.write_text(f"method: grid\ncommand: {COMMAND!r}\nparameters:\n  {key}:\n    values: {text}\n")
@@ -183,9 +225,16 @@ def test_values_that_would_drift_are_refused(tmp_path, text, key, hint):
 
 
 def test_typed_values_and_unknown_keys(tmp_path):
-    ok = _sweep({"qff.lr": {"values": [1.0e-5, 3.0e-5]}, "cda.U": {"values": [None, 2]},
-                 "trainer.deterministic": {"values": [True, False]}, "qff.betas": {"value": [0.9, 0.99]},
-                 "qff.alpha": {"min": 0.1, "max": 0.9}}, method="random")
+    ok = _sweep(
+        {
+            "qff.lr": {"values": [1.0e-5, 3.0e-5]},
+            "cda.U": {"values": [None, 2]},
+            "trainer.deterministic": {"values": [True, False]},
+            "qff.betas": {"value": [0.9, 0.99]},
+            "qff.alpha": {"min": 0.1, "max": 0.9},
+        },
+        method="random",
+    )
     check_value_types(ok)
     with pytest.raises(ConfigError, match="qff.alhpa"):
         check_value_types(_sweep({"qff.alhpa": {"values": [0.5]}}))

@@ -14,6 +14,7 @@ or, when a validation follows the batch, at that validation's end: a kill during
 then replays it from the previous save, and a resume from the saved state skips it, so each
 validation is logged once.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ log = get_logger(__name__)
 # Ctrl-C (SIGINT) stops as SIGTERM does: save, record `interrupted`, exit 130; a second Ctrl-C stops at once (Lightning
 # turned a first one into SystemExit(1): the run was recorded `failed`, with no last.ckpt to resume from).
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-CTRL_C_NOTE = ("\nCtrl-C: finishing this batch, then saving and stopping (the run can be resumed); "
-               "press Ctrl-C again to stop at once\n")
+CTRL_C_NOTE = (
+    "\nCtrl-C: finishing this batch, then saving and stopping (the run can be resumed); "
+    "press Ctrl-C again to stop at once\n"
+)
 
 
 PENDING_VALIDATION = "qkvqa_validation_pending"
@@ -70,10 +73,15 @@ class LastCheckpoint(pl.Callback):
     """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1/SIGINT it finishes the batch,
     saves on every rank's agreement and stops training; `preempted` tells the caller to mark the run interrupted."""
 
-    def __init__(self, run_dir: str | Path, every_n_train_steps: Optional[int] = None, save_on_exception: bool = True,
-                 stop_in_validation: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        every_n_train_steps: Optional[int] = None,
+        save_on_exception: bool = True,
+        stop_in_validation: bool = True,
+    ):
         self.path = Path(run_dir) / "last.ckpt"
-        self.stop_in_validation = stop_in_validation   # checkpoint.stop_within_s set: a signal stops a validation
+        self.stop_in_validation = stop_in_validation  # checkpoint.stop_within_s set: a signal stops a validation
         self.every_n_train_steps = every_n_train_steps
         self.save_on_exception = save_on_exception
         self.received: Optional[int] = None
@@ -83,11 +91,13 @@ class LastCheckpoint(pl.Callback):
         self._started = False
         self._previous: dict[int, Any] = {}
         self._pending_validation_save = False
-        self._val_batches_everywhere = 0     # validation batches every rank runs (a stop decision is a collective)
+        self._val_batches_everywhere = 0  # validation batches every rank runs (a stop decision is a collective)
 
     # ------------------------------------------------------------------ saving
     def _save(self, trainer: pl.Trainer, why: str) -> None:
-        trainer.save_checkpoint(str(self.path), weights_only=False)   # the full state (explicit: Lightning logs a default)
+        trainer.save_checkpoint(
+            str(self.path), weights_only=False
+        )  # the full state (explicit: Lightning logs a default)
         self._saved_step = trainer.global_step
         log.debug("saved %s at step %d (%s)", self.path, trainer.global_step, why)
 
@@ -96,12 +106,16 @@ class LastCheckpoint(pl.Callback):
             return
         if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             self.preempted = True
-            log.warning("received %s: saving %s at step %d and stopping",
-                        signal.Signals(self.received or signal.SIGTERM).name, self.path, trainer.global_step)
+            log.warning(
+                "received %s: saving %s at step %d and stopping",
+                signal.Signals(self.received or signal.SIGTERM).name,
+                self.path,
+                trainer.global_step,
+            )
             # A validation due after this batch is not run under the deadline; the save says it is still to come, so
             # the resumed run runs it first (its metric rows and any best checkpoint it makes are not lost).
             self._pending_validation_save = _validation_follows(trainer)
-            disarm_stop_deadline()                    # a deferred stop is being carried out (run.job)
+            disarm_stop_deadline()  # a deferred stop is being carried out (run.job)
             try:
                 self._save(trainer, "signal")
             finally:
@@ -115,7 +129,7 @@ class LastCheckpoint(pl.Callback):
             return
         step, every = trainer.global_step, self.every_n_train_steps
         if step == self._saved_step:
-            return                                   # accumulating: no optimizer step since the last save
+            return  # accumulating: no optimizer step since the last save
         if every and step % every == 0:
             self._save(trainer, f"every {every} steps")
         elif trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
@@ -142,18 +156,25 @@ class LastCheckpoint(pl.Callback):
         import torch
 
         batches = int(sum(trainer.num_val_batches)) if trainer.num_val_batches else 0
-        if trainer.world_size > 1:                   # ranks may hold one batch more or less (unpadded validation)
-            batches = int(trainer.strategy.reduce(torch.tensor(float(batches), device=pl_module.device),
-                                                  reduce_op="min").item())
+        if trainer.world_size > 1:  # ranks may hold one batch more or less (unpadded validation)
+            batches = int(
+                trainer.strategy.reduce(torch.tensor(float(batches), device=pl_module.device), reduce_op="min").item()
+            )
         self._val_batches_everywhere = batches
 
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx,
-                                dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx, dataloader_idx: int = 0
+    ) -> None:
         """A signal during a long validation is honoured at its next batch (SLURM's lead would not outlast the
         validation): the state before the validation is saved, marked so that the resumed run runs it first, and
         the run stops. Every rank decides together, within the batches every rank runs."""
-        if (trainer.sanity_checking or not self._started or self.preempted or not self.stop_in_validation
-                or batch_idx >= self._val_batches_everywhere):
+        if (
+            trainer.sanity_checking
+            or not self._started
+            or self.preempted
+            or not self.stop_in_validation
+            or batch_idx >= self._val_batches_everywhere
+        ):
             return
         if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
@@ -162,15 +183,19 @@ class LastCheckpoint(pl.Callback):
         received = self.received or stop_signal_received() or signal.SIGTERM
         self.preempted = True
         disarm_stop_deadline()
-        log.warning("received %s during a validation: saving %s as of before it (the resumed run runs it first) "
-                    "and stopping", signal.Signals(received).name, self.path)
+        log.warning(
+            "received %s during a validation: saving %s as of before it (the resumed run runs it first) and stopping",
+            signal.Signals(received).name,
+            self.path,
+        )
         self._pending_validation_save = True
         try:
             self._save(trainer, "signal during validation")
         finally:
             self._pending_validation_save = False
-        raise RunInterrupted(f"stopped on {signal.Signals(received).name} during a validation, after saving",
-                             signum=received)
+        raise RunInterrupted(
+            f"stopped on {signal.Signals(received).name} during a validation, after saving", signum=received
+        )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._after_validation and not trainer.sanity_checking and not self.preempted:
@@ -180,19 +205,30 @@ class LastCheckpoint(pl.Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """Keep the work of a failed run: save unless nothing changed since the last save (or a signal saved it)."""
         self._restore_signals()
-        if (not self.save_on_exception or not self._started or self.preempted or trainer.sanity_checking
-                or trainer.global_step == self._saved_step or isinstance(exception, KeyboardInterrupt)):
+        if (
+            not self.save_on_exception
+            or not self._started
+            or self.preempted
+            or trainer.sanity_checking
+            or trainer.global_step == self._saved_step
+            or isinstance(exception, KeyboardInterrupt)
+        ):
             return
         if trainer.world_size > 1:
             # A save waits in a barrier for every rank, and the other ranks may not be on this exception path: the
             # run would hang until SIGKILL. The last regular save stays the one to resume from.
-            log.warning("not saving %s after %s on %d ranks (a save would wait for ranks that are not failing); "
-                        "resume continues from step %s", self.path, type(exception).__name__, trainer.world_size,
-                        self._saved_step)
+            log.warning(
+                "not saving %s after %s on %d ranks (a save would wait for ranks that are not failing); "
+                "resume continues from step %s",
+                self.path,
+                type(exception).__name__,
+                trainer.world_size,
+                self._saved_step,
+            )
             return
         try:
             self._save(trainer, f"{type(exception).__name__}")
-        except Exception as e:                       # e.g. the disk that failed the run: keep the previous save
+        except Exception as e:  # e.g. the disk that failed the run: keep the previous save
             log.warning("could not save %s after %s: %s", self.path, type(exception).__name__, e)
 
     # ------------------------------------------------------------------ signals
@@ -203,9 +239,9 @@ class LastCheckpoint(pl.Callback):
         # the requeue after a SIGUSR1 save is `qkvqa.run.slurm.requeue`.
         if signum == signal.SIGINT and self.received is not None:
             note_stop_signal(signum)
-            raise KeyboardInterrupt           # a second Ctrl-C: stop at once (recorded `interrupted`, exit 130)
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once (recorded `interrupted`, exit 130)
         self.received = signum
-        note_stop_signal(signum)              # the run record says `interrupted` whatever fails next (run.job)
+        note_stop_signal(signum)  # the run record says `interrupted` whatever fails next (run.job)
         if signum == signal.SIGINT:
             os.write(2, CTRL_C_NOTE.encode())  # (no logging inside a signal handler: it takes locks)
 
@@ -216,12 +252,12 @@ class LastCheckpoint(pl.Callback):
         for sig in SIGNALS:
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handler)
-        if self.received is None:                    # a signal before training (run.job.interrupt_on_signals, defer),
-            self.received = stop_signal_received()   # read once this callback's handlers catch any later one
+        if self.received is None:  # a signal before training (run.job.interrupt_on_signals, defer),
+            self.received = stop_signal_received()  # read once this callback's handlers catch any later one
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.preempted and trainer.global_step != self._saved_step:
-            self._save(trainer, "training end")      # a stop no batch-end rule foresaw (early stopping, max_time)
+            self._save(trainer, "training end")  # a stop no batch-end rule foresaw (early stopping, max_time)
         self._restore_signals()
 
     def _restore_signals(self) -> None:
@@ -237,16 +273,20 @@ class LastCheckpoint(pl.Callback):
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handler)
 
-    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx,
-                             dataloader_idx: int = 0) -> None:
+    def on_predict_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch, batch_idx, dataloader_idx: int = 0
+    ) -> None:
         if self.received is not None:
             from qkvqa.errors import RunInterrupted
             from qkvqa.utils.command_line import resume_command
 
             received, self.received = self.received, None
-            raise RunInterrupted(f"evaluation stopped on {signal.Signals(received).name} after batch {batch_idx} (its "
-                                 f"answers are stored); continue it with: "
-                                 f"{resume_command('evaluate', self.path.parent.name)}", signum=received)
+            raise RunInterrupted(
+                f"evaluation stopped on {signal.Signals(received).name} after batch {batch_idx} (its "
+                f"answers are stored); continue it with: "
+                f"{resume_command('evaluate', self.path.parent.name)}",
+                signum=received,
+            )
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_signals()

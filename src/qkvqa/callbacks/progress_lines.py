@@ -1,4 +1,5 @@
 """Plain progress lines of fit, validation and predict on rank zero (`ProgressLines`), and the fit-start note (`FitStartNote`)."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ def batch_size_of(batch: Any) -> Optional[int]:
 
     try:
         return int(extract_batch_size(batch))
-    except Exception:                              # a batch without tensors: no sample rate
+    except Exception:  # a batch without tensors: no sample rate
         return None
 
 
@@ -32,7 +33,7 @@ def planned_steps(trainer: pl.Trainer) -> Optional[float]:
         return float(trainer.max_steps)
     try:
         steps = float(trainer.estimated_stepping_batches)
-    except Exception:                              # an iterable loader of unknown length
+    except Exception:  # an iterable loader of unknown length
         return None
     return steps if math.isfinite(steps) else None
 
@@ -58,21 +59,31 @@ class ProgressLines(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        self._train = Lines(desc="train", total=planned_steps(trainer), unit="steps", initial=trainer.global_step,
-                            every_s=self.every_s, every_fraction=self.every_fraction,
-                            fields=lambda: self._train_fields(trainer))
+        self._train = Lines(
+            desc="train",
+            total=planned_steps(trainer),
+            unit="steps",
+            initial=trainer.global_step,
+            every_s=self.every_s,
+            every_fraction=self.every_fraction,
+            fields=lambda: self._train_fields(trainer),
+        )
         self._samples = 0
-        log.info("train: from step %d to %s", trainer.global_step,
-                 f"{self._train.total:.0f}" if self._train.total else "the end of the data")
+        log.info(
+            "train: from step %d to %s",
+            trainer.global_step,
+            f"{self._train.total:.0f}" if self._train.total else "the end of the data",
+        )
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._train is None:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):           # summed on the device: no host sync until a line is printed
+        if isinstance(loss, torch.Tensor):  # summed on the device: no host sync until a line is printed
             loss = loss.detach().float()
-            if pl_module.automatic_optimization:     # Lightning hands on the loss divided by the accumulation
+            if pl_module.automatic_optimization:  # Lightning hands on the loss divided by the accumulation
                 loss = loss * trainer.accumulate_grad_batches
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._loss_batches += 1
@@ -108,11 +119,23 @@ class ProgressLines(pl.Callback):
             return
         total = sum(trainer.num_val_batches) if trainer.num_val_batches else None
         # time-based lines only: a validation every few steps would print ten lines each at the fraction marks
-        self._val = Lines(desc=f"validate at step {trainer.global_step}", total=total or None, unit="batches",
-                          every_s=self.every_s, every_fraction=0.0)
+        self._val = Lines(
+            desc=f"validate at step {trainer.global_step}",
+            total=total or None,
+            unit="batches",
+            every_s=self.every_s,
+            every_fraction=0.0,
+        )
 
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if self._val is not None:
             self._val.update(1)
 
@@ -131,11 +154,24 @@ class ProgressLines(pl.Callback):
             return
         total = sum(trainer.num_predict_batches) if trainer.num_predict_batches else None
         self._predicted = 0
-        self._predict = Lines(desc="predict", total=total or None, unit="batches", every_s=self.every_s,
-                              every_fraction=self.every_fraction, fields=lambda: self._predict_fields(trainer))
+        self._predict = Lines(
+            desc="predict",
+            total=total or None,
+            unit="batches",
+            every_s=self.every_s,
+            every_fraction=self.every_fraction,
+            fields=lambda: self._predict_fields(trainer),
+        )
 
-    def on_predict_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                             batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if self._predict is None:
             return
         self._predicted += int(outputs) if isinstance(outputs, int) else (batch_size_of(batch) or 0)
@@ -172,6 +208,12 @@ class FitStartNote(pl.Callback):
         total = sum(p.numel() for p in pl_module.parameters())
         trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
         roots = eval_mode_roots(pl_module)
-        frozen = (f"; in eval mode from the start, as the model set them (a frozen part: no dropout, fixed norms): "
-                  + ", ".join(f"{name} ({n} modules)" for name, n in roots)) if roots else ""
+        frozen = (
+            (
+                "; in eval mode from the start, as the model set them (a frozen part: no dropout, fixed norms): "
+                + ", ".join(f"{name} ({n} modules)" for name, n in roots)
+            )
+            if roots
+            else ""
+        )
         log.info("%s: %s parameters, %s trainable%s", type(pl_module).__name__, f"{total:,}", f"{trainable:,}", frozen)

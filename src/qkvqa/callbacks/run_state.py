@@ -1,13 +1,13 @@
 """Store the run's identity, plain-dict config and RNG states in every checkpoint; check them on resume."""
+
 from __future__ import annotations
 
 import random
 from typing import Any, Optional
 
+import lightning.pytorch as pl
 import numpy as np
 import torch
-
-import lightning.pytorch as pl
 
 from qkvqa.errors import ConfigError
 from qkvqa.utils.logging import get_logger
@@ -20,7 +20,9 @@ CHECKPOINT_FORMAT = 2
 class RunStateCallback(pl.Callback):
     """Adds `checkpoint['qkvqa']` = {config, run_id, world_size, global_batch_size, wandb_id, mid_epoch}."""
 
-    def __init__(self, plain_config: dict, run_id: str, wandb_id: Optional[str] = None, batch_size: Optional[int] = None):
+    def __init__(
+        self, plain_config: dict, run_id: str, wandb_id: Optional[str] = None, batch_size: Optional[int] = None
+    ):
         self.plain_config = plain_config
         self.run_id = run_id
         self.wandb_id = wandb_id
@@ -65,8 +67,10 @@ class RunStateCallback(pl.Callback):
             steps = trainer.strategy.all_gather(torch.tensor([trainer.global_step], device=pl_module.device))
             steps = sorted({int(v) for v in steps.flatten().tolist()})
             if len(steps) > 1:
-                raise RuntimeError(f"the ranks start training at different steps {steps}: they resumed from different "
-                                   "checkpoints; resume every rank from the same last.ckpt (run_id=... resume=auto)")
+                raise RuntimeError(
+                    f"the ranks start training at different steps {steps}: they resumed from different "
+                    "checkpoints; resume every rank from the same last.ckpt (run_id=... resume=auto)"
+                )
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         state = checkpoint.get(CHECKPOINT_KEY, {})
@@ -82,9 +86,14 @@ class RunStateCallback(pl.Callback):
                 raise ConfigError(
                     f"this checkpoint was saved mid-epoch with world_size={saved}; resuming it with "
                     f"world_size={trainer.world_size} would skip or repeat samples. Resume with "
-                    f"{saved} processes, or from an end-of-epoch checkpoint.")
-            log.warning("resuming an end-of-epoch checkpoint saved with world_size=%s on world_size=%s: "
-                        "the global batch size changes", saved, trainer.world_size)
+                    f"{saved} processes, or from an end-of-epoch checkpoint."
+                )
+            log.warning(
+                "resuming an end-of-epoch checkpoint saved with world_size=%s on world_size=%s: "
+                "the global batch size changes",
+                saved,
+                trainer.world_size,
+            )
 
 
 def _epoch_position(trainer: pl.Trainer) -> str:
@@ -136,10 +145,17 @@ def rng_state() -> dict:
     CUDA the generator of its own device only (`cuda`, with `cuda_device`): where each process sees every GPU, the
     other devices' generators belong to the other ranks."""
     np_state = np.random.get_state()
-    state = {"python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-             "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
-                       int(np_state[3]), float(np_state[4])],
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [
+            np_state[0],
+            torch.from_numpy(np_state[1].astype(np.int64)),
+            int(np_state[2]),
+            int(np_state[3]),
+            float(np_state[4]),
+        ],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         device = torch.cuda.current_device()
         state["cuda"], state["cuda_device"] = torch.cuda.get_rng_state(device), device
@@ -165,9 +181,13 @@ def rng_for_rank(state: dict, rank: int, world_size: int) -> dict:
     if per_rank and len(per_rank) == world_size and rank < len(per_rank):
         return per_rank[rank]
     if rank > 0:
-        log.warning("rank %d resumes with rank 0's random generator states: the checkpoint holds %s", rank,
-                    "no per-rank states (saved before they were kept)" if not per_rank
-                    else f"the states of {len(per_rank)} ranks, not {world_size}")
+        log.warning(
+            "rank %d resumes with rank 0's random generator states: the checkpoint holds %s",
+            rank,
+            "no per-rank states (saved before they were kept)"
+            if not per_rank
+            else f"the states of {len(per_rank)} ranks, not {world_size}",
+        )
     return state["rng"]
 
 

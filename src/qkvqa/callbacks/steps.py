@@ -10,13 +10,14 @@ logged `step` metric when there is one; the rows logged with an explicit step (t
 A resumed run's first row is then one past its checkpoint's step, so the rows it logs again are exactly those after
 the checkpoint (`RunRecordLogger`'s cut).
 """
+
 from __future__ import annotations
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import LearningRateMonitor
 
-STEP_KEY = "step"          # Lightning reads a row's step from this metric (LoggerConnector.log_metrics)
-EPOCH_KEY = "epoch"        # which Lightning then no longer adds itself
+STEP_KEY = "step"  # Lightning reads a row's step from this metric (LoggerConnector.log_metrics)
+EPOCH_KEY = "epoch"  # which Lightning then no longer adds itself
 
 
 class OptimizerStepRows(pl.Callback):
@@ -39,8 +40,16 @@ class OptimizerStepRows(pl.Callback):
     def _log_epoch_level(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # sync_dist: every rank holds the same values (a mean of equal numbers), and Lightning warns without it
         for key, value in ((STEP_KEY, trainer.global_step), (EPOCH_KEY, trainer.current_epoch)):
-            pl_module.log(key, float(value), on_step=False, on_epoch=True, logger=True, prog_bar=False, batch_size=1,
-                          sync_dist=trainer.world_size > 1)
+            pl_module.log(
+                key,
+                float(value),
+                on_step=False,
+                on_epoch=True,
+                logger=True,
+                prog_bar=False,
+                batch_size=1,
+                sync_dist=trainer.world_size > 1,
+            )
 
 
 class StepLearningRateMonitor(LearningRateMonitor):

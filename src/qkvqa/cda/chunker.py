@@ -1,4 +1,5 @@
 """Sentence-preserving chunker (method.md section 4.2): greedy packing of whole sentences up to L generator tokens."""
+
 from __future__ import annotations
 
 import functools
@@ -37,9 +38,9 @@ class Chunk:
 
     url: str
     title: str
-    section_index: int          # original index in the article's section lists
+    section_index: int  # original index in the article's section lists
     section_title: str
-    chunk_index: int            # 0-based position of the chunk within its section
+    chunk_index: int  # 0-based position of the chunk within its section
     text: str
     token_count: int
     score: Optional[float] = None
@@ -77,8 +78,9 @@ class SentenceLengths:
         return first + rest, joined + rest
 
 
-def pack_sentences(sentences: Sequence[str], max_tokens: int,
-                   lengths: Callable[[str], tuple[int, int]]) -> list[tuple[str, int]]:
+def pack_sentences(
+    sentences: Sequence[str], max_tokens: int, lengths: Callable[[str], tuple[int, int]]
+) -> list[tuple[str, int]]:
     """Greedily pack whole sentences into (text, token count) chunks of at most `max_tokens` tokens.
 
     A sentence is added to the current chunk while the chunk stays within `max_tokens`; otherwise it
@@ -123,15 +125,25 @@ class Chunker:
 
     def chunk_texts(self, texts: Sequence[str]) -> list[list[tuple[str, int]]]:
         """(text, token count) chunks of each text."""
-        return [pack_sentences(sentences, self.max_tokens, self.lengths)
-                for sentences in self.splitter.split_many(texts)]
+        return [
+            pack_sentences(sentences, self.max_tokens, self.lengths) for sentences in self.splitter.split_many(texts)
+        ]
 
     def chunk_article(self, article: ArticleLike) -> list[Chunk]:
         """Every chunk of the article's candidate sections, in section order then chunk order."""
         count = min(len(article.section_titles), len(article.section_texts))
-        indexes = [i for i in range(count)
-                   if is_candidate_section(article.section_titles[i], article.section_texts[i])]
+        indexes = [i for i in range(count) if is_candidate_section(article.section_titles[i], article.section_texts[i])]
         packed = self.chunk_texts([article.section_texts[i] for i in indexes])
-        return [Chunk(url=article.url, title=article.title, section_index=index,
-                      section_title=article.section_titles[index], chunk_index=j, text=text, token_count=n)
-                for index, chunks in zip(indexes, packed) for j, (text, n) in enumerate(chunks)]
+        return [
+            Chunk(
+                url=article.url,
+                title=article.title,
+                section_index=index,
+                section_title=article.section_titles[index],
+                chunk_index=j,
+                text=text,
+                token_count=n,
+            )
+            for index, chunks in zip(indexes, packed)
+            for j, (text, n) in enumerate(chunks)
+        ]

@@ -1,4 +1,5 @@
 """Chunk reranker (kind `bge_reranker`): BGE-Reranker-v2-m3 via FlagEmbedding, or a native transformers port of its scoring rules."""
+
 from __future__ import annotations
 
 import math
@@ -19,14 +20,24 @@ BACKENDS = ("flagembedding", "native")
 OPTION_KEYS = {"backend", "batch_size", "max_length", "normalize", "query_max_length", "seed"}
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_MAX_LENGTH = 512
-BGE_M3_POSITIONS = 8192          # BGE-Reranker-v2-m3 (XLM-R) reads pairs of up to 8192 tokens
+BGE_M3_POSITIONS = 8192  # BGE-Reranker-v2-m3 (XLM-R) reads pairs of up to 8192 tokens
 
 # The tiny XLM-R cross-encoder of models.md section 8, with BGE-M3's 8192 positions (they start at pad + 1, hence
 # + 2), so that OMGM's 6000-token top-1 section pairs fit as they do in the real model; a wide initialisation
 # spreads its random scores, so that backend comparisons are not trivially equal.
-TINY_XLMR = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                 max_position_embeddings=BGE_M3_POSITIONS + 2, type_vocab_size=1, pad_token_id=1,
-                 bos_token_id=0, eos_token_id=2, num_labels=1, initializer_range=0.5)
+TINY_XLMR = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=BGE_M3_POSITIONS + 2,
+    type_vocab_size=1,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    num_labels=1,
+    initializer_range=0.5,
+)
 
 
 def sigmoid(x: float) -> float:
@@ -46,31 +57,49 @@ class Reranker(ABC):
     `max_length * 3 // 4`), the pair to `max_length` tokens by truncating the passage.
     """
 
-    def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE, max_length: int = DEFAULT_MAX_LENGTH,
-                 normalize: bool = True, query_max_length: Optional[int] = None):
+    def __init__(
+        self,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        normalize: bool = True,
+        query_max_length: Optional[int] = None,
+    ):
         self.batch_size = batch_size
         self.max_length = max_length
         self.normalize = normalize
         self.query_max_length = query_max_length
-        self.positions: Optional[int] = None        # the longest pair the model reads (set by the subclasses)
+        self.positions: Optional[int] = None  # the longest pair the model reads (set by the subclasses)
 
-    def score(self, pairs: Sequence[tuple[str, str]], batch_size: Optional[int] = None,
-              max_length: Optional[int] = None, normalize: Optional[bool] = None) -> list[float]:
+    def score(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        batch_size: Optional[int] = None,
+        max_length: Optional[int] = None,
+        normalize: Optional[bool] = None,
+    ) -> list[float]:
         """One score per (query, passage) pair, in input order."""
         pairs = [(str(q), str(p)) for q, p in pairs]
         if not pairs:
             return []
         max_length = self.max_length if max_length is None else int(max_length)
         if self.positions is not None and max_length > self.positions:
-            raise ConfigError(f"the reranker reads pairs of at most {self.positions} tokens, but {max_length} were "
-                              "asked for (cda.reranker_max_length / cda.top1_section_max_length); lower it")
+            raise ConfigError(
+                f"the reranker reads pairs of at most {self.positions} tokens, but {max_length} were "
+                "asked for (cda.reranker_max_length / cda.top1_section_max_length); lower it"
+            )
         query_max_length = self.query_max_length if self.query_max_length is not None else max_length * 3 // 4
-        return self._score(pairs, self.batch_size if batch_size is None else int(batch_size), max_length,
-                           query_max_length, self.normalize if normalize is None else bool(normalize))
+        return self._score(
+            pairs,
+            self.batch_size if batch_size is None else int(batch_size),
+            max_length,
+            query_max_length,
+            self.normalize if normalize is None else bool(normalize),
+        )
 
     @abstractmethod
-    def _score(self, pairs: list[tuple[str, str]], batch_size: int, max_length: int, query_max_length: int,
-               normalize: bool) -> list[float]:
+    def _score(
+        self, pairs: list[tuple[str, str]], batch_size: int, max_length: int, query_max_length: int, normalize: bool
+    ) -> list[float]:
         """Scores of a non-empty list of pairs, with every setting resolved."""
 
 
@@ -83,9 +112,15 @@ class FlagEmbeddingReranker(Reranker):
         _silence_flag_progress_bars()
         super().__init__(**defaults)
         self.device = device
-        self.model = FlagReranker(path, use_fp16=use_fp16, devices=[device], batch_size=self.batch_size,
-                                  max_length=self.max_length, query_max_length=self.query_max_length,
-                                  normalize=self.normalize)
+        self.model = FlagReranker(
+            path,
+            use_fp16=use_fp16,
+            devices=[device],
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            query_max_length=self.query_max_length,
+            normalize=self.normalize,
+        )
         # FlagReranker tokenizes, then pads with `tokenizer.pad`, which makes transformers print "You're using a
         # XLMRobertaTokenizerFast tokenizer ... faster than ... `pad`" once per run: advice for FlagEmbedding, not
         # for our users. The tokenizer's own once-only record of that advice is set, as if it had been given.
@@ -95,8 +130,9 @@ class FlagEmbeddingReranker(Reranker):
         self.positions = pair_positions(getattr(self.model.model, "config", None))
 
     def _score(self, pairs, batch_size, max_length, query_max_length, normalize):
-        scores = self.model.compute_score(pairs, batch_size=batch_size, max_length=max_length,
-                                          query_max_length=query_max_length, normalize=normalize)
+        scores = self.model.compute_score(
+            pairs, batch_size=batch_size, max_length=max_length, query_max_length=query_max_length, normalize=normalize
+        )
         return [float(s) for s in scores]
 
 
@@ -123,6 +159,7 @@ def _silence_flag_progress_bars() -> None:
         def make(*args, **kwargs):
             kwargs["disable"] = True
             return bar(*args, **kwargs)
+
         return make
 
     flag_base.tqdm, flag_base.trange = quiet(tqdm), quiet(trange)
@@ -147,17 +184,21 @@ class NativeReranker(Reranker):
         import torch
 
         tok = self.tokenizer
-        query_ids = tok([q for q, _ in pairs], add_special_tokens=False, max_length=query_max_length,
-                        truncation=True)["input_ids"]
-        passage_ids = tok([p for _, p in pairs], add_special_tokens=False, max_length=max_length,
-                          truncation=True)["input_ids"]
-        items = [tok.prepare_for_model(q, p, truncation="only_second", max_length=max_length, padding=False)
-                 for q, p in zip(query_ids, passage_ids)]
+        query_ids = tok([q for q, _ in pairs], add_special_tokens=False, max_length=query_max_length, truncation=True)[
+            "input_ids"
+        ]
+        passage_ids = tok([p for _, p in pairs], add_special_tokens=False, max_length=max_length, truncation=True)[
+            "input_ids"
+        ]
+        items = [
+            tok.prepare_for_model(q, p, truncation="only_second", max_length=max_length, padding=False)
+            for q, p in zip(query_ids, passage_ids)
+        ]
         order = sorted(range(len(items)), key=lambda i: -len(items[i]["input_ids"]))
         scores = [0.0] * len(items)
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
-                batch_index = order[start:start + batch_size]
+                batch_index = order[start : start + batch_size]
                 features = {key: [items[i][key] for i in batch_index] for key in items[batch_index[0]]}
                 inputs = tok.pad(features, padding=True, return_tensors="pt").to(self.device)
                 logits = self.model(**inputs, return_dict=True).logits.view(-1).float().cpu().tolist()
@@ -184,7 +225,9 @@ def write_tiny_xlmr_reranker(out_dir: Path, words: Sequence[str] = (), seed: int
             seen.add(piece)
             pieces.append((piece, -1.0))
     # The word-boundary piece and single characters, so that any ASCII text tokenises without <unk>.
-    for piece, logp in [("\u2581", -3.0)] + [(c, -5.0) for c in string.ascii_letters + string.digits + string.punctuation]:
+    for piece, logp in [("\u2581", -3.0)] + [
+        (c, -5.0) for c in string.ascii_letters + string.digits + string.punctuation
+    ]:
         if piece not in seen:
             seen.add(piece)
             pieces.append((piece, logp))
@@ -193,11 +236,20 @@ def write_tiny_xlmr_reranker(out_dir: Path, words: Sequence[str] = (), seed: int
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
     backend.decoder = decoders.Metaspace()
     backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
     tokenizer_class = getattr(transformers, "XLMRobertaTokenizerFast", None) or transformers.XLMRobertaTokenizer
-    tokenizer = tokenizer_class(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", sep_token="</s>",
-                                cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
-                                model_max_length=BGE_M3_POSITIONS)
+    tokenizer = tokenizer_class(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_max_length=BGE_M3_POSITIONS,
+    )
     tokenizer.save_pretrained(str(out_dir))
     torch.manual_seed(seed)
     model = XLMRobertaForSequenceClassification(XLMRobertaConfig(vocab_size=len(pieces), **TINY_XLMR))
@@ -226,16 +278,23 @@ def build_bge_reranker(spec: ComponentSpec) -> Reranker:
     options = dict(spec.options)
     unknown = set(options) - OPTION_KEYS
     if unknown:
-        raise ConfigError(f"components.reranker.options: unknown key(s) {sorted(unknown)}; valid: {sorted(OPTION_KEYS)}")
+        raise ConfigError(
+            f"components.reranker.options: unknown key(s) {sorted(unknown)}; valid: {sorted(OPTION_KEYS)}"
+        )
     backend = options.get("backend", "flagembedding")
     if backend not in BACKENDS:
         raise ConfigError(f"components.reranker.options.backend: {backend!r} is not one of {', '.join(BACKENDS)}")
-    defaults = dict(batch_size=int(options.get("batch_size", DEFAULT_BATCH_SIZE)),
-                    max_length=int(options.get("max_length", DEFAULT_MAX_LENGTH)),
-                    normalize=bool(options.get("normalize", True)),
-                    query_max_length=options.get("query_max_length"))
-    path = (str(tiny_model(spec, write_tiny_xlmr_reranker, seed=int(options.get("seed", 0)))) if spec.tiny
-            else local_model_dir(spec))
+    defaults = dict(
+        batch_size=int(options.get("batch_size", DEFAULT_BATCH_SIZE)),
+        max_length=int(options.get("max_length", DEFAULT_MAX_LENGTH)),
+        normalize=bool(options.get("normalize", True)),
+        query_max_length=options.get("query_max_length"),
+    )
+    path = (
+        str(tiny_model(spec, write_tiny_xlmr_reranker, seed=int(options.get("seed", 0))))
+        if spec.tiny
+        else local_model_dir(spec)
+    )
     device = spec.torch_device()
     dtype = spec.torch_dtype()
     if device.type == "cpu" and dtype != torch.float32:
@@ -243,8 +302,10 @@ def build_bge_reranker(spec: ComponentSpec) -> Reranker:
         dtype = torch.float32
     if backend == "flagembedding":
         if dtype == torch.bfloat16:
-            raise ConfigError("components.reranker: FlagReranker runs in fp32 or fp16; set dtype: fp16 or fp32, "
-                              "or options.backend: native for bf16")
+            raise ConfigError(
+                "components.reranker: FlagReranker runs in fp32 or fp16; set dtype: fp16 or fp32, "
+                "or options.backend: native for bf16"
+            )
         return FlagEmbeddingReranker(path, str(device), use_fp16=dtype == torch.float16, **defaults)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -1,12 +1,14 @@
 """CDA context selection (method.md section 4): articles by U and theta, chunk ranking, K1/K2 quotas, ablation modes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence
 
 from qkvqa.cda.chunker import ArticleLike, Chunk, Chunker, Splitter
+from qkvqa.config.schema import CDA_MODES as MODES  # declared with the config
+from qkvqa.config.schema import TOP1_SECTION_BY
 from qkvqa.data.sections import is_candidate_section
-from qkvqa.config.schema import CDA_MODES as MODES, TOP1_SECTION_BY  # declared with the config
 from qkvqa.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,8 +22,13 @@ THETA_TOLERANCE = 1e-9
 class PairScorer(Protocol):
     """The chunk reranker interface (qkvqa.cda.reranker.Reranker)."""
 
-    def score(self, pairs: Sequence[tuple[str, str]], batch_size: Optional[int] = None,
-              max_length: Optional[int] = None, normalize: Optional[bool] = None) -> list[float]: ...
+    def score(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        batch_size: Optional[int] = None,
+        max_length: Optional[int] = None,
+        normalize: Optional[bool] = None,
+    ) -> list[float]: ...
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,24 @@ class Context:
 
     def metadata(self) -> dict:
         """A JSON-ready record of the selection (for prediction files and analysis)."""
-        return {"mode": self.mode, "token_count": self.token_count, "kept_articles": list(self.kept_articles),
-                "chunks": [{"url": c.url, "title": c.title, "section_index": c.section_index,
-                            "section_title": c.section_title, "chunk_index": c.chunk_index,
-                            "token_count": c.token_count, "score": c.score, "article_rank": c.article_rank}
-                           for c in self.chunks]}
+        return {
+            "mode": self.mode,
+            "token_count": self.token_count,
+            "kept_articles": list(self.kept_articles),
+            "chunks": [
+                {
+                    "url": c.url,
+                    "title": c.title,
+                    "section_index": c.section_index,
+                    "section_title": c.section_title,
+                    "chunk_index": c.chunk_index,
+                    "token_count": c.token_count,
+                    "score": c.score,
+                    "article_rank": c.article_rank,
+                }
+                for c in self.chunks
+            ],
+        }
 
 
 def select_articles(scores: Sequence[float], U: Optional[int], theta: Optional[float]) -> list[int]:
@@ -82,12 +102,13 @@ def select_articles(scores: Sequence[float], U: Optional[int], theta: Optional[f
         raise ConfigError(f"cda.theta must be non-negative or null, got {theta}")
     for i in range(1, len(scores)):
         if scores[i] > scores[i - 1]:
-            raise ValueError(f"ranked articles must come in non-increasing fused-score order; rank {i} has "
-                             f"{scores[i]} after {scores[i - 1]}")
+            raise ValueError(
+                f"ranked articles must come in non-increasing fused-score order; rank {i} has "
+                f"{scores[i]} after {scores[i - 1]}"
+            )
     limit = len(scores) if U is None else min(U, len(scores))
     best = scores[0]
-    return [0] + [i for i in range(1, limit)
-                  if theta is None or best - scores[i] <= theta + THETA_TOLERANCE]
+    return [0] + [i for i in range(1, limit) if theta is None or best - scores[i] <= theta + THETA_TOLERANCE]
 
 
 def apply_quotas(ranked: Sequence[Sequence[Chunk]], k_first: int, k_other: int) -> list[Chunk]:
@@ -127,15 +148,24 @@ class ContextSelector:
     header. With U or theta lifted, every kept article after the first gets the K2 quota.
     """
 
-    def __init__(self, cfg: "CDAConfig", splitter: Splitter, count_tokens: Callable[[str], int],
-                 reranker: Optional[PairScorer] = None):
+    def __init__(
+        self,
+        cfg: "CDAConfig",
+        splitter: Splitter,
+        count_tokens: Callable[[str], int],
+        reranker: Optional[PairScorer] = None,
+    ):
         if cfg.mode not in MODES:
             raise ConfigError(f"cda.mode: {cfg.mode!r} is not one of {', '.join(MODES)}")
         if cfg.top1_section_by not in TOP1_SECTION_BY:
-            raise ConfigError(f"cda.top1_section_by: {cfg.top1_section_by!r} is not one of {', '.join(TOP1_SECTION_BY)}")
+            raise ConfigError(
+                f"cda.top1_section_by: {cfg.top1_section_by!r} is not one of {', '.join(TOP1_SECTION_BY)}"
+            )
         if needs_reranker(cfg) and reranker is None:
-            raise ConfigError(f"cda.mode={cfg.mode} (top1_section_by={cfg.top1_section_by}) ranks text with the "
-                              "reranker and needs one (components.reranker)")
+            raise ConfigError(
+                f"cda.mode={cfg.mode} (top1_section_by={cfg.top1_section_by}) ranks text with the "
+                "reranker and needs one (components.reranker)"
+            )
         for key in ("K1", "K2"):
             if getattr(cfg, key) < 0:
                 raise ConfigError(f"cda.{key} must be non-negative, got {getattr(cfg, key)}")
@@ -144,7 +174,9 @@ class ContextSelector:
         self.reranker = reranker
         self.chunker = Chunker(splitter, count_tokens, cfg.chunk_tokens)
 
-    def select(self, question: str, ranked_articles: Sequence[RankedArticle], image: Optional[object] = None) -> Context:
+    def select(
+        self, question: str, ranked_articles: Sequence[RankedArticle], image: Optional[object] = None
+    ) -> Context:
         """The context for `question` given its articles in fused-score order (`image` is unused: CDA reads text)."""
         return self.select_many([(question, ranked_articles)])[0]
 
@@ -153,8 +185,10 @@ class ContextSelector:
         call (its batches of `reranker_batch_size` span questions); each context is the one-question context."""
         mode = self.cfg.mode
         if mode == "top1_section":
-            return [self._context(*self._top1_section(q, arts[0]), [0]) if arts else self._context([], [], [])
-                    for q, arts in items]
+            return [
+                self._context(*self._top1_section(q, arts[0]), [0]) if arts else self._context([], [], [])
+                for q, arts in items
+            ]
         plans, pairs = [], []
         for question, ranked_articles in items:
             if not ranked_articles:
@@ -167,9 +201,16 @@ class ContextSelector:
             per_article = [(rank, self.chunker.chunk_article(ranked_articles[rank].article)) for rank in kept]
             plans.append((kept, per_article, len(pairs)))
             pairs += [(question, chunk.render()) for _, chunks in per_article for chunk in chunks]
-        scores = self.reranker.score(pairs, batch_size=self.cfg.reranker_batch_size,
-                                     max_length=self.cfg.reranker_max_length,
-                                     normalize=self.cfg.reranker_normalize) if pairs else []
+        scores = (
+            self.reranker.score(
+                pairs,
+                batch_size=self.cfg.reranker_batch_size,
+                max_length=self.cfg.reranker_max_length,
+                normalize=self.cfg.reranker_normalize,
+            )
+            if pairs
+            else []
+        )
         k_first = 1 if mode == "first_chunk" else self.cfg.K1
         contexts = []
         for plan in plans:
@@ -179,11 +220,16 @@ class ContextSelector:
             kept, per_article, position = plan
             ranked = []
             for rank, chunks in per_article:
-                ranked.append([replace(chunk, score=float(scores[position + j]), article_rank=rank)
-                               for j, chunk in enumerate(chunks)])
+                ranked.append(
+                    [
+                        replace(chunk, score=float(scores[position + j]), article_rank=rank)
+                        for j, chunk in enumerate(chunks)
+                    ]
+                )
                 position += len(chunks)
-            contexts.append(self._context(apply_quotas(ranked, k_first, self.cfg.K2), [c for g in ranked for c in g],
-                                          kept))
+            contexts.append(
+                self._context(apply_quotas(ranked, k_first, self.cfg.K2), [c for g in ranked for c in g], kept)
+            )
         return contexts
 
     def _top1_section(self, question: str, ranked: RankedArticle) -> tuple[list[Chunk], list[Chunk]]:
@@ -192,24 +238,37 @@ class ContextSelector:
         article, by = ranked.article, self.cfg.top1_section_by
         count = min(len(article.section_titles), len(article.section_texts))
         indices = [i for i in range(count) if is_candidate_section(article.section_titles[i], article.section_texts[i])]
-        if by != "bge":                       # QFF takes part: only the sections it scored
+        if by != "bge":  # QFF takes part: only the sections it scored
             indices = [i for i in indices if i in ranked.section_scores]
         if not indices:
             return [], []
-        sections = {i: Chunk(url=article.url, title=article.title, section_index=i,
-                             section_title=article.section_titles[i], chunk_index=0,
-                             text=article.section_texts[i].strip(), token_count=0, article_rank=0) for i in indices}
+        sections = {
+            i: Chunk(
+                url=article.url,
+                title=article.title,
+                section_index=i,
+                section_title=article.section_titles[i],
+                chunk_index=0,
+                text=article.section_texts[i].strip(),
+                token_count=0,
+                article_rank=0,
+            )
+            for i in indices
+        }
         scores = {i: float(ranked.section_scores[i]) for i in indices} if by != "bge" else {}
         if by != "qff":
             # OMGM's step 3 reads each (question, section) pair whole (6000 tokens) and mixes
             # beta * section similarity + (1 - beta) * sigmoid(BGE) (test/step3_secaugmented_gen.py).
-            bge = self.reranker.score([(question, sections[i].render()) for i in indices],
-                                      batch_size=self.cfg.reranker_batch_size,
-                                      max_length=self.cfg.top1_section_max_length,
-                                      normalize=self.cfg.reranker_normalize)
+            bge = self.reranker.score(
+                [(question, sections[i].render()) for i in indices],
+                batch_size=self.cfg.reranker_batch_size,
+                max_length=self.cfg.top1_section_max_length,
+                normalize=self.cfg.reranker_normalize,
+            )
             beta = float(self.cfg.top1_section_beta)
-            scores = {i: beta * scores[i] + (1 - beta) * b if by == "fused" else b
-                      for i, b in zip(indices, map(float, bge))}
+            scores = {
+                i: beta * scores[i] + (1 - beta) * b if by == "fused" else b for i, b in zip(indices, map(float, bge))
+            }
         index = max(indices, key=lambda i: (scores[i], -i))
         best = sections[index]
         chosen = replace(best, token_count=self.count_tokens(best.text), score=scores[index])
@@ -217,12 +276,23 @@ class ContextSelector:
 
     def _context(self, chunks: list[Chunk], candidates: list[Chunk], kept: list[int]) -> Context:
         text = CONTEXT_JOINER.join(chunk.render() for chunk in chunks)
-        return Context(mode=self.cfg.mode, chunks=chunks, text=text,
-                       token_count=self.count_tokens(text) if text else 0, kept_articles=kept, candidates=candidates)
+        return Context(
+            mode=self.cfg.mode,
+            chunks=chunks,
+            text=text,
+            token_count=self.count_tokens(text) if text else 0,
+            kept_articles=kept,
+            candidates=candidates,
+        )
 
 
-def select_context(question: str, ranked_articles: Sequence[RankedArticle], cfg: "CDAConfig",
-                   reranker: Optional[PairScorer], count_tokens: Callable[[str], int],
-                   splitter: Splitter) -> Context:
+def select_context(
+    question: str,
+    ranked_articles: Sequence[RankedArticle],
+    cfg: "CDAConfig",
+    reranker: Optional[PairScorer],
+    count_tokens: Callable[[str], int],
+    splitter: Splitter,
+) -> Context:
     """One-shot form of `ContextSelector(cfg, splitter, count_tokens, reranker).select(question, ranked_articles)`."""
     return ContextSelector(cfg, splitter, count_tokens, reranker).select(question, ranked_articles)

@@ -1,4 +1,5 @@
 """Sentence splitter for chunking: spaCy's blank English tokenizer + rule-based sentencizer (kind `spacy_sentencizer`)."""
+
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -19,8 +20,7 @@ class SentenceSplitter:
     returned stripped of surrounding whitespace; whitespace-only pieces are dropped.
     """
 
-    def __init__(self, extra_abbreviations: Sequence[str] = (), split_on_newlines: bool = True,
-                 batch_size: int = 256):
+    def __init__(self, extra_abbreviations: Sequence[str] = (), split_on_newlines: bool = True, batch_size: int = 256):
         import spacy
         from spacy.symbols import ORTH
 
@@ -46,7 +46,7 @@ class SentenceSplitter:
             sentences: list[str] = []
             for span in doc.sents:
                 # Slicing the text avoids building a Python Token per token (Span.text would).
-                sentence = text[span.start_char:span.end_char]
+                sentence = text[span.start_char : span.end_char]
                 pieces = sentence.split("\n") if self.split_on_newlines and "\n" in sentence else (sentence,)
                 sentences.extend(piece.strip() for piece in pieces if piece.strip())
             result.append(sentences)
@@ -57,12 +57,16 @@ class SentenceSplitter:
 def build_spacy_sentencizer(spec: ComponentSpec) -> SentenceSplitter:
     """A SentenceSplitter; options: `extra_abbreviations` (list), `split_on_newlines` (bool). It has no weights."""
     if spec.pretrained:
-        raise ConfigError(f"components.splitter (kind spacy_sentencizer) loads no weights; remove "
-                          f"`pretrained: {spec.pretrained}` and set `tiny: true`")
+        raise ConfigError(
+            f"components.splitter (kind spacy_sentencizer) loads no weights; remove "
+            f"`pretrained: {spec.pretrained}` and set `tiny: true`"
+        )
     options = dict(spec.options)
     known = {"extra_abbreviations", "split_on_newlines"}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"components.splitter.options: unknown key(s) {sorted(unknown)}; valid: {sorted(known)}")
-    return SentenceSplitter(extra_abbreviations=list(options.get("extra_abbreviations", ())),
-                            split_on_newlines=bool(options.get("split_on_newlines", True)))
+    return SentenceSplitter(
+        extra_abbreviations=list(options.get("extra_abbreviations", ())),
+        split_on_newlines=bool(options.get("split_on_newlines", True)),
+    )

@@ -1,4 +1,5 @@
 """`python -m qkvqa.cli` runs the same command line as `qkvqa`."""
+
 import sys
 
 from qkvqa.cli.main import main

@@ -1,4 +1,5 @@
 """`qkvqa compare`: one table of runs (local run records or a W&B project), as Markdown/CSV, plus plots."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,33 +29,64 @@ the same table as a pandas DataFrame.
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `compare` command."""
-    parser = subparsers.add_parser("compare", help="compare runs in one table (local run records or W&B)",
-                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="*", metavar="PATH",
-                        help="run dir, sweep dir or checkpoints root (default: checkpoints)")
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare runs in one table (local run records or W&B)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH", help="run dir, sweep dir or checkpoints root (default: checkpoints)"
+    )
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs of this W&B project instead")
-    parser.add_argument("--task", metavar="COMMAND",
-                        help="keep runs of this command: train, evaluate, embed, index, mine, rerank, ...")
-    parser.add_argument("--where", "--filter", dest="where", action="append", default=[], metavar="key=value",
-                        help="keep runs whose config key (or run_id/task/state/experiment) equals value; repeatable")
-    parser.add_argument("--metric", metavar="NAME", action="append",
-                        help="a metric column, e.g. val/article_r1; the first ranks the runs (default: a sweep "
-                             "dir's metric); repeatable; an unknown name is an error naming the nearest")
-    parser.add_argument("--all", dest="all_columns", action="store_true",
-                        help="every differing config key and summary metric, the experiment and the runtime")
-    parser.add_argument("--goal", choices=["min", "max"], help="is a smaller or larger --metric better (default: "
-                        "a sweep dir's goal, else max)")
-    parser.add_argument("--format", choices=["table", "markdown", "md", "csv", "json"],
-                        help="table: aligned columns that fit the terminal, floats to 4 significant figures (the "
-                             "default when printing); markdown (md), csv or json (every digit; the default for "
-                             "--out by its suffix, else markdown)")
+    parser.add_argument(
+        "--task", metavar="COMMAND", help="keep runs of this command: train, evaluate, embed, index, mine, rerank, ..."
+    )
+    parser.add_argument(
+        "--where",
+        "--filter",
+        dest="where",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="keep runs whose config key (or run_id/task/state/experiment) equals value; repeatable",
+    )
+    parser.add_argument(
+        "--metric",
+        metavar="NAME",
+        action="append",
+        help="a metric column, e.g. val/article_r1; the first ranks the runs (default: a sweep "
+        "dir's metric); repeatable; an unknown name is an error naming the nearest",
+    )
+    parser.add_argument(
+        "--all",
+        dest="all_columns",
+        action="store_true",
+        help="every differing config key and summary metric, the experiment and the runtime",
+    )
+    parser.add_argument(
+        "--goal",
+        choices=["min", "max"],
+        help="is a smaller or larger --metric better (default: a sweep dir's goal, else max)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["table", "markdown", "md", "csv", "json"],
+        help="table: aligned columns that fit the terminal, floats to 4 significant figures (the "
+        "default when printing); markdown (md), csv or json (every digit; the default for "
+        "--out by its suffix, else markdown)",
+    )
     parser.add_argument("--out", metavar="FILE", help="write the table here instead of printing it")
     parser.add_argument("--plot", metavar="PARAM", help="also plot --metric against this config key (PNG)")
-    parser.add_argument("--plot-out", metavar="FILE",
-                        help="PNG path (default: <metric>_vs_<param>.png beside --out, else here)")
-    parser.add_argument("--plot-value", choices=["best", "last"], default="best",
-                        help="which value of each run's history is plotted: its best by --goal (default) or "
-                             "its last")
+    parser.add_argument(
+        "--plot-out", metavar="FILE", help="PNG path (default: <metric>_vs_<param>.png beside --out, else here)"
+    )
+    parser.add_argument(
+        "--plot-value",
+        choices=["best", "last"],
+        default="best",
+        help="which value of each run's history is plotted: its best by --goal (default) or its last",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -99,8 +131,10 @@ def _run(args: argparse.Namespace) -> int:
     text = write_table(table, fmt, args.out)
     if hidden:
         tasks = sorted({(r.task or "").split(" ")[0] for r in hidden})
-        print(f"({len(hidden)} auto-named {'/'.join(tasks)} run(s) not shown: --task {tasks[0]} or --all shows "
-              f"them)", file=sys.stderr)
+        print(
+            f"({len(hidden)} auto-named {'/'.join(tasks)} run(s) not shown: --task {tasks[0]} or --all shows them)",
+            file=sys.stderr,
+        )
     if args.out:
         print(f"{len(table.records)} run(s) -> {args.out}")
     else:

@@ -1,4 +1,5 @@
 """`qkvqa config show|list`: print a resolved config, or list the experiments and presets."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,23 +9,32 @@ from qkvqa.config.cli import add_config_dir_arg, add_override_args, config_from_
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `config` command."""
-    parser = subparsers.add_parser("config", help="show a resolved config or list experiments",
-                                   description="Inspect configs without running anything.")
+    parser = subparsers.add_parser(
+        "config",
+        help="show a resolved config or list experiments",
+        description="Inspect configs without running anything.",
+    )
     sub = parser.add_subparsers(dest="config_command", metavar="<show|list>", required=True)
-    show = sub.add_parser("show", help="print the resolved config of an experiment (or one KEY's subtree)",
-                          description="Print the config that `experiment=NAME key=value ...` resolves to "
-                                      "(base, presets, experiment, overrides), as YAML; a bare KEY (`qff`, "
-                                      "`components.qformer`, `trainer.max_steps`) prints only that part. A tiny "
-                                      "model's word list (vocab_texts) shows as its length: the whole config.yaml "
-                                      "of a run has it.")
+    show = sub.add_parser(
+        "show",
+        help="print the resolved config of an experiment (or one KEY's subtree)",
+        description="Print the config that `experiment=NAME key=value ...` resolves to "
+        "(base, presets, experiment, overrides), as YAML; a bare KEY (`qff`, "
+        "`components.qformer`, `trainer.max_steps`) prints only that part. A tiny "
+        "model's word list (vocab_texts) shows as its length: the whole config.yaml "
+        "of a run has it.",
+    )
     add_override_args(show)
     show.set_defaults(func=_show)
-    lister = sub.add_parser("list", help="list experiments and presets",
-                            description="List the experiments (NAME.yaml) and presets (presets/NAME.yaml) of the\n"
-                                        "--config-dir directories, $QKVQA_CONFIG_PATH and the main experiments\n"
-                                        "directory (the checkout's experiments/, or the copy installed with qkvqa);\n"
-                                        "names found outside the main directory show where they come from.",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    lister = sub.add_parser(
+        "list",
+        help="list experiments and presets",
+        description="List the experiments (NAME.yaml) and presets (presets/NAME.yaml) of the\n"
+        "--config-dir directories, $QKVQA_CONFIG_PATH and the main experiments\n"
+        "directory (the checkout's experiments/, or the copy installed with qkvqa);\n"
+        "names found outside the main directory show where they come from.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_dir_arg(lister)
     lister.set_defaults(func=_list)
 
@@ -39,7 +49,7 @@ def _show(args: argparse.Namespace) -> int:
     keys = [t for t in args.overrides if "=" not in t and not t.startswith(("~", "+"))]
     args.overrides = [t for t in args.overrides if t not in keys]
     cfg = config_from_args(args)
-    plain = compact_config(to_plain(cfg))          # a tiny model's word list is data, shown as its length
+    plain = compact_config(to_plain(cfg))  # a tiny model's word list is data, shown as its length
     if not keys:
         print(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True), end="")
         return 0

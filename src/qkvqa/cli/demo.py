@@ -1,4 +1,5 @@
 """`qkvqa demo`: the whole method end to end on the embedded synthetic world (what `make demo` runs)."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,18 +9,28 @@ from pathlib import Path
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `demo` command."""
     parser = subparsers.add_parser(
-        "demo", help="run the whole method on the synthetic world and print a comparison",
+        "demo",
+        help="run the whole method on the synthetic world and print a comparison",
         description="Generate the synthetic KB-VQA world, embed and index it, train the QFF with and without "
-                    "question focus, evaluate retrieval only / QFF none / QFF per_layer / top-1 section against "
-                    "CDA, print the comparison and write report.md with plots into checkpoints/demo/. A second "
-                    "run reuses every finished stage.")
-    parser.add_argument("--dir", type=Path, default=Path(".cache/qkvqa/demo"),
-                        help="where the world and its caches go (default: .cache/qkvqa/demo)")
+        "question focus, evaluate retrieval only / QFF none / QFF per_layer / top-1 section against "
+        "CDA, print the comparison and write report.md with plots into checkpoints/demo/. A second "
+        "run reuses every finished stage.",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(".cache/qkvqa/demo"),
+        help="where the world and its caches go (default: .cache/qkvqa/demo)",
+    )
     parser.add_argument("--runs", type=Path, default=Path("checkpoints"), help="the run root (default: checkpoints)")
     parser.add_argument("--entities", type=int, default=120, help="synthetic world size (default: 120)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="QFF training epochs (default: the demo experiments', 5); 1 is a quick look")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="QFF training epochs (default: the demo experiments', 5); 1 is a quick look",
+    )
     parser.set_defaults(func=_demo, opens_run=True)
 
 
@@ -34,6 +45,5 @@ def _demo(args: argparse.Namespace) -> int:
         from qkvqa.errors import ConfigError
 
         raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
-    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed, epochs=args.epochs,
-         run_command=main).run()
+    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed, epochs=args.epochs, run_command=main).run()
     return 0

@@ -1,4 +1,5 @@
 """`qkvqa doctor [experiment=... overrides]`: checks a whole setup in seconds and exits 1 on anything blocking."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,16 +19,33 @@ GPU and runs one forward on a fixed example (the BEM and BGE-Reranker model card
 
 def register(subparsers) -> None:
     """Add `qkvqa doctor`."""
-    parser = subparsers.add_parser("doctor", help="check paths, data, KB, index, models, GPU and disk before a run",
-                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check paths, data, KB, index, models, GPU and disk before a run",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON instead of a table")
     parser.add_argument("--load", action="store_true", help="also instantiate each model on the meta device")
-    parser.add_argument("--device", default=None, metavar="cuda",
-                        help="with --load: build each model on this device and run one forward")
-    parser.add_argument("--splits", default=None, metavar="test[,train]",
-                        help="question splits to check (default: the ones the config's task reads)")
-    parser.add_argument("--open-images", type=int, default=None, metavar="N",
-                        help="query images opened per split (header read; a seeded sample beyond N, default 5000)")
+    parser.add_argument(
+        "--device",
+        default=None,
+        metavar="cuda",
+        help="with --load: build each model on this device and run one forward",
+    )
+    parser.add_argument(
+        "--splits",
+        default=None,
+        metavar="test[,train]",
+        help="question splits to check (default: the ones the config's task reads)",
+    )
+    parser.add_argument(
+        "--open-images",
+        type=int,
+        default=None,
+        metavar="N",
+        help="query images opened per split (header read; a seeded sample beyond N, default 5000)",
+    )
     add_override_args(parser)
     parser.set_defaults(func=handler)
 
@@ -41,6 +59,9 @@ def handler(args: argparse.Namespace) -> int:
         args.load = True
     splits = [s for s in args.splits.split(",") if s] if args.splits else None
     checks = run_doctor(cfg, load=args.load, device=args.device, splits=splits, open_images=args.open_images)
-    print(render_json(checks, {"experiment": cfg.experiment, "presets": list(cfg.presets)}) if args.json
-          else render_table(checks))
+    print(
+        render_json(checks, {"experiment": cfg.experiment, "presets": list(cfg.presets)})
+        if args.json
+        else render_table(checks)
+    )
     return 1 if blocking(checks) else 0

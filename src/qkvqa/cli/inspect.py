@@ -1,4 +1,5 @@
 """`qkvqa inspect`: write (and optionally serve) the static error-analysis site of an evaluation run."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,18 +21,33 @@ Open OUT/index.html in a browser (file:// works), or serve it with --serve PORT.
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `inspect` command."""
-    parser = subparsers.add_parser("inspect", help="a static web site of an evaluation run, for error analysis",
-                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="an evaluation run directory (checkpoints/<run_id>)")
-    parser.add_argument("--compare", type=Path, metavar="OTHER_RUN",
-                        help="a second evaluation run over the same questions: flips, gold-rank deltas, side by side")
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="where the site goes (default: RUN_DIR/inspect, or RUN_DIR/inspect-vs-<OTHER> with "
-                             "--compare)")
-    parser.add_argument("--serve", type=int, metavar="PORT",
-                        help="after building, serve the site on http://127.0.0.1:PORT until Ctrl-C")
-    parser.add_argument("--shard-size", type=int, default=None, metavar="N",
-                        help="questions per trace shard file (default: 500)")
+    parser = subparsers.add_parser(
+        "inspect",
+        help="a static web site of an evaluation run, for error analysis",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="an evaluation run directory (checkpoints/<run_id>)"
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="OTHER_RUN",
+        help="a second evaluation run over the same questions: flips, gold-rank deltas, side by side",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="where the site goes (default: RUN_DIR/inspect, or RUN_DIR/inspect-vs-<OTHER> with --compare)",
+    )
+    parser.add_argument(
+        "--serve", type=int, metavar="PORT", help="after building, serve the site on http://127.0.0.1:PORT until Ctrl-C"
+    )
+    parser.add_argument(
+        "--shard-size", type=int, default=None, metavar="N", help="questions per trace shard file (default: 500)"
+    )
     parser.set_defaults(func=_inspect)
 
 
@@ -44,8 +60,10 @@ def _inspect(args: argparse.Namespace) -> int:
     site = build_site(args.run_dir, out=args.out, compare=args.compare, shard_size=args.shard_size or SHARD_SIZE)
     line = f"inspect: {site.questions} questions"
     if site.flips is not None:
-        line += (f"; {site.flips['right_to_wrong']} right -> wrong, {site.flips['wrong_to_right']} wrong -> right "
-                 "against the compared run")
+        line += (
+            f"; {site.flips['right_to_wrong']} right -> wrong, {site.flips['wrong_to_right']} wrong -> right "
+            "against the compared run"
+        )
     print(line)
     print(f"site: {site.index_html.as_uri()}", flush=True)
     if args.serve is not None:

@@ -6,6 +6,7 @@ with `set_defaults` (plus `opens_run=True` when it runs a qkvqa run, which then 
 first line: `qkvqa.utils.stop_signals`). Command modules import heavy libraries (torch, transformers, faiss)
 inside their handlers, so that `qkvqa --help` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qkvqa",
         description="QKVQA: question-focused filtering for knowledge-based VQA "
-                    "(retrieve, filter with the QFF, select chunks with CDA, generate, score).",
+        "(retrieve, filter with the QFF, select chunks with CDA, generate, score).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -59,10 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             return _main(argv)
         finally:
-            sys.stdout.flush()          # output still buffered breaks the pipe here, not in the interpreter's exit
+            sys.stdout.flush()  # output still buffered breaks the pipe here, not in the interpreter's exit
     except BrokenPipeError:
         if not _stdout_closed():
-            raise                       # another pipe (a subprocess, a socket): a real error
+            raise  # another pipe (a subprocess, a socket): a real error
         # The Python docs' recipe: point stdout at devnull so the flush at exit cannot raise again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -77,7 +78,7 @@ def _stdout_closed() -> bool:
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
-        return False                    # not a real file (a test's capture)
+        return False  # not a real file (a test's capture)
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     return any(events & select.POLLERR for _, events in poller.poll(0))
@@ -86,11 +87,11 @@ def _stdout_closed() -> bool:
 def _main(argv: Optional[Sequence[str]]) -> int:
     from qkvqa.utils.stop_signals import hold_stop_signal, release_stop_signal
 
-    hold_stop_signal()                    # a SIGUSR1 during start-up stops the run cleanly later, not the process now
+    hold_stop_signal()  # a SIGUSR1 during start-up stops the run cleanly later, not the process now
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "opens_run", False):
-        release_stop_signal()             # no run to stop cleanly (set_defaults(opens_run=True) marks those that do)
+        release_stop_signal()  # no run to stop cleanly (set_defaults(opens_run=True) marks those that do)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
@@ -119,7 +120,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
             raise
         print(f"qkvqa {args.command}: error: {line}", file=sys.stderr)
         return 2
-    except Exception as e:                # sqlite3.OperationalError without importing sqlite3 for every command
+    except Exception as e:  # sqlite3.OperationalError without importing sqlite3 for every command
         line = _sqlite_disk_line(e)
         if line is None:
             raise
@@ -148,8 +149,10 @@ def _sqlite_disk_line(e: Exception) -> Optional[str]:
     text = str(e)
     if not any(w in text for w in ("disk is full", "readonly", "read-only", "unable to open", "disk I/O error")):
         return None
-    return (f"SQLite: {text}: a KB store or cache is on a full, read-only or foreign folder; free space there or "
-            "point data.kb_store / paths.* at a writable folder of your own")
+    return (
+        f"SQLite: {text}: a KB store or cache is on a full, read-only or foreign folder; free space there or "
+        "point data.kb_store / paths.* at a writable folder of your own"
+    )
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -1,4 +1,5 @@
 """`qkvqa summarize`: write per-article summaries (JSONL: row_id, url, summary) through the generator, resumably."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,10 +11,12 @@ from qkvqa.config.cli import add_override_args, config_from_args
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `summarize` command."""
     parser = subparsers.add_parser(
-        "summarize", help="write per-article summaries for the image_to_summary index",
+        "summarize",
+        help="write per-article summaries for the image_to_summary index",
         description="Summarise every article of the KB store (data.kb_store) with the configured generator "
-                    "(components.generator, generation.summary_*) into a JSONL of {row_id, url, summary}. "
-                    "Rows already in the file are skipped, so an interrupted run resumes.")
+        "(components.generator, generation.summary_*) into a JSONL of {row_id, url, summary}. "
+        "Rows already in the file are skipped, so an interrupted run resumes.",
+    )
     parser.add_argument("--out", help="summaries JSONL (default: retrieval.summaries)")
     parser.add_argument("--limit", type=int, help="only the first N articles of the KB (for a quick look)")
     add_override_args(parser)

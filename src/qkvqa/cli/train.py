@@ -1,4 +1,5 @@
 """`qkvqa train`: contrastive training of the question-focused filter as a run (checkpoints, W&B, resume, DDP)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,19 +11,21 @@ from qkvqa.config.cli import add_override_args, config_from_args
 def register(subparsers) -> None:
     """Add the `train` command."""
     parser = subparsers.add_parser(
-        "train", help="train the QFF (InfoNCE over 1 positive + hard negatives)",
+        "train",
+        help="train the QFF (InfoNCE over 1 positive + hard negatives)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train the question-focused filter as one run in checkpoints/<run_id>/: builds\n"
-                    "components.qformer (with the qff: switches), the hard-negative DataModule (qff.negatives,\n"
-                    "qff.val_negatives from `qkvqa mine`, else mined now into the run directory from the stage-1\n"
-                    "results; qff.vit_cache from `qkvqa cache-vit` to skip the ViT)\n"
-                    "and the QFFTrainer, then fits with the trainer: section. Writes last.ckpt and the best\n"
-                    "checkpoint (checkpoint.monitor, e.g. val/article_r1), metrics.csv, summary.json, W&B, and\n"
-                    "the trained QFF as safetensors in RUN/qff (use it with qff.checkpoint=RUN/qff).\n\n"
-                    "  qkvqa train experiment=evqa_qff preset=gpu\n"
-                    "  qkvqa train experiment=evqa_qff run_id=X resume=auto       # continue a run\n"
-                    "  qkvqa train experiment=evqa_qff trainer.devices=4 trainer.strategy=ddp\n"
-                    "Multi-node (torchrun, SLURM): docs/training.md.")
+        "components.qformer (with the qff: switches), the hard-negative DataModule (qff.negatives,\n"
+        "qff.val_negatives from `qkvqa mine`, else mined now into the run directory from the stage-1\n"
+        "results; qff.vit_cache from `qkvqa cache-vit` to skip the ViT)\n"
+        "and the QFFTrainer, then fits with the trainer: section. Writes last.ckpt and the best\n"
+        "checkpoint (checkpoint.monitor, e.g. val/article_r1), metrics.csv, summary.json, W&B, and\n"
+        "the trained QFF as safetensors in RUN/qff (use it with qff.checkpoint=RUN/qff).\n\n"
+        "  qkvqa train experiment=evqa_qff preset=gpu\n"
+        "  qkvqa train experiment=evqa_qff run_id=X resume=auto       # continue a run\n"
+        "  qkvqa train experiment=evqa_qff trainer.devices=4 trainer.strategy=ddp\n"
+        "Multi-node (torchrun, SLURM): docs/training.md.",
+    )
     add_override_args(parser)
     parser.set_defaults(func=_run, opens_run=True)
 
@@ -30,12 +33,19 @@ def register(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     from qkvqa.utils.command_line import remember
 
-    remember("train", args.overrides)          # the resume command a stop prints is this one, run_id=... resume=auto
-    cfg = config_from_args(args)               # a config typo is reported before the torch import (seconds)
+    remember("train", args.overrides)  # the resume command a stop prints is this one, run_id=... resume=auto
+    cfg = config_from_args(args)  # a config typo is reported before the torch import (seconds)
     summary = train_qff(cfg)
     if summary:
-        print(json.dumps({k: v for k, v in summary.items() if k.startswith(("val/", "qff/", "global_step",
-                                                                            "best_model", "last_model"))}))
+        print(
+            json.dumps(
+                {
+                    k: v
+                    for k, v in summary.items()
+                    if k.startswith(("val/", "qff/", "global_step", "best_model", "last_model"))
+                }
+            )
+        )
     return 0
 
 
@@ -45,12 +55,14 @@ def train_qff(cfg, callbacks=()) -> dict:
     if schedule and steps and steps > schedule:
         from qkvqa.errors import ConfigError
 
-        raise ConfigError(f"trainer.max_steps={steps} runs past the OneCycle schedule of qff.schedule_steps={schedule} "
-                          f"(it would crash at step {schedule + 1} after training, a resume included): train at most "
-                          f"{schedule} steps, or plan qff.schedule_steps >= {steps} in a new run")
+        raise ConfigError(
+            f"trainer.max_steps={steps} runs past the OneCycle schedule of qff.schedule_steps={schedule} "
+            f"(it would crash at step {schedule + 1} after training, a resume included): train at most "
+            f"{schedule} steps, or plan qff.schedule_steps >= {steps} in a new run"
+        )
     from qkvqa.run.trainer import finished_run_summary
 
-    finished = finished_run_summary(cfg)       # resume=auto on a finished run: said, nothing built or touched
+    finished = finished_run_summary(cfg)  # resume=auto on a finished run: said, nothing built or touched
     if finished is not None:
         return finished
     from omegaconf import OmegaConf
@@ -70,10 +82,24 @@ def train_qff(cfg, callbacks=()) -> dict:
     qformer = {**resolve_qformer_spec(cfg), "device": "cpu"}
     component = build_qff_component(qformer, cfg.qff)
     fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
-    datamodule = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component, fingerprint), component.tokenizer,
-                                    component.image_processor, miner=miner_for(cfg))
+    datamodule = QFFTrainDataModule(
+        cfg.data,
+        settings_from_config(cfg, component, fingerprint),
+        component.tokenizer,
+        component.image_processor,
+        miner=miner_for(cfg),
+    )
     # the spec travels in each checkpoint's hyper-parameters: QFFTrainer.load_from_checkpoint(path) rebuilds the model
-    module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff, fingerprint),
-                        model_spec={"qformer": qformer, "qff": OmegaConf.to_container(cfg.qff, resolve=True)})
-    return fit(cfg, module, datamodule, command="train", callbacks=[QFFExport(component, datamodule), *callbacks],
-               batch_size=cfg.data.batch_size)
+    module = QFFTrainer(
+        component.model,
+        QFFTrainSettings.from_config(cfg.qff, fingerprint),
+        model_spec={"qformer": qformer, "qff": OmegaConf.to_container(cfg.qff, resolve=True)},
+    )
+    return fit(
+        cfg,
+        module,
+        datamodule,
+        command="train",
+        callbacks=[QFFExport(component, datamodule), *callbacks],
+        batch_size=cfg.data.batch_size,
+    )

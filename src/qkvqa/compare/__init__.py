@@ -1,13 +1,21 @@
 """Compare runs: one table schema from local run records or the W&B API, as Markdown/CSV and plots."""
+
 from __future__ import annotations
 
 import os
 from typing import Any, Iterable, Optional
 
 
-def runs(*paths: str | os.PathLike, task: Optional[str] = None, where: Iterable[str] = (),
-         metrics: Optional[list[str]] = None, metric: Optional[str] = None, goal: str = "max",
-         all_columns: bool = False, wandb: Optional[str] = None) -> Any:
+def runs(
+    *paths: str | os.PathLike,
+    task: Optional[str] = None,
+    where: Iterable[str] = (),
+    metrics: Optional[list[str]] = None,
+    metric: Optional[str] = None,
+    goal: str = "max",
+    all_columns: bool = False,
+    wandb: Optional[str] = None,
+) -> Any:
     """The runs under `paths` (run dirs, sweep dirs, a checkpoints root; default `checkpoints`), or of the W&B project
     `wandb`, as a pandas DataFrame indexed by run_id with the columns of `qkvqa compare` (`all_columns`: every
     config key that differs and every summary metric). `task` and `where` ("key=value") filter as `--task` and
@@ -18,7 +26,7 @@ def runs(*paths: str | os.PathLike, task: Optional[str] = None, where: Iterable[
     """
     try:
         import pandas as pd
-    except ImportError:                               # installed with `datasets`, not pinned by qkvqa itself
+    except ImportError:  # installed with `datasets`, not pinned by qkvqa itself
         from qkvqa.errors import ConfigError
 
         raise ConfigError("qkvqa.compare.runs needs pandas: pip install pandas") from None

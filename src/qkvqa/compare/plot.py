@@ -1,4 +1,5 @@
 """Plot a metric against a swept parameter (Figure 5: accuracy against qff.alpha) as a PNG: every run, mean ± sd, n."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,6 @@ from typing import Any, Iterable
 from qkvqa.compare.rows import RunRow
 from qkvqa.errors import ConfigError
 
-
 # Metrics that are rates in percent (docs/training.md): their y-axis starts at 0
 RATE = re.compile(r"(acc|accuracy|recall|(^|[/_])r1|r1_c|nr_c|answer_in_context)", re.IGNORECASE)
 
@@ -21,8 +21,9 @@ def is_rate(metric: str) -> bool:
     return bool(RATE.search(metric))
 
 
-def metric_points(rows: Iterable[RunRow], param: str, metric: str, goal: str,
-                  which: str = "best") -> list[tuple[Any, float]]:
+def metric_points(
+    rows: Iterable[RunRow], param: str, metric: str, goal: str, which: str = "best"
+) -> list[tuple[Any, float]]:
     """(parameter value, the run's `which` (best | last) value of `metric`) of every finished row that has both: a
     failed, interrupted or running run's value is a partial one, not a result (`unfinished_runs` counts them)."""
     points = []
@@ -53,10 +54,11 @@ def group_stats(points: list[tuple[Any, float]]) -> dict[Any, tuple[int, float, 
     return out
 
 
-def plot_metric_vs_param(rows: Iterable[RunRow], param: str, metric: str, out: str | os.PathLike,
-                         goal: str = "max", which: str = "best") -> Path:
+def plot_metric_vs_param(
+    rows: Iterable[RunRow], param: str, metric: str, out: str | os.PathLike, goal: str = "max", which: str = "best"
+) -> Path:
     """Write a PNG of `metric_figure` to `out`."""
-    fig = metric_figure(rows, param, metric, goal, which)       # selects the Agg backend before pyplot is imported
+    fig = metric_figure(rows, param, metric, goal, which)  # selects the Agg backend before pyplot is imported
     import matplotlib.pyplot as plt
 
     out = Path(out)
@@ -77,23 +79,31 @@ def metric_figure(rows: Iterable[RunRow], param: str, metric: str, goal: str = "
     rows = list(rows)
     points, left_out = metric_points(rows, param, metric, goal, which), unfinished_runs(rows, param)
     if not points:
-        raise ConfigError(f"no finished run has both config key {param!r} and metric {metric!r}; nothing to plot"
-                          + (f" ({left_out} unfinished runs left out)" if left_out else ""))
+        raise ConfigError(
+            f"no finished run has both config key {param!r} and metric {metric!r}; nothing to plot"
+            + (f" ({left_out} unfinished runs left out)" if left_out else "")
+        )
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x, _ in points)
     points = [(x if numeric else str(x), y) for x, y in points]
     stats = group_stats(points)
     line_x = sorted(stats) if numeric else list(stats)
     fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
     ax.scatter([x for x, _ in points], [y for _, y in points], s=14, alpha=0.5, label="each run")
-    ax.errorbar(line_x, [stats[x][1] for x in line_x], yerr=[stats[x][2] for x in line_x], marker="o",
-                capsize=3, label="mean ± sd")
+    ax.errorbar(
+        line_x,
+        [stats[x][1] for x in line_x],
+        yerr=[stats[x][2] for x in line_x],
+        marker="o",
+        capsize=3,
+        label="mean ± sd",
+    )
     for x in line_x:
         ax.annotate(f"n={stats[x][0]}", (x, stats[x][1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
     value = f"best ({goal}) over each run's history" if which == "best" else "last value of each run"
     ax.set_xlabel(param)
     if is_rate(metric):
         highest = max([y for _, y in points] + [mean + sd for _, mean, sd in stats.values()])
-        ax.set_ylim(bottom=0, top=max(highest * 1.05, 1e-9))          # the error bars fit too
+        ax.set_ylim(bottom=0, top=max(highest * 1.05, 1e-9))  # the error bars fit too
         ax.set_ylabel(f"{metric} (%)")
     else:
         ax.set_ylabel(f"{metric} (axis not from 0)" if min(y for _, y in points) > 0 else metric)

@@ -1,4 +1,5 @@
 """Runs as comparable rows, read from local run records (offline) or from the W&B public API."""
+
 from __future__ import annotations
 
 import math
@@ -24,13 +25,13 @@ class RunRow:
     run_id: str
     state: Optional[str]
     experiment: Optional[str]
-    config: dict[str, Any]                     # dotted keys -> values
-    summary: dict[str, float]                  # final numeric metrics
+    config: dict[str, Any]  # dotted keys -> values
+    summary: dict[str, float]  # final numeric metrics
     runtime_s: Optional[float]
-    source: str                                # run directory or entity/project/run_id
+    source: str  # run directory or entity/project/run_id
     series: Callable[[str], Series] = field(repr=False, compare=False, default=lambda name: [])
-    task: Optional[str] = None                 # the command that ran it (status.json; W&B: job_type)
-    cwd: Optional[str] = None                  # where it was launched (relative config paths start there)
+    task: Optional[str] = None  # the command that ran it (status.json; W&B: job_type)
+    cwd: Optional[str] = None  # where it was launched (relative config paths start there)
 
     def best(self, metric: str, goal: str) -> tuple[Optional[float], Optional[int]]:
         """(best value, its step) of `metric` over the run's history; the summary value when it has none."""
@@ -84,8 +85,11 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def numeric_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     """The numeric, non-internal entries of a summary (paths, strings and booleans left out)."""
-    return {k: float(v) for k, v in summary.items()
-            if not str(k).startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in summary.items()
+        if not str(k).startswith("_") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def dedupe_steps(points: Iterable[tuple[int, float]]) -> Series:
@@ -106,6 +110,7 @@ def _seconds_between(start: Optional[str], end: Optional[str]) -> Optional[float
 def _local_series(record: RunRecord) -> Callable[[str], Series]:
     def series(name: str) -> Series:
         return dedupe_steps((r["step"], r["value"]) for r in record.read_metrics() if r["name"] == name)
+
     return series
 
 
@@ -117,7 +122,7 @@ def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
 
     record = RunRecord(run_dir)
     config = OmegaConf.to_container(OmegaConf.load(record.config_path)) if record.config_path.exists() else {}
-    config = compact_config(config)            # a tiny model's word list is data, not a setting to compare
+    config = compact_config(config)  # a tiny model's word list is data, not a setting to compare
     status = record.status()
     flat = flatten(config)
     if status.get("command") == "evaluate":
@@ -138,8 +143,14 @@ def row_from_run_dir(run_dir: str | os.PathLike) -> RunRow:
 
 
 # The training settings an evaluation shows as `trained.KEY`, read from the run that trained the QFF it evaluated.
-TRAINED_PREFIXES = ("qff.", "trainer.max_steps", "trainer.max_epochs", "trainer.accumulate_grad_batches", "seed",
-                    "data.batch_size")
+TRAINED_PREFIXES = (
+    "qff.",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.accumulate_grad_batches",
+    "seed",
+    "data.batch_size",
+)
 
 
 def training_run_of(checkpoint: Any, eval_run_dir: Path) -> Optional[Path]:
@@ -165,10 +176,13 @@ def trained_with(checkpoint: Any, eval_run_dir: Path) -> dict[str, Any]:
         return {}
     try:
         trained = flatten(OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
-    except Exception:                                  # an unreadable record: the evaluation row stays as it is
+    except Exception:  # an unreadable record: the evaluation row stays as it is
         return {}
-    return {f"trained.{k}": v for k, v in trained.items()
-            if k.startswith(TRAINED_PREFIXES) and k != "qff.checkpoint" and not isinstance(v, (list, dict))}
+    return {
+        f"trained.{k}": v
+        for k, v in trained.items()
+        if k.startswith(TRAINED_PREFIXES) and k != "qff.checkpoint" and not isinstance(v, (list, dict))
+    }
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -199,11 +213,13 @@ def collect_local(paths: Iterable[str | os.PathLike]) -> list[RunRow]:
 
 def _wandb_series(run: Any) -> Callable[[str], Series]:
     """Unsampled history via scan_history (never the sampled `history()`), keyed by Lightning's step."""
+
     def series(name: str) -> Series:
         rows = list(run.scan_history(keys=[name, WANDB_STEP_KEY]))
         if rows:
             return dedupe_steps((r[WANDB_STEP_KEY], r[name]) for r in rows)
         return dedupe_steps((r["_step"], r[name]) for r in run.scan_history(keys=[name, "_step"]))
+
     return series
 
 
@@ -219,9 +235,11 @@ def collect_wandb(path: str, api: Any = None, filters: Optional[dict] = None) ->
             runs = list(api.runs(path, filters=filters))
         except (wandb.errors.UsageError, wandb.errors.CommError, ValueError) as e:
             reason = " ".join(str(e).split())[:200]
-            raise ConfigError(f"compare --wandb {path}: W&B refused ({reason}); run `wandb login` (or set WANDB_API_KEY) "
-                              f"and check ENTITY/PROJECT, or compare the local run records: qkvqa compare "
-                              f"checkpoints") from None
+            raise ConfigError(
+                f"compare --wandb {path}: W&B refused ({reason}); run `wandb login` (or set WANDB_API_KEY) "
+                f"and check ENTITY/PROJECT, or compare the local run records: qkvqa compare "
+                f"checkpoints"
+            ) from None
     else:
         runs = api.runs(path, filters=filters)
     from qkvqa.loggers.wandb import compact_config
@@ -230,8 +248,17 @@ def collect_wandb(path: str, api: Any = None, filters: Optional[dict] = None) ->
     for run in runs:
         summary = dict(run.summary.items())
         config = compact_config(dict(run.config))
-        rows.append(RunRow(
-            run_id=run.id, state=run.state, experiment=config.get("experiment"), config=flatten(config),
-            summary=numeric_metrics(summary), runtime_s=summary.get("_runtime"), source=f"{path}/{run.id}",
-            series=_wandb_series(run), task=getattr(run, "job_type", None)))
+        rows.append(
+            RunRow(
+                run_id=run.id,
+                state=run.state,
+                experiment=config.get("experiment"),
+                config=flatten(config),
+                summary=numeric_metrics(summary),
+                runtime_s=summary.get("_runtime"),
+                source=f"{path}/{run.id}",
+                series=_wandb_series(run),
+                task=getattr(run, "job_type", None),
+            )
+        )
     return rows

@@ -1,4 +1,5 @@
 """The comparison table: run_id, task, state, the swept keys, the chosen metrics and the best value (--all: everything)."""
+
 from __future__ import annotations
 
 import csv
@@ -25,8 +26,13 @@ NOT_SWEPT = ("resume", "task", "notes", "tags", "paper")
 # The headline metrics of each task, shown when no --metric is given (those some compared run has)
 DEFAULT_METRICS = {
     "train": ["val/article_r1", "val/section_r1", "val/loss", "train/loss"],
-    "evaluate": ["eval/accuracy", "eval/recall@1_after_filter", "eval/recall@5_after_filter", "eval/section_r1",
-                 "eval/answer_in_context"],
+    "evaluate": [
+        "eval/accuracy",
+        "eval/recall@1_after_filter",
+        "eval/recall@5_after_filter",
+        "eval/section_r1",
+        "eval/answer_in_context",
+    ],
 }
 
 
@@ -68,8 +74,17 @@ def applies(row: RunRow, key: str) -> bool:
     task = (row.task or "").split(" ")[0]
     cfg = row.config
     if task == "train":
-        return not key.startswith(("eval.", "cda.", "generation.", "components.generator.", "components.reranker.",
-                                   "components.judge.", "components.splitter."))
+        return not key.startswith(
+            (
+                "eval.",
+                "cda.",
+                "generation.",
+                "components.generator.",
+                "components.reranker.",
+                "components.judge.",
+                "components.splitter.",
+            )
+        )
     if task != "evaluate":
         return True
     qff_used = cfg.get("eval.filter", "qff") == "qff"
@@ -77,10 +92,18 @@ def applies(row: RunRow, key: str) -> bool:
         return key in ("qff.alpha",) and cfg.get("eval.filter") == "precomputed"
     if key == "eval.reranked_results" and cfg.get("eval.filter") != "precomputed":
         return False
-    if cfg.get("eval.stop_after") == "filter" and key.startswith(("cda.", "generation.", "components.generator.",
-                                                                  "components.reranker.", "components.judge.",
-                                                                  "components.splitter.", "eval.judge",
-                                                                  "eval.context")):
+    if cfg.get("eval.stop_after") == "filter" and key.startswith(
+        (
+            "cda.",
+            "generation.",
+            "components.generator.",
+            "components.reranker.",
+            "components.judge.",
+            "components.splitter.",
+            "eval.judge",
+            "eval.context",
+        )
+    ):
         return False
     if key.startswith("qff.") and qff_used and key.split(".", 1)[1] in TRAINING_ONLY_QFF:
         return False
@@ -88,11 +111,33 @@ def applies(row: RunRow, key: str) -> bool:
 
 
 # qff.* keys that only training reads (an evaluation reads the trained QFF, whose record has them: `trained.*`)
-TRAINING_ONLY_QFF = ("lr", "weight_decay", "betas", "eps", "pct_start", "div_factor", "num_negatives", "temperature",
-                     "learnable_temperature", "in_batch_negatives", "negatives", "val_negatives", "max_train_samples",
-                     "max_val_samples", "mining_top_k", "mining_gold_sections", "keep_gold_negatives", "val_top_k",
-                     "schedule_steps", "dropout", "new_block_lr_scale", "gradient_checkpointing", "vit_cache",
-                     "vit_cache_shard_size", "vit_cache_batch_size")
+TRAINING_ONLY_QFF = (
+    "lr",
+    "weight_decay",
+    "betas",
+    "eps",
+    "pct_start",
+    "div_factor",
+    "num_negatives",
+    "temperature",
+    "learnable_temperature",
+    "in_batch_negatives",
+    "negatives",
+    "val_negatives",
+    "max_train_samples",
+    "max_val_samples",
+    "mining_top_k",
+    "mining_gold_sections",
+    "keep_gold_negatives",
+    "val_top_k",
+    "schedule_steps",
+    "dropout",
+    "new_block_lr_scale",
+    "gradient_checkpointing",
+    "vit_cache",
+    "vit_cache_shard_size",
+    "vit_cache_batch_size",
+)
 
 
 def swept_keys(rows: list[RunRow]) -> list[str]:
@@ -102,8 +147,11 @@ def swept_keys(rows: list[RunRow]) -> list[str]:
     column, so only `experiment` and the keys that vary between runs of one experiment are shown (--all: every key)."""
     from qkvqa.loggers.wandb import BULK_KEYS
 
-    keys = [k for k in differing_keys(rows) if not k.startswith(NOT_SWEPT_PREFIXES) and k not in NOT_SWEPT
-            and k.rsplit(".", 1)[-1] not in BULK_KEYS]
+    keys = [
+        k
+        for k in differing_keys(rows)
+        if not k.startswith(NOT_SWEPT_PREFIXES) and k not in NOT_SWEPT and k.rsplit(".", 1)[-1] not in BULK_KEYS
+    ]
     groups: dict[Any, list[RunRow]] = {}
     for row in rows:
         groups.setdefault(row.experiment, []).append(row)
@@ -167,7 +215,7 @@ def filter_rows(rows: Iterable[RunRow], filters: Iterable[str], task: Optional[s
 
     known = {k for r in rows for k in r.config}
     for key, _, _ in parsed:
-        if rows and key not in ALL_IDENTITY_COLUMNS and key not in known:     # a typo would give an empty table
+        if rows and key not in ALL_IDENTITY_COLUMNS and key not in known:  # a typo would give an empty table
             raise ConfigError(f"--where {key}: no compared run has this key{did_you_mean(key, sorted(known))}")
 
     def value_of(row: RunRow, key: str) -> Any:
@@ -189,8 +237,10 @@ def check_metrics(rows: Iterable[RunRow], metrics: Iterable[str]) -> None:
     known = known_metrics(rows)
     for name in metrics:
         if rows and name not in known:
-            hint = did_you_mean(name, known, "./") or \
-                f" (they have: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})"
+            hint = (
+                did_you_mean(name, known, "./")
+                or f" (they have: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})"
+            )
             raise ConfigError(f"--metric {name!r}: no compared run has it{hint}")
 
 
@@ -202,8 +252,13 @@ def default_metrics(rows: Iterable[RunRow]) -> list[str]:
     return [m for t in tasks for m in DEFAULT_METRICS.get(t, []) if m in known]
 
 
-def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str = "min",
-                metrics: Optional[list[str]] = None, all_columns: bool = False) -> Table:
+def build_table(
+    rows: Iterable[RunRow],
+    metric: Optional[str] = None,
+    goal: str = "min",
+    metrics: Optional[list[str]] = None,
+    all_columns: bool = False,
+) -> Table:
     """One table for any source. Default: run_id, task, state, the swept keys, `metrics` (final values; default:
     `metric`, else DEFAULT_METRICS of the runs' tasks) and the best `metric` with its step. `all_columns`: every
     differing config key, every summary metric, experiment and runtime as well."""
@@ -218,15 +273,16 @@ def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str 
         config_cols = swept_keys(rows)
         chosen = metrics if metrics is not None else ([metric] if metric else default_metrics(rows))
         metric_cols = [m for m in dict.fromkeys(chosen) if m not in config_cols and m not in identity]
-    columns = identity + config_cols + metric_cols + (BEST_COLUMNS if metric else []) + \
-        (["runtime_s"] if all_columns else [])
+    columns = (
+        identity + config_cols + metric_cols + (BEST_COLUMNS if metric else []) + (["runtime_s"] if all_columns else [])
+    )
     records = []
     for row in rows:
         record: dict[str, Any] = {"run_id": row.run_id, "task": row.task, "state": row.state}
         if all_columns:
             record["experiment"] = row.experiment
         record.update({k: row.config.get(k) if applies(row, k) else None for k in config_cols})
-        record.update({k: row.summary.get(k) for k in metric_cols})       # the final value (summary.json)
+        record.update({k: row.summary.get(k) for k in metric_cols})  # the final value (summary.json)
         if metric:
             record["best_value"], record["best_step"] = row.best(metric, goal)
         if all_columns:
@@ -239,7 +295,7 @@ def build_table(rows: Iterable[RunRow], metric: Optional[str] = None, goal: str 
     return Table(columns=columns, records=records, metric=metric, goal=goal if metric else None)
 
 
-SIGNIFICANT = 4             # figures a float shows in the table and Markdown (csv and json keep every digit)
+SIGNIFICANT = 4  # figures a float shows in the table and Markdown (csv and json keep every digit)
 FORMATS = ("table", "markdown", "md", "csv", "json")
 
 
@@ -273,7 +329,7 @@ def _shorten(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     keep = width - 1
-    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2:]
+    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2 :]
 
 
 def terminal_width() -> int:
@@ -290,13 +346,14 @@ def render_text(table: Table, width: Optional[int] = None, cell_width: int = 24)
     header = list(table.columns)
     if table.metric:
         header[header.index("best_value")] = f"best {table.metric}"
-    limit = [40 if c == "run_id" else cell_width for c in table.columns]       # run ids are what a user types
-    cells = [[_shorten(_cell(r.get(c), markdown=True), limit[i]) for i, c in enumerate(table.columns)]
-             for r in table.records]
+    limit = [40 if c == "run_id" else cell_width for c in table.columns]  # run ids are what a user types
+    cells = [
+        [_shorten(_cell(r.get(c), markdown=True), limit[i]) for i, c in enumerate(table.columns)] for r in table.records
+    ]
     widths = [max([len(_shorten(h, cell_width))] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
     shown, used = [], 0
     for i, w in enumerate(widths):
-        if i < 1 or used + w + 2 <= width:           # the run id always; then what fits, in order
+        if i < 1 or used + w + 2 <= width:  # the run id always; then what fits, in order
             shown.append(i)
             used += w + 2
     lines = ["  ".join(_shorten(header[i], cell_width).ljust(widths[i]) for i in shown).rstrip()]
@@ -336,7 +393,9 @@ def render_table(table: Table, fmt: str, width: Optional[int] = None) -> str:
         if table.metric:
             header[header.index("best_value")] = f"best {table.metric} ({table.goal})"
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(_cell(r.get(c), markdown=True) for c in table.columns) + " |" for r in table.records]
+        lines += [
+            "| " + " | ".join(_cell(r.get(c), markdown=True) for c in table.columns) + " |" for r in table.records
+        ]
         return "\n".join(lines) + "\n"
     raise ConfigError(f"unknown table format {fmt!r}: use one of {', '.join(FORMATS)}")
 

@@ -1,4 +1,5 @@
 """What GPU this torch build can use here (driver against the build's CUDA), and the one-line warning when a real model would run on the CPU."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,16 @@ def driver_version() -> Optional[str]:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20).stdout.strip().splitlines()
+            out = (
+                subprocess.run(
+                    [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
+                .stdout.strip()
+                .splitlines()
+            )
             return out[0].strip() if out else None
         except (OSError, subprocess.SubprocessError):
             return None
@@ -55,8 +64,13 @@ def gpu_status() -> dict[str, Any]:
     if available:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            devices.append({"name": props.name, "memory_gib": round(props.total_memory / 2 ** 30, 1),
-                            "capability": f"{props.major}.{props.minor}"})
+            devices.append(
+                {
+                    "name": props.name,
+                    "memory_gib": round(props.total_memory / 2**30, 1),
+                    "capability": f"{props.major}.{props.minor}",
+                }
+            )
     if available:
         reason = None
     elif build is None:
@@ -64,32 +78,48 @@ def gpu_status() -> dict[str, Any]:
     elif driver is None:
         reason = "no NVIDIA driver is loaded on this machine"
     elif driver_ok is False:
-        reason = (f"the NVIDIA driver {driver} is older than torch {torch.__version__} (CUDA {build}) needs "
-                  f"(>= {'.'.join(map(str, needed))}); update the driver or install a torch build of an older CUDA "
-                  f"(README, 'GPU install')")
+        reason = (
+            f"the NVIDIA driver {driver} is older than torch {torch.__version__} (CUDA {build}) needs "
+            f"(>= {'.'.join(map(str, needed))}); update the driver or install a torch build of an older CUDA "
+            f"(README, 'GPU install')"
+        )
     elif os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         reason = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r} hides every GPU"
     else:
         reason = "torch.cuda.is_available() is False"
-    return {"torch": torch.__version__, "cuda_build": build, "driver": driver,
-            "min_driver": None if needed is None else ".".join(map(str, needed)), "driver_ok": driver_ok,
-            "available": available, "devices": devices, "reason": reason}
+    return {
+        "torch": torch.__version__,
+        "cuda_build": build,
+        "driver": driver,
+        "min_driver": None if needed is None else ".".join(map(str, needed)),
+        "driver_ok": driver_ok,
+        "available": available,
+        "devices": devices,
+        "reason": reason,
+    }
 
 
 def cpu_fallback_warning(cfg: Any, names: Iterable[str], status: Optional[dict] = None) -> Optional[str]:
     """The one line to warn with when components of `names` with `device: auto` load real weights (not tiny) and no
     usable GPU is here, so they would run on the CPU (None when a GPU is usable or nothing real is on auto)."""
-    real = [n for n in names if not cfg.components[n].tiny and str(cfg.components[n].device or "auto") == "auto"
-            and cfg.components[n].pretrained]
+    real = [
+        n
+        for n in names
+        if not cfg.components[n].tiny
+        and str(cfg.components[n].device or "auto") == "auto"
+        and cfg.components[n].pretrained
+    ]
     if not real:
         return None
     status = status or gpu_status()
     if status["available"]:
         return None
     listed = ", ".join(f"components.{n} ({cfg.components[n].pretrained})" for n in real)
-    return (f"{listed} have device: auto and no usable GPU is here ({status['reason']}): they run on the CPU, where a "
-            f"real-size model takes hours per thousand questions; run on a GPU node, or set their device: cpu (or "
-            f"preset=cpu) to mean it")
+    return (
+        f"{listed} have device: auto and no usable GPU is here ({status['reason']}): they run on the CPU, where a "
+        f"real-size model takes hours per thousand questions; run on a GPU node, or set their device: cpu (or "
+        f"preset=cpu) to mean it"
+    )
 
 
 def warn_cpu_fallback(cfg: Any, names: Iterable[str]) -> Optional[str]:

@@ -1,4 +1,5 @@
 """The hub models qkvqa loads: the files each one's builder reads, and where a download leaves them under paths.weights_dir."""
+
 from __future__ import annotations
 
 import os
@@ -10,14 +11,19 @@ from typing import Any, Optional
 # are these. What the patterns leave out is never read: EVA-CLIP-8B's raw EVA_CLIP_8B_psz14_s9B.pt, LLaMA-3's
 # original/consolidated.*.pth, TF / Flax / ONNX exports.
 HUB_FILES: dict[str, tuple[str, ...]] = {
-    "BAAI/EVA-CLIP-8B": ("*.json", "*.py", "*.safetensors"),      # trust_remote_code: its modeling_*.py
+    "BAAI/EVA-CLIP-8B": ("*.json", "*.py", "*.safetensors"),  # trust_remote_code: its modeling_*.py
     # EVA-CLIP-8B's model card loads its tokenizer from openai/clip-vit-large-patch14 (components.*.options.tokenizer)
-    "openai/clip-vit-large-patch14": ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
-                                      "special_tokens_map.json"),
+    "openai/clip-vit-large-patch14": (
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ),
     "Salesforce/blip2-itm-vit-g": ("*.json", "*.safetensors", "*.txt"),
     "BAAI/bge-reranker-v2-m3": ("*.json", "*.safetensors", "sentencepiece.bpe.model"),
     "Qwen/Qwen2.5-VL-7B-Instruct": ("*.json", "*.safetensors", "merges.txt"),
-    "meta-llama/Meta-Llama-3-8B-Instruct": ("*.json", "model-*.safetensors"),           # gated: accept the licence first
+    "meta-llama/Meta-Llama-3-8B-Instruct": ("*.json", "model-*.safetensors"),  # gated: accept the licence first
     "kortukov/answer-equivalence-bem": ("*.json", "*.safetensors", "vocab.txt"),
     # the BERT tokenizer a LAVIS .pth checkpoint is read with (components.qformer.options.tokenizer)
     "google-bert/bert-base-uncased": ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "config.json"),
@@ -31,7 +37,7 @@ ARCHITECTURES = {
     "bge_reranker": ("XLMRobertaForSequenceClassification",),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration",),
     "llama3": ("LlamaForCausalLM",),
-    "reflectiva": ("LlavaForConditionalGeneration",),      # after `qkvqa convert-llava` (the release is llava_llama)
+    "reflectiva": ("LlavaForConditionalGeneration",),  # after `qkvqa convert-llava` (the release is llava_llama)
     "bem": ("BertForSequenceClassification",),
     "clip_hf": ("CLIPModel",),
 }
@@ -47,8 +53,13 @@ def is_hub_id(ref: Any) -> bool:
         return False
     if ref in ALIASES:
         return True
-    return (bool(_HUB_ID.match(ref)) and not ref.endswith(_WEIGHT_SUFFIXES) and not ref.startswith((".", "~"))
-            and ref.split("/")[0] not in LOCAL_FOLDERS and not os.path.exists(ref))
+    return (
+        bool(_HUB_ID.match(ref))
+        and not ref.endswith(_WEIGHT_SUFFIXES)
+        and not ref.startswith((".", "~"))
+        and ref.split("/")[0] not in LOCAL_FOLDERS
+        and not os.path.exists(ref)
+    )
 
 
 def local_dir(weights_dir: str | os.PathLike, hub_id: str) -> Path:

@@ -1,4 +1,5 @@
 """The component registry: maps a `kind` to the builder that loads real or tiny weights."""
+
 from __future__ import annotations
 
 import importlib
@@ -25,8 +26,14 @@ _BUILDER_MODULES = [
 
 _REGISTRY: Dict[str, Callable[["ComponentSpec"], Any]] = {}
 
-DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
-          "bf16": "bfloat16", "bfloat16": "bfloat16"}
+DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "fp16": "float16",
+    "float16": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+}
 
 
 @dataclass
@@ -34,15 +41,15 @@ class ComponentSpec:
     """How to build one component: a real checkpoint (`pretrained`) or a random tiny model (`tiny`)."""
 
     kind: str = ""
-    pretrained: Optional[str] = None     # local directory or hub id (local files only unless allow_download)
-    tiny: bool = False                   # build a tiny random model through the same loading path
-    dtype: str = "fp32"                  # fp32 | fp16 | bf16
-    device: str = "auto"                 # auto | cpu | cuda | cuda:N
-    allow_download: bool = False         # let transformers fetch a hub id that is not cached
+    pretrained: Optional[str] = None  # local directory or hub id (local files only unless allow_download)
+    tiny: bool = False  # build a tiny random model through the same loading path
+    dtype: str = "fp32"  # fp32 | fp16 | bf16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    allow_download: bool = False  # let transformers fetch a hub id that is not cached
     # the hub commit (or tag) of a hub id's weights: loaded from the local cache at that revision; a local directory
     # written by `huggingface-cli download --local-dir` is checked against it by `qkvqa doctor`
     revision: Optional[str] = None
-    options: Dict[str, Any] = field(default_factory=dict)   # kind-specific settings
+    options: Dict[str, Any] = field(default_factory=dict)  # kind-specific settings
     # checkpoint: the weights `pretrained` / `tiny` name; pretrained_here (components.qformer only): those weights
     # with the Q-Former's text layers first pretrained on this config's KB and training questions (masked-language
     # modelling, qff.text_pretrain, cached; `qkvqa pretrain-qformer`, qkvqa.qff.pretrain_here)
@@ -126,8 +133,10 @@ def spec_from_mapping(mapping: Any) -> ComponentSpec:
     known = set(ComponentSpec.__dataclass_fields__)
     unknown = set(mapping) - known
     if unknown:
-        raise ConfigError(f"component spec: unknown field(s) {sorted(unknown)}; valid fields are {sorted(known)} "
-                          "(put kind-specific settings under `options`)")
+        raise ConfigError(
+            f"component spec: unknown field(s) {sorted(unknown)}; valid fields are {sorted(known)} "
+            "(put kind-specific settings under `options`)"
+        )
     return ComponentSpec(**mapping)
 
 
@@ -143,21 +152,30 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
         if missing:
             raise MissingWeightsError(
                 f"component {spec.kind!r}: {ref} exists but lacks {missing}; it should be a directory written by "
-                "`save_pretrained` or downloaded from the hub (`huggingface-cli download <id> --local-dir <dir>`)")
+                "`save_pretrained` or downloaded from the hub (`huggingface-cli download <id> --local-dir <dir>`)"
+            )
         return ref
     # A path, not a hub id: it starts like one, has more than one slash, exists (a file), or its first component is a
     # local directory (`weights/llama31-8b-generator-ft` below an existing `weights/`).
-    looks_like_path = (ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.path.lexists(ref)
-                       or os.path.isdir(ref.split("/", 1)[0]))
+    looks_like_path = (
+        ref.startswith((".", "/", "~"))
+        or ref.count("/") > 1
+        or os.path.lexists(ref)
+        or os.path.isdir(ref.split("/", 1)[0])
+    )
     if looks_like_path:
         raise MissingWeightsError(
             f"component {spec.kind!r}: no directory at {ref} ({os.path.abspath(ref)}). Download the weights there "
             f"(`huggingface-cli download <hub id> --local-dir {ref}`) or set "
             f"components.<name>.pretrained to a hub id or another directory."
-            + (f" Kind reflectiva loads what `qkvqa convert-llava SRC --vision-tower DIR --out {ref}` writes."
-               if spec.kind == "reflectiva" else ""))
+            + (
+                f" Kind reflectiva loads what `qkvqa convert-llava SRC --vision-tower DIR --out {ref}` writes."
+                if spec.kind == "reflectiva"
+                else ""
+            )
+        )
     if spec.allow_download:
-        if spec.revision:                # from_pretrained is given the snapshot of that revision, not the hub's newest
+        if spec.revision:  # from_pretrained is given the snapshot of that revision, not the hub's newest
             from huggingface_hub import snapshot_download
 
             from qkvqa.components.hub import HUB_FILES
@@ -175,7 +193,8 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
             f"(`huggingface-cli download <hub id> --local-dir {ref}`). "
             f"Run `huggingface-cli download {ref}{' --revision ' + spec.revision if spec.revision else ''} "
             f"--local-dir weights/{ref}` on a machine with internet and set paths.weights_dir=weights "
-            f"(preset=local_weights) or pretrained: weights/{ref}, or set allow_download: true.")
+            f"(preset=local_weights) or pretrained: weights/{ref}, or set allow_download: true."
+        )
     if spec.revision:
         return str(Path(cached).parent)  # the cache's snapshot folder of that revision: from_pretrained loads it
     return ref
@@ -185,13 +204,13 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
 # user's own (created 0700; another owner or group/world write bits are refused) and every code file in a model
 # directory must be byte-identical to the package's copy (registered by its writer), because the tiny EVA-CLIP is
 # loaded with trust_remote_code: docs/security.md.
-TINY_KEEP = 32                     # directories kept; beyond them the least recently used go (once not in use)
-TINY_MAX_AGE_S = 7 * 24 * 3600     # a directory unused this long goes whatever the count
-TINY_IN_USE_S = 3600               # a directory used (or a partial one written) this recently is never removed
-TINY_RECORD = ".qkvqa_tiny.json"   # inside each directory: its key and what its writer did to torch's RNG
-TINY_CODE_SUFFIXES = (".py",)      # files a remote-code load may import
+TINY_KEEP = 32  # directories kept; beyond them the least recently used go (once not in use)
+TINY_MAX_AGE_S = 7 * 24 * 3600  # a directory unused this long goes whatever the count
+TINY_IN_USE_S = 3600  # a directory used (or a partial one written) this recently is never removed
+TINY_RECORD = ".qkvqa_tiny.json"  # inside each directory: its key and what its writer did to torch's RNG
+TINY_CODE_SUFFIXES = (".py",)  # files a remote-code load may import
 _SOURCE_DIGEST: list[str] = []
-_TINY_CODE: dict[str, str] = {}    # code file name -> sha256 of the package's own copy
+_TINY_CODE: dict[str, str] = {}  # code file name -> sha256 of the package's own copy
 
 
 def register_tiny_code(name: str, text: str) -> None:
@@ -238,8 +257,11 @@ def tiny_root() -> Path:
             os.mkdir(root, 0o700)
         except FileExistsError:
             pass
-    check_private_dir(root, "tiny-model cache", "remove it or set QKVQA_TINY_DIR to a new folder of your own "
-                      "(qkvqa creates it with mode 0700)")
+    check_private_dir(
+        root,
+        "tiny-model cache",
+        "remove it or set QKVQA_TINY_DIR to a new folder of your own (qkvqa creates it with mode 0700)",
+    )
     return root
 
 
@@ -278,7 +300,7 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
     with _tiny_lock(root, shared=True):
         record = _read_record(final, key, read_json)
         if record is not None:
-            os.utime(final)                               # the least recently used go first
+            os.utime(final)  # the least recently used go first
     if record is None:
         partial = root / f".{final.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         partial.mkdir()
@@ -286,11 +308,16 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
             before = torch.random.get_rng_state()
             write(partial, *args, **kwargs)
             after = torch.random.get_rng_state()
-            record = {"key": key, "kind": spec.kind, "files": _file_sizes(partial),
-                      "rng": None if torch.equal(before, after) else
-                      {"seed": torch.initial_seed(), "cpu_state": after.numpy().tobytes().hex()}}
+            record = {
+                "key": key,
+                "kind": spec.kind,
+                "files": _file_sizes(partial),
+                "rng": None
+                if torch.equal(before, after)
+                else {"seed": torch.initial_seed(), "cpu_state": after.numpy().tobytes().hex()},
+            }
             atomic_write_json(partial / TINY_RECORD, record)
-            make_shareable(partial)                        # safetensors writes 0600
+            make_shareable(partial)  # safetensors writes 0600
             # Exclusive: two builders that found the same damaged directory must not discard each other's copy.
             with _tiny_lock(root, shared=False):
                 for _ in range(3):
@@ -299,9 +326,9 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
                         break
                     except OSError:
                         if _read_record(final, key, read_json) is not None:
-                            shutil.rmtree(partial, ignore_errors=True)   # another process wrote it first
+                            shutil.rmtree(partial, ignore_errors=True)  # another process wrote it first
                             break
-                        _discard(final)                    # damaged (a file gone or cut): replaced
+                        _discard(final)  # damaged (a file gone or cut): replaced
                 else:
                     raise OSError(f"could not move the tiny model {partial} to {final}")
                 os.utime(final)
@@ -311,7 +338,7 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
         removed = _clean_tiny_root(root)
         if removed:
             log.debug("removed %d old tiny-model directories from %s", len(removed), root)
-    elif record["rng"] is not None:                        # replay what the writer did: seed, then its draws
+    elif record["rng"] is not None:  # replay what the writer did: seed, then its draws
         torch.manual_seed(record["rng"]["seed"])
         state = bytes.fromhex(record["rng"]["cpu_state"])
         torch.random.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
@@ -327,14 +354,17 @@ def _read_record(directory: Path, key: str, read_json: Callable) -> Optional[dic
     if not isinstance(record, dict) or record.get("key") != key:
         return None
     if record.get("files") != _file_sizes(directory) or not _code_files_match(directory):
-        return None                                        # damaged, or code that is not the package's: written anew
+        return None  # damaged, or code that is not the package's: written anew
     return record
 
 
 def _file_sizes(directory: Path) -> dict[str, int]:
     """{relative path: size} of the files a writer left in `directory` (the record itself left out)."""
-    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != TINY_RECORD}
+    return {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != TINY_RECORD
+    }
 
 
 def _discard(directory: Path) -> None:
@@ -367,10 +397,17 @@ def _tiny_key(kind: str, write: Callable, args: tuple, kwargs: dict) -> str:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    content = {"kind": kind, "writer": f"{write.__module__}.{write.__qualname__}", "args": args, "kwargs": kwargs,
-               "qkvqa_source": _SOURCE_DIGEST[0], "versions": versions}
-    text = json.dumps(content, sort_keys=True, default=lambda o: sorted(o, key=repr) if isinstance(o, (set, frozenset))
-                      else repr(o))
+    content = {
+        "kind": kind,
+        "writer": f"{write.__module__}.{write.__qualname__}",
+        "args": args,
+        "kwargs": kwargs,
+        "qkvqa_source": _SOURCE_DIGEST[0],
+        "versions": versions,
+    }
+    text = json.dumps(
+        content, sort_keys=True, default=lambda o: sorted(o, key=repr) if isinstance(o, (set, frozenset)) else repr(o)
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -395,7 +432,7 @@ class _tiny_lock:
 
     def __exit__(self, *exc: Any) -> None:
         if self.fd is not None:
-            os.close(self.fd)                             # releases the flock
+            os.close(self.fd)  # releases the flock
 
 
 def _clean_tiny_root(root: Path, now: Optional[float] = None) -> list[str]:

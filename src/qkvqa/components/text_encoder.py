@@ -1,4 +1,5 @@
 """A BERT text encoder component (tokenizer + encoder, [CLS] features, L2-normalised)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,9 @@ from typing import Sequence
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import write_bert_vocab
 
-TINY_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                 max_position_embeddings=128)
+TINY_BERT = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128
+)
 
 
 class BertTextEncoder:
@@ -33,8 +35,13 @@ class BertTextEncoder:
         out = []
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
-                batch = self.tokenizer(list(texts[i:i + batch_size]), padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt").to(self.device)
+                batch = self.tokenizer(
+                    list(texts[i : i + batch_size]),
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                ).to(self.device)
                 hidden = self.model(**batch).last_hidden_state[:, 0]
                 out.append(F.normalize(hidden.float(), dim=-1).cpu())
         return torch.cat(out) if out else torch.zeros(0, self.dim)

@@ -1,4 +1,5 @@
 """Tiny tokenizers written to disk for tests and demos (no hub): a BERT WordPiece vocab.txt."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,10 @@ def write_bert_vocab(out_dir: str | Path, extra_texts: Iterable[str] = (), max_w
             seen.add(word)
             vocab.append(word)
     (out_dir / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512}), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512}),
+        encoding="utf-8",
+    )
     return out_dir
 
 

@@ -1,4 +1,5 @@
 """Shared argument handling for config-driven commands: `experiment=NAME preset=a,b key=value ~key`."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,11 +8,15 @@ from omegaconf import DictConfig
 
 from qkvqa.config.load import compose
 
-OVERRIDES_HELP = ("experiment=NAME (experiments/NAME.yaml) or experiment=path/to/file.yaml, preset=a,b "
-                  "(experiments/presets/), then any key=value to override and ~key to restore a default; e.g. "
-                  "qff.alpha=0.8 trainer.devices=2")
-CONFIG_DIR_HELP = ("a directory laid out like experiments/ (NAME.yaml, presets/NAME.yaml) searched before "
-                   "$QKVQA_CONFIG_PATH and the shipped experiments; repeatable, the first match wins")
+OVERRIDES_HELP = (
+    "experiment=NAME (experiments/NAME.yaml) or experiment=path/to/file.yaml, preset=a,b "
+    "(experiments/presets/), then any key=value to override and ~key to restore a default; e.g. "
+    "qff.alpha=0.8 trainer.devices=2"
+)
+CONFIG_DIR_HELP = (
+    "a directory laid out like experiments/ (NAME.yaml, presets/NAME.yaml) searched before "
+    "$QKVQA_CONFIG_PATH and the shipped experiments; repeatable, the first match wins"
+)
 
 
 def add_config_dir_arg(parser: argparse.ArgumentParser) -> None:

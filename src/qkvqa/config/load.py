@@ -7,6 +7,7 @@ search path, `--config-dir DIR` (repeatable) then $QKVQA_CONFIG_PATH (directorie
 like experiments/ (NAME.yaml, presets/NAME.yaml), then in the main directory; the first match wins.
 `experiment=path/to/file.yaml` (any value ending in .yaml or .yml) reads that file wherever it is.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -22,7 +23,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from qkvqa.config.schema import Config, check_values
 from qkvqa.errors import ConfigError
 
-_NULL_WORDS = {"None"}          # Python None as a W&B sweep renders it; YAML null words parse already
+_NULL_WORDS = {"None"}  # Python None as a W&B sweep renders it; YAML null words parse already
 # run_id values that mean "no run id" (a new one, or a sweep agent's), as `run_id=none` reads to a user; a run is
 # never named "none"
 NO_RUN_ID = ("", "none", "null", "~")
@@ -64,8 +65,10 @@ def config_search_path(config_dirs: Sequence[str | os.PathLike] = ()) -> list[Pa
         for entry in entries:
             path = Path(entry).expanduser()
             if not path.is_dir():
-                raise ConfigError(f"{source} {entry}: no such directory; give a directory laid out like experiments/ "
-                                  "(NAME.yaml, presets/NAME.yaml)")
+                raise ConfigError(
+                    f"{source} {entry}: no such directory; give a directory laid out like experiments/ "
+                    "(NAME.yaml, presets/NAME.yaml)"
+                )
             if path not in dirs:
                 dirs.append(path)
     return dirs
@@ -91,8 +94,9 @@ def _names_in(root: Path) -> list[str]:
     return names
 
 
-def experiment_sources(root: Optional[Path] = None,
-                       search: Optional[Sequence[str | os.PathLike]] = None) -> dict[str, Path]:
+def experiment_sources(
+    root: Optional[Path] = None, search: Optional[Sequence[str | os.PathLike]] = None
+) -> dict[str, Path]:
     """Every experiment name (relative, without .yaml) -> the directory it is read from (first match wins)."""
     found: dict[str, Path] = {}
     for directory in _roots(root, search):
@@ -106,8 +110,9 @@ def list_experiments(root: Optional[Path] = None, search: Optional[Sequence[str 
     return list(experiment_sources(root, search))
 
 
-def preset_sources(root: Optional[Path] = None,
-                   search: Optional[Sequence[str | os.PathLike]] = None) -> dict[str, Path]:
+def preset_sources(
+    root: Optional[Path] = None, search: Optional[Sequence[str | os.PathLike]] = None
+) -> dict[str, Path]:
     """Every preset name -> its file (first match over the search path, then the main directory)."""
     found: dict[str, Path] = {}
     for directory in _roots(root, search):
@@ -116,14 +121,17 @@ def preset_sources(root: Optional[Path] = None,
     return dict(sorted(found.items()))
 
 
-def find_experiment(experiment: str, root: Optional[Path] = None,
-                    search: Optional[Sequence[str | os.PathLike]] = None) -> Path:
+def find_experiment(
+    experiment: str, root: Optional[Path] = None, search: Optional[Sequence[str | os.PathLike]] = None
+) -> Path:
     """The YAML file of `experiment=`: a file path as given, else NAME.yaml of the first directory that has it."""
     if is_experiment_file(experiment):
         path = Path(experiment).expanduser()
         if not path.is_file():
-            raise ConfigError(f"experiment={experiment}: no such file (a value ending in .yaml is read as a path; "
-                              "give an existing file, or a NAME from `qkvqa config list`)")
+            raise ConfigError(
+                f"experiment={experiment}: no such file (a value ending in .yaml is read as a path; "
+                "give an existing file, or a NAME from `qkvqa config list`)"
+            )
         return path.resolve()
     roots = _roots(root, search)
     for directory in roots:
@@ -133,8 +141,10 @@ def find_experiment(experiment: str, root: Optional[Path] = None,
     names = list_experiments(root, search)
     near = difflib.get_close_matches(experiment, names, n=3)
     where = " or ".join(str(d) for d in roots)
-    raise ConfigError(f"no experiment {experiment!r} in {where}" + (f"; did you mean {near}?" if near else
-                      f". Available: {', '.join(names)}"))
+    raise ConfigError(
+        f"no experiment {experiment!r} in {where}"
+        + (f"; did you mean {near}?" if near else f". Available: {', '.join(names)}")
+    )
 
 
 def schema_keys(node: Any = Config, prefix: str = "") -> list[str]:
@@ -216,8 +226,7 @@ def parse_override(token: str) -> tuple[str, Optional[str]]:
             raise ConfigError(f"bad override {token!r}: use ~key to restore a key's default")
         return key, None
     if "=" not in token or token.startswith("="):
-        raise ConfigError(f"bad argument {token!r}: overrides are key=value (or ~key); "
-                          "see `qkvqa config show --help`")
+        raise ConfigError(f"bad argument {token!r}: overrides are key=value (or ~key); see `qkvqa config show --help`")
     key, value = token.split("=", 1)
     return key.strip(), value
 
@@ -227,7 +236,7 @@ def _apply_override(cfg: DictConfig, key: str, value: Optional[str]) -> DictConf
     if value is None:
         return _restore_default(cfg, key)
     if value.strip() in _NULL_WORDS:
-        value = "null"                    # a W&B sweep renders Python None as the string 'None'
+        value = "null"  # a W&B sweep renders Python None as the string 'None'
     try:
         parsed = OmegaConf.from_dotlist([f"{key}={value}"])
     except OmegaConfBaseException as e:
@@ -266,8 +275,13 @@ class _unlocked:
         OmegaConf.set_struct(self.node, self.flag)
 
 
-def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overrides: Iterable[str] = (),
-            root: Optional[Path] = None, search: Optional[Sequence[str | os.PathLike]] = None) -> DictConfig:
+def compose(
+    experiment: Optional[str] = None,
+    presets: Sequence[str] = (),
+    overrides: Iterable[str] = (),
+    root: Optional[Path] = None,
+    search: Optional[Sequence[str | os.PathLike]] = None,
+) -> DictConfig:
     """Build the resolved, validated config of a run (merge order and config search in the module docstring);
     `search` are --config-dir directories, searched before $QKVQA_CONFIG_PATH."""
     root = Path(root) if root else experiments_dir()
@@ -279,7 +293,7 @@ def compose(experiment: Optional[str] = None, presets: Sequence[str] = (), overr
     if experiment:
         exp_path = find_experiment(experiment, root, search)
         if is_experiment_file(experiment):
-            experiment = str(exp_path)            # absolute: the run record and rerun hints work from anywhere
+            experiment = str(exp_path)  # absolute: the run record and rerun hints work from anywhere
         exp_cfg = _load_yaml(exp_path)
         # An experiment may name presets it needs; command-line presets come after them, in the order typed
         # (one the experiment also names moves to its typed place, so that it wins over the ones before it).
@@ -330,12 +344,19 @@ def _leaves(node, prefix: str = ""):
 
 def environment_keys(cfg: DictConfig) -> set[str]:
     """The keys whose values come from the environment: an `oc.env` interpolation, or one referring to such a key."""
-    raw = {path: str(parent._get_node(key)._value()) for path, parent, key in _leaves(cfg)
-           if OmegaConf.is_interpolation(parent, key)}
+    raw = {
+        path: str(parent._get_node(key)._value())
+        for path, parent, key in _leaves(cfg)
+        if OmegaConf.is_interpolation(parent, key)
+    }
     found = {path for path, text in raw.items() if _READS_ENVIRONMENT.search(text)}
     while True:
-        more = {path for path, text in raw.items() if path not in found and any(
-            ref == key or key.startswith(ref + ".") for ref in _REFERENCE.findall(text) for key in found)}
+        more = {
+            path
+            for path, text in raw.items()
+            if path not in found
+            and any(ref == key or key.startswith(ref + ".") for ref in _REFERENCE.findall(text) for key in found)
+        }
         if not more:
             return found
         found |= more
@@ -346,7 +367,7 @@ def _resolve_except_environment(cfg: DictConfig) -> None:
     keep = environment_keys(cfg)
     for path, parent, key in list(_leaves(cfg)):
         if path not in keep and OmegaConf.is_interpolation(parent, key):
-            parent[key] = parent[key]                       # the resolved value replaces the interpolation
+            parent[key] = parent[key]  # the resolved value replaces the interpolation
 
 
 def to_plain(cfg: DictConfig) -> dict:

@@ -6,6 +6,7 @@ the axes its table sweeps (Figure 5's alpha, Table 6's CDA grid): they are named
 Settings follow the paper and method.md; where the paper leaves a choice to OMGM's code (the top-1 section mix,
 the reranker length, the image geometry), the row holds OMGM's value (docs/protocol.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,19 +31,21 @@ class Trained:
     """qff.checkpoint as a row means it: a QFF trained by `qkvqa train` (`trained`), or the stock weights (None)."""
 
     trained: bool
-    focus: Optional[str] = None       # the focus the QFF was trained with, when the row names one
-    vit_dtype: str = "bf16"           # the dtype its frozen ViT ran in during training (method.md section 3: bf16)
+    focus: Optional[str] = None  # the focus the QFF was trained with, when the row names one
+    vit_dtype: str = "bf16"  # the dtype its frozen ViT ran in during training (method.md section 3: bf16)
 
     def __str__(self) -> str:
         if not self.trained:
             return "the stock BLIP-2 Q-Former (no trained checkpoint)"
-        return "a QFF trained by `qkvqa train experiment=evqa_qff" + (f" qff.focus={self.focus}`" if self.focus else "`")
+        return "a QFF trained by `qkvqa train experiment=evqa_qff" + (
+            f" qff.focus={self.focus}`" if self.focus else "`"
+        )
 
 
 # Stage 1's text side as the paper has it: OMGM's index of LLaMA-3 article summaries (imported), or summaries
 # written here by `qkvqa summarize`. The lead section (qkvqa's default, free) is another text.
 LLAMA3_SUMMARIES = "llama3_summaries"
-STAGE1_TEXT = "stage1.text"           # a pseudo-key: what stage 1 embedded, read from the index manifest
+STAGE1_TEXT = "stage1.text"  # a pseudo-key: what stage 1 embedded, read from the index manifest
 
 
 @dataclass(frozen=True)
@@ -54,32 +57,56 @@ class PaperRow:
     dataset: str
     settings: Mapping[str, Any]
     varies: tuple[str, ...] = ()
-    experiments: tuple[str, ...] = field(default=())    # experiment files that reproduce the row
+    experiments: tuple[str, ...] = field(default=())  # experiment files that reproduce the row
 
 
 EVA_CLIP = Model("evaclip_hf", "BAAI/EVA-CLIP-8B")
 QWEN = Model("qwen2_5_vl", "Qwen/Qwen2.5-VL-7B-Instruct")
 LLAMA3 = Model("llama3", "meta-llama/Meta-Llama-3-8B-Instruct")
 REFLECTIVA = Model("reflectiva", "aimagelab/ReflectiVA")
-CHUNK_TOKENS = {"evqa": 60, "infoseek": 90}          # L, method.md section 4
+CHUNK_TOKENS = {"evqa": 60, "infoseek": 90}  # L, method.md section 4
 
-STAGE1 = {"retrieval.mode": "image_to_summary", "retrieval.top_k": 20, STAGE1_TEXT: LLAMA3_SUMMARIES,
-          "components.image_encoder": EVA_CLIP, "components.text_encoder": EVA_CLIP}
-QFF = {"eval.filter": "qff", "qff.checkpoint": Trained(True, "per_layer"), "qff.allow_untrained": False,
-       "qff.focus": "per_layer", "qff.alpha": 0.9,
-       "qff.score_direction": "question_to_section", "qff.question_max_tokens": 64, "qff.max_text_tokens": 512,
-       "qff.image_transform": "targetpad", "qff.blip_text_preprocess": True,
-       "components.qformer": Model("blip2_qff", "Salesforce/blip2-itm-vit-g"), "components.qformer.dtype": "fp16"}
+STAGE1 = {
+    "retrieval.mode": "image_to_summary",
+    "retrieval.top_k": 20,
+    STAGE1_TEXT: LLAMA3_SUMMARIES,
+    "components.image_encoder": EVA_CLIP,
+    "components.text_encoder": EVA_CLIP,
+}
+QFF = {
+    "eval.filter": "qff",
+    "qff.checkpoint": Trained(True, "per_layer"),
+    "qff.allow_untrained": False,
+    "qff.focus": "per_layer",
+    "qff.alpha": 0.9,
+    "qff.score_direction": "question_to_section",
+    "qff.question_max_tokens": 64,
+    "qff.max_text_tokens": 512,
+    "qff.image_transform": "targetpad",
+    "qff.blip_text_preprocess": True,
+    "components.qformer": Model("blip2_qff", "Salesforce/blip2-itm-vit-g"),
+    "components.qformer.dtype": "fp16",
+}
 RERANKER = {"components.reranker": Model("bge_reranker", "BAAI/bge-reranker-v2-m3"), "cda.reranker_normalize": True}
 CHUNKS = {"components.splitter": Model("spacy_sentencizer"), "cda.reranker_max_length": 512}
 ARTICLES = {"cda.U": 2, "cda.theta": 0.01, "cda.K2": 2}
-GENERATION = {"eval.stop_after": "generation", "generation.prompt": "auto", "generation.max_new_tokens": 128,
-              "generation.reader": "generator"}
+GENERATION = {
+    "eval.stop_after": "generation",
+    "generation.prompt": "auto",
+    "generation.max_new_tokens": 128,
+    "generation.reader": "generator",
+}
 # Table 5 before CDA: the top-1 section of the top-1 article by QFF and BGE-Reranker-v2-m3, mixed as OMGM's
 # step 3 mixes them (test/step3_secaugmented_gen.py: beta * section similarity + (1 - beta) * sigmoid(BGE), beta
 # 0.2 in scripts/step3_secaugmented_gen.sh; BGE reads the pair up to 6000 tokens, model/answer_generator.py).
-TOP1_SECTION = {"eval.context": "cda", "cda.mode": "top1_section", "cda.top1_section_by": "fused",
-                "cda.top1_section_beta": 0.2, "cda.top1_section_max_length": 6000, **RERANKER}
+TOP1_SECTION = {
+    "eval.context": "cda",
+    "cda.mode": "top1_section",
+    "cda.top1_section_by": "fused",
+    "cda.top1_section_beta": 0.2,
+    "cda.top1_section_max_length": 6000,
+    **RERANKER,
+}
 
 
 def _full(dataset: str, generator: Model, mode: str = "full") -> dict:
@@ -97,51 +124,157 @@ def _rows(*rows: PaperRow) -> dict[str, PaperRow]:
 
 
 PAPER_ROWS = _rows(
-    PaperRow("eval/evqa_qwen", "Table 2, QKVQA with Qwen2.5-VL-7B (no generator fine-tuning): E-VQA 48.0 (BEM, all)",
-             "evqa", _full("evqa", QWEN), experiments=("eval/evqa_qwen",)),
-    PaperRow("eval/infoseek_qwen", "Table 2, QKVQA with Qwen2.5-VL-7B (no generator fine-tuning): InfoSeek 36.3 "
-             "(overall)", "infoseek", _full("infoseek", QWEN), experiments=("eval/infoseek_qwen",)),
-    PaperRow("eval/evqa_llama3", "Table 2, QKVQA with LLaMA-3-8B: E-VQA 48.5 (BEM, all)", "evqa",
-             _full("evqa", LLAMA3), experiments=("eval/evqa_llama3",)),
-    PaperRow("eval/infoseek_llama3", "Table 2, QKVQA with LLaMA-3-8B: InfoSeek 34.5 (overall)", "infoseek",
-             _full("infoseek", LLAMA3), experiments=("eval/infoseek_llama3",)),
-    PaperRow("eval/evqa_llama31_ft", "Table 2, QKVQA with the fine-tuned LLaMA-3.1-8B (Gen. FT, ReflectiVA's "
-             "generator): E-VQA 45.3 (BEM, all)", "evqa", _full("evqa", REFLECTIVA),
-             experiments=("eval/evqa_llama31_ft",)),
-    PaperRow("eval/infoseek_llama31_ft", "Table 2, QKVQA with the fine-tuned LLaMA-3.1-8B (Gen. FT, ReflectiVA's "
-             "generator): InfoSeek 42.4 (overall)", "infoseek", _full("infoseek", REFLECTIVA),
-             experiments=("eval/infoseek_llama31_ft",)),
-    PaperRow("table2/evqa_qkvqa", "Table 2, QKVQA row (Qwen2.5-VL-7B): E-VQA 48.0, with context length and time per "
-             "stage", "evqa", _full("evqa", QWEN), experiments=("table2/evqa_qkvqa",)),
-    PaperRow("table2/evqa_mllm_filter", "Table 2, MLLM-based filtering: E-VQA 37.7, 9.77 s filtering per question",
-             "evqa", {**STAGE1, "eval.filter": "retrieval", "eval.context": "mllm_filter", "generation.filter_top_n": 5,
-                      **GENERATION, "components.generator": QWEN}, experiments=("table2/evqa_mllm_filter",)),
-    PaperRow("table4/evqa_recall", "Table 4, E-VQA Recall@K before and after the QFF (single-hop rows)", "evqa",
-             {**STAGE1, **QFF, "retrieval.two_hop_policy": "exclude"}, experiments=("table4/evqa_recall",)),
-    PaperRow("table4/infoseek_recall", "Table 4, InfoSeek Recall@K before and after the QFF", "infoseek",
-             {**STAGE1, **QFF}, experiments=("table4/infoseek_recall",)),
-    PaperRow("table5/evqa_no_finetuning", "Table 5, row 1 (QFF without basic fine-tuning): E-VQA 34.16", "evqa",
-             {**STAGE1, **QFF, "qff.checkpoint": Trained(False), "qff.allow_untrained": True, "qff.focus": "none",
-              **TOP1_SECTION, **GENERATION,
-              "components.generator": QWEN}, experiments=("table5/evqa_no_finetuning",)),
-    PaperRow("table5/evqa_basic_finetuning", "Table 5, row 2 (basic fine-tuning): E-VQA 44.19", "evqa",
-             {**STAGE1, **QFF, "qff.checkpoint": Trained(True, "none"), "qff.focus": "none", **TOP1_SECTION,
-              **GENERATION, "components.generator": QWEN}, experiments=("table5/evqa_basic_finetuning",)),
-    PaperRow("table5/evqa_question_focus", "Table 5, row 3 (+ question focus): E-VQA 46.77, 281 context tokens", "evqa",
-             {**STAGE1, **QFF, **TOP1_SECTION, **GENERATION, "components.generator": QWEN},
-             experiments=("table5/evqa_question_focus",)),
-    PaperRow("table5/evqa_first_chunk", "Table 5, row 4 (first chunk only): 55 context tokens", "evqa",
-             _full("evqa", QWEN, "first_chunk"), experiments=("table5/evqa_first_chunk",)),
-    PaperRow("table5/evqa_top1_article_chunks", "Table 5, row 5 (K1 chunks of the top-1 article): E-VQA 47.15, "
-             "213 tokens", "evqa", _full("evqa", QWEN, "top1_article_chunks"),
-             experiments=("table5/evqa_top1_article_chunks",)),
-    PaperRow("table5/evqa_full_cda", "Table 5, row 6 (full CDA): E-VQA 48.02, 246 context tokens", "evqa",
-             _full("evqa", QWEN), experiments=("table5/evqa_full_cda",)),
-    PaperRow("table6/infoseek_1k", "Table 6, CDA hyper-parameters on a 1K InfoSeek subset", "infoseek",
-             _full("infoseek", QWEN), varies=("cda.U", "cda.theta", "cda.chunk_tokens", "cda.K1", "cda.K2"),
-             experiments=("table6/infoseek_1k",)),
-    PaperRow("figure5/alpha", "Figure 5, E-VQA single-hop article R@1 after the filter as alpha varies", "evqa",
-             {**STAGE1, **QFF, "retrieval.two_hop_policy": "exclude"}, varies=("qff.alpha",)),
+    PaperRow(
+        "eval/evqa_qwen",
+        "Table 2, QKVQA with Qwen2.5-VL-7B (no generator fine-tuning): E-VQA 48.0 (BEM, all)",
+        "evqa",
+        _full("evqa", QWEN),
+        experiments=("eval/evqa_qwen",),
+    ),
+    PaperRow(
+        "eval/infoseek_qwen",
+        "Table 2, QKVQA with Qwen2.5-VL-7B (no generator fine-tuning): InfoSeek 36.3 (overall)",
+        "infoseek",
+        _full("infoseek", QWEN),
+        experiments=("eval/infoseek_qwen",),
+    ),
+    PaperRow(
+        "eval/evqa_llama3",
+        "Table 2, QKVQA with LLaMA-3-8B: E-VQA 48.5 (BEM, all)",
+        "evqa",
+        _full("evqa", LLAMA3),
+        experiments=("eval/evqa_llama3",),
+    ),
+    PaperRow(
+        "eval/infoseek_llama3",
+        "Table 2, QKVQA with LLaMA-3-8B: InfoSeek 34.5 (overall)",
+        "infoseek",
+        _full("infoseek", LLAMA3),
+        experiments=("eval/infoseek_llama3",),
+    ),
+    PaperRow(
+        "eval/evqa_llama31_ft",
+        "Table 2, QKVQA with the fine-tuned LLaMA-3.1-8B (Gen. FT, ReflectiVA's generator): E-VQA 45.3 (BEM, all)",
+        "evqa",
+        _full("evqa", REFLECTIVA),
+        experiments=("eval/evqa_llama31_ft",),
+    ),
+    PaperRow(
+        "eval/infoseek_llama31_ft",
+        "Table 2, QKVQA with the fine-tuned LLaMA-3.1-8B (Gen. FT, ReflectiVA's generator): InfoSeek 42.4 (overall)",
+        "infoseek",
+        _full("infoseek", REFLECTIVA),
+        experiments=("eval/infoseek_llama31_ft",),
+    ),
+    PaperRow(
+        "table2/evqa_qkvqa",
+        "Table 2, QKVQA row (Qwen2.5-VL-7B): E-VQA 48.0, with context length and time per stage",
+        "evqa",
+        _full("evqa", QWEN),
+        experiments=("table2/evqa_qkvqa",),
+    ),
+    PaperRow(
+        "table2/evqa_mllm_filter",
+        "Table 2, MLLM-based filtering: E-VQA 37.7, 9.77 s filtering per question",
+        "evqa",
+        {
+            **STAGE1,
+            "eval.filter": "retrieval",
+            "eval.context": "mllm_filter",
+            "generation.filter_top_n": 5,
+            **GENERATION,
+            "components.generator": QWEN,
+        },
+        experiments=("table2/evqa_mllm_filter",),
+    ),
+    PaperRow(
+        "table4/evqa_recall",
+        "Table 4, E-VQA Recall@K before and after the QFF (single-hop rows)",
+        "evqa",
+        {**STAGE1, **QFF, "retrieval.two_hop_policy": "exclude"},
+        experiments=("table4/evqa_recall",),
+    ),
+    PaperRow(
+        "table4/infoseek_recall",
+        "Table 4, InfoSeek Recall@K before and after the QFF",
+        "infoseek",
+        {**STAGE1, **QFF},
+        experiments=("table4/infoseek_recall",),
+    ),
+    PaperRow(
+        "table5/evqa_no_finetuning",
+        "Table 5, row 1 (QFF without basic fine-tuning): E-VQA 34.16",
+        "evqa",
+        {
+            **STAGE1,
+            **QFF,
+            "qff.checkpoint": Trained(False),
+            "qff.allow_untrained": True,
+            "qff.focus": "none",
+            **TOP1_SECTION,
+            **GENERATION,
+            "components.generator": QWEN,
+        },
+        experiments=("table5/evqa_no_finetuning",),
+    ),
+    PaperRow(
+        "table5/evqa_basic_finetuning",
+        "Table 5, row 2 (basic fine-tuning): E-VQA 44.19",
+        "evqa",
+        {
+            **STAGE1,
+            **QFF,
+            "qff.checkpoint": Trained(True, "none"),
+            "qff.focus": "none",
+            **TOP1_SECTION,
+            **GENERATION,
+            "components.generator": QWEN,
+        },
+        experiments=("table5/evqa_basic_finetuning",),
+    ),
+    PaperRow(
+        "table5/evqa_question_focus",
+        "Table 5, row 3 (+ question focus): E-VQA 46.77, 281 context tokens",
+        "evqa",
+        {**STAGE1, **QFF, **TOP1_SECTION, **GENERATION, "components.generator": QWEN},
+        experiments=("table5/evqa_question_focus",),
+    ),
+    PaperRow(
+        "table5/evqa_first_chunk",
+        "Table 5, row 4 (first chunk only): 55 context tokens",
+        "evqa",
+        _full("evqa", QWEN, "first_chunk"),
+        experiments=("table5/evqa_first_chunk",),
+    ),
+    PaperRow(
+        "table5/evqa_top1_article_chunks",
+        "Table 5, row 5 (K1 chunks of the top-1 article): E-VQA 47.15, 213 tokens",
+        "evqa",
+        _full("evqa", QWEN, "top1_article_chunks"),
+        experiments=("table5/evqa_top1_article_chunks",),
+    ),
+    PaperRow(
+        "table5/evqa_full_cda",
+        "Table 5, row 6 (full CDA): E-VQA 48.02, 246 context tokens",
+        "evqa",
+        _full("evqa", QWEN),
+        experiments=("table5/evqa_full_cda",),
+    ),
+    PaperRow(
+        "table6/infoseek_1k",
+        "Table 6, CDA hyper-parameters on a 1K InfoSeek subset",
+        "infoseek",
+        _full("infoseek", QWEN),
+        varies=("cda.U", "cda.theta", "cda.chunk_tokens", "cda.K1", "cda.K2"),
+        experiments=("table6/infoseek_1k",),
+    ),
+    PaperRow(
+        "figure5/alpha",
+        "Figure 5, E-VQA single-hop article R@1 after the filter as alpha varies",
+        "evqa",
+        {**STAGE1, **QFF, "retrieval.two_hop_policy": "exclude"},
+        varies=("qff.alpha",),
+    ),
 )
 TITLES = {row.title: row for row in PAPER_ROWS.values()}
 
@@ -155,8 +288,10 @@ def paper_row(name: Optional[str]) -> Optional[PaperRow]:
     if row is None:
         from qkvqa.errors import ConfigError
 
-        raise ConfigError(f"paper={name!r} is not a paper row; use one of {', '.join(PAPER_ROWS)} "
-                          "(qkvqa.config.paper_rows), or leave `paper` unset")
+        raise ConfigError(
+            f"paper={name!r} is not a paper row; use one of {', '.join(PAPER_ROWS)} "
+            "(qkvqa.config.paper_rows), or leave `paper` unset"
+        )
     return row
 
 
@@ -227,17 +362,26 @@ def _checkpoint_difference(cfg: Any, wanted: Trained, trained: Mapping[str, Any]
         return [f"qff.checkpoint = {checkpoint} where the row uses {wanted}"]
     out = []
     if wanted.trained and wanted.focus and trained.get("focus") and trained["focus"] != wanted.focus:
-        out.append(f"qff.checkpoint {checkpoint} was trained with qff.focus={trained['focus']} where the row uses a "
-                   f"QFF trained with qff.focus={wanted.focus}")
+        out.append(
+            f"qff.checkpoint {checkpoint} was trained with qff.focus={trained['focus']} where the row uses a "
+            f"QFF trained with qff.focus={wanted.focus}"
+        )
     if wanted.trained and trained.get("vit_dtype") and trained["vit_dtype"] != wanted.vit_dtype:
-        out.append(f"qff.checkpoint {checkpoint} was trained with its ViT in {trained['vit_dtype']} where the row "
-                   f"trains it in {wanted.vit_dtype}")
+        out.append(
+            f"qff.checkpoint {checkpoint} was trained with its ViT in {trained['vit_dtype']} where the row "
+            f"trains it in {wanted.vit_dtype}"
+        )
     return out
 
 
-def row_differences(cfg: Any, row: PaperRow, *, stage1_text: Optional[str] = None,
-                    converted_from: Optional[Mapping[str, str]] = None,
-                    trained: Optional[Mapping[str, Any]] = None) -> list[str]:
+def row_differences(
+    cfg: Any,
+    row: PaperRow,
+    *,
+    stage1_text: Optional[str] = None,
+    converted_from: Optional[Mapping[str, str]] = None,
+    trained: Optional[Mapping[str, Any]] = None,
+) -> list[str]:
     """Every setting of `cfg` that differs from what `row` means, as "KEY = VALUE where the row uses WANTED".
 
     `stage1_text`: what stage 1 embedded (`stage1.text`); `converted_from`: per component, the hub id its weights
@@ -251,8 +395,10 @@ def row_differences(cfg: Any, row: PaperRow, *, stage1_text: Optional[str] = Non
             continue
         if key == STAGE1_TEXT:
             if stage1_text != wanted:
-                reasons.append(f"stage 1 embeds {stage1_text or 'an unknown text'} where the row uses OMGM's LLaMA-3 "
-                               "article summaries (import OMGM's summary index, or `qkvqa summarize`; docs/retrieval.md)")
+                reasons.append(
+                    f"stage 1 embeds {stage1_text or 'an unknown text'} where the row uses OMGM's LLaMA-3 "
+                    "article summaries (import OMGM's summary index, or `qkvqa summarize`; docs/retrieval.md)"
+                )
             continue
         if isinstance(wanted, Model):
             spec = OmegaConf.select(cfg, key)

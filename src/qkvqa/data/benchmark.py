@@ -7,6 +7,7 @@ Every stage reads the data through the `Benchmark` it is given (`retrieve_split(
 command line (`qkvqa.cli`) and the evaluation recipe (`qkvqa.pipeline.evaluate`) build one from a config
 (`build_benchmark(cfg.data)`).
 """
+
 from __future__ import annotations
 
 import random
@@ -16,9 +17,16 @@ from typing import Optional
 from qkvqa.data.config import DataConfig, data_config_from_dict, reads_two_hop, resolve_data_path
 from qkvqa.data.images import ArticleImageIndex, ImageLoader, QueryImageResolver
 from qkvqa.data.kb import KBStore
-from qkvqa.data.questions import (InfoSeekReference, Question, attach_infoseek_references, read_evqa_csv,
-                                  read_infoseek_csv, read_infoseek_jsonl_questions, read_infoseek_references,
-                                  read_webdataset_questions)
+from qkvqa.data.questions import (
+    InfoSeekReference,
+    Question,
+    attach_infoseek_references,
+    read_evqa_csv,
+    read_infoseek_csv,
+    read_infoseek_jsonl_questions,
+    read_infoseek_references,
+    read_webdataset_questions,
+)
 from qkvqa.data.shards import is_shard_pattern
 from qkvqa.errors import ConfigError
 from qkvqa.utils.logging import get_logger
@@ -53,8 +61,11 @@ class Benchmark:
         path = self.path(f"{split}_questions")
         if path is None:
             return None
-        return {"dataset": self.config.dataset, "file": str(path.resolve()),
-                "size": path.stat().st_size if path.is_file() else None}
+        return {
+            "dataset": self.config.dataset,
+            "file": str(path.resolve()),
+            "size": path.stat().st_size if path.is_file() else None,
+        }
 
     def read_questions(self, split: str, path: Path) -> list[Question]:
         """Read the question file of `split` (implemented per benchmark)."""
@@ -74,8 +85,12 @@ class Benchmark:
                     raise ConfigError(f"data.sample_questions={wanted}, but {path} has {len(questions)} questions")
                 chosen = set(random.Random(self.config.sample_seed).sample(range(len(questions)), wanted))
                 questions = [q for i, q in enumerate(questions) if i in chosen]
-                log.info("%s: a random sample of %d of its questions (data.sample_seed %d)", path, wanted,
-                         self.config.sample_seed)
+                log.info(
+                    "%s: a random sample of %d of its questions (data.sample_seed %d)",
+                    path,
+                    wanted,
+                    self.config.sample_seed,
+                )
             if self.config.max_questions is not None:
                 questions = questions[: self.config.max_questions]
             self._questions[split] = questions
@@ -88,16 +103,27 @@ class Benchmark:
             if store is None:
                 raise ConfigError("data.kb_store is not set; build one with `qkvqa kb build --source KB --out DIR`")
             root = self.config.root
-            if (root is None or not Path(root).expanduser().is_dir()) and not store.exists() \
-                    and not Path(self.config.kb_store).expanduser().is_absolute():
-                where = (f"data.root is not set, so data.kb_store {str(store)!r} was looked up relative to {Path.cwd()}"
-                         if root is None else f"data.root {root!r} is not a folder (data.kb_store {str(store)!r})")
-                raise ConfigError(f"{where}; set data.root (the demo presets read it from paths.world_dir, "
-                                  "${paths.world_dir}/evqa: paths.world_dir=DIR, a world written by `qkvqa synth "
-                                  "--out DIR`)")
+            if (
+                (root is None or not Path(root).expanduser().is_dir())
+                and not store.exists()
+                and not Path(self.config.kb_store).expanduser().is_absolute()
+            ):
+                where = (
+                    f"data.root is not set, so data.kb_store {str(store)!r} was looked up relative to {Path.cwd()}"
+                    if root is None
+                    else f"data.root {root!r} is not a folder (data.kb_store {str(store)!r})"
+                )
+                raise ConfigError(
+                    f"{where}; set data.root (the demo presets read it from paths.world_dir, "
+                    "${paths.world_dir}/evqa: paths.world_dir=DIR, a world written by `qkvqa synth "
+                    "--out DIR`)"
+                )
             source = self.path("kb_source")
-            self._kb_store = KBStore.open(store, source=source if source is not None and source.exists() else None,
-                                          reflectiva_passages=self.config.reflectiva_passages)
+            self._kb_store = KBStore.open(
+                store,
+                source=source if source is not None and source.exists() else None,
+                reflectiva_passages=self.config.reflectiva_passages,
+            )
         return self._kb_store
 
     def article_images(self) -> ArticleImageIndex:
@@ -109,12 +135,19 @@ class Benchmark:
                 raise ConfigError("data.images.kb_image_csvs is not set (the OMGM title -> image CSVs)")
             index = ArticleImageIndex.from_config(self.config.images, self.config.root)
             titles = kb_titles(self.kb_store()) if self.config.kb_store is not None else None
-            counts = index.check_missing(self.config.images.max_missing_fraction, titles,
-                                         "the KB store's articles" if titles is not None else "their titles")
+            counts = index.check_missing(
+                self.config.images.max_missing_fraction,
+                titles,
+                "the KB store's articles" if titles is not None else "their titles",
+            )
             if counts["missing"]:
-                log.warning("%d of %d KB images the title -> image CSVs list are missing (under the bound "
-                            "data.images.max_missing_fraction=%s): those articles use their next image or none",
-                            counts["missing"], counts["tried"], self.config.images.max_missing_fraction)
+                log.warning(
+                    "%d of %d KB images the title -> image CSVs list are missing (under the bound "
+                    "data.images.max_missing_fraction=%s): those articles use their next image or none",
+                    counts["missing"],
+                    counts["tried"],
+                    self.config.images.max_missing_fraction,
+                )
             self._article_images = index
         return self._article_images
 
@@ -144,16 +177,17 @@ class InfoSeekBenchmark(Benchmark):
     def references(self) -> Optional[dict[str, InfoSeekReference]]:
         """The official references with question types, or None when `data.infoseek_references` is not set."""
         if self._references is None and self.config.infoseek_references is not None:
-            self._references = read_infoseek_references(self.path("infoseek_references"),
-                                                        self.path("infoseek_qtypes"))
+            self._references = read_infoseek_references(self.path("infoseek_references"), self.path("infoseek_qtypes"))
         return self._references
 
     def read_questions(self, split: str, path: Path) -> list[Question]:
         if is_shard_pattern(path):
             references = self.references()
             if references is None:
-                raise ConfigError(f"data.infoseek_references must be set to read questions from the shards {path}: "
-                                  "they hold no answers (the official infoseek_val.jsonl does)")
+                raise ConfigError(
+                    f"data.infoseek_references must be set to read questions from the shards {path}: "
+                    "they hold no answers (the official infoseek_val.jsonl does)"
+                )
             shards = self.image_loader.resolver.shards(path)
             return read_webdataset_questions(shards, references, name=str(path))
         if path.suffix == ".jsonl":

@@ -1,5 +1,6 @@
 """Image resolvers (iNaturalist, GLDv2, InfoSeek folders or shards, KB article images) and a loader that counts every
 skipped image."""
+
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,7 @@ from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
 
-DECODED_CACHE_SIZE = 64          # article images kept decoded between questions
+DECODED_CACHE_SIZE = 64  # article images kept decoded between questions
 # A query image with a side under this many pixels is a counted skip: a 1-pixel image crashes the
 # image processors, and one 3 pixels high is read as channels-first by their layout inference.
 MIN_IMAGE_SIDE = 8
@@ -46,8 +47,8 @@ def _under(root: Optional[str | os.PathLike], path: Optional[str | os.PathLike])
     return path if path.is_absolute() or root is None else Path(root).expanduser() / path
 
 
-MISSING = "missing"          # the file entry of an image that is not on disk
-OUTSIDE_ROOT = "outside_root"   # the skip reason of an image path that leaves its configured root
+MISSING = "missing"  # the file entry of an image that is not on disk
+OUTSIDE_ROOT = "outside_root"  # the skip reason of an image path that leaves its configured root
 # What decoding does to pixels (`to_rgb`): part of every query-image identity, so a cache of images decoded the old
 # way is not reused. 2: EXIF orientation applied, 16-bit and float modes scaled, alpha composited on white.
 IMAGE_DECODE_VERSION = 2
@@ -67,14 +68,14 @@ def to_rgb(image: Image.Image) -> Image.Image:
         grey = np.asarray(image, dtype=np.float64)
         # I;16*: 16-bit samples. I: 32-bit samples, which PIL also uses for 16-bit PNG and TIFF grey; values above
         # 65535 only occur in true 32-bit files, whose range is then the full one.
-        full = 65535.0 if mode != "I" or grey.max(initial=0) <= 65535 else float(2 ** 32 - 1)
+        full = 65535.0 if mode != "I" or grey.max(initial=0) <= 65535 else float(2**32 - 1)
         grey = np.clip(grey, 0, None) if mode == "I" else grey
         return Image.fromarray(np.rint(grey * (255.0 / full)).astype(np.uint8), "L").convert("RGB")
     if mode == "F":
         import numpy as np
 
         grey = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        scale = 255.0 if grey.max(initial=0) <= 1.0 else 1.0             # [0, 1] floats, or already 0-255
+        scale = 255.0 if grey.max(initial=0) <= 1.0 else 1.0  # [0, 1] floats, or already 0-255
         return Image.fromarray(np.rint(np.clip(grey * scale, 0, 255)).astype(np.uint8), "L").convert("RGB")
     if mode == "P":
         image = image.convert("RGBA" if "transparency" in image.info else "RGB")
@@ -97,26 +98,32 @@ class QueryImageResolver:
 
     def __init__(self, config: ImagesConfig, root: Optional[str | os.PathLike] = None):
         self.config = config
-        self.roots = {"inaturalist": _under(root, config.inaturalist_root),
-                      "landmarks": _under(root, config.landmarks_root),
-                      "infoseek": _under(root, config.infoseek_root)}
-        self.layouts = {"inaturalist": config.inaturalist_layout, "landmarks": config.landmarks_layout,
-                        "infoseek": "flat"}
+        self.roots = {
+            "inaturalist": _under(root, config.inaturalist_root),
+            "landmarks": _under(root, config.landmarks_root),
+            "infoseek": _under(root, config.infoseek_root),
+        }
+        self.layouts = {
+            "inaturalist": config.inaturalist_layout,
+            "landmarks": config.landmarks_layout,
+            "infoseek": "flat",
+        }
         for dataset, layout in self.layouts.items():
             if layout not in LAYOUTS[dataset]:
-                raise ConfigError(f"data.images.{dataset}_layout: {layout!r} is not one of "
-                                  f"{', '.join(LAYOUTS[dataset])}")
+                raise ConfigError(
+                    f"data.images.{dataset}_layout: {layout!r} is not one of {', '.join(LAYOUTS[dataset])}"
+                )
         self.id2name_files = [p for p in [_under(root, config.inaturalist_id2name)] if p is not None]
         self.id2name_files += [_under(root, p) for p in config.inaturalist_id2name_extra]
         self._id2name: Optional[dict[str, str]] = None
         self.data_root = root
         self.shard_patterns = {"infoseek": config.infoseek_shards} if config.infoseek_shards else {}
         self._shards: dict[str, ShardIndex] = {}
-        self._entries: dict[tuple[str, str], str] = {}    # file_entry, one stat per image and process
+        self._entries: dict[tuple[str, str], str] = {}  # file_entry, one stat per image and process
 
     def shards(self, pattern: str | os.PathLike) -> ShardIndex:
         """The index of the webdataset shards of `pattern` (relative to data.root), scanned once per pattern."""
-        key = str(_under(self.data_root, pattern))       # questions and images name the same shards once
+        key = str(_under(self.data_root, pattern))  # questions and images name the same shards once
         if key not in self._shards:
             self._shards[key] = ShardIndex.from_pattern(key)
         return self._shards[key]
@@ -132,15 +139,14 @@ class QueryImageResolver:
         return next((m for m in (shards.member(image_id, ext) for ext in SHARD_IMAGE_EXTENSIONS) if m), None)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_shards": {}}          # DataLoader workers rescan rather than copy the index
+        return {**self.__dict__, "_shards": {}}  # DataLoader workers rescan rather than copy the index
 
     def _root(self, dataset_name: str) -> Path:
         if dataset_name not in self.roots:
             raise DataError(f"unknown dataset_name {dataset_name!r}; expected one of {', '.join(self.roots)}")
         root = self.roots[dataset_name]
         if root is None:
-            raise ConfigError(f"data.images.{dataset_name}_root is not set, but a question uses a {dataset_name} "
-                              f"image")
+            raise ConfigError(f"data.images.{dataset_name}_root is not set, but a question uses a {dataset_name} image")
         return root
 
     def check_images(self, questions, split: str = "") -> dict:
@@ -154,11 +160,17 @@ class QueryImageResolver:
                 missing.append(q)
         bound = float(self.config.max_missing_fraction)
         if questions and len(missing) > bound * len(questions):
-            examples = ", ".join(f"{q.image_id} ({self._tried(q.dataset_name, q.image_id)})"
-                                 if q.dataset_name not in self.shard_patterns else q.image_id for q in missing[:3])
-            raise DataError(f"{len(missing)} of {len(questions)} {split} query images are missing "
-                            f"({100 * len(missing) / len(questions):.1f}%, more than data.images.max_missing_fraction="
-                            f"{bound}), e.g. {examples}: check data.images.*_root and data.root (or raise the bound)")
+            examples = ", ".join(
+                f"{q.image_id} ({self._tried(q.dataset_name, q.image_id)})"
+                if q.dataset_name not in self.shard_patterns
+                else q.image_id
+                for q in missing[:3]
+            )
+            raise DataError(
+                f"{len(missing)} of {len(questions)} {split} query images are missing "
+                f"({100 * len(missing) / len(questions):.1f}%, more than data.images.max_missing_fraction="
+                f"{bound}), e.g. {examples}: check data.images.*_root and data.root (or raise the bound)"
+            )
         return {"questions": len(questions), "missing": len(missing), "max_missing_fraction": bound}
 
     def _tried(self, dataset_name: str, image_id: str) -> str:
@@ -177,12 +189,14 @@ class QueryImageResolver:
             first.setdefault(q.dataset_name, q.image_id)
         for dataset_name, image_id in first.items():
             if dataset_name in self.shard_patterns:
-                shard_paths(self.shard_patterns[dataset_name], self.data_root)   # DataError naming a missing shard
+                shard_paths(self.shard_patterns[dataset_name], self.data_root)  # DataError naming a missing shard
                 continue
             root = self._root(dataset_name)
             if not root.is_dir():
-                raise DataError(f"{root}: the {dataset_name} image folder (data.images.{dataset_name}_root) does not "
-                                f"exist; questions need it, e.g. image {image_id!r}. Fix the path or data.root")
+                raise DataError(
+                    f"{root}: the {dataset_name} image folder (data.images.{dataset_name}_root) does not "
+                    f"exist; questions need it, e.g. image {image_id!r}. Fix the path or data.root"
+                )
 
     def id2name(self) -> dict[str, str]:
         """The merged iNaturalist id -> relative path maps (loaded on first use)."""
@@ -280,10 +294,21 @@ def query_images_identity(data) -> dict:
     from qkvqa.data.config import resolve_data_path
 
     images = data.images
-    keys = ("inaturalist_root", "inaturalist_layout", "inaturalist_id2name", "inaturalist_id2name_extra",
-            "landmarks_root", "landmarks_layout", "infoseek_root", "infoseek_shards", "extensions")
-    out = {key: list(getattr(images, key)) if isinstance(getattr(images, key), (list, tuple)) else getattr(images, key)
-           for key in keys}
+    keys = (
+        "inaturalist_root",
+        "inaturalist_layout",
+        "inaturalist_id2name",
+        "inaturalist_id2name_extra",
+        "landmarks_root",
+        "landmarks_layout",
+        "infoseek_root",
+        "infoseek_shards",
+        "extensions",
+    )
+    out = {
+        key: list(getattr(images, key)) if isinstance(getattr(images, key), (list, tuple)) else getattr(images, key)
+        for key in keys
+    }
     maps = [images.inaturalist_id2name, *images.inaturalist_id2name_extra]
     files = [resolve_data_path(data, name) for name in maps if name]
     out["decode_version"] = IMAGE_DECODE_VERSION
@@ -299,7 +324,7 @@ class SkippedImage:
 
     image_id: str
     dataset_name: str
-    reason: str              # missing | corrupt
+    reason: str  # missing | corrupt
     path: Optional[str]
     detail: str = ""
 
@@ -324,35 +349,60 @@ class ImageLoader:
         path = next((p for p in candidates if p.is_file()), None)
         outside = self.resolver.outside(dataset_name, image_id) if path is None else None
         if outside is not None:
-            self.record(SkippedImage(image_id, dataset_name, OUTSIDE_ROOT, str(outside),
-                                     f"leaves data.images.{dataset_name}_root {self.resolver.roots[dataset_name]}; "
-                                     "never read"))
+            self.record(
+                SkippedImage(
+                    image_id,
+                    dataset_name,
+                    OUTSIDE_ROOT,
+                    str(outside),
+                    f"leaves data.images.{dataset_name}_root {self.resolver.roots[dataset_name]}; never read",
+                )
+            )
             return None
         if path is None:
             tried = ", ".join(str(p) for p in candidates) or f"nothing: no {self.resolver.layouts[dataset_name]} path"
-            self.record(SkippedImage(image_id, dataset_name, "missing", str(candidates[0]) if candidates else None,
-                                     f"tried {tried}"))
+            self.record(
+                SkippedImage(
+                    image_id, dataset_name, "missing", str(candidates[0]) if candidates else None, f"tried {tried}"
+                )
+            )
             return None
         return self.load_file(path, image_id, dataset_name)
 
     def _load_from_shards(self, shards: ShardIndex, dataset_name: str, image_id: str) -> Optional[Image.Image]:
         member = self.resolver.shard_member(dataset_name, image_id)
         if member is None:
-            self.record(SkippedImage(image_id, dataset_name, "missing", None,
-                                     f"no {'/'.join(SHARD_IMAGE_EXTENSIONS)} member in the {len(shards.shards)} shards"))
+            self.record(
+                SkippedImage(
+                    image_id,
+                    dataset_name,
+                    "missing",
+                    None,
+                    f"no {'/'.join(SHARD_IMAGE_EXTENSIONS)} member in the {len(shards.shards)} shards",
+                )
+            )
             return None
-        return self.load_file(io.BytesIO(shards.read(member)), image_id, dataset_name,
-                              where=f"{member.shard}#{image_id}")
+        return self.load_file(
+            io.BytesIO(shards.read(member)), image_id, dataset_name, where=f"{member.shard}#{image_id}"
+        )
 
-    def load_file(self, path: Path | io.BytesIO, image_id: str, dataset_name: str,
-                  where: Optional[str] = None) -> Optional[Image.Image]:
+    def load_file(
+        self, path: Path | io.BytesIO, image_id: str, dataset_name: str, where: Optional[str] = None
+    ) -> Optional[Image.Image]:
         """Open `path` (a file, or bytes named by `where`) as RGB, or None (recorded as corrupt or missing)."""
         where = where or str(path)
         try:
             with Image.open(path) as image:
                 if min(image.size) < MIN_IMAGE_SIDE:
-                    self.record(SkippedImage(image_id, dataset_name, "too_small", where,
-                                             f"{image.size[0]}x{image.size[1]} px; at least {MIN_IMAGE_SIDE} px a side"))
+                    self.record(
+                        SkippedImage(
+                            image_id,
+                            dataset_name,
+                            "too_small",
+                            where,
+                            f"{image.size[0]}x{image.size[1]} px; at least {MIN_IMAGE_SIDE} px a side",
+                        )
+                    )
                     return None
                 return to_rgb(image)
         except FileNotFoundError:
@@ -368,8 +418,14 @@ class ImageLoader:
             return
         self.skipped[key] = skip
         if len(self.skipped) <= MAX_LOGGED_SKIPS:
-            log.warning("skipping %s image %s (%s): %s %s", skip.dataset_name, skip.image_id, skip.reason,
-                        skip.path, skip.detail)
+            log.warning(
+                "skipping %s image %s (%s): %s %s",
+                skip.dataset_name,
+                skip.image_id,
+                skip.reason,
+                skip.path,
+                skip.detail,
+            )
 
     def counts(self) -> dict[str, int]:
         """Number of distinct skipped image ids per reason."""
@@ -386,8 +442,14 @@ class ImageLoader:
         counts = self.counts()
         skipped = sorted(self.skipped.values(), key=lambda s: (s.dataset_name, s.image_id))
         atomic_write_json(path, {"counts": counts, "skipped": [asdict(s) for s in skipped]})
-        log.info("skipped images: %d missing, %d corrupt, %d too small, %d outside their root (ids in %s)",
-                 counts["missing"], counts["corrupt"], counts["too_small"], counts[OUTSIDE_ROOT], path)
+        log.info(
+            "skipped images: %d missing, %d corrupt, %d too small, %d outside their root (ids in %s)",
+            counts["missing"],
+            counts["corrupt"],
+            counts["too_small"],
+            counts[OUTSIDE_ROOT],
+            path,
+        )
         return path
 
 
@@ -406,8 +468,10 @@ def _expand_globs(patterns: Iterable[str], root: Optional[str | os.PathLike]) ->
         pattern_path = _under(root, pattern)
         matches = sorted(glob.glob(str(pattern_path)))
         if not matches:
-            raise DataError(f"{pattern_path}: no title -> image CSV matches (data.images.kb_image_csvs; OMGM's release "
-                            f"keeps them in wiki_image/output/)")
+            raise DataError(
+                f"{pattern_path}: no title -> image CSV matches (data.images.kb_image_csvs; OMGM's release "
+                f"keeps them in wiki_image/output/)"
+            )
         paths.extend(Path(m) for m in matches)
     return paths
 
@@ -418,7 +482,7 @@ def url_store_path(store: Path, url: str) -> Path:
     return store / parts.netloc / unquote(parts.path).lstrip("/")
 
 
-MISSING_EXAMPLES = 1000          # (title, path) of the first missing CSV images kept for the bound's message
+MISSING_EXAMPLES = 1000  # (title, path) of the first missing CSV images kept for the bound's message
 
 
 class _Containment:
@@ -436,8 +500,12 @@ class _Containment:
     def check(self, img_path: str) -> tuple[str, Path]:
         """("ok" | "missing" | OUTSIDE_ROOT, the path tried) of one CSV `img_path`."""
         relative = Path(img_path)
-        if relative.is_absolute() or img_path.startswith(("/", "\\")) or ".." in relative.parts \
-                or ".." in img_path.replace("\\", "/").split("/"):
+        if (
+            relative.is_absolute()
+            or img_path.startswith(("/", "\\"))
+            or ".." in relative.parts
+            or ".." in img_path.replace("\\", "/").split("/")
+        ):
             return OUTSIDE_ROOT, relative
         path = self.base / relative
         parent = str(path.parent)
@@ -467,8 +535,12 @@ class ArticleImageIndex:
     store; articles that still have none are counted. `check_missing` bounds the share of missing images.
     """
 
-    def __init__(self, by_title: dict[str, list[ArticleImage]], url_store: Optional[Path] = None,
-                 image_root: Optional[Path] = None):
+    def __init__(
+        self,
+        by_title: dict[str, list[ArticleImage]],
+        url_store: Optional[Path] = None,
+        image_root: Optional[Path] = None,
+    ):
         self.by_title = by_title
         self.url_store = url_store
         self.image_root = image_root
@@ -490,12 +562,18 @@ class ArticleImageIndex:
         `img_path` is relative to."""
         csv_paths = _expand_globs(config.kb_image_csvs, root)
         image_root = _under(root, config.kb_image_root)
-        return cls.from_csvs(csv_paths, image_root, config.max_images_per_title,
-                             _under(root, config.kb_image_url_store))
+        return cls.from_csvs(
+            csv_paths, image_root, config.max_images_per_title, _under(root, config.kb_image_url_store)
+        )
 
     @classmethod
-    def from_csvs(cls, csv_paths: Iterable[Path], image_root: Optional[Path], max_per_title: int = 10,
-                  url_store: Optional[Path] = None) -> "ArticleImageIndex":
+    def from_csvs(
+        cls,
+        csv_paths: Iterable[Path],
+        image_root: Optional[Path],
+        max_per_title: int = 10,
+        url_store: Optional[Path] = None,
+    ) -> "ArticleImageIndex":
         """Keep, per title, the first `max_per_title` rows whose file exists (row[0] title, row[2] img_path);
         rows tried and missing are counted per title for `check_missing`."""
         by_title: dict[str, list[ArticleImage]] = {}
@@ -513,15 +591,17 @@ class ArticleImageIndex:
                     if reader.line_num == 1 and len(row) > 2 and row[2] == "img_path":
                         continue
                     if len(row) < 4:
-                        raise DataError(f"{csv_path}: line {reader.line_num}: {len(row)} fields; expected title, "
-                                        f"image_URL, img_path, caption")
+                        raise DataError(
+                            f"{csv_path}: line {reader.line_num}: {len(row)} fields; expected title, "
+                            f"image_URL, img_path, caption"
+                        )
                     title, image_url, img_path, caption = row[0], row[1], row[2], row[3]
                     images = by_title.setdefault(title, [])
                     if len(images) >= max_per_title:
                         continue
                     status, path = containment.check(img_path)
                     if status == "ok" and any(i.path == path and i.caption == caption for i in images):
-                        continue           # OMGM skips a repeated {caption, img_path} of a title (utils/utils.py:103)
+                        continue  # OMGM skips a repeated {caption, img_path} of a title (utils/utils.py:103)
                     tried[title] = tried.get(title, 0) + 1
                     if status == "ok":
                         images.append(ArticleImage(path, caption, image_url))
@@ -531,12 +611,22 @@ class ArticleImageIndex:
                     if len(examples) < MISSING_EXAMPLES:
                         examples.append((title, str(path), status))
                     if status == OUTSIDE_ROOT and outside <= MAX_LOGGED_SKIPS:
-                        log.warning("%s: line %d: field 'img_path': %r leaves the image root %s; not read (counted "
-                                    "as a missing image)", csv_path, reader.line_num, img_path, base)
+                        log.warning(
+                            "%s: line %d: field 'img_path': %r leaves the image root %s; not read (counted "
+                            "as a missing image)",
+                            csv_path,
+                            reader.line_num,
+                            img_path,
+                            base,
+                        )
         by_title = {title: images for title, images in by_title.items() if images}
-        log.info("article images: %d titles with images; %d of %d listed files tried missing on disk%s", len(by_title),
-                 sum(missing_by_title.values()), sum(tried.values()),
-                 f" ({outside} outside the image root)" if outside else "")
+        log.info(
+            "article images: %d titles with images; %d of %d listed files tried missing on disk%s",
+            len(by_title),
+            sum(missing_by_title.values()),
+            sum(tried.values()),
+            f" ({outside} outside the image root)" if outside else "",
+        )
         index = cls(by_title, url_store, image_root)
         index.tried_by_title, index.missing_by_title, index.missing_examples = tried, missing_by_title, examples
         index.outside_root, index.csv_paths = outside, csv_paths
@@ -545,8 +635,11 @@ class ArticleImageIndex:
     def missing_counts(self, titles: Optional[Iterable[str]] = None) -> dict[str, int]:
         """CSV images tried and missing (outside the root included), over `titles` (default: every CSV title)."""
         if titles is None:
-            return {"tried": sum(self.tried_by_title.values()), "missing": sum(self.missing_by_title.values()),
-                    "titles_with_images": len(self.by_title)}
+            return {
+                "tried": sum(self.tried_by_title.values()),
+                "missing": sum(self.missing_by_title.values()),
+                "titles_with_images": len(self.by_title),
+            }
         tried = missing = with_images = 0
         for title in titles:
             tried += self.tried_by_title.get(title, 0)
@@ -554,8 +647,9 @@ class ArticleImageIndex:
             with_images += title in self.by_title
         return {"tried": tried, "missing": missing, "titles_with_images": with_images}
 
-    def check_missing(self, max_missing_fraction: float, titles: Optional[Iterable[str]] = None,
-                      what: str = "the KB's articles") -> dict[str, int]:
+    def check_missing(
+        self, max_missing_fraction: float, titles: Optional[Iterable[str]] = None, what: str = "the KB's articles"
+    ) -> dict[str, int]:
         """Before any work: at most `max_missing_fraction` of the CSV images listed for `titles` (the KB's) are missing,
         and at least one of them has an image (unless a url store may supply them); DataError with the counts, the
         first paths tried and, when a folder one level off holds them, that folder. Returns the counts."""
@@ -563,24 +657,29 @@ class ArticleImageIndex:
         counts = self.missing_counts(titles)
         bound = float(max_missing_fraction)
         if counts["tried"] and counts["missing"] > bound * counts["tried"]:
-            raise DataError(f"{counts['missing']} of {counts['tried']} KB images that the title -> image CSVs list for "
-                            f"{what} are missing ({100 * counts['missing'] / counts['tried']:.1f}%, more than "
-                            f"data.images.max_missing_fraction={bound}); tried {self._examples(titles)}. img_path is "
-                            f"relative to data.images.kb_image_root ({self.image_root}), the folder that holds full/ "
-                            f"(OMGM's wiki_img_path_prefix){self._one_folder_off(titles)}; fix it or data.root "
-                            f"(or raise the bound)")
+            raise DataError(
+                f"{counts['missing']} of {counts['tried']} KB images that the title -> image CSVs list for "
+                f"{what} are missing ({100 * counts['missing'] / counts['tried']:.1f}%, more than "
+                f"data.images.max_missing_fraction={bound}); tried {self._examples(titles)}. img_path is "
+                f"relative to data.images.kb_image_root ({self.image_root}), the folder that holds full/ "
+                f"(OMGM's wiki_img_path_prefix){self._one_folder_off(titles)}; fix it or data.root "
+                f"(or raise the bound)"
+            )
         if titles is not None and not counts["titles_with_images"] and self.url_store is None:
             listed = sum(1 for t in titles if t in self.tried_by_title)
-            raise DataError(f"none of the {len(titles)} articles of {what} has an image: the title -> image CSVs "
-                            f"({', '.join(str(p) for p in self.csv_paths[:2])}{' ...' if len(self.csv_paths) > 2 else ''})"
-                            f" list {listed} of their titles; they are another KB's CSVs, or data.images.kb_image_csvs "
-                            f"names the wrong files")
+            raise DataError(
+                f"none of the {len(titles)} articles of {what} has an image: the title -> image CSVs "
+                f"({', '.join(str(p) for p in self.csv_paths[:2])}{' ...' if len(self.csv_paths) > 2 else ''})"
+                f" list {listed} of their titles; they are another KB's CSVs, or data.images.kb_image_csvs "
+                f"names the wrong files"
+            )
         return counts
 
     def _examples(self, titles: Optional[set[str]], count: int = 3) -> str:
         chosen = [e for e in self.missing_examples if titles is None or e[0] in titles][:count]
-        return ", ".join(f"{path}{' (outside the image root)' if reason == OUTSIDE_ROOT else ''}"
-                         for _, path, reason in chosen)
+        return ", ".join(
+            f"{path}{' (outside the image root)' if reason == OUTSIDE_ROOT else ''}" for _, path, reason in chosen
+        )
 
     def _one_folder_off(self, titles: Optional[set[str]]) -> str:
         """`; the files are under X: set kb_image_root to X` when the first missing file exists one folder up or down."""
@@ -636,8 +735,9 @@ class ArticleImageIndex:
             with Image.open(path) as image:
                 loaded: Optional[Image.Image] = to_rgb(image)
         except (OSError, ValueError) as e:
-            log.warning("article image %s of %r unreadable (%s); the article is used as one without image",
-                        path, title, e)
+            log.warning(
+                "article image %s of %r unreadable (%s); the article is used as one without image", path, title, e
+            )
             self.unreadable.add(key)
             loaded = None
         self._decoded[key] = loaded
@@ -647,5 +747,9 @@ class ArticleImageIndex:
 
     def coverage(self) -> dict[str, int]:
         """Counts for the run record: titles with CSV images, fallbacks used, titles without any image."""
-        return {"titles_with_csv_images": len(self.by_title), "fallback_to_url_store": len(self.fallback_titles),
-                "titles_without_image": len(self.titles_without_image), "unreadable_images": len(self.unreadable)}
+        return {
+            "titles_with_csv_images": len(self.by_title),
+            "fallback_to_url_store": len(self.fallback_titles),
+            "titles_without_image": len(self.titles_without_image),
+            "unreadable_images": len(self.unreadable),
+        }

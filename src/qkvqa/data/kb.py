@@ -7,6 +7,7 @@ most 300 tokens, `qkvqa.data.sections.reflectiva_passages`), or split at blank l
 manifest records which (`reflectiva_passages`). The manifest records the source's size, sha256 and
 a sampled fingerprint, so a copied or touched KB file is still recognised (`check_source`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,14 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import ijson
 
-from qkvqa.data.sections import (CandidateSection, candidate_sections, is_empty_section, is_excluded_section,
-                                 reflectiva_passages, section_string)
+from qkvqa.data.sections import (
+    CandidateSection,
+    candidate_sections,
+    is_empty_section,
+    is_excluded_section,
+    reflectiva_passages,
+    section_string,
+)
 from qkvqa.errors import DataError, StaleArtifactError
 from qkvqa.utils.io import atomic_write_json, make_shareable, mark_verified, remove_dead_partials, sha256_file
 from qkvqa.utils.logging import get_logger
@@ -44,11 +51,10 @@ DEFAULT_REFLECTIVA_PASSAGES = "spacy_300"
 # spaced offsets (the first and the last included): 4 MiB read, whatever the file's size.
 SAMPLE_BLOCKS = 64
 SAMPLE_BLOCK = 64 << 10
-QUERY_CHUNK = 10000          # row ids per SELECT ... IN (...): SQLite builds cap the number of bound parameters
+QUERY_CHUNK = 10000  # row ids per SELECT ... IN (...): SQLite builds cap the number of bound parameters
 
 # The list fields of a KB entry (data-formats.md section 2.2), in storage order.
-LIST_FIELDS = ("section_titles", "section_texts", "image_urls", "image_reference_descriptions",
-               "image_section_indices")
+LIST_FIELDS = ("section_titles", "section_texts", "image_urls", "image_reference_descriptions", "image_section_indices")
 ISSUE_KINDS = ("no_image", "excluded_section", "empty_section", "malformed", "duplicate_key")
 
 _SCHEMA = """
@@ -97,12 +103,18 @@ def detect_kb_format(path: str | os.PathLike) -> str:
         return "jsonl"
     if suffix == ".json":
         return "json_dict"
-    raise DataError(f"{path}: cannot tell the KB layout from the suffix {suffix!r}; "
-                    f"pass the format explicitly (one of {', '.join(KB_FORMATS)})")
+    raise DataError(
+        f"{path}: cannot tell the KB layout from the suffix {suffix!r}; "
+        f"pass the format explicitly (one of {', '.join(KB_FORMATS)})"
+    )
 
 
-def iter_kb_source(path: str | os.PathLike, kb_format: str = "auto",
-                   on_bytes: Optional[Callable[[int], None]] = None, digest: Any = None) -> Iterator[tuple[str, Any, str]]:
+def iter_kb_source(
+    path: str | os.PathLike,
+    kb_format: str = "auto",
+    on_bytes: Optional[Callable[[int], None]] = None,
+    digest: Any = None,
+) -> Iterator[tuple[str, Any, str]]:
     """Stream (key, entry, position) from a KB JSON dict or JSONL file without loading it whole.
 
     `position` names where the entry is ("entry 12" or "line 12"). A truncated or malformed file
@@ -149,10 +161,10 @@ def _iter_json_dict(path: Path, on_bytes, digest=None) -> Iterator[tuple[str, An
                 yield key, value, f"entry {count}"
         except ijson.JSONError as e:
             where = f"after entry {count} (key {last_key!r})" if count else "before the first entry"
-            reason = " ".join(str(e).split())   # the parser's message spans several lines
+            reason = " ".join(str(e).split())  # the parser's message spans several lines
             raise DataError(f"{path}: truncated or malformed KB JSON {where}, near byte {f.tell()}: {reason}") from e
         if digest is not None:
-            _HashingReader(f, digest).read()          # whatever follows the closing brace
+            _HashingReader(f, digest).read()  # whatever follows the closing brace
         if on_bytes is not None:
             on_bytes(f.tell())
 
@@ -173,8 +185,9 @@ def _iter_jsonl(path: Path, on_bytes, digest=None) -> Iterator[tuple[str, Any, s
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise DataError(f"{path}: line {lineno}: truncated or malformed KB JSONL line ({e})") from e
             if not isinstance(obj, dict) or not obj:
-                raise DataError(f"{path}: line {lineno}: expected one {{url: entry}} object, "
-                                f"found {type(obj).__name__}")
+                raise DataError(
+                    f"{path}: line {lineno}: expected one {{url: entry}} object, found {type(obj).__name__}"
+                )
             for key, value in obj.items():
                 yield key, value, f"line {lineno}"
         if on_bytes is not None:
@@ -194,8 +207,7 @@ def is_reflectiva_entry(value: Any) -> bool:
     return isinstance(value, dict) and "wikipedia_content" in value and "section_texts" not in value
 
 
-def from_reflectiva_entry(key: str, value: dict,
-                          passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> tuple[dict, list[str]]:
+def from_reflectiva_entry(key: str, value: dict, passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> tuple[dict, list[str]]:
     """The E-VQA-layout entry of a ReflectiVA one, and its problems: title from `wikipedia_title` or the URL, the
     content's passages as untitled sections (`passages`: `spacy_300`, ReflectiVA's spaCy sentence packs of at most 300
     tokens, or `blank_lines`, its paragraphs split at blank lines), no images."""
@@ -212,14 +224,23 @@ def from_reflectiva_entry(key: str, value: dict,
     elif passages == "blank_lines":
         paragraphs = [p.strip() for p in content.split("\n\n") if p.strip()] or [""]
     else:
-        raise DataError(f"unknown ReflectiVA passage rule {passages!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}")
-    return {"url": value.get("url", key), "title": title, "section_titles": [""] * len(paragraphs),
-            "section_texts": paragraphs, "image_urls": [], "image_reference_descriptions": [],
-            "image_section_indices": []}, problems
+        raise DataError(
+            f"unknown ReflectiVA passage rule {passages!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}"
+        )
+    return {
+        "url": value.get("url", key),
+        "title": title,
+        "section_titles": [""] * len(paragraphs),
+        "section_texts": paragraphs,
+        "image_urls": [],
+        "image_reference_descriptions": [],
+        "image_section_indices": [],
+    }, problems
 
 
-def normalise_entry(key: str, value: Any, reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES
-                    ) -> tuple[str, dict[str, list], list[str]]:
+def normalise_entry(
+    key: str, value: Any, reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES
+) -> tuple[str, dict[str, list], list[str]]:
     """(title, list fields, problems) of one raw entry; anything malformed becomes an empty value plus a problem."""
     problems: list[str] = []
     if not isinstance(value, dict):
@@ -246,8 +267,9 @@ def normalise_entry(key: str, value: Any, reflectiva_passages: str = DEFAULT_REF
             items = [item if isinstance(item, item_type) else item_type() for item in items]
         fields[name] = items
     if len(fields["section_titles"]) != len(fields["section_texts"]):
-        problems.append(f"{len(fields['section_titles'])} section_titles but {len(fields['section_texts'])} "
-                        f"section_texts")
+        problems.append(
+            f"{len(fields['section_titles'])} section_titles but {len(fields['section_texts'])} section_texts"
+        )
     for name in ("image_reference_descriptions", "image_section_indices"):
         if len(fields[name]) != len(fields["image_urls"]):
             problems.append(f"{len(fields['image_urls'])} image_urls but {len(fields[name])} {name}")
@@ -267,8 +289,12 @@ def _entry_issues(key: str, title: str, fields: dict[str, list], problems: list[
     return issues
 
 
-def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_format: str = "auto",
-                   reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> dict:
+def build_kb_store(
+    source: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    kb_format: str = "auto",
+    reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES,
+) -> dict:
     """Stream `source` into `out_dir/kb.sqlite` (built in a temp file, then renamed) and write manifest and report.
 
     `reflectiva_passages` is how ReflectiVA entries' `wikipedia_content` becomes sections (REFLECTIVA_PASSAGES),
@@ -284,13 +310,14 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         raise DataError(f"{source}: KB source file not found (or not a regular file)")
     kb_format = detect_kb_format(source) if kb_format == "auto" else kb_format
     if reflectiva_passages not in REFLECTIVA_PASSAGES:
-        raise DataError(f"unknown ReflectiVA passage rule {reflectiva_passages!r}; expected one of "
-                        f"{', '.join(REFLECTIVA_PASSAGES)}")
+        raise DataError(
+            f"unknown ReflectiVA passage rule {reflectiva_passages!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     stat = source.stat()
     started = time.time()
     tmp_path = out_dir / f".{STORE_FILE}.partial-{os.getpid()}"
-    remove_dead_partials(out_dir)                  # a SIGKILLed build's store, up to the full store's size
+    remove_dead_partials(out_dir)  # a SIGKILLed build's store, up to the full store's size
     if tmp_path.exists():
         tmp_path.unlink()
     conn = sqlite3.connect(tmp_path)
@@ -301,9 +328,16 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         counts = _issue_counts(conn)
         manifest = {
             "schema_version": SCHEMA_VERSION,
-            "source": {"path": str(source), "format": kb_format, "size": stat.st_size, "mtime": stat.st_mtime,
-                       "sha256": content.hexdigest(), "sample_sha256": sampled_fingerprint(source),
-                       "entry_layouts": layouts, "reflectiva_passages": reflectiva_passages},
+            "source": {
+                "path": str(source),
+                "format": kb_format,
+                "size": stat.st_size,
+                "mtime": stat.st_mtime,
+                "sha256": content.hexdigest(),
+                "sample_sha256": sampled_fingerprint(source),
+                "entry_layouts": layouts,
+                "reflectiva_passages": reflectiva_passages,
+            },
             "articles": count,
             "url_checksum": checksum,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -316,7 +350,7 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         conn.commit()
         _write_report(conn, out_dir / REPORT_FILE, manifest)
         conn.close()
-        make_shareable(tmp_path)                   # SQLite creates 0644 whatever the umask allows
+        make_shareable(tmp_path)  # SQLite creates 0644 whatever the umask allows
         manifest["store_sha256"] = sha256_file(tmp_path)
         manifest["store_size"] = tmp_path.stat().st_size
         os.replace(tmp_path, out_dir / STORE_FILE)
@@ -326,10 +360,20 @@ def build_kb_store(source: str | os.PathLike, out_dir: str | os.PathLike, kb_for
         tmp_path.unlink(missing_ok=True)
         raise
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
-    log.info("KB store %s: %d articles from %s in %.1fs; %d without images, %d excluded sections, "
-             "%d sections without text (never candidates), %d malformed entries, %d duplicate keys (details in %s)",
-             out_dir, count, source, manifest["build_seconds"], counts["no_image"], counts["excluded_section"],
-             counts["empty_section"], counts["malformed"], counts["duplicate_key"], out_dir / REPORT_FILE)
+    log.info(
+        "KB store %s: %d articles from %s in %.1fs; %d without images, %d excluded sections, "
+        "%d sections without text (never candidates), %d malformed entries, %d duplicate keys (details in %s)",
+        out_dir,
+        count,
+        source,
+        manifest["build_seconds"],
+        counts["no_image"],
+        counts["excluded_section"],
+        counts["empty_section"],
+        counts["malformed"],
+        counts["duplicate_key"],
+        out_dir / REPORT_FILE,
+    )
     return manifest
 
 
@@ -348,8 +392,14 @@ def sampled_fingerprint(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: int, content: Any,
-                reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES) -> tuple[int, str, dict[str, int]]:
+def _fill_store(
+    conn: sqlite3.Connection,
+    source: Path,
+    kb_format: str,
+    size: int,
+    content: Any,
+    reflectiva_passages: str = DEFAULT_REFLECTIVA_PASSAGES,
+) -> tuple[int, str, dict[str, int]]:
     """Insert every entry in file order, feeding the file's bytes to `content`; returns (article count, URL
     checksum, entries per layout)."""
     digest = hashlib.sha256()
@@ -380,8 +430,10 @@ def _fill_store(conn: sqlite3.Connection, source: Path, kb_format: str, size: in
                 conn.execute("UPDATE articles SET title = ?, body = ? WHERE row_id = ?", (title, body, row_id))
                 conn.execute("DELETE FROM issues WHERE row_id = ? AND kind != 'duplicate_key'", (row_id,))
                 issues.append(("duplicate_key", f"{position}: the last value wins at row {row_id}"))
-            conn.executemany("INSERT INTO issues (kind, row_id, key, detail) VALUES (?, ?, ?, ?)",
-                             [(kind, row_id, key, detail) for kind, detail in issues])
+            conn.executemany(
+                "INSERT INTO issues (kind, row_id, key, detail) VALUES (?, ?, ?, ?)",
+                [(kind, row_id, key, detail) for kind, detail in issues],
+            )
     return next_row, "sha256:" + digest.hexdigest(), layouts
 
 
@@ -389,7 +441,8 @@ def _issue_counts(conn: sqlite3.Connection) -> dict[str, int]:
     counts = dict.fromkeys(ISSUE_KINDS, 0)
     counts.update(conn.execute("SELECT kind, COUNT(*) FROM issues GROUP BY kind").fetchall())
     counts["articles_with_malformed_fields"] = conn.execute(
-        "SELECT COUNT(DISTINCT row_id) FROM issues WHERE kind = 'malformed'").fetchone()[0]
+        "SELECT COUNT(DISTINCT row_id) FROM issues WHERE kind = 'malformed'"
+    ).fetchone()[0]
     return counts
 
 
@@ -432,8 +485,12 @@ class KBStore:
         self._conn_pid: Optional[int] = None
 
     @classmethod
-    def open(cls, store_dir: str | os.PathLike, source: Optional[str | os.PathLike] = None,
-             reflectiva_passages: Optional[str] = None) -> "KBStore":
+    def open(
+        cls,
+        store_dir: str | os.PathLike,
+        source: Optional[str | os.PathLike] = None,
+        reflectiva_passages: Optional[str] = None,
+    ) -> "KBStore":
         """Open a store; with `source`, refuse it when that KB file is not the one it was built from (`check_source`).
         A kb.sqlite of another size than the build wrote, or one SQLite cannot read, is refused naming the file. With
         `reflectiva_passages`, a store of ReflectiVA entries whose sections were cut by another rule is refused."""
@@ -442,16 +499,19 @@ class KBStore:
         rebuild = f"rebuild the store with `qkvqa kb build --source KB.json --out {store_dir}`"
         for path in (manifest_path, db_path):
             if not path.is_file():
-                raise DataError(f"{path}: not found; build the store with `qkvqa kb build --source KB.json "
-                                f"--out {store_dir}`")
+                raise DataError(
+                    f"{path}: not found; build the store with `qkvqa kb build --source KB.json --out {store_dir}`"
+                )
         try:
             with open(manifest_path, encoding="utf-8") as f:
                 manifest = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{manifest_path}: unreadable manifest ({e}); {rebuild}") from None
         if manifest.get("store_size") is not None and db_path.stat().st_size != manifest["store_size"]:
-            raise DataError(f"{db_path}: {db_path.stat().st_size} bytes, the build wrote {manifest['store_size']} "
-                            f"(truncated or replaced); {rebuild}")
+            raise DataError(
+                f"{db_path}: {db_path.stat().st_size} bytes, the build wrote {manifest['store_size']} "
+                f"(truncated or replaced); {rebuild}"
+            )
         if manifest.get("store_sha256"):
             # SQLite has no page checksums: a flipped byte inside an article's text reads back without an error, so
             # the first open of each file version re-hashes it (a stamp beside it spares later opens).
@@ -465,8 +525,10 @@ class KBStore:
             raise DataError(f"{db_path}: not a readable KB store ({e}); {rebuild}") from None
         stored = json.loads(stored)
         if (stored["articles"], stored["url_checksum"]) != (manifest["articles"], manifest["url_checksum"]):
-            raise StaleArtifactError(f"{manifest_path} does not describe {db_path} (an interrupted rebuild?); "
-                                     f"rebuild the store with `qkvqa kb build`")
+            raise StaleArtifactError(
+                f"{manifest_path} does not describe {db_path} (an interrupted rebuild?); "
+                f"rebuild the store with `qkvqa kb build`"
+            )
         if source is not None:
             store.check_source(source)
         if reflectiva_passages is not None:
@@ -485,13 +547,16 @@ class KBStore:
     def check_passages(self, wanted: str) -> None:
         """StaleArtifactError when the store's ReflectiVA sections were cut by another rule than `wanted`."""
         if wanted not in REFLECTIVA_PASSAGES:
-            raise DataError(f"unknown ReflectiVA passage rule {wanted!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}")
+            raise DataError(
+                f"unknown ReflectiVA passage rule {wanted!r}; expected one of {', '.join(REFLECTIVA_PASSAGES)}"
+            )
         built = self.reflectiva_passages
         if built is not None and built != wanted:
             raise StaleArtifactError(
                 f"KB store {self.store_dir}: its ReflectiVA articles were cut into sections by rule {built!r}, the run "
                 f"asks for {wanted!r}; rebuild it with `qkvqa kb build --source {self.manifest['source']['path']} --out "
-                f"{self.store_dir} --reflectiva-passages {wanted}`")
+                f"{self.store_dir} --reflectiva-passages {wanted}`"
+            )
 
     def check_source(self, source: str | os.PathLike, full: bool = False) -> None:
         """Raise StaleArtifactError when `source` is not the KB file this store was built from.
@@ -505,30 +570,40 @@ class KBStore:
         built = self.manifest["source"]
         rebuild = f"rebuild it with `qkvqa kb build --source {source} --out {self.store_dir}`"
         if size != built["size"]:
-            raise StaleArtifactError(f"KB store {self.store_dir} was built from {built['path']} ({built['size']} bytes) "
-                                     f"but {source} has {size} bytes: another KB file; {rebuild}")
+            raise StaleArtifactError(
+                f"KB store {self.store_dir} was built from {built['path']} ({built['size']} bytes) "
+                f"but {source} has {size} bytes: another KB file; {rebuild}"
+            )
         if "sample_sha256" not in built:
             if path.stat().st_mtime != built["mtime"]:
                 raise StaleArtifactError(
                     f"KB store {self.store_dir} predates content hashes and {source} has another mtime than at the "
-                    f"build ({built['mtime']}); {rebuild} (the new store checks content, not mtime)")
+                    f"build ({built['mtime']}); {rebuild} (the new store checks content, not mtime)"
+                )
             return
         if full:
             found, wanted, what = sha256_file(path), built["sha256"], "sha256"
         else:
             found, wanted, what = sampled_fingerprint(path), built["sample_sha256"], "sampled fingerprint"
         if found != wanted:
-            raise StaleArtifactError(f"KB store {self.store_dir} was built from another {source}: same size, but the "
-                                     f"{what} differs ({found[:12]} here, {wanted[:12]} at the build); {rebuild}")
+            raise StaleArtifactError(
+                f"KB store {self.store_dir} was built from another {source}: same size, but the "
+                f"{what} differs ({found[:12]} here, {wanted[:12]} at the build); {rebuild}"
+            )
 
     def check_store(self) -> None:
         """Raise DataError when kb.sqlite is not, byte for byte, the file the build wrote (re-hashed every call)."""
         from qkvqa.utils.io import verify_sha256_once
 
         if self.manifest.get("store_sha256"):
-            verify_sha256_once(self.store_dir / STORE_FILE, self.manifest["store_sha256"], "KB store",
-                               f"rebuild the store with `qkvqa kb build --source {self.manifest['source']['path']} "
-                               f"--out {self.store_dir}`", force=True)
+            verify_sha256_once(
+                self.store_dir / STORE_FILE,
+                self.manifest["store_sha256"],
+                "KB store",
+                f"rebuild the store with `qkvqa kb build --source {self.manifest['source']['path']} "
+                f"--out {self.store_dir}`",
+                force=True,
+            )
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._conn_pid != os.getpid():
@@ -564,8 +639,11 @@ class KBStore:
         """The article at `row_id` (0-based KB order); IndexError outside the store."""
         if not 0 <= row_id < len(self):
             raise IndexError(f"row {row_id} is outside the KB store {self.store_dir} ({len(self)} articles)")
-        row = self._connection().execute("SELECT row_id, url, title, body FROM articles WHERE row_id = ?",
-                                         (int(row_id),)).fetchone()
+        row = (
+            self._connection()
+            .execute("SELECT row_id, url, title, body FROM articles WHERE row_id = ?", (int(row_id),))
+            .fetchone()
+        )
         return _article(row)
 
     def get_many(self, row_ids: Sequence[int]) -> list[Article]:
@@ -576,9 +654,10 @@ class KBStore:
                 raise IndexError(f"row {row_id} is outside the KB store {self.store_dir} ({len(self)} articles)")
         by_row = {}
         for start in range(0, len(unique), QUERY_CHUNK):
-            chunk = unique[start:start + QUERY_CHUNK]
+            chunk = unique[start : start + QUERY_CHUNK]
             rows = self._connection().execute(
-                f"SELECT row_id, url, title, body FROM articles WHERE row_id IN ({','.join('?' * len(chunk))})", chunk)
+                f"SELECT row_id, url, title, body FROM articles WHERE row_id IN ({','.join('?' * len(chunk))})", chunk
+            )
             by_row.update((row[0], _article(row)) for row in rows)
         return [by_row[int(r)] for r in row_ids]
 
@@ -597,8 +676,9 @@ class KBStore:
         return row[0]
 
     def _row_by_url(self, url: str) -> Optional[tuple]:
-        return self._connection().execute("SELECT row_id, url, title, body FROM articles WHERE url = ?",
-                                          (url,)).fetchone()
+        return (
+            self._connection().execute("SELECT row_id, url, title, body FROM articles WHERE url = ?", (url,)).fetchone()
+        )
 
     def urls(self) -> Iterator[str]:
         """Every URL in KB order."""

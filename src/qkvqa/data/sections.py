@@ -1,4 +1,5 @@
 """Section strings of KB articles (data-formats.md section 9): header format, candidate filter, LAVIS text preprocessing."""
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,9 @@ def section_string(title: str, section_title: str, text: str) -> str:
     return f"# Wiki Article: {title}\n## Section Title: {section_title}\n{text}"
 
 
-def candidate_sections(title: str, section_titles: Sequence[str], section_texts: Sequence[str],
-                       evidence_section_id: Optional[int] = None) -> Iterator[CandidateSection]:
+def candidate_sections(
+    title: str, section_titles: Sequence[str], section_texts: Sequence[str], evidence_section_id: Optional[int] = None
+) -> Iterator[CandidateSection]:
     """Yield the candidate sections of one article in order, keeping each section's original index.
 
     Excluded titles ("external links", "references") and sections without text are skipped, except the
@@ -56,8 +58,7 @@ def candidate_sections(title: str, section_titles: Sequence[str], section_texts:
     """
     count = min(len(section_titles), len(section_texts))
     if evidence_section_id is not None and not 0 <= evidence_section_id < count:
-        raise DataError(f"article {title!r}: evidence_section_id {evidence_section_id} is outside its "
-                        f"{count} sections")
+        raise DataError(f"article {title!r}: evidence_section_id {evidence_section_id} is outside its {count} sections")
     for index in range(count):
         section_title = section_titles[index]
         if index != evidence_section_id and not is_candidate_section(section_title, section_texts[index]):

@@ -4,6 +4,7 @@ A shard is a plain tar whose members are named `{key}.{extension}` (the webdatas
 extension starts at the first dot of the base name), e.g. `0001.img.jpg` and `0001.question`. The
 index scans the tar headers once (no member data is read) and reads a member's bytes by offset.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def expand_braces(pattern: str) -> list[str]:
         values = [str(i).zfill(width) for i in range(int(first), int(last) + step, step)]
     else:
         values = match.group(1).split(",")
-    return [out for value in values for out in expand_braces(pattern[:match.start()] + value + pattern[match.end():])]
+    return [out for value in values for out in expand_braces(pattern[: match.start()] + value + pattern[match.end() :])]
 
 
 def is_shard_pattern(path: str | os.PathLike) -> bool:
@@ -98,8 +99,10 @@ class ShardIndex:
             f.seek(member.offset)
             data = f.read(member.size)
         if len(data) != member.size:
-            raise DataError(f"{member.shard}: truncated tar shard (a member at byte {member.offset} has "
-                            f"{len(data)} of {member.size} bytes); re-download it")
+            raise DataError(
+                f"{member.shard}: truncated tar shard (a member at byte {member.offset} has "
+                f"{len(data)} of {member.size} bytes); re-download it"
+            )
         return data
 
 
@@ -113,6 +116,8 @@ def shard_paths(pattern: str | os.PathLike, root: Optional[str | os.PathLike] = 
         paths.append(path)
     missing = [p for p in paths if not p.is_file()]
     if missing:
-        raise DataError(f"{missing[0]}: shard not found ({len(missing)} of the {len(paths)} shards of {pattern} are "
-                        f"missing); fix the pattern or data.root")
+        raise DataError(
+            f"{missing[0]}: shard not found ({len(missing)} of the {len(paths)} shards of {pattern} are "
+            f"missing); fix the pattern or data.root"
+        )
     return paths

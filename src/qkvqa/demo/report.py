@@ -1,4 +1,5 @@
 """The demo's comparison table, recall@K and training-loss plots, and report.md."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,11 @@ def multi_entity_r1(rows: Sequence[dict], gold: dict[str, set[str]], multi: set[
     chosen = [r for r in rows if r["data_id"] in multi]
     if not chosen:
         return None
-    return 100.0 * sum(bool(r.get("ranking")) and r["ranking"][0]["url"] in gold[r["data_id"]] for r in chosen) / len(chosen)
+    return (
+        100.0
+        * sum(bool(r.get("ranking")) and r["ranking"][0]["url"] in gold[r["data_id"]] for r in chosen)
+        / len(chosen)
+    )
 
 
 def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi: set[str]) -> list[dict]:
@@ -42,24 +47,44 @@ def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi:
         rows = _predictions(run_dir, gold)
         after = scores["recall_after_filter"]
         seconds = scores["seconds_per_question"]
-        out.append({
-            "setting": label, "R@1": after.get("recall@1"), "R@5": after.get("recall@5"), "R@20": after.get("recall@20"),
-            "R@1 multi-entity": multi_entity_r1(rows, gold, multi),
-            "section R@1": (scores.get("section_recall") or {}).get("evidence_section_recall@1"),
-            "answer in context %": scores.get("answer_in_context"),
-            "context tokens": scores["context_length"]["mean"],
-            "s/q filter": seconds["filter"], "s/q select": seconds["select"], "s/q generate": seconds["generate"],
-            "curve": recall_curve(rows, gold), "run_dir": str(run_dir),
-        })
+        out.append(
+            {
+                "setting": label,
+                "R@1": after.get("recall@1"),
+                "R@5": after.get("recall@5"),
+                "R@20": after.get("recall@20"),
+                "R@1 multi-entity": multi_entity_r1(rows, gold, multi),
+                "section R@1": (scores.get("section_recall") or {}).get("evidence_section_recall@1"),
+                "answer in context %": scores.get("answer_in_context"),
+                "context tokens": scores["context_length"]["mean"],
+                "s/q filter": seconds["filter"],
+                "s/q select": seconds["select"],
+                "s/q generate": seconds["generate"],
+                "curve": recall_curve(rows, gold),
+                "run_dir": str(run_dir),
+            }
+        )
     return out
 
 
-COLUMNS = ("setting", "R@1", "R@5", "R@20", "R@1 multi-entity", "section R@1", "answer in context %",
-           "context tokens", "s/q filter", "s/q select", "s/q generate")
+COLUMNS = (
+    "setting",
+    "R@1",
+    "R@5",
+    "R@20",
+    "R@1 multi-entity",
+    "section R@1",
+    "answer in context %",
+    "context tokens",
+    "s/q filter",
+    "s/q select",
+    "s/q generate",
+)
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
     """The comparison as a markdown table."""
+
     def fmt(column: str, value) -> str:
         if value is None:
             return "n/a"
@@ -93,8 +118,13 @@ def recall_curve_styles(rows: Sequence[dict]) -> list[dict]:
     for i, row in enumerate(rows):
         marker, linestyle = CURVE_STYLES[i % len(CURVE_STYLES)]
         same = [r["setting"] for r in rows[:i] if list(r["curve"]) == list(row["curve"])]
-        style = {"marker": marker, "linestyle": linestyle, "markersize": 4, "zorder": 2 + i,
-                 "label": row["setting"] + (f" (same curve as {', '.join(same)})" if same else "")}
+        style = {
+            "marker": marker,
+            "linestyle": linestyle,
+            "markersize": 4,
+            "zorder": 2 + i,
+            "label": row["setting"] + (f" (same curve as {', '.join(same)})" if same else ""),
+        }
         if same:
             style.update(markersize=4 + 3 * len(same), markerfacecolor="none", markeredgewidth=1.2)
         styles.append(style)

@@ -1,4 +1,5 @@
 """Run the demo's stages in order, reusing every stage a previous `make demo` finished."""
+
 from __future__ import annotations
 
 import json
@@ -74,13 +75,25 @@ class Demo:
     """The demo's directories and stages; each stage is a qkvqa command run in-process by `run_command` (the command
     line's own `qkvqa.cli.main.main`, which `qkvqa demo` passes in: the demo sits below the command line)."""
 
-    def __init__(self, out: Path, runs: Path, entities: int, seed: int, epochs: Optional[int] = None, *,
-                 run_command: Optional[Callable[[list[str]], int]] = None):
+    def __init__(
+        self,
+        out: Path,
+        runs: Path,
+        entities: int,
+        seed: int,
+        epochs: Optional[int] = None,
+        *,
+        run_command: Optional[Callable[[list[str]], int]] = None,
+    ):
         self.out, self.runs, self.entities, self.seed, self.epochs = out, runs, entities, seed, epochs
         self.run_command = run_command
         self.world = out / "world"
-        self.common = [f"paths.world_dir={self.world}", f"paths.cache_dir={out / 'cache'}",
-                       f"paths.checkpoints_root={runs}", f"seed={seed}"]
+        self.common = [
+            f"paths.world_dir={self.world}",
+            f"paths.cache_dir={out / 'cache'}",
+            f"paths.checkpoints_root={runs}",
+            f"seed={seed}",
+        ]
         self.timings: dict[str, float] = {}
 
     def step(self, number: int, title: str, fn) -> None:
@@ -135,8 +148,14 @@ class Demo:
     def reuse_command(self) -> str:
         """An evaluation of one's own on the demo's world that reads the demo's embeddings and index (its world and
         cache folders, its trained QFF): copied, it embeds nothing again."""
-        return " ".join(["qkvqa evaluate experiment=demo/evaluate", *self.common,
-                         f"qff.checkpoint={self.runs / 'demo-qff-per_layer' / 'qff'}", "run_id=my-eval"])
+        return " ".join(
+            [
+                "qkvqa evaluate experiment=demo/evaluate",
+                *self.common,
+                f"qff.checkpoint={self.runs / 'demo-qff-per_layer' / 'qff'}",
+                "run_id=my-eval",
+            ]
+        )
 
     def evaluate(self) -> dict[str, Path]:
         done = {}
@@ -145,15 +164,24 @@ class Demo:
             # A run finished before evaluations wrote traces.jsonl is resumed: it is re-scored and writes them.
             if not _finished(self.runs, run_id) or not (self.runs / run_id / "traces.jsonl").exists():
                 checkpoint = [f"qff.checkpoint={self.runs / f'demo-qff-{trained}' / 'qff'}"] if trained else []
-                self._cli(["evaluate", "experiment=demo/evaluate", f"run_id={run_id}", "resume=auto", *self.common,
-                      *checkpoint, *overrides])
+                self._cli(
+                    [
+                        "evaluate",
+                        "experiment=demo/evaluate",
+                        f"run_id={run_id}",
+                        "resume=auto",
+                        *self.common,
+                        *checkpoint,
+                        *overrides,
+                    ]
+                )
             done[label] = self.runs / run_id
         return done
 
     def gold_and_multi(self) -> tuple[dict[str, set[str]], set[str]]:
         world = json.loads((self.world / "world.json").read_text(encoding="utf-8"))
         rows = world["questions"]["evqa/test.csv"]
-        rows = [r for r in rows if "data_id" in r and r["question_type"] != "2_hop"]   # recall: single-hop rows
+        rows = [r for r in rows if "data_id" in r and r["question_type"] != "2_hop"]  # recall: single-hop rows
         gold = {r["data_id"]: set(r["gold_urls"]) for r in rows}
         multi = {r["data_id"] for r in rows if len(r["image_entities"]) > 1}
         return gold, multi
@@ -174,39 +202,63 @@ class Demo:
 
             site = build_site(settings[INSPECT[0]], out=run_dir / "inspect", compare=settings[INSPECT[1]])
             world = json.loads((self.world / "world.json").read_text(encoding="utf-8"))
-            lines = ["# qkvqa demo", "", HONEST, "",
-                     f"Synthetic world: {world['counts']['entities']} entities, seed {self.seed}, "
-                     f"{len(gold)} test questions ({len(multi)} with several entities in the image).", "",
-                     "## Filters compared on the test split", "", table, "",
-                     "R@K: the gold article is in the top K after the filter. R@1 multi-entity: the same on the "
-                     "questions whose image shows 2-3 entities, where only the question tells which is meant. "
-                     "Section R@1: the best-scored section of the top-1 article is the evidence section. Answer in "
-                     "context: a reference answer appears in the context given to the generator. Context tokens: "
-                     "generator tokens. s/q: seconds per question per stage (CPU, tiny models).", "",
-                     "![Recall@K](recall_at_k.png)", "", "![QFF training](training.png)", "",
-                     f"Question by question: [inspect/index.html](inspect/index.html) (`qkvqa inspect`, {INSPECT[0]} "
-                     f"compared with {INSPECT[1]}: {site.flips['right_to_wrong']} questions right -> wrong, "
-                     f"{site.flips['wrong_to_right']} wrong -> right; docs/inspect.md).", "",
-                     "## Stage times of this demo run", "",
-                     "\n".join(f"- {title}: {seconds:.0f} s" for title, seconds in self.timings.items()), "",
-                     "Runs: " + ", ".join(f"`{r['run_dir']}`" for r in rows), "",
-                     "## The world, to reuse", "",
-                     f"The synthetic world is in `{self.world}`, its KB embeddings and stage-1 index in "
-                     f"`{self.out / 'cache'}`. An evaluation of your own on it reads them (nothing is embedded "
-                     f"again) with the demo's paths:", "", f"    {self.reuse_command()}", ""]
+            lines = [
+                "# qkvqa demo",
+                "",
+                HONEST,
+                "",
+                f"Synthetic world: {world['counts']['entities']} entities, seed {self.seed}, "
+                f"{len(gold)} test questions ({len(multi)} with several entities in the image).",
+                "",
+                "## Filters compared on the test split",
+                "",
+                table,
+                "",
+                "R@K: the gold article is in the top K after the filter. R@1 multi-entity: the same on the "
+                "questions whose image shows 2-3 entities, where only the question tells which is meant. "
+                "Section R@1: the best-scored section of the top-1 article is the evidence section. Answer in "
+                "context: a reference answer appears in the context given to the generator. Context tokens: "
+                "generator tokens. s/q: seconds per question per stage (CPU, tiny models).",
+                "",
+                "![Recall@K](recall_at_k.png)",
+                "",
+                "![QFF training](training.png)",
+                "",
+                f"Question by question: [inspect/index.html](inspect/index.html) (`qkvqa inspect`, {INSPECT[0]} "
+                f"compared with {INSPECT[1]}: {site.flips['right_to_wrong']} questions right -> wrong, "
+                f"{site.flips['wrong_to_right']} wrong -> right; docs/inspect.md).",
+                "",
+                "## Stage times of this demo run",
+                "",
+                "\n".join(f"- {title}: {seconds:.0f} s" for title, seconds in self.timings.items()),
+                "",
+                "Runs: " + ", ".join(f"`{r['run_dir']}`" for r in rows),
+                "",
+                "## The world, to reuse",
+                "",
+                f"The synthetic world is in `{self.world}`, its KB embeddings and stage-1 index in "
+                f"`{self.out / 'cache'}`. An evaluation of your own on it reads them (nothing is embedded "
+                f"again) with the demo's paths:",
+                "",
+                f"    {self.reuse_command()}",
+                "",
+            ]
             report = run_dir / "report.md"
             atomic_write_text(report, "\n".join(lines))
-            job.record.update_summary({f"demo/{r['setting']}/{k}": r[k] for r in rows for k in ("R@1", "R@20")
-                                       if r[k] is not None})
+            job.record.update_summary(
+                {f"demo/{r['setting']}/{k}": r[k] for r in rows for k in ("R@1", "R@20") if r[k] is not None}
+            )
         print("\n" + table + "\n")
         print(f"report: {report}")
         print(f"inspect: {site.index_html.as_uri()}")
-        print(f"world: {self.world} (embeddings and index: {self.out / 'cache'}); evaluate on it without "
-              f"re-embedding:\n  {self.reuse_command()}")
+        print(
+            f"world: {self.world} (embeddings and index: {self.out / 'cache'}); evaluate on it without "
+            f"re-embedding:\n  {self.reuse_command()}"
+        )
         return report
 
     def run(self) -> Path:
-        once = OncePerRun()                     # the world's missing images are warned once, not per evaluation
+        once = OncePerRun()  # the world's missing images are warned once, not per evaluation
         handlers = logging.getLogger("qkvqa").handlers
         for handler in handlers:
             handler.addFilter(once)
@@ -221,7 +273,9 @@ class Demo:
         self.step(2, "stage 1: embed the KB and build the index", self.stage1)
         self.step(3, "train the QFF, with and without question focus (hard negatives mined from stage 1)", self.train)
         settings: dict[str, Path] = {}
-        self.step(4, "evaluate: retrieve -> filter -> CDA -> generate -> score", lambda: settings.update(self.evaluate()))
+        self.step(
+            4, "evaluate: retrieve -> filter -> CDA -> generate -> score", lambda: settings.update(self.evaluate())
+        )
         report: list[Path] = []
         self.step(5, "comparison table, plots and report", lambda: report.append(self.report(settings)))
         return report[0]

@@ -1,4 +1,5 @@
 """The doctor's data checks: configured paths, questions and query images per split, the KB store, KB images per CSV, the index."""
+
 from __future__ import annotations
 
 import glob
@@ -41,14 +42,14 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
     need, later, optional = [], [], []
     if data.root is not None:
         need.append(("data.root", Path(data.root).expanduser()))
-    rel = lambda p: resolve_data_path(data, p)                                    # noqa: E731
+    rel = lambda p: resolve_data_path(data, p)  # noqa: E731
     for split in splits:
         if getattr(data, f"{split}_questions") is not None:
             need.append((f"data.{split}_questions", rel(getattr(data, f"{split}_questions"))))
     for key in ("infoseek_references", "infoseek_qtypes"):
         if getattr(data, key) is not None:
             need.append((f"data.{key}", rel(getattr(data, key))))
-    if data.kb_source:                          # needed to build a store that is not there yet, else only checked against
+    if data.kb_source:  # needed to build a store that is not there yet, else only checked against
         store_built = data.kb_store is not None and rel(data.kb_store).exists()
         (optional if store_built else need).append(("data.kb_source", rel(data.kb_source)))
     if data.kb_store:
@@ -66,21 +67,32 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
         need.append(("data.images.kb_image_root", rel(images.kb_image_root)))
     if images.kb_image_url_store:
         optional.append(("data.images.kb_image_url_store", rel(images.kb_image_url_store)))
-    for key, hint in (("retrieval.index_dir", "qkvqa index build (or index import) writes it"),
-                      ("retrieval.summaries", "qkvqa summarize writes it"),
-                      ("qff.vit_cache", "qkvqa cache-vit writes it"), ("qff.negatives", "qkvqa mine writes it"),
-                      ("qff.val_negatives", "qkvqa mine split=val writes it")):
+    for key, hint in (
+        ("retrieval.index_dir", "qkvqa index build (or index import) writes it"),
+        ("retrieval.summaries", "qkvqa summarize writes it"),
+        ("qff.vit_cache", "qkvqa cache-vit writes it"),
+        ("qff.negatives", "qkvqa mine writes it"),
+        ("qff.val_negatives", "qkvqa mine split=val writes it"),
+    ):
         value = OmegaConf.select(cfg, key)
         if value:
             later.append((key, Path(value).expanduser(), hint))
     untrained = []
     if cfg.eval.filter == "qff" and cfg.task == "evaluate":
         if cfg.qff.checkpoint:
-            later.append(("qff.checkpoint", Path(cfg.qff.checkpoint).expanduser(),
-                          "qkvqa train experiment=evqa_qff writes it"))
+            later.append(
+                ("qff.checkpoint", Path(cfg.qff.checkpoint).expanduser(), "qkvqa train experiment=evqa_qff writes it")
+            )
         elif not OmegaConf.select(cfg, "qff.allow_untrained", default=False):
-            untrained.append(Check("paths", "qff.checkpoint", "todo", "not set: eval.filter=qff evaluates a trained QFF "
-                                   "(qkvqa train writes RUN/qff; pass qff.checkpoint=RUN/qff)"))
+            untrained.append(
+                Check(
+                    "paths",
+                    "qff.checkpoint",
+                    "todo",
+                    "not set: eval.filter=qff evaluates a trained QFF "
+                    "(qkvqa train writes RUN/qff; pass qff.checkpoint=RUN/qff)",
+                )
+            )
     for key in ("retrieval.results", "eval.reranked_results"):
         value = OmegaConf.select(cfg, key)
         if value:
@@ -89,19 +101,38 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
         need.append(("paths.weights_dir", Path(cfg.paths.weights_dir).expanduser()))
     checks = untrained
     for key, path in need:
-        checks.append(Check("paths", key, "ok" if path.exists() else "fail",
-                            str(path) if path.exists() else f"{path}: not found"))
+        checks.append(
+            Check("paths", key, "ok" if path.exists() else "fail", str(path) if path.exists() else f"{path}: not found")
+        )
     for key, path, hint in later:
-        checks.append(Check("paths", key, "ok" if path.exists() else "todo",
-                            str(path) if path.exists() else f"{path}: not there yet ({hint})"))
+        checks.append(
+            Check(
+                "paths",
+                key,
+                "ok" if path.exists() else "todo",
+                str(path) if path.exists() else f"{path}: not there yet ({hint})",
+            )
+        )
     for key, path in optional:
-        checks.append(Check("paths", key, "ok" if path.exists() else "warn",
-                            str(path) if path.exists() else f"{path}: not found (optional)"))
+        checks.append(
+            Check(
+                "paths",
+                key,
+                "ok" if path.exists() else "warn",
+                str(path) if path.exists() else f"{path}: not found (optional)",
+            )
+        )
     for i, pattern in enumerate(images.kb_image_csvs):
         full = str(rel(pattern))
         found = sorted(glob.glob(full))
-        checks.append(Check("paths", f"data.images.kb_image_csvs[{i}]", "ok" if found else "fail",
-                            f"{len(found)} files match {full}" if found else f"no file matches {full}"))
+        checks.append(
+            Check(
+                "paths",
+                f"data.images.kb_image_csvs[{i}]",
+                "ok" if found else "fail",
+                f"{len(found)} files match {full}" if found else f"no file matches {full}",
+            )
+        )
     return checks
 
 
@@ -140,13 +171,19 @@ def question_checks(dm: Any, splits: list[str], open_images: int = OPEN_IMAGES) 
     for split in splits:
         try:
             questions = dm.questions(split)
-        except Exception as e:                          # DataError names file, line, field: that is the line shown
+        except Exception as e:  # DataError names file, line, field: that is the line shown
             checks.append(Check("questions", split, "fail", _err(e)))
             continue
         types = Counter(question_kind(q) for q in questions)
-        checks.append(Check("questions", split, "ok" if questions else "fail",
-                            f"{len(questions):,} questions read from {dm.path(f'{split}_questions')}: "
-                            + ", ".join(f"{t} {n:,}" for t, n in sorted(types.items()))))
+        checks.append(
+            Check(
+                "questions",
+                split,
+                "ok" if questions else "fail",
+                f"{len(questions):,} questions read from {dm.path(f'{split}_questions')}: "
+                + ", ".join(f"{t} {n:,}" for t, n in sorted(types.items())),
+            )
+        )
         try:
             resolver.check_roots(questions)
         except Exception as e:
@@ -158,26 +195,30 @@ def question_checks(dm: Any, splits: list[str], open_images: int = OPEN_IMAGES) 
         for source, qs in sorted(by_source.items()):
             try:
                 entries = [(q, resolver.file_entry(source, q.image_id)) for q in qs]
-            except Exception as e:                      # an id2name map missing or malformed
+            except Exception as e:  # an id2name map missing or malformed
                 checks.append(Check("images", f"{split} {source}", "fail", _err(e)))
                 continue
             missing = [q for q, entry in entries if entry == MISSING]
             found = [entry for _, entry in entries if entry != MISSING]
             shards = source in resolver.shard_patterns
             opened = found if shards or len(found) <= open_images else random.Random(0).sample(found, open_images)
-            unreadable = [] if shards else [(e, r) for e in opened
-                                             if (r := _open_ok(Path(e.rsplit(":", 2)[0]))) is not None]
+            unreadable = (
+                [] if shards else [(e, r) for e in opened if (r := _open_ok(Path(e.rsplit(":", 2)[0]))) is not None]
+            )
             share = len(missing) / len(qs) if qs else 0.0
             status = "fail" if share > bound else "warn" if missing or unreadable else "ok"
             detail = f"{len(found):,} of {len(qs):,} found"
             missing_types = Counter(question_kind(q) for q in missing)
             if missing:
                 first = missing[0]
-                detail += (f", {len(missing):,} missing ({100 * share:.1f}%, bound {100 * bound:g}%; "
-                           + ", ".join(f"{t} {n}" for t, n in sorted(missing_types.items()))
-                           + f"), first {first.image_id}: {resolver._tried(source, first.image_id)}")
-            detail += (f", {len(unreadable)} unreadable of {len(opened):,} opened" if not shards else
-                       " (in webdataset shards)")
+                detail += (
+                    f", {len(missing):,} missing ({100 * share:.1f}%, bound {100 * bound:g}%; "
+                    + ", ".join(f"{t} {n}" for t, n in sorted(missing_types.items()))
+                    + f"), first {first.image_id}: {resolver._tried(source, first.image_id)}"
+                )
+            detail += (
+                f", {len(unreadable)} unreadable of {len(opened):,} opened" if not shards else " (in webdataset shards)"
+            )
             if unreadable:
                 detail += f", first {unreadable[0][0].rsplit(':', 2)[0]} ({unreadable[0][1]})"
             checks.append(Check("images", f"{split} {source}", status, detail))
@@ -192,18 +233,27 @@ def kb_checks(dm: Any) -> tuple[list[Check], Optional[Any]]:
         return [Check("kb", "store", "fail", _err(e))], None
     source = dm.path("kb_source")
     checked = source is not None and source.exists()
-    return [Check("kb", "store", "ok" if checked else "warn",
-                  f"{len(store):,} articles in {dm.path('kb_store')}; "
-                  + (f"matches {source} (size, sampled fingerprint)" if checked else
-                     "its KB source file is not there, so it was not checked against it"))], store
+    return [
+        Check(
+            "kb",
+            "store",
+            "ok" if checked else "warn",
+            f"{len(store):,} articles in {dm.path('kb_store')}; "
+            + (
+                f"matches {source} (size, sampled fingerprint)"
+                if checked
+                else "its KB source file is not there, so it was not checked against it"
+            ),
+        )
+    ], store
 
 
 def kb_image_checks(dm: Any, store: Optional[Any]) -> tuple[list[Check], dict]:
     """Per title -> image CSV: the rows tried and the image files missing, with the first missing path and, when the
     files sit one folder up or down, that folder; then the KB's main images found. (checks, counts for the disk
     estimate)."""
-    from qkvqa.data.images import ArticleImageIndex, _expand_globs, _under
     from qkvqa.data.benchmark import kb_titles
+    from qkvqa.data.images import ArticleImageIndex, _expand_globs, _under
 
     config = dm.config.images
     if not config.kb_image_csvs:
@@ -228,23 +278,40 @@ def kb_image_checks(dm: Any, store: Optional[Any]) -> tuple[list[Check], dict]:
         detail = f"{counts['tried']:,} images listed for KB articles, {counts['missing']:,} missing"
         first = next((e for e in index.missing_examples if titles is None or e[0] in titles), None)
         if first is not None:
-            detail += f" ({100 * share:.1f}%), first {first[1]}{' (outside the image root)' if first[2] != 'missing' else ''}"
+            detail += (
+                f" ({100 * share:.1f}%), first {first[1]}{' (outside the image root)' if first[2] != 'missing' else ''}"
+            )
             detail += _one_folder_off(image_root, Path(first[1]))
-        checks.append(Check("kb images", csv_path.name, "fail" if share > bound else "warn" if counts["missing"] else "ok",
-                            detail))
+        checks.append(
+            Check(
+                "kb images", csv_path.name, "fail" if share > bound else "warn" if counts["missing"] else "ok", detail
+            )
+        )
     if titles is not None:
         found = len(titles & with_image)
         fallback = ""
         if url_store is not None and url_store.is_dir():
             fallback = f"; articles without one may use data.images.kb_image_url_store ({url_store})"
         status = "fail" if not found and url_store is None else "ok" if found == len(titles) else "warn"
-        checks.append(Check("kb images", "main images", status,
-                            f"{found:,} of {len(titles):,} KB articles ({100 * found / max(len(titles), 1):.1f}%) have a "
-                            f"main image in the CSVs{fallback}"))
+        checks.append(
+            Check(
+                "kb images",
+                "main images",
+                status,
+                f"{found:,} of {len(titles):,} KB articles ({100 * found / max(len(titles), 1):.1f}%) have a "
+                f"main image in the CSVs{fallback}",
+            )
+        )
         if tried_total and missing_total > bound * tried_total:
-            checks.append(Check("kb images", "all CSVs", "fail",
-                                f"{missing_total:,} of {tried_total:,} KB images missing, more than "
-                                f"data.images.max_missing_fraction={bound}: embed, mine, train and evaluate stop"))
+            checks.append(
+                Check(
+                    "kb images",
+                    "all CSVs",
+                    "fail",
+                    f"{missing_total:,} of {tried_total:,} KB images missing, more than "
+                    f"data.images.max_missing_fraction={bound}: embed, mine, train and evaluate stop",
+                )
+            )
     return checks, {"kb_images": tried_total - missing_total}
 
 
@@ -272,8 +339,11 @@ def index_checks(cfg: Any, dm: Any, store: Optional[Any]) -> list[Check]:
     from qkvqa.retrieval.retrieve import expected_encoders, index_dir_for, rebuild_hint
 
     if cfg.retrieval.results or cfg.eval.filter == "precomputed" and cfg.task == "evaluate":
-        return [Check("index", cfg.retrieval.mode, "ok", "not read: stage 1 comes from retrieval.results")] \
-            if cfg.retrieval.results else []
+        return (
+            [Check("index", cfg.retrieval.mode, "ok", "not read: stage 1 comes from retrieval.results")]
+            if cfg.retrieval.results
+            else []
+        )
     hint = rebuild_hint(cfg)
     try:
         if cfg.retrieval.index_dir:
@@ -292,20 +362,41 @@ def index_checks(cfg: Any, dm: Any, store: Optional[Any]) -> list[Check]:
 
     try:
         manifest = read_json(path / MANIFEST_FILE)
-        diffs = index_differences(manifest, kb_store=store, mode=cfg.retrieval.mode, encoders=expected_encoders(cfg),
-                                  factory=cfg.retrieval.index_factory)
+        diffs = index_differences(
+            manifest,
+            kb_store=store,
+            mode=cfg.retrieval.mode,
+            encoders=expected_encoders(cfg),
+            factory=cfg.retrieval.index_factory,
+        )
         if diffs:
-            return [Check("index", cfg.retrieval.mode, "fail", f"{path} does not match: {'; '.join(diffs)}. Rebuild: {hint}")]
-        hashed = verify_index_files(path, manifest, hint)       # once per file version (a stamp beside each file)
+            return [
+                Check(
+                    "index", cfg.retrieval.mode, "fail", f"{path} does not match: {'; '.join(diffs)}. Rebuild: {hint}"
+                )
+            ]
+        hashed = verify_index_files(path, manifest, hint)  # once per file version (a stamp beside each file)
         index_file = path / manifest.get("index_file", "index.faiss")
         if index_file.is_file() and index_file.stat().st_size <= READ_INDEX_BYTES:
-            load_index(path, kb_store=store, mode=cfg.retrieval.mode, encoders=expected_encoders(cfg),
-                       factory=cfg.retrieval.index_factory, rebuild_hint=hint)
+            load_index(
+                path,
+                kb_store=store,
+                mode=cfg.retrieval.mode,
+                encoders=expected_encoders(cfg),
+                factory=cfg.retrieval.index_factory,
+                rebuild_hint=hint,
+            )
     except Exception as e:
         return [Check("index", cfg.retrieval.mode, "fail", _err(e))]
-    return [Check("index", cfg.retrieval.mode, "ok",
-                  f"{path}: {manifest.get('count'):,} vectors x {manifest.get('dim')}, {manifest_factory_text(manifest)}, "
-                  f"KB checksum and encoders match, sha256 of {', '.join(hashed) or 'no file (older index)'} checked")]
+    return [
+        Check(
+            "index",
+            cfg.retrieval.mode,
+            "ok",
+            f"{path}: {manifest.get('count'):,} vectors x {manifest.get('dim')}, {manifest_factory_text(manifest)}, "
+            f"KB checksum and encoders match, sha256 of {', '.join(hashed) or 'no file (older index)'} checked",
+        )
+    ]
 
 
 def manifest_factory_text(manifest: dict) -> str:

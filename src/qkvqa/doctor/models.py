@@ -1,4 +1,5 @@
 """The doctor's model checks: each model directory's config (architecture, dtype, revision, files), its load on the meta device, one forward."""
+
 from __future__ import annotations
 
 import json
@@ -13,14 +14,23 @@ from qkvqa.components.hub import ARCHITECTURES, HUB_FILES, download_command, dow
 from qkvqa.doctor.report import Check
 from qkvqa.errors import QkvqaError
 
-REMOTE_CODE_KINDS = ("evaclip_hf",)                # loaded with trust_remote_code: their modeling_*.py must be there
+REMOTE_CODE_KINDS = ("evaclip_hf",)  # loaded with trust_remote_code: their modeling_*.py must be there
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "tokenizer.model")
 # model card examples with a known output (checked by the forward of `--load --device cuda`)
-BEM_CARD_EXAMPLE = ("how is the weather in california", "infrequent rain", "rain")   # kortukov/answer-equivalence-bem: ~0
+BEM_CARD_EXAMPLE = (
+    "how is the weather in california",
+    "infrequent rain",
+    "rain",
+)  # kortukov/answer-equivalence-bem: ~0
 # BAAI/bge-reranker-v2-m3's model card scores these two pairs: the panda passage above the greeting
-RERANKER_CARD_PAIRS = [("what is panda?", "hi"),
-                       ("what is panda?", "The giant panda (Ailuropoda melanoleuca), sometimes called a panda bear or "
-                                          "simply panda, is a bear species endemic to China.")]
+RERANKER_CARD_PAIRS = [
+    ("what is panda?", "hi"),
+    (
+        "what is panda?",
+        "The giant panda (Ailuropoda melanoleuca), sometimes called a panda bear or "
+        "simply panda, is a bear species endemic to China.",
+    ),
+]
 
 
 def used_models(cfg: Any) -> list[str]:
@@ -50,15 +60,21 @@ def model_directory(spec: Any, weights_dir: Optional[str] = None) -> tuple[Optio
         if isinstance(cached, str):
             return Path(cached).parent, "HF cache"
         at = f" at revision {spec.revision}" if spec.revision else ""
-        return None, (f"hub id {ref}{at} is not in the local HF cache and there is no directory of that name; "
-                      f"download: {download_command(ref, revision=spec.revision if _is_commit(spec.revision) else None)} "
-                      f"and set paths.weights_dir=weights (preset=local_weights)")
+        return None, (
+            f"hub id {ref}{at} is not in the local HF cache and there is no directory of that name; "
+            f"download: {download_command(ref, revision=spec.revision if _is_commit(spec.revision) else None)} "
+            f"and set paths.weights_dir=weights (preset=local_weights)"
+        )
     hub_id = _hub_id_under(ref, weights_dir)
     if hub_id is not None:
-        return None, (f"no directory at {ref}: download it with "
-                      f"`{download_command(hub_id, str(weights_dir), _commit_or_none(spec.revision))}` (README 'Weights')")
-    return None, (f"no directory at {ref}: download the weights there (`huggingface-cli download <hub id> --include ... "
-                  f"--local-dir {ref}`, README 'Weights') or fix components.<name>.pretrained / paths.weights_dir")
+        return None, (
+            f"no directory at {ref}: download it with "
+            f"`{download_command(hub_id, str(weights_dir), _commit_or_none(spec.revision))}` (README 'Weights')"
+        )
+    return None, (
+        f"no directory at {ref}: download the weights there (`huggingface-cli download <hub id> --include ... "
+        f"--local-dir {ref}`, README 'Weights') or fix components.<name>.pretrained / paths.weights_dir"
+    )
 
 
 def _hub_id_under(ref: str, weights_dir: Optional[str]) -> Optional[str]:
@@ -91,22 +107,26 @@ def weight_files(directory: Path) -> tuple[list[str], list[str], int]:
             absent += [s for s in shards if not (directory / s).is_file()]
             break
     else:
-        present = [p.name for p in sorted(directory.glob("*.safetensors"))] or \
-            [p.name for p in sorted(directory.glob("pytorch_model*.bin"))]
+        present = [p.name for p in sorted(directory.glob("*.safetensors"))] or [
+            p.name for p in sorted(directory.glob("pytorch_model*.bin"))
+        ]
     size = sum((directory / p).stat().st_size for p in present)
     return present, absent, size
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 28 else f"{n / 2 ** 20:.1f} MiB"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 def _tokenizer_check(ref: str, kind: str) -> Optional[str]:
     """None when a tokenizer is found at `ref` (a directory, or a cached hub id), else the problem."""
     path = os.path.expanduser(ref)
     if os.path.isdir(path):
-        return None if any((Path(path) / f).is_file() for f in TOKENIZER_FILES) else \
-            f"tokenizer directory {path} holds none of {', '.join(TOKENIZER_FILES)}"
+        return (
+            None
+            if any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+            else f"tokenizer directory {path} holds none of {', '.join(TOKENIZER_FILES)}"
+        )
     if is_hub_id(ref):
         from huggingface_hub import try_to_load_from_cache
 
@@ -141,7 +161,9 @@ def describe_directory(name: str, spec: Any, directory: Path) -> Check:
         problems.append("no weight files (*.safetensors or pytorch_model*.bin)")
     revision = downloaded_revision(directory)
     if _is_commit(spec.revision) and revision is not None and revision != spec.revision:
-        problems.append(f"revision {revision[:12]} downloaded, {spec.revision[:12]} pinned (components.{name}.revision)")
+        problems.append(
+            f"revision {revision[:12]} downloaded, {spec.revision[:12]} pinned (components.{name}.revision)"
+        )
     elif _is_commit(spec.revision) and revision is None:
         notes.append(f"pinned {spec.revision[:12]}, the download recorded none")
     if spec.kind in REMOTE_CODE_KINDS:
@@ -156,16 +178,20 @@ def describe_directory(name: str, spec: Any, directory: Path) -> Check:
     if spec.kind not in ("qwen2_5_vl",) or not (directory / "tokenizer.json").is_file():
         problem = _tokenizer_check(str(tokenizer_ref), spec.kind)
         if problem and spec.kind in ("evaclip_hf", "clip_hf") and not (spec.options or {}).get("tokenizer"):
-            problem += ("; EVA-CLIP-8B's model card loads the tokenizer of openai/clip-vit-large-patch14: "
-                        f"components.{name}.options.tokenizer=openai/clip-vit-large-patch14 (README 'Weights')")
+            problem += (
+                "; EVA-CLIP-8B's model card loads the tokenizer of openai/clip-vit-large-patch14: "
+                f"components.{name}.options.tokenizer=openai/clip-vit-large-patch14 (README 'Weights')"
+            )
         if problem:
             problems.append(problem)
     status = "fail" if problems else "warn" if not _is_commit(spec.revision) and revision is None else "ok"
     rev_text = revision[:12] if revision else "unrecorded"
     if not _is_commit(spec.revision):
         rev_text += f" (components.{name}.revision={spec.revision or 'null'}: not pinned)"
-    detail = (f"{spec.kind} {directory}: {arch}, checkpoint dtype {dtype} (loaded as {spec.dtype}), revision {rev_text}, "
-              f"{len(present)} weight file(s) {_gib(size)}")
+    detail = (
+        f"{spec.kind} {directory}: {arch}, checkpoint dtype {dtype} (loaded as {spec.dtype}), revision {rev_text}, "
+        f"{len(present)} weight file(s) {_gib(size)}"
+    )
     if notes:
         detail += "; " + "; ".join(notes)
     if problems:
@@ -181,17 +207,23 @@ def describe_lavis(name: str, spec: Any) -> Check:
     problems = [] if path.is_file() else [f"{path}: not found"]
     vision = options.get("vision_checkpoint")
     if not vision:
-        problems.append("options.vision_checkpoint is not set: LAVIS saves no ViT weights in blip2_pretrained.pth; "
-                        "point it at EVA's eva_vit_g.pth")
+        problems.append(
+            "options.vision_checkpoint is not set: LAVIS saves no ViT weights in blip2_pretrained.pth; "
+            "point it at EVA's eva_vit_g.pth"
+        )
     elif not Path(os.path.expanduser(str(vision))).is_file():
         problems.append(f"options.vision_checkpoint {vision}: not found")
     problem = _tokenizer_check(str(options.get("tokenizer") or "bert-base-uncased"), spec.kind)
     if problem:
         problems.append(problem)
     size = path.stat().st_size if path.is_file() else 0
-    return Check("models", item, "fail" if problems else "ok",
-                 f"LAVIS checkpoint {path} ({_gib(size)}), ViT {vision}, tokenizer "
-                 f"{options.get('tokenizer') or 'bert-base-uncased'}" + ("; " + "; ".join(problems) if problems else ""))
+    return Check(
+        "models",
+        item,
+        "fail" if problems else "ok",
+        f"LAVIS checkpoint {path} ({_gib(size)}), ViT {vision}, tokenizer "
+        f"{options.get('tokenizer') or 'bert-base-uncased'}" + ("; " + "; ".join(problems) if problems else ""),
+    )
 
 
 def model_checks(cfg: Any, names: list[str]) -> list[Check]:
@@ -209,7 +241,9 @@ def model_checks(cfg: Any, names: list[str]) -> list[Check]:
             checks.append(Check("models", f"components.{name}", "ok", f"{spec.kind}: tiny random model (tiny: true)"))
             continue
         if not spec.pretrained:
-            checks.append(Check("models", f"components.{name}", "fail", f"{spec.kind}: neither pretrained nor tiny set"))
+            checks.append(
+                Check("models", f"components.{name}", "fail", f"{spec.kind}: neither pretrained nor tiny set")
+            )
             continue
         if str(spec.pretrained).endswith((".pth", ".pt")):
             checks.append(describe_lavis(name, spec))
@@ -221,7 +255,9 @@ def model_checks(cfg: Any, names: list[str]) -> list[Check]:
         from qkvqa.qff.model import CHECKPOINT_CONFIG
 
         if (directory / CHECKPOINT_CONFIG).is_file():
-            checks.append(Check("models", f"components.{name}", "ok", f"{spec.kind}: a trained qkvqa QFF at {directory}"))
+            checks.append(
+                Check("models", f"components.{name}", "ok", f"{spec.kind}: a trained qkvqa QFF at {directory}")
+            )
             continue
         checks.append(describe_directory(name, spec, directory))
     return checks
@@ -266,8 +302,11 @@ def _meta(item: str, spec: Any, directory: Path) -> Check:
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
     with torch.device("meta"):
-        model = cls._from_config(config) if cls is not None and not remote else \
-            AutoModel.from_config(config, trust_remote_code=remote)
+        model = (
+            cls._from_config(config)
+            if cls is not None and not remote
+            else AutoModel.from_config(config, trust_remote_code=remote)
+        )
     params = sum(p.numel() for p in model.parameters())
     wanted = set(model.state_dict())
     stored = _checkpoint_keys(directory)
@@ -276,12 +315,18 @@ def _meta(item: str, spec: Any, directory: Path) -> Check:
     if stored is None:
         return Check("models", item, "ok", detail + "; checkpoint parameter names not read (.bin)")
     prefix = getattr(model, "base_model_prefix", "") or ""
-    normal = {k[len(prefix) + 1:] if prefix and k.startswith(prefix + ".") else k for k in stored}
-    lacking = [k for k in wanted if k not in stored and k not in normal
-               and (not prefix or f"{prefix}.{k}" not in stored)]
+    normal = {k[len(prefix) + 1 :] if prefix and k.startswith(prefix + ".") else k for k in stored}
+    lacking = [
+        k for k in wanted if k not in stored and k not in normal and (not prefix or f"{prefix}.{k}" not in stored)
+    ]
     if lacking:
-        return Check("models", item, "warn", detail + f"; {len(lacking)} of {len(wanted)} parameters not in the "
-                     f"checkpoint (tied or newly initialised?), e.g. {sorted(lacking)[0]}")
+        return Check(
+            "models",
+            item,
+            "warn",
+            detail + f"; {len(lacking)} of {len(wanted)} parameters not in the "
+            f"checkpoint (tied or newly initialised?), e.g. {sorted(lacking)[0]}",
+        )
     return Check("models", item, "ok", detail + f"; all {len(wanted)} parameters in the checkpoint")
 
 

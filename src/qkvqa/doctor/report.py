@@ -1,4 +1,5 @@
 """The doctor's findings: one row per check, rendered as one table or JSON; a failed row is blocking."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ class Check:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
-        self.detail = " ".join(str(self.detail).split())       # one line, whatever the message held
+        self.detail = " ".join(str(self.detail).split())  # one line, whatever the message held
 
 
 def blocking(checks: Iterable[Check]) -> list[Check]:
@@ -39,8 +40,11 @@ def render_table(checks: list[Check]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 6)
     failed = blocking(checks)
     counts = ", ".join(f"{sum(c.status == s for c in checks)} {s}" for s in STATUSES)
-    verdict = (f"doctor: {len(failed)} blocking problem(s) ({counts}); fix the FAIL rows first" if failed
-               else f"doctor: nothing blocking ({counts})")
+    verdict = (
+        f"doctor: {len(failed)} blocking problem(s) ({counts}); fix the FAIL rows first"
+        if failed
+        else f"doctor: nothing blocking ({counts})"
+    )
     return "\n".join(lines + ["", verdict])
 
 

@@ -1,4 +1,5 @@
 """Runs every doctor check on a composed config, in order, each failure one row (no check stops the others)."""
+
 from __future__ import annotations
 
 import logging
@@ -8,8 +9,13 @@ from typing import Any, Callable, Optional
 from qkvqa.doctor.report import Check
 
 
-def run_doctor(cfg: Any, load: bool = False, device: Optional[str] = None, splits: Optional[list[str]] = None,
-               open_images: Optional[int] = None) -> list[Check]:
+def run_doctor(
+    cfg: Any,
+    load: bool = False,
+    device: Optional[str] = None,
+    splits: Optional[list[str]] = None,
+    open_images: Optional[int] = None,
+) -> list[Check]:
     """Every check of `qkvqa doctor` for `cfg`: paths, questions and query images of the task's splits, the KB store,
     KB images per CSV, the index, the models (with `load`: on the meta device, or on `device` with one forward), the
     GPU and faiss, the disk. Returns the rows; a `fail` row is blocking."""
@@ -20,7 +26,7 @@ def run_doctor(cfg: Any, load: bool = False, device: Optional[str] = None, split
     start = time.perf_counter()
     quiet = logging.getLogger("qkvqa")
     level = quiet.level
-    quiet.setLevel(logging.ERROR)                   # the checks' own progress and info lines would bury the table
+    quiet.setLevel(logging.ERROR)  # the checks' own progress and info lines would bury the table
     try:
         splits = splits or data.splits_read(cfg)
         checks = data.path_checks(cfg, splits)
@@ -48,8 +54,9 @@ def run_doctor(cfg: Any, load: bool = False, device: Optional[str] = None, split
             checks += _guarded("models", "load", lambda: models.load_checks(cfg, names, device or "meta"))
         checks += _guarded("gpu", "status", lambda: system.gpu_checks(cfg, names))
         questions = sum(len(dm._questions.get(s, ())) for s in splits)
-        checks += _guarded("disk", "estimate", lambda: system.disk_checks(cfg, dm, store, questions,
-                                                                          counts.get("kb_images", 0)))
+        checks += _guarded(
+            "disk", "estimate", lambda: system.disk_checks(cfg, dm, store, questions, counts.get("kb_images", 0))
+        )
     finally:
         quiet.setLevel(level)
     checks.append(Check("doctor", "time", "ok", f"{time.perf_counter() - start:.1f}s"))

@@ -1,4 +1,5 @@
 """The doctor's system checks: the torch build against the driver, the devices the config asks for, faiss, and free disk against the caches a run writes."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,8 @@ from qkvqa.doctor.report import Check
 STORE_PER_SOURCE_BYTE = 1.14
 RUN_BYTES_PER_QUESTION = 20_000
 VIT_CACHE_BYTES_PER_IMAGE = 700_000
-KB_JSON_BYTES_PER_ARTICLE = 10_500          # the synthetic 2M KB of the measurement (10.5 KB per entry)
-DIMS = {"BAAI/EVA-CLIP-8B": 1280}           # stage-1 vector width of the real encoders (docs/retrieval.md)
+KB_JSON_BYTES_PER_ARTICLE = 10_500  # the synthetic 2M KB of the measurement (10.5 KB per entry)
+DIMS = {"BAAI/EVA-CLIP-8B": 1280}  # stage-1 vector width of the real encoders (docs/retrieval.md)
 
 
 def gpu_checks(cfg: Any, names: list[str]) -> list[Check]:
@@ -25,21 +26,47 @@ def gpu_checks(cfg: Any, names: list[str]) -> list[Check]:
     (fail), real models on `device: auto` that would run on the CPU (warn, the line evaluation logs)."""
     status = gpu_status()
     checks = []
-    build = f"torch {status['torch']} (CUDA {status['cuda_build']})" if status["cuda_build"] else f"torch {status['torch']} (CPU only)"
+    build = (
+        f"torch {status['torch']} (CUDA {status['cuda_build']})"
+        if status["cuda_build"]
+        else f"torch {status['torch']} (CPU only)"
+    )
     if status["available"]:
         gpus = ", ".join(f"{d['name']} {d['memory_gib']} GiB" for d in status["devices"])
-        checks.append(Check("gpu", "torch / driver", "ok", f"{build}, driver {status['driver']} (needs >= "
-                            f"{status['min_driver']}): {len(status['devices'])} GPU(s): {gpus}"))
+        checks.append(
+            Check(
+                "gpu",
+                "torch / driver",
+                "ok",
+                f"{build}, driver {status['driver']} (needs >= "
+                f"{status['min_driver']}): {len(status['devices'])} GPU(s): {gpus}",
+            )
+        )
     else:
-        checks.append(Check("gpu", "torch / driver", "fail" if status["driver_ok"] is False else "warn",
-                            f"{build}, driver {status['driver'] or 'none'}: no usable GPU ({status['reason']})"))
-    asked = [f"components.{n}.device={cfg.components[n].device}" for n in names
-             if str(cfg.components[n].device or "").startswith("cuda")]
+        checks.append(
+            Check(
+                "gpu",
+                "torch / driver",
+                "fail" if status["driver_ok"] is False else "warn",
+                f"{build}, driver {status['driver'] or 'none'}: no usable GPU ({status['reason']})",
+            )
+        )
+    asked = [
+        f"components.{n}.device={cfg.components[n].device}"
+        for n in names
+        if str(cfg.components[n].device or "").startswith("cuda")
+    ]
     if cfg.trainer.accelerator in ("gpu", "cuda") and cfg.task == "train":
         asked.append(f"trainer.accelerator={cfg.trainer.accelerator}")
     if asked and not status["available"]:
-        checks.append(Check("gpu", "devices asked for", "fail", f"{', '.join(asked)}, but no usable GPU: the run stops "
-                            "at start-up (use a GPU node, or preset=cpu)"))
+        checks.append(
+            Check(
+                "gpu",
+                "devices asked for",
+                "fail",
+                f"{', '.join(asked)}, but no usable GPU: the run stops at start-up (use a GPU node, or preset=cpu)",
+            )
+        )
     line = cpu_fallback_warning(cfg, names, status)
     if line:
         checks.append(Check("gpu", "device: auto", "warn", line))
@@ -61,20 +88,38 @@ def _faiss_check(cfg: Any, status: dict) -> Check:
     try:
         import faiss
     except ImportError as e:
-        return Check("gpu", "faiss", "fail", f"faiss does not import ({e}): pip install 'qkvqa[cpu]' (faiss-cpu) or "
-                     "'qkvqa[gpu]' (faiss-gpu), README 'GPU install'")
+        return Check(
+            "gpu",
+            "faiss",
+            "fail",
+            f"faiss does not import ({e}): pip install 'qkvqa[cpu]' (faiss-cpu) or "
+            "'qkvqa[gpu]' (faiss-gpu), README 'GPU install'",
+        )
     installed = _distributions("faiss")
     gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
     has_gpu_build = hasattr(faiss, "StandardGpuResources")
-    detail = f"faiss {faiss.__version__} ({', '.join(installed) or 'unknown distribution'}): " + \
-        (f"GPU build, {gpus} GPU(s) visible" if has_gpu_build else "CPU build")
-    cpu_and_gpu = any(d.startswith("faiss-cpu") for d in installed) and any(d.startswith("faiss-gpu") for d in installed)
+    detail = f"faiss {faiss.__version__} ({', '.join(installed) or 'unknown distribution'}): " + (
+        f"GPU build, {gpus} GPU(s) visible" if has_gpu_build else "CPU build"
+    )
+    cpu_and_gpu = any(d.startswith("faiss-cpu") for d in installed) and any(
+        d.startswith("faiss-gpu") for d in installed
+    )
     if cpu_and_gpu:
-        return Check("gpu", "faiss", "warn", detail + "; faiss-cpu and faiss-gpu are both installed and overwrite each "
-                     "other's files: pip uninstall -y faiss-cpu faiss-gpu && pip install 'qkvqa[gpu]'")
+        return Check(
+            "gpu",
+            "faiss",
+            "warn",
+            detail + "; faiss-cpu and faiss-gpu are both installed and overwrite each "
+            "other's files: pip uninstall -y faiss-cpu faiss-gpu && pip install 'qkvqa[gpu]'",
+        )
     if cfg.retrieval.index_gpu and status["available"] and not has_gpu_build:
-        return Check("gpu", "faiss", "warn", detail + "; retrieval.index_gpu is on and a GPU is here, but this faiss "
-                     "searches on the CPU (pip install 'qkvqa[gpu]' for faiss-gpu)")
+        return Check(
+            "gpu",
+            "faiss",
+            "warn",
+            detail + "; retrieval.index_gpu is on and a GPU is here, but this faiss "
+            "searches on the CPU (pip install 'qkvqa[gpu]' for faiss-gpu)",
+        )
     return Check("gpu", "faiss", "ok", detail)
 
 
@@ -128,8 +173,11 @@ def disk_checks(cfg: Any, dm: Any, store: Optional[Any], questions: int, kb_imag
     add(Path(cfg.retrieval.embed_dir or cache / "embeddings"), "query embeddings", questions * dim * width)
     index_dir = Path(cfg.retrieval.index_dir) if cfg.retrieval.index_dir else cache / "indexes"
     if not (index_dir / "manifest.json").is_file():
-        add(index_dir, f"index {cfg.retrieval.index_factory}", vectors * _factory_bytes_per_vector(
-            cfg.retrieval.index_factory, dim))
+        add(
+            index_dir,
+            f"index {cfg.retrieval.index_factory}",
+            vectors * _factory_bytes_per_vector(cfg.retrieval.index_factory, dim),
+        )
     if cfg.task == "train" and cfg.qff.vit_cache:
         add(Path(cfg.qff.vit_cache), "ViT cache", (questions + articles) * VIT_CACHE_BYTES_PER_IMAGE)
     add(Path(cfg.paths.checkpoints_root), "run directory", questions * RUN_BYTES_PER_QUESTION)
@@ -145,13 +193,20 @@ def disk_checks(cfg: Any, dm: Any, store: Optional[Any], questions: int, kb_imag
         free = shutil.disk_usage(folder).free
         status = "fail" if total > free else "warn" if total > 0.8 * free else "ok"
         parts = ", ".join(f"{what} {_size(size)}" for what, size in items.items())
-        checks.append(Check("disk", str(folder), status, f"{_size(free)} free, the run writes ~{_size(total)} here "
-                            f"({parts}; from {articles:,} articles x {dim}-d, {questions:,} questions)"))
+        checks.append(
+            Check(
+                "disk",
+                str(folder),
+                status,
+                f"{_size(free)} free, the run writes ~{_size(total)} here "
+                f"({parts}; from {articles:,} articles x {dim}-d, {questions:,} questions)",
+            )
+        )
     return checks
 
 
 def _size(n: float) -> str:
-    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"

@@ -1,4 +1,5 @@
 """Generator backends (kinds `llama3`, `qwen2_5_vl`, `reflectiva`): chat formatting, batched greedy transformers generation, token counting."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -6,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError
-from qkvqa.generation.llava_convert import IMAGE_TOKEN, RECORD, read_record
+from qkvqa.generation.llava_convert import RECORD, read_record
 from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt, reflectiva_prompt
 from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, write_tiny_llama3, write_tiny_qwen2_5_vl
 from qkvqa.generation.tiny_llava import write_tiny_reflectiva
@@ -18,14 +19,17 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 BACKENDS = ("hf", "vllm")
 OPTION_KEYS = {
-    "seed",                       # tiny: the random init seed
-    "attn_implementation",        # transformers attention (default sdpa)
-    "min_pixels", "max_pixels",   # Qwen2.5-VL image processor limits (default: the checkpoint's)
-    "python", "engine_args", "work_dir",   # vLLM backend (qkvqa.generation.vllm_client)
-    "short_prompt",               # reflectiva: end the passages with ". Give a short answer." (default true, as
-                                  # ReflectiVA's release scripts run with --short_prompt)
-    "prompt_style",               # reflectiva, with generation.prompt auto: reflectiva (ReflectiVA's conversation,
-                                  # default) | appendix (the paper's VLM prompt, appendix 6.2 / 6.4)
+    "seed",  # tiny: the random init seed
+    "attn_implementation",  # transformers attention (default sdpa)
+    "min_pixels",
+    "max_pixels",  # Qwen2.5-VL image processor limits (default: the checkpoint's)
+    "python",
+    "engine_args",
+    "work_dir",  # vLLM backend (qkvqa.generation.vllm_client)
+    "short_prompt",  # reflectiva: end the passages with ". Give a short answer." (default true, as
+    # ReflectiVA's release scripts run with --short_prompt)
+    "prompt_style",  # reflectiva, with generation.prompt auto: reflectiva (ReflectiVA's conversation,
+    # default) | appendix (the paper's VLM prompt, appendix 6.2 / 6.4)
 }
 PROMPT_STYLES = ("reflectiva", "appendix")
 
@@ -33,12 +37,14 @@ PROMPT_STYLES = ("reflectiva", "appendix")
 class ChatFormat(ABC):
     """The tokenizer side of a generator: chat rendering, batch encoding (left padding) and token counting."""
 
-    generator_type: str           # llm | vlm
+    generator_type: str  # llm | vlm
 
     def __init__(self, tokenizer):
         if not getattr(tokenizer, "is_fast", False):
-            raise ConfigError(f"generator tokenizer {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer; "
-                              "token counting and truncation need its offsets")
+            raise ConfigError(
+                f"generator tokenizer {type(tokenizer).__name__} is not a fast (tokenizers) tokenizer; "
+                "token counting and truncation need its offsets"
+            )
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -61,7 +67,7 @@ class ChatFormat(ABC):
 
     def messages(self, prompt: Prompt, content) -> list[dict]:
         """Chat messages of a prompt: system, earlier turns, the user message; `content(parts)` renders each turn."""
-        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else [])
+        messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
         messages.extend({"role": role, "content": content(parts)} for role, parts in prompt.history)
         messages.append({"role": "user", "content": content(prompt.parts)})
         return messages
@@ -75,7 +81,7 @@ class ChatFormat(ABC):
         encoding = self._backend.encode(text, add_special_tokens=False)
         keep = min(max_tokens, len(encoding.ids))
         while keep > 0:
-            prefix = text[:encoding.offsets[keep - 1][1]]
+            prefix = text[: encoding.offsets[keep - 1][1]]
             if self.count_tokens(prefix) <= max_tokens:
                 return prefix
             keep -= 1
@@ -123,8 +129,9 @@ class Llama3Format(ChatFormat):
 
     def encode(self, texts, images):
         """Tokenise rendered texts (the template already holds the bos token)."""
-        return self.tokenizer(list(texts), add_special_tokens=False, padding=True, return_token_type_ids=False,
-                              return_tensors="pt")
+        return self.tokenizer(
+            list(texts), add_special_tokens=False, padding=True, return_token_type_ids=False, return_tensors="pt"
+        )
 
 
 class QwenVLFormat(ChatFormat):
@@ -138,8 +145,12 @@ class QwenVLFormat(ChatFormat):
 
     def render(self, prompt: Prompt) -> str:
         """The prompt through the processor's chat template (one vision placeholder per image)."""
-        messages = self.messages(prompt, lambda parts: [{"type": "text", "text": part} if isinstance(part, str)
-                                                        else {"type": "image"} for part in parts])
+        messages = self.messages(
+            prompt,
+            lambda parts: [
+                {"type": "text", "text": part} if isinstance(part, str) else {"type": "image"} for part in parts
+            ],
+        )
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, texts, images):
@@ -161,10 +172,16 @@ class LlavaFormat(ChatFormat):
     """
 
     generator_type = "vlm"
-    TEXT_IMAGE_TOKEN = "< image>"           # a literal "<image>" in a passage would be read as the image placeholder
+    TEXT_IMAGE_TOKEN = "< image>"  # a literal "<image>" in a passage would be read as the image placeholder
 
-    def __init__(self, processor, record: dict, eos_ids: Sequence[int] = (), short_prompt: bool = True,
-                 prompt_style: str = "reflectiva"):
+    def __init__(
+        self,
+        processor,
+        record: dict,
+        eos_ids: Sequence[int] = (),
+        short_prompt: bool = True,
+        prompt_style: str = "reflectiva",
+    ):
         super().__init__(processor.tokenizer)
         self.processor = processor
         self.record = record
@@ -174,8 +191,8 @@ class LlavaFormat(ChatFormat):
         self.prompt_style = prompt_style
         self.max_length = (record.get("llava") or {}).get("tokenizer_model_max_length")
         self._eos_ids = list(eos_ids)
-        self.over_length = 0                # prompts longer than LLaVA's tokenizer_model_max_length (it cuts them)
-        self.text_image_tokens = 0          # literal "<image>" strings replaced in passages
+        self.over_length = 0  # prompts longer than LLaVA's tokenizer_model_max_length (it cuts them)
+        self.text_image_tokens = 0  # literal "<image>" strings replaced in passages
         probe = [{"role": "user", "content": "x"}]
         plain = self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
         # whether the template leaves the assistant's opening out (it is then added to every prompt): for the card
@@ -207,8 +224,11 @@ class LlavaFormat(ChatFormat):
             if isinstance(part, str):
                 if self.image_token in part:
                     self.text_image_tokens += part.count(self.image_token)
-                    log.warning("a prompt text holds %r; written as %r so that it is not read as an image",
-                                self.image_token, self.TEXT_IMAGE_TOKEN)
+                    log.warning(
+                        "a prompt text holds %r; written as %r so that it is not read as an image",
+                        self.image_token,
+                        self.TEXT_IMAGE_TOKEN,
+                    )
                     part = part.replace(self.image_token, self.TEXT_IMAGE_TOKEN)
                 out.append(part)
             else:
@@ -220,22 +240,32 @@ class LlavaFormat(ChatFormat):
         messages = self.messages(prompt, self._content)
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
         opened = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if opened.startswith(text) and not text.endswith(opened[len(text):]):
+        if opened.startswith(text) and not text.endswith(opened[len(text) :]):
             text = opened
         return text
 
     def encode(self, texts, images):
         """Processor inputs (no added bos: the template holds it), left-padded; images flattened in order."""
         flat = [image.convert("RGB") for per_text in images for image in per_text]
-        inputs = self.processor(text=list(texts), images=flat or None, padding=True, add_special_tokens=False,
-                                return_token_type_ids=False, return_tensors="pt")
+        inputs = self.processor(
+            text=list(texts),
+            images=flat or None,
+            padding=True,
+            add_special_tokens=False,
+            return_token_type_ids=False,
+            return_tensors="pt",
+        )
         if self.max_length:
             over = int((inputs["attention_mask"].sum(1) > int(self.max_length)).sum())
             if over:
                 self.over_length += over
-                log.warning("%d prompt(s) longer than the checkpoint's tokenizer_model_max_length (%s tokens, images "
-                            "included), which LLaVA's prepare_inputs_labels_for_multimodal cuts from the end; "
-                            "generated in full", over, self.max_length)
+                log.warning(
+                    "%d prompt(s) longer than the checkpoint's tokenizer_model_max_length (%s tokens, images "
+                    "included), which LLaVA's prepare_inputs_labels_for_multimodal cuts from the end; "
+                    "generated in full",
+                    over,
+                    self.max_length,
+                )
         return inputs
 
 
@@ -247,26 +277,32 @@ class HFRunner:
         self.chat = chat
         self.device = device
 
-    def run(self, texts: Sequence[str], images: Sequence[Sequence[Any]], max_new_tokens: int,
-            batch_size: int) -> list[str]:
+    def run(
+        self, texts: Sequence[str], images: Sequence[Sequence[Any]], max_new_tokens: int, batch_size: int
+    ) -> list[str]:
         """Answers for rendered chat texts, generated `batch_size` at a time."""
         import torch
         from transformers import GenerationConfig as HFGenerationConfig
 
-        config = HFGenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                    eos_token_id=self.chat.stop_token_ids,
-                                    suppress_tokens=self.chat.suppress_token_ids or None,
-                                    pad_token_id=self.chat.tokenizer.pad_token_id,
-                                    bos_token_id=self.model.generation_config.bos_token_id)
+        config = HFGenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=self.chat.stop_token_ids,
+            suppress_tokens=self.chat.suppress_token_ids or None,
+            pad_token_id=self.chat.tokenizer.pad_token_id,
+            bos_token_id=self.model.generation_config.bos_token_id,
+        )
         answers: list[str] = []
         for start in range(0, len(texts), batch_size):
-            inputs = self.chat.encode(texts[start:start + batch_size], images[start:start + batch_size])
+            inputs = self.chat.encode(texts[start : start + batch_size], images[start : start + batch_size])
             inputs = inputs.to(self.device)
             with torch.inference_mode():
                 output = self.model.generate(**inputs, generation_config=config)
-            new_tokens = output[:, inputs["input_ids"].shape[1]:]
-            answers.extend(text.strip() for text in
-                           self.chat.tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+            new_tokens = output[:, inputs["input_ids"].shape[1] :]
+            answers.extend(
+                text.strip() for text in self.chat.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+            )
         return answers
 
 
@@ -314,8 +350,7 @@ class Generator:
             return []
         texts = [self.chat.render(p) for p in prompts]
         images = [p.images if self.generator_type == "vlm" else [] for p in prompts]
-        return self.runner.run(texts, images, max_new_tokens or self.settings.max_new_tokens,
-                               self.settings.batch_size)
+        return self.runner.run(texts, images, max_new_tokens or self.settings.max_new_tokens, self.settings.batch_size)
 
 
 # Kind -> writer of its tiny random checkpoint.
@@ -325,7 +360,9 @@ WRITERS = {"llama3": write_tiny_llama3, "qwen2_5_vl": write_tiny_qwen2_5_vl, "re
 def _check_options(spec: ComponentSpec) -> None:
     unknown = set(spec.options) - OPTION_KEYS
     if unknown:
-        raise ConfigError(f"components.generator.options: unknown key(s) {sorted(unknown)}; valid: {sorted(OPTION_KEYS)}")
+        raise ConfigError(
+            f"components.generator.options: unknown key(s) {sorted(unknown)}; valid: {sorted(OPTION_KEYS)}"
+        )
 
 
 def _model_path(spec: ComponentSpec, write_tiny) -> str:
@@ -342,19 +379,26 @@ def _check_converted(path: str) -> None:
     import json
     import os
 
-    fix = ("convert ReflectiVA's checkpoint first: `qkvqa convert-llava weights/aimagelab/ReflectiVA --vision-tower "
-           "weights/openai/clip-vit-large-patch14-336 --out weights/reflectiva-llava-hf` (docs/generation.md)")
+    fix = (
+        "convert ReflectiVA's checkpoint first: `qkvqa convert-llava weights/aimagelab/ReflectiVA --vision-tower "
+        "weights/openai/clip-vit-large-patch14-336 --out weights/reflectiva-llava-hf` (docs/generation.md)"
+    )
     if not os.path.isdir(path):
-        raise ConfigError(f"components.generator.pretrained: kind reflectiva loads a local directory written by "
-                          f"`qkvqa convert-llava`, not the hub id {path!r}; {fix}")
+        raise ConfigError(
+            f"components.generator.pretrained: kind reflectiva loads a local directory written by "
+            f"`qkvqa convert-llava`, not the hub id {path!r}; {fix}"
+        )
     if not os.path.exists(os.path.join(path, RECORD)):
         try:
             with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
                 model_type = json.load(handle).get("model_type")
         except (OSError, ValueError):
             model_type = None
-        what = "is the original LLaVA layout (model_type llava_llama), which transformers cannot load" \
-            if model_type == "llava_llama" else f"has no {RECORD} (it was not written by `qkvqa convert-llava`)"
+        what = (
+            "is the original LLaVA layout (model_type llava_llama), which transformers cannot load"
+            if model_type == "llava_llama"
+            else f"has no {RECORD} (it was not written by `qkvqa convert-llava`)"
+        )
         raise ConfigError(f"components.generator.pretrained: {path} {what}; {fix}")
 
 
@@ -376,8 +420,12 @@ def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
         with open(os.path.join(path, "processor_config.json"), encoding="utf-8") as handle:
             settings = {k: v for k, v in json.load(handle).items() if k != "processor_class"}
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, use_fast=True)
-        processor = LlavaProcessor(image_processor=LlavaImageProcessor.from_pretrained(path, local_files_only=True),
-                                   tokenizer=tokenizer, chat_template=tokenizer.chat_template, **settings)
+        processor = LlavaProcessor(
+            image_processor=LlavaImageProcessor.from_pretrained(path, local_files_only=True),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+            **settings,
+        )
         eos = []
         if os.path.exists(os.path.join(path, "generation_config.json")):
             eos_id = HFGenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
@@ -387,8 +435,9 @@ def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
             raise ConfigError(f"components.generator.options.short_prompt: expected true or false, got {short!r}")
         style = spec.options.get("prompt_style", "reflectiva")
         if style not in PROMPT_STYLES:
-            raise ConfigError(f"components.generator.options.prompt_style: {style!r} is not one of "
-                              f"{', '.join(PROMPT_STYLES)}")
+            raise ConfigError(
+                f"components.generator.options.prompt_style: {style!r} is not one of {', '.join(PROMPT_STYLES)}"
+            )
         return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short, prompt_style=style)
     from transformers import AutoProcessor
 
@@ -398,8 +447,11 @@ def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
 
 def _load_model(spec: ComponentSpec, path: str):
     local_only = spec.tiny or not spec.allow_download
-    kwargs = dict(dtype=spec.torch_dtype(), local_files_only=local_only,
-                  attn_implementation=spec.options.get("attn_implementation", "sdpa"))
+    kwargs = dict(
+        dtype=spec.torch_dtype(),
+        local_files_only=local_only,
+        attn_implementation=spec.options.get("attn_implementation", "sdpa"),
+    )
     if spec.kind == "llama3":
         from transformers import AutoModelForCausalLM
 
@@ -429,8 +481,10 @@ def build_generator(spec: ComponentSpec | dict, generation: Optional["Generation
         raise ConfigError(f"generation.backend: {settings.backend!r} is not one of {', '.join(BACKENDS)}")
     _check_options(spec)
     if spec.kind == "reflectiva" and settings.backend == "vllm":
-        raise ConfigError("generation.backend: vllm does not run kind reflectiva here (its worker renders no LLaVA "
-                          "image placeholders); use backend: hf")
+        raise ConfigError(
+            "generation.backend: vllm does not run kind reflectiva here (its worker renders no LLaVA "
+            "image placeholders); use backend: hf"
+        )
     path = _model_path(spec, WRITERS[spec.kind])
     chat = _load_chat(spec, path)
     if settings.backend == "vllm":

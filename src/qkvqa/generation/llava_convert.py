@@ -1,4 +1,5 @@
 """Convert an original LLaVA checkpoint (`model_type: llava_llama`, ReflectiVA's generator) into a transformers `LlavaForConditionalGeneration` directory."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,8 @@ log = get_logger(__name__)
 # source changes (key map, config, processor, template handling), so that the protocol card tells conversions apart.
 CONVERTER_VERSION = 1
 RECORD = "qkvqa_llava_conversion.json"
-IMAGE_TOKEN = "<image>"                  # llava/constants.py DEFAULT_IMAGE_TOKEN
-CONV_MODE = "llama_3_1"                  # the conversation ReflectiVA's release scripts use (llava/conversation.py)
+IMAGE_TOKEN = "<image>"  # llava/constants.py DEFAULT_IMAGE_TOKEN
+CONV_MODE = "llama_3_1"  # the conversation ReflectiVA's release scripts use (llava/conversation.py)
 
 # The original LLaVA layout (llava/model/language_model/llava_llama.py: LlavaLlamaForCausalLM, whose `model` is a
 # LlamaModel + LlavaMetaModel) -> transformers 4.57 LlavaForConditionalGeneration. mm_projector is an nn.Sequential
@@ -34,20 +35,20 @@ KEY_MAP: tuple[tuple[str, str], ...] = (
     # a CLIPVisionTower saved inside the checkpoint: CLIPVisionTower.vision_tower is a CLIPVisionModel
     (r"^model\.vision_tower\.vision_tower\.vision_model\.", "model.vision_tower.vision_model."),
 )
-DROPPED = (r"\.rotary_emb\.inv_freq$",)          # buffers older transformers saved; recomputed on load
+DROPPED = (r"\.rotary_emb\.inv_freq$",)  # buffers older transformers saved; recomputed on load
 VISION_PREFIX = "model.vision_tower.vision_model."
 EMBED_KEYS = ("model.language_model.embed_tokens.weight", "lm_head.weight")
 # config.json fields of the LLaVA layout that transformers' Llava has no place for, or that must hold one value
 SUPPORTED = {
-    "mm_projector_type": ("mlp2x_gelu",),                   # LlavaMultiModalProjector: linear_1, act, linear_2
-    "mm_patch_merge_type": ("flat", None),                  # 'spatial*'/'unpad' is LLaVA-NeXT, not Llava
-    "image_aspect_ratio": ("pad", "square", None),          # 'anyres' is LLaVA-NeXT
+    "mm_projector_type": ("mlp2x_gelu",),  # LlavaMultiModalProjector: linear_1, act, linear_2
+    "mm_patch_merge_type": ("flat", None),  # 'spatial*'/'unpad' is LLaVA-NeXT, not Llava
+    "image_aspect_ratio": ("pad", "square", None),  # 'anyres' is LLaVA-NeXT
     "mm_vision_select_feature": ("patch", "cls_patch", None),
     "mm_use_im_start_end": (False, None),
     "s2": (False, None),
     "siglip": (False, None),
 }
-FEATURE_STRATEGY = {"patch": "default", None: "default", "cls_patch": "full"}   # clip_encoder.py feature_select
+FEATURE_STRATEGY = {"patch": "default", None: "default", "cls_patch": "full"}  # clip_encoder.py feature_select
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -73,8 +74,12 @@ def check_source_config(src: Path) -> dict:
     path = src / "config.json"
     config = read_json(path)
     if config.get("model_type") != "llava_llama":
-        raise _fail(path, "model_type", f"is {config.get('model_type')!r}, not 'llava_llama' (the original LLaVA "
-                    "layout); a transformers Llava directory needs no conversion")
+        raise _fail(
+            path,
+            "model_type",
+            f"is {config.get('model_type')!r}, not 'llava_llama' (the original LLaVA "
+            "layout); a transformers Llava directory needs no conversion",
+        )
     for field in ("mm_vision_tower", "mm_hidden_size", "hidden_size", "vocab_size"):
         if field not in config:
             raise _fail(path, field, "missing (every LLaVA checkpoint records it)")
@@ -82,8 +87,12 @@ def check_source_config(src: Path) -> dict:
         raise _fail(path, "mm_vision_select_layer", f"is {config.get('mm_vision_select_layer')!r}, not an integer")
     for field, allowed in SUPPORTED.items():
         if config.get(field) not in allowed:
-            raise _fail(path, field, f"is {config.get(field)!r}; transformers' LlavaForConditionalGeneration "
-                        f"reproduces only {[a for a in allowed if a is not None]}")
+            raise _fail(
+                path,
+                field,
+                f"is {config.get(field)!r}; transformers' LlavaForConditionalGeneration "
+                f"reproduces only {[a for a in allowed if a is not None]}",
+            )
     return config
 
 
@@ -145,7 +154,7 @@ def hub_origin(src: Path) -> dict:
     that `huggingface-cli download --local-dir` records; empty when unknown."""
     real = src.resolve()
     if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
-        owner_name = real.parent.parent.name[len("models--"):].split("--", 1)
+        owner_name = real.parent.parent.name[len("models--") :].split("--", 1)
         return {"hub_id": "/".join(owner_name), "revision": real.name}
     meta = src / ".cache" / "huggingface" / "download" / "config.json.metadata"
     try:
@@ -165,8 +174,12 @@ def _vision_config(tower: Path) -> tuple[dict, Path]:
     elif config.get("model_type") == "clip_vision_model":
         vision = dict(config)
     else:
-        raise _fail(path, "model_type", f"is {config.get('model_type')!r}, not 'clip' or 'clip_vision_model' "
-                    "(LLaVA's CLIPVisionTower loads a CLIPVisionModel)")
+        raise _fail(
+            path,
+            "model_type",
+            f"is {config.get('model_type')!r}, not 'clip' or 'clip_vision_model' "
+            "(LLaVA's CLIPVisionTower loads a CLIPVisionModel)",
+        )
     vision["model_type"] = "clip_vision_model"
     for key in ("architectures", "transformers_version", "_name_or_path"):
         vision.pop(key, None)
@@ -179,7 +192,7 @@ def _vision_tensors(tower: Path) -> Iterator[tuple[str, Any]]:
         for key, tensor in _tensors(path):
             if key.startswith("vision_model."):
                 if not key.endswith("position_ids"):
-                    yield VISION_PREFIX + key[len("vision_model."):], tensor
+                    yield VISION_PREFIX + key[len("vision_model.") :], tensor
 
 
 def image_processor_for(tower: Path, aspect_ratio: Optional[str]):
@@ -189,8 +202,19 @@ def image_processor_for(tower: Path, aspect_ratio: Optional[str]):
 
     path = tower / "preprocessor_config.json"
     pre = read_json(path)
-    keys = ("do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
-            "do_normalize", "image_mean", "image_std", "do_convert_rgb")
+    keys = (
+        "do_resize",
+        "size",
+        "resample",
+        "do_center_crop",
+        "crop_size",
+        "do_rescale",
+        "rescale_factor",
+        "do_normalize",
+        "image_mean",
+        "image_std",
+        "do_convert_rgb",
+    )
     kwargs = {k: pre[k] for k in keys if k in pre}
     if not kwargs.get("image_mean"):
         raise _fail(path, "image_mean", "missing (the pad colour and normalisation need it)")
@@ -204,13 +228,22 @@ def _text_config(config: dict, vocab_size: int) -> tuple[dict, list[str]]:
     llama_keys -= {"architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype"}
     text = {k: v for k, v in config.items() if k in llama_keys}
     text.update(model_type="llama", vocab_size=vocab_size)
-    dropped = sorted(k for k in config if k not in llama_keys and k not in
-                     ("architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype"))
+    dropped = sorted(
+        k
+        for k in config
+        if k not in llama_keys
+        and k not in ("architectures", "model_type", "transformers_version", "_name_or_path", "torch_dtype", "dtype")
+    )
     return text, dropped
 
 
-def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: Optional[str | os.PathLike] = None,
-                  source_id: Optional[str] = None, progress: Callable[[str], None] = log.info) -> dict:
+def convert_llava(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    vision_tower: Optional[str | os.PathLike] = None,
+    source_id: Optional[str] = None,
+    progress: Callable[[str], None] = log.info,
+) -> dict:
     """Write `out` (a new or empty directory): the LLaVA checkpoint `src` as a transformers Llava model, processor
     and chat template; returns the conversion record (also written to `out/RECORD`).
 
@@ -230,10 +263,12 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
     config = check_source_config(src)
     tower_from_checkpoint = bool(config.get("unfreeze_mm_vision_tower"))
     if vision_tower is None and not tower_from_checkpoint:
-        raise DataError(f"{src / 'config.json'}: mm_vision_tower: LLaVA loads the vision tower from "
-                        f"{config['mm_vision_tower']!r}, which the checkpoint does not hold; pass its directory "
-                        "(--vision-tower DIR, e.g. `huggingface-cli download openai/clip-vit-large-patch14-336 "
-                        "--local-dir weights/openai/clip-vit-large-patch14-336`)")
+        raise DataError(
+            f"{src / 'config.json'}: mm_vision_tower: LLaVA loads the vision tower from "
+            f"{config['mm_vision_tower']!r}, which the checkpoint does not hold; pass its directory "
+            "(--vision-tower DIR, e.g. `huggingface-cli download openai/clip-vit-large-patch14-336 "
+            "--local-dir weights/openai/clip-vit-large-patch14-336`)"
+        )
     tower = Path(vision_tower).expanduser() if vision_tower is not None else None
     if out.exists() and any(out.iterdir()):
         raise DataError(f"{out}: exists and is not empty; converting writes a new directory")
@@ -242,16 +277,25 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
     weight_files = _weight_files(src)
     tokenizer_files = [src / name for name in TOKENIZER_FILES if (src / name).exists()]
     if not (src / "tokenizer_config.json").exists():
-        raise DataError(f"{src / 'tokenizer_config.json'}: missing (ReflectiVA renders its prompt with the "
-                        "checkpoint's own tokenizer and chat template: TOKENIZER_PATH=$model)")
+        raise DataError(
+            f"{src / 'tokenizer_config.json'}: missing (ReflectiVA renders its prompt with the "
+            "checkpoint's own tokenizer and chat template: TOKENIZER_PATH=$model)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(src), use_fast=True, local_files_only=True)
     if not tokenizer.chat_template:
-        raise _fail(src / "tokenizer_config.json", "chat_template", "missing (conv 'llama_3_1' is rendered by "
-                    "tokenizer.apply_chat_template)")
+        raise _fail(
+            src / "tokenizer_config.json",
+            "chat_template",
+            "missing (conv 'llama_3_1' is rendered by tokenizer.apply_chat_template)",
+        )
     if IMAGE_TOKEN in tokenizer.get_vocab():
-        raise _fail(src / "tokenizer_config.json", "added_tokens", f"{IMAGE_TOKEN!r} is already a token; LLaVA "
-                    "marks the image with id -200 outside the vocabulary, so a source with this token is not one "
-                    "this converter knows")
+        raise _fail(
+            src / "tokenizer_config.json",
+            "added_tokens",
+            f"{IMAGE_TOKEN!r} is already a token; LLaVA "
+            "marks the image with id -200 outside the vocabulary, so a source with this token is not one "
+            "this converter knows",
+        )
 
     # <image>: the first id after the tokenizer's vocabulary. LLaVA splices the image where id -200 stands
     # (llava/mm_utils.py tokenizer_image_token); transformers' Llava needs a real id, expanded to one token per
@@ -286,15 +330,19 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
             shapes.update({key: tuple(t.shape) for key, t in shard.items()})
             progress(f"{origin}: {len(shard)} tensors -> {name}")
 
-        for path in weight_files:                  # one shard in memory at a time
+        for path in weight_files:  # one shard in memory at a time
             shard: dict[str, Any] = {}
             for key, tensor in _tensors(path):
                 try:
                     new = map_key(key)
                 except KeyError:
-                    raise _fail(path, key, "is not a key of the LLaVA layout this converter maps (model.embed_tokens, "
-                                "model.layers.*, model.norm, lm_head, model.mm_projector.0/2, "
-                                "model.vision_tower.vision_tower.vision_model.*)") from None
+                    raise _fail(
+                        path,
+                        key,
+                        "is not a key of the LLaVA layout this converter maps (model.embed_tokens, "
+                        "model.layers.*, model.norm, lm_head, model.mm_projector.0/2, "
+                        "model.vision_tower.vision_tower.vision_model.*)",
+                    ) from None
                 if new is None:
                     continue
                 if new.startswith(VISION_PREFIX):
@@ -314,22 +362,33 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
             del shard
         if tower_from_checkpoint:
             if not found_vision:
-                raise _fail(src / "config.json", "unfreeze_mm_vision_tower", "is true, so LLaVA loads the vision "
-                            "tower from the checkpoint, but it holds no model.vision_tower.* keys")
+                raise _fail(
+                    src / "config.json",
+                    "unfreeze_mm_vision_tower",
+                    "is true, so LLaVA loads the vision "
+                    "tower from the checkpoint, but it holds no model.vision_tower.* keys",
+                )
             if vision is None:
-                raise DataError(f"{src}: pass --vision-tower (its config.json and preprocessor_config.json give the "
-                                "tower's architecture and image preprocessing)")
+                raise DataError(
+                    f"{src}: pass --vision-tower (its config.json and preprocessor_config.json give the "
+                    "tower's architecture and image preprocessing)"
+                )
         else:
             write_shard(dict(_vision_tensors(tower)), str(tower))
-        required = ["model.language_model.embed_tokens.weight", "model.language_model.norm.weight",
-                    "model.multi_modal_projector.linear_1.weight", "model.multi_modal_projector.linear_2.weight",
-                    VISION_PREFIX + "embeddings.patch_embedding.weight"]
+        required = [
+            "model.language_model.embed_tokens.weight",
+            "model.language_model.norm.weight",
+            "model.multi_modal_projector.linear_1.weight",
+            "model.multi_modal_projector.linear_2.weight",
+            VISION_PREFIX + "embeddings.patch_embedding.weight",
+        ]
         if not text.get("tie_word_embeddings"):
             required.append("lm_head.weight")
         for key in required:
             if key not in weight_map:
-                raise DataError(f"{src}: weights: no tensor for {key} (mapped names) in "
-                                f"{[p.name for p in weight_files]}")
+                raise DataError(
+                    f"{src}: weights: no tensor for {key} (mapped names) in {[p.name for p in weight_files]}"
+                )
         atomic_write_json(partial / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
 
         vision_cfg = CLIPVisionConfig(**vision)
@@ -338,23 +397,37 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
         patches = (vision_cfg.image_size // vision_cfg.patch_size) ** 2
         proj = shapes["model.multi_modal_projector.linear_1.weight"]
         if proj != (text["hidden_size"], vision_cfg.hidden_size):
-            raise _fail(src / "config.json", "mm_hidden_size", f"the projector's first layer is {proj}, not "
-                        f"(hidden_size, vision hidden_size) = ({text['hidden_size']}, {vision_cfg.hidden_size})")
+            raise _fail(
+                src / "config.json",
+                "mm_hidden_size",
+                f"the projector's first layer is {proj}, not "
+                f"(hidden_size, vision hidden_size) = ({text['hidden_size']}, {vision_cfg.hidden_size})",
+            )
         llava = LlavaConfig(
-            vision_config=vision_cfg.to_dict(), text_config=LlamaConfig(**text).to_dict(),
-            image_token_index=image_token_id, projector_hidden_act="gelu",   # builder.py: nn.GELU() (exact)
-            vision_feature_select_strategy=strategy, vision_feature_layer=int(config["mm_vision_select_layer"]),
-            image_seq_length=patches + (1 if strategy == "full" else 0), multimodal_projector_bias=True,
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)))
+            vision_config=vision_cfg.to_dict(),
+            text_config=LlamaConfig(**text).to_dict(),
+            image_token_index=image_token_id,
+            projector_hidden_act="gelu",  # builder.py: nn.GELU() (exact)
+            vision_feature_select_strategy=strategy,
+            vision_feature_layer=int(config["mm_vision_select_layer"]),
+            image_seq_length=patches + (1 if strategy == "full" else 0),
+            multimodal_projector_bias=True,
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        )
         llava.architectures = ["LlavaForConditionalGeneration"]
-        if config.get("torch_dtype") or config.get("dtype"):      # the weights keep the source's dtype
+        if config.get("torch_dtype") or config.get("dtype"):  # the weights keep the source's dtype
             llava.dtype = config.get("dtype") or config["torch_dtype"]
         llava.save_pretrained(str(partial))
 
         processor = LlavaProcessor(
             image_processor=image_processor_for(tower if tower is not None else src, config.get("image_aspect_ratio")),
-            tokenizer=tokenizer, patch_size=vision_cfg.patch_size, vision_feature_select_strategy=strategy,
-            num_additional_image_tokens=1, image_token=IMAGE_TOKEN, chat_template=tokenizer.chat_template)
+            tokenizer=tokenizer,
+            patch_size=vision_cfg.patch_size,
+            vision_feature_select_strategy=strategy,
+            num_additional_image_tokens=1,
+            image_token=IMAGE_TOKEN,
+            chat_template=tokenizer.chat_template,
+        )
         processor.save_pretrained(str(partial))
         for name in ("generation_config.json",):
             if (src / name).exists():
@@ -365,23 +438,35 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
             origin["hub_id"] = source_id
         read = weight_files + tokenizer_files + [src / "config.json"]
         record = {
-            "converter": "qkvqa.generation.llava_convert", "converter_version": CONVERTER_VERSION,
+            "converter": "qkvqa.generation.llava_convert",
+            "converter_version": CONVERTER_VERSION,
             "source": {"path": str(src.resolve()), **origin, "fingerprint": fingerprint(read, src)},
-            "vision_tower": {"path": str(tower.resolve()) if tower is not None else None,
-                             "name": config["mm_vision_tower"],
-                             "weights_from": "checkpoint" if tower_from_checkpoint else "vision_tower_dir",
-                             "fingerprint": (fingerprint(_weight_files(tower) + [vision_config_path, tower /
-                                             "preprocessor_config.json"], tower) if tower is not None else None)},
+            "vision_tower": {
+                "path": str(tower.resolve()) if tower is not None else None,
+                "name": config["mm_vision_tower"],
+                "weights_from": "checkpoint" if tower_from_checkpoint else "vision_tower_dir",
+                "fingerprint": (
+                    fingerprint(_weight_files(tower) + [vision_config_path, tower / "preprocessor_config.json"], tower)
+                    if tower is not None
+                    else None
+                ),
+            },
             "ignored_keys": len(ignored),
-            "image_token": {"token": IMAGE_TOKEN, "id": image_token_id, "source_rows": source_rows,
-                            "rows_added": vocab_size - source_rows},
-            "llava": {"mm_vision_select_layer": config["mm_vision_select_layer"],
-                      "mm_vision_select_feature": select_feature or "patch",
-                      "mm_projector_type": config.get("mm_projector_type"),
-                      "image_aspect_ratio": config.get("image_aspect_ratio"),
-                      "tokenizer_model_max_length": config.get("tokenizer_model_max_length"),
-                      "tokenizer_padding_side": config.get("tokenizer_padding_side"),
-                      "conv_mode": CONV_MODE},
+            "image_token": {
+                "token": IMAGE_TOKEN,
+                "id": image_token_id,
+                "source_rows": source_rows,
+                "rows_added": vocab_size - source_rows,
+            },
+            "llava": {
+                "mm_vision_select_layer": config["mm_vision_select_layer"],
+                "mm_vision_select_feature": select_feature or "patch",
+                "mm_projector_type": config.get("mm_projector_type"),
+                "image_aspect_ratio": config.get("image_aspect_ratio"),
+                "tokenizer_model_max_length": config.get("tokenizer_model_max_length"),
+                "tokenizer_padding_side": config.get("tokenizer_padding_side"),
+                "conv_mode": CONV_MODE,
+            },
             "dropped_config_fields": dropped_fields,
         }
         atomic_write_json(partial / RECORD, record)
@@ -392,8 +477,9 @@ def convert_llava(src: str | os.PathLike, out: str | os.PathLike, vision_tower: 
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    progress(f"wrote {out} (source sha256 {record['source']['fingerprint']['sha256'][:12]}, "
-             f"converter {CONVERTER_VERSION})")
+    progress(
+        f"wrote {out} (source sha256 {record['source']['fingerprint']['sha256'][:12]}, converter {CONVERTER_VERSION})"
+    )
     return record
 
 
@@ -411,9 +497,13 @@ def card_fields(directory: str | os.PathLike) -> Optional[dict]:
     if record is None:
         return None
     source, tower = record.get("source") or {}, record.get("vision_tower") or {}
-    return {"converted_from": source.get("hub_id"), "revision": source.get("revision"),
-            "source_sha256": (source.get("fingerprint") or {}).get("sha256"),
-            "converter_version": record.get("converter_version"),
-            "converter_current": record.get("converter_version") == CONVERTER_VERSION,
-            "vision_tower": tower.get("name"), "vision_tower_weights": tower.get("weights_from"),
-            "vision_tower_sha256": (tower.get("fingerprint") or {}).get("sha256")}
+    return {
+        "converted_from": source.get("hub_id"),
+        "revision": source.get("revision"),
+        "source_sha256": (source.get("fingerprint") or {}).get("sha256"),
+        "converter_version": record.get("converter_version"),
+        "converter_current": record.get("converter_version") == CONVERTER_VERSION,
+        "vision_tower": tower.get("name"),
+        "vision_tower_weights": tower.get("weights_from"),
+        "vision_tower_sha256": (tower.get("fingerprint") or {}).get("sha256"),
+    }

@@ -1,4 +1,5 @@
 """Generator prompts: the paper's appendix prompts (section 6.1-6.5) verbatim, ReflectiVA's answering conversation, custom templates, and the summary prompt."""
+
 from __future__ import annotations
 
 import re
@@ -27,20 +28,23 @@ DOLOMITES_EXAMPLE = (
     "northeastern Italy. The Dolomites are located in the regions of Veneto, Trentino-Alto Adige/Südtirol and "
     "Friuli Venezia Giulia, covering an area shared between the provinces of Belluno, Vicenza, Verona, Trentino, "
     "South Tyrol, Udine and Pordenone. - Question: Which city or region does this mountain locate in? Just "
-    "answer the questions, no explanations needed. Short answer is: Province of Belluno")
+    "answer the questions, no explanations needed. Short answer is: Province of Belluno"
+)
 
 EVQA_LLM_SYSTEM = (
     "Answer the encyclopedic question about the given image. Don’t mention the visual content of image in your "
     "output. Directly output the answer of the question according to the context. You are a helpful assistant "
     "for answering encyclopedic questions. If the context does not contain the information required to answer "
-    "the question, you should answer the question using internal model knowledge.")
+    "the question, you should answer the question using internal model knowledge."
+)
 EVQA_LLM_USER = "- Context: {context} - Question: {question} The answer is:"
 
 EVQA_VLM_SYSTEM = (
     "Answer the encyclopedic question about the given image. Don’t mention the visual content of image in your "
     "output. Directly output the answer of the question according to the context. If the context does not "
     "contain the information required to answer the question, you should answer the question using internal "
-    "model knowledge.")
+    "model knowledge."
+)
 EVQA_VLM_USER = "- Context: {context} - Question: {question} {image} The answer is:"
 
 INFOSEEK_LLM_SYSTEM = (
@@ -49,23 +53,29 @@ INFOSEEK_LLM_SYSTEM = (
     "for answering encyclopedic questions. Do not answer anything else. If you need to answer questions about "
     "numbers or time, please output the corresponding numerical format directly. If the context does not "
     "contain the information required to answer the question, you should answer the question using internal "
-    "model knowledge. " + DOLOMITES_EXAMPLE)
-INFOSEEK_LLM_USER = ("- Context: {context} - Question: {question} Just answer the questions, no explanations "
-                     "needed. Short answer is:")
+    "model knowledge. " + DOLOMITES_EXAMPLE
+)
+INFOSEEK_LLM_USER = (
+    "- Context: {context} - Question: {question} Just answer the questions, no explanations needed. Short answer is:"
+)
 
 INFOSEEK_VLM_SYSTEM = (
     "Answer the encyclopedic question about the given image. Don’t mention the visual content of image in your "
     "output. Directly output the answer of the question according to the context. If you need to answer "
     "questions about numbers or time, please output the corresponding numerical format directly. If the context "
     "does not contain the information required to answer the question, you should answer the question using "
-    "internal model knowledge. " + DOLOMITES_EXAMPLE)
-INFOSEEK_VLM_USER = ("- Context: {context} - Question: {question} {image} Just answer the questions, no "
-                     "explanations needed. Short answer is:")
+    "internal model knowledge. " + DOLOMITES_EXAMPLE
+)
+INFOSEEK_VLM_USER = (
+    "- Context: {context} - Question: {question} {image} Just answer the questions, no "
+    "explanations needed. Short answer is:"
+)
 
 # Appendix 6.5: the MLLM-filtering baseline (paper Table 2), one request per top-ranked article.
 FILTER_SYSTEM = (
     "You are an encyclopedia expert. Given the question, image and candidate article, filter out the information "
-    "in the article that is relevant to answering the question. Do not directly answer the question.")
+    "in the article that is relevant to answering the question. Do not directly answer the question."
+)
 FILTER_USER = "{image} - Question: {question} {candidate_image} - Context: {context}"
 
 # (dataset, generator type) -> (system prompt, user template).
@@ -79,9 +89,10 @@ PAPER_PROMPTS = {
 # Ours (not in the paper): per-article summaries for the image_to_summary index, whose text
 # encoder (EVA-CLIP) reads at most 77 tokens, hence "short".
 DEFAULT_SUMMARY_TEMPLATE = (
-    "Summarize the following Wikipedia article about \"{title}\" in one or two short sentences. Say what it is "
+    'Summarize the following Wikipedia article about "{title}" in one or two short sentences. Say what it is '
     "and name its most distinctive features, including how it looks if the article says so.\n\n{context}\n\n"
-    "Summary:")
+    "Summary:"
+)
 
 FILTER_MERGE_JOINER = "\n"
 
@@ -89,8 +100,10 @@ FILTER_MERGE_JOINER = "\n"
 # `concat_paragraph`, conv mode llama_3_1 of llava/conversation.py): the system prompt of conv_llava_llama_3_1, the
 # user's image and question (IMAGE_TOKEN = "<image>\n\n"), the assistant's "[Retrieval]", then the user's passages,
 # with ". Give a short answer." under --short_prompt, which both release scripts (scripts/ReflectiVA_*.sh) pass.
-REFLECTIVA_SYSTEM = ("You are a helpful language and vision assistant. You are able to understand the visual content "
-                     "that the user provides, and assist the user with a variety of tasks using natural language.")
+REFLECTIVA_SYSTEM = (
+    "You are a helpful language and vision assistant. You are able to understand the visual content "
+    "that the user provides, and assist the user with a variety of tasks using natural language."
+)
 REFLECTIVA_IMAGE_SEPARATOR = "\n\n"
 REFLECTIVA_RETRIEVAL = "[Retrieval]"
 REFLECTIVA_PARAGRAPH = "Consider this paragraph: <paragraph>{context}</paragraph>"
@@ -111,8 +124,9 @@ class Prompt:
     @property
     def images(self) -> list["Image"]:
         """The images of the earlier turns, then of the user message, in order."""
-        return [part for _, parts in self.history for part in parts if not isinstance(part, str)] + \
-            [part for part in self.parts if not isinstance(part, str)]
+        return [part for _, parts in self.history for part in parts if not isinstance(part, str)] + [
+            part for part in self.parts if not isinstance(part, str)
+        ]
 
     def user_text(self) -> str:
         """The user message without its images (what a text-only LLM reads)."""
@@ -126,11 +140,12 @@ class GenerationRequest:
     question: str
     context: str
     image: Optional["Image"] = None
-    dataset: str = "evqa"                 # evqa | infoseek: picks the appendix prompt
+    dataset: str = "evqa"  # evqa | infoseek: picks the appendix prompt
 
 
-def fill_template(template: str, text: Mapping[str, str],
-                  images: Optional[Mapping[str, Optional["Image"]]] = None) -> tuple[Part, ...]:
+def fill_template(
+    template: str, text: Mapping[str, str], images: Optional[Mapping[str, Optional["Image"]]] = None
+) -> tuple[Part, ...]:
     """Substitute `{name}` placeholders in one pass: text values verbatim, images as separate parts.
 
     An image placeholder whose image is None is removed with the spaces before it (or, at the very
@@ -142,7 +157,7 @@ def fill_template(template: str, text: Mapping[str, str],
     parts: list[Part] = []
     buffer, position, strip_next = "", 0, False
     for match in re.finditer(r"\{(" + "|".join(re.escape(n) for n in names) + r")\}", template) if names else ():
-        literal = template[position:match.start()]
+        literal = template[position : match.start()]
         buffer += literal.lstrip(" ") if strip_next else literal
         position, strip_next = match.end(), False
         name = match.group(1)
@@ -185,8 +200,10 @@ def answer_prompt(request: GenerationRequest, generator_type: str, settings: "Ge
     elif settings.prompt == "template":
         template = settings.template
         if not template or "{question}" not in template or "{context}" not in template:
-            raise ConfigError("generation.prompt=template needs generation.template with {question} and {context}; "
-                              f"got {template!r}")
+            raise ConfigError(
+                "generation.prompt=template needs generation.template with {question} and {context}; "
+                f"got {template!r}"
+            )
         system = settings.template_system
         if "{image}" not in template and image is not None:
             return Prompt(system, (image, *fill_template(template, values)))
@@ -200,20 +217,29 @@ def reflectiva_prompt(request: GenerationRequest, short: bool = True) -> Prompt:
     passages (the CDA context), ending where the assistant answers. Without an image the question stands alone."""
     if request.dataset not in DATASETS:
         raise ConfigError(f"request dataset {request.dataset!r} is not one of {', '.join(DATASETS)}")
-    first: tuple[Part, ...] = ((request.image, REFLECTIVA_IMAGE_SEPARATOR + request.question)
-                               if request.image is not None else (request.question,))
+    first: tuple[Part, ...] = (
+        (request.image, REFLECTIVA_IMAGE_SEPARATOR + request.question)
+        if request.image is not None
+        else (request.question,)
+    )
     passages = REFLECTIVA_PARAGRAPH.replace("{context}", request.context) + (REFLECTIVA_SHORT if short else "")
     return Prompt(REFLECTIVA_SYSTEM, (passages,), history=(("user", first), ("assistant", (REFLECTIVA_RETRIEVAL,))))
 
 
 def article_sections_text(article: "ArticleLike") -> str:
     """The article's candidate section strings (no references / external links), joined by newlines."""
-    return "\n".join(section.text for section in
-                     candidate_sections(article.title, article.section_titles, article.section_texts))
+    return "\n".join(
+        section.text for section in candidate_sections(article.title, article.section_titles, article.section_texts)
+    )
 
 
-def filter_prompts(question: str, image: Optional["Image"], articles: Sequence["ArticleLike"],
-                   candidate_images: Optional[Sequence[Optional["Image"]]] = None, top_n: int = 5) -> list[Prompt]:
+def filter_prompts(
+    question: str,
+    image: Optional["Image"],
+    articles: Sequence["ArticleLike"],
+    candidate_images: Optional[Sequence[Optional["Image"]]] = None,
+    top_n: int = 5,
+) -> list[Prompt]:
     """Appendix 6.5 prompts of the MLLM-filtering baseline: one per article among the first `top_n` (ranked order).
 
     `candidate_images[i]` is the image of `articles[i]` (None when it has none); `{ Sections }` is the
@@ -225,9 +251,16 @@ def filter_prompts(question: str, image: Optional["Image"], articles: Sequence["
     prompts = []
     for i, article in enumerate(chosen):
         candidate = candidate_images[i] if candidate_images is not None else None
-        prompts.append(Prompt(FILTER_SYSTEM, fill_template(
-            FILTER_USER, {"question": question, "context": article_sections_text(article)},
-            {"image": image, "candidate_image": candidate})))
+        prompts.append(
+            Prompt(
+                FILTER_SYSTEM,
+                fill_template(
+                    FILTER_USER,
+                    {"question": question, "context": article_sections_text(article)},
+                    {"image": image, "candidate_image": candidate},
+                ),
+            )
+        )
     return prompts
 
 
@@ -242,4 +275,3 @@ def summary_prompt(title: str, context: str, template: Optional[str] = None) -> 
     if "{context}" not in template:
         raise ConfigError(f"generation.summary_template must contain {{context}}; got {template!r}")
     return Prompt(None, fill_template(template, {"title": title, "context": context}))
-

@@ -1,4 +1,5 @@
 """Per-article summaries for the image_to_summary index (`qkvqa summarize`): a resumable JSONL written through the generator."""
+
 from __future__ import annotations
 
 import os
@@ -40,21 +41,31 @@ def read_summaries(path: str | os.PathLike) -> dict[int, str]:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
-        log.warning("%s: dropping an incomplete last line (%d bytes) left by an interrupted run", path,
-                    len(data) - keep)
+        log.warning(
+            "%s: dropping an incomplete last line (%d bytes) left by an interrupted run", path, len(data) - keep
+        )
         with open(path, "r+b") as f:
             f.truncate(keep)
     done: dict[int, str] = {}
     for lineno, row in iter_jsonl(path):
-        if (not isinstance(row, dict) or not isinstance(row.get("row_id"), int)
-                or not isinstance(row.get("url"), str) or not isinstance(row.get("summary"), str)):
-            raise DataError(f"{path}: line {lineno}: expected {{\"row_id\": int, \"url\": str, \"summary\": str}}")
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("row_id"), int)
+            or not isinstance(row.get("url"), str)
+            or not isinstance(row.get("summary"), str)
+        ):
+            raise DataError(f'{path}: line {lineno}: expected {{"row_id": int, "url": str, "summary": str}}')
         done[row["row_id"]] = row["url"]
     return done
 
 
-def summarize_articles(articles: Iterable[KBArticle], generator: "Generator", out_path: str | os.PathLike,
-                       settings: "GenerationConfig", total: Optional[int] = None) -> dict:
+def summarize_articles(
+    articles: Iterable[KBArticle],
+    generator: "Generator",
+    out_path: str | os.PathLike,
+    settings: "GenerationConfig",
+    total: Optional[int] = None,
+) -> dict:
     """Append one `{row_id, url, summary}` line per article not yet in `out_path`; returns counts.
 
     Articles are summarised `settings.batch_size` at a time from their candidate section strings,
@@ -69,9 +80,14 @@ def summarize_articles(articles: Iterable[KBArticle], generator: "Generator", ou
     batch: list[KBArticle] = []
 
     def flush() -> None:
-        prompts = [summary_prompt(a.title, generator.truncate_to_tokens(article_sections_text(a),
-                                                                        settings.summary_context_tokens),
-                                  settings.summary_template) for a in batch]
+        prompts = [
+            summary_prompt(
+                a.title,
+                generator.truncate_to_tokens(article_sections_text(a), settings.summary_context_tokens),
+                settings.summary_template,
+            )
+            for a in batch
+        ]
         summaries = generator.generate_prompts(prompts, max_new_tokens=settings.summary_max_new_tokens)
         append_jsonl(out_path, [{"row_id": a.row_id, "url": a.url, "summary": s} for a, s in zip(batch, summaries)])
         counts["written"] += len(batch)
@@ -80,9 +96,11 @@ def summarize_articles(articles: Iterable[KBArticle], generator: "Generator", ou
     for article in progress(articles, desc="summaries", total=total, unit="article"):
         if article.row_id in done:
             if done[article.row_id] != article.url:
-                raise StaleArtifactError(f"{out_path}: row {article.row_id} holds the summary of "
-                                         f"{done[article.row_id]!r}, but that row of the KB is {article.url!r}; "
-                                         "the file was written for another KB (move it away and rerun)")
+                raise StaleArtifactError(
+                    f"{out_path}: row {article.row_id} holds the summary of "
+                    f"{done[article.row_id]!r}, but that row of the KB is {article.url!r}; "
+                    "the file was written for another KB (move it away and rerun)"
+                )
             counts["skipped"] += 1
             continue
         batch.append(article)

@@ -1,4 +1,5 @@
 """Tiny random LLaVA checkpoints in the original layout (llava_llama + a CLIP tower directory) and their conversion, for tests (kind `reflectiva`)."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,44 @@ from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, LLAMA3_SPECIALS, TINY_TE
 # ReflectiVA's reflective tokens are Llama 3.1's reserved special tokens renamed (RET 128251, REL 128253,
 # <paragraph> 128254, </paragraph> 128255 in its train.py); the tiny tokenizer holds them as added tokens too.
 REFLECTIVE_SPECIALS = ["[No Retrieval]", "[Retrieval]", "[Relevant]", "[Irrelevant]", "<paragraph>", "</paragraph>"]
-TINY_CLIP_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                        image_size=28, patch_size=14, projection_dim=16)
-TINY_CLIP_TEXT = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      vocab_size=64, max_position_embeddings=16, projection_dim=16)
+TINY_CLIP_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    image_size=28,
+    patch_size=14,
+    projection_dim=16,
+)
+TINY_CLIP_TEXT = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    vocab_size=64,
+    max_position_embeddings=16,
+    projection_dim=16,
+)
 # The fields LLaVA's training writes into config.json (ReflectiVA's scripts/train_reflectiva.sh settings).
-LLAVA_FIELDS = dict(mm_vision_tower="openai/clip-vit-large-patch14-336", mm_projector_type="mlp2x_gelu",
-                    mm_vision_select_layer=-2, mm_vision_select_feature="patch", mm_use_im_start_end=False,
-                    mm_use_im_patch_token=False, image_aspect_ratio="pad", mm_patch_merge_type="flat",
-                    tokenizer_model_max_length=4096, tokenizer_padding_side="right", tune_mm_mlp_adapter=False,
-                    freeze_mm_mlp_adapter=False, unfreeze_mm_vision_tower=False, use_mm_proj=True, s2=False,
-                    siglip=False, mm_projector_lr=None)
+LLAVA_FIELDS = dict(
+    mm_vision_tower="openai/clip-vit-large-patch14-336",
+    mm_projector_type="mlp2x_gelu",
+    mm_vision_select_layer=-2,
+    mm_vision_select_feature="patch",
+    mm_use_im_start_end=False,
+    mm_use_im_patch_token=False,
+    image_aspect_ratio="pad",
+    mm_patch_merge_type="flat",
+    tokenizer_model_max_length=4096,
+    tokenizer_padding_side="right",
+    tune_mm_mlp_adapter=False,
+    freeze_mm_mlp_adapter=False,
+    unfreeze_mm_vision_tower=False,
+    use_mm_proj=True,
+    s2=False,
+    siglip=False,
+    mm_projector_lr=None,
+)
 
 
 def write_tiny_clip_tower(out_dir: Path, seed: int = 0) -> Path:
@@ -37,7 +65,8 @@ def write_tiny_clip_tower(out_dir: Path, seed: int = 0) -> Path:
     CLIPModel(config).save_pretrained(str(out_dir))
     size = TINY_CLIP_VISION["image_size"]
     CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size}).save_pretrained(
-        str(out_dir))
+        str(out_dir)
+    )
     return out_dir
 
 
@@ -60,11 +89,13 @@ def write_tiny_llava_source(out_dir: Path, seed: int = 0, saved_tower: bool = Tr
     out_dir.mkdir(parents=True, exist_ok=True)
     bos, eos = LLAMA3_SPECIALS[0], "<|eot_id|>"
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(), bos_token=bos, eos_token=eos)
-    tokenizer.add_special_tokens({"additional_special_tokens": [t for t in LLAMA3_SPECIALS if t != bos]
-                                  + REFLECTIVE_SPECIALS})
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [t for t in LLAMA3_SPECIALS if t != bos] + REFLECTIVE_SPECIALS}
+    )
     bos_id = tokenizer.convert_tokens_to_ids(bos)
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+    )
     tokenizer.chat_template = LLAMA3_CHAT_TEMPLATE
     tokenizer.save_pretrained(str(out_dir))
     eos_ids = tokenizer.convert_tokens_to_ids([eos, "<|end_of_text|>"])
@@ -73,27 +104,44 @@ def write_tiny_llava_source(out_dir: Path, seed: int = 0, saved_tower: bool = Tr
     text = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=bos_id, eos_token_id=eos_ids, **TINY_TEXT)
     language = LlamaForCausalLM(text)
     hidden, vision_hidden = text.hidden_size, TINY_CLIP_VISION["hidden_size"]
-    projector = torch.nn.Sequential(torch.nn.Linear(vision_hidden, hidden), torch.nn.GELU(),
-                                    torch.nn.Linear(hidden, hidden))
+    projector = torch.nn.Sequential(
+        torch.nn.Linear(vision_hidden, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden)
+    )
     state = {k: v.contiguous() for k, v in language.state_dict().items()}
     state.update({f"model.mm_projector.{k}": v.contiguous() for k, v in projector.state_dict().items()})
     if saved_tower:
         vision = CLIPVisionModel(CLIPVisionConfig(**TINY_CLIP_VISION))
-        state.update({f"model.vision_tower.vision_tower.{k}": v.contiguous() for k, v in vision.state_dict().items()
-                      if not k.endswith("position_ids")})
+        state.update(
+            {
+                f"model.vision_tower.vision_tower.{k}": v.contiguous()
+                for k, v in vision.state_dict().items()
+                if not k.endswith("position_ids")
+            }
+        )
     keys = sorted(state)
     first = [k for k in keys if k.startswith("model.layers.0.") or k.startswith("model.embed_tokens")]
-    shards = {"model-00001-of-00002.safetensors": {k: state[k] for k in first},
-              "model-00002-of-00002.safetensors": {k: state[k] for k in keys if k not in first}}
+    shards = {
+        "model-00001-of-00002.safetensors": {k: state[k] for k in first},
+        "model-00002-of-00002.safetensors": {k: state[k] for k in keys if k not in first},
+    }
     for name, tensors in shards.items():
         save_file(tensors, str(out_dir / name), metadata={"format": "pt"})
-    atomic_write_json(out_dir / "model.safetensors.index.json",
-                      {"metadata": {}, "weight_map": {k: n for n, t in shards.items() for k in t}})
-    config = {**text.to_dict(), **LLAVA_FIELDS, "mm_hidden_size": vision_hidden, "model_type": "llava_llama",
-              "architectures": ["LlavaLlamaForCausalLM"], "torch_dtype": "float32"}
+    atomic_write_json(
+        out_dir / "model.safetensors.index.json",
+        {"metadata": {}, "weight_map": {k: n for n, t in shards.items() for k in t}},
+    )
+    config = {
+        **text.to_dict(),
+        **LLAVA_FIELDS,
+        "mm_hidden_size": vision_hidden,
+        "model_type": "llava_llama",
+        "architectures": ["LlavaLlamaForCausalLM"],
+        "torch_dtype": "float32",
+    }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    (out_dir / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}), encoding="utf-8")
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_ids, "do_sample": False}), encoding="utf-8"
+    )
     return out_dir
 
 

@@ -1,4 +1,5 @@
 """The vLLM backend (`generation.backend: vllm`): runs `qkvqa.generation.vllm_worker` with the vLLM environment's interpreter."""
+
 from __future__ import annotations
 
 import collections
@@ -33,11 +34,21 @@ class VLLMRunner:
     generates. Images are written as PNG files into a temporary directory under `work_dir`.
     """
 
-    def __init__(self, python: str, model: str, stop_token_ids: Sequence[int], token_ids, engine_args: dict,
-                 work_dir: Optional[str] = None, offline: bool = True):
+    def __init__(
+        self,
+        python: str,
+        model: str,
+        stop_token_ids: Sequence[int],
+        token_ids,
+        engine_args: dict,
+        work_dir: Optional[str] = None,
+        offline: bool = True,
+    ):
         if not python:
-            raise ConfigError("generation.backend=vllm needs components.generator.options.python: the interpreter "
-                              "of the vLLM environment (see docs/generation.md)")
+            raise ConfigError(
+                "generation.backend=vllm needs components.generator.options.python: the interpreter "
+                "of the vLLM environment (see docs/generation.md)"
+            )
         if not (os.path.isfile(python) and os.access(python, os.X_OK)):
             raise ConfigError(f"components.generator.options.python: {python} is not an executable file")
         self.python = python
@@ -57,9 +68,15 @@ class VLLMRunner:
         pixels = {k: int(options[k]) for k in ("min_pixels", "max_pixels") if k in options}
         if pixels:
             engine_args.setdefault("mm_processor_kwargs", pixels)
-        return cls(python=options.get("python"), model=model, stop_token_ids=chat.stop_token_ids,
-                   token_ids=chat.token_ids, engine_args=engine_args, work_dir=options.get("work_dir"),
-                   offline=not spec.allow_download)
+        return cls(
+            python=options.get("python"),
+            model=model,
+            stop_token_ids=chat.stop_token_ids,
+            token_ids=chat.token_ids,
+            engine_args=engine_args,
+            work_dir=options.get("work_dir"),
+            offline=not spec.allow_download,
+        )
 
     def requests(self, texts: Sequence[str], images: Sequence[Sequence[Any]], image_dir: Path) -> list[dict]:
         """Protocol records for rendered texts; each image is saved as `image_dir/{request}-{k}.png`."""
@@ -74,11 +91,16 @@ class VLLMRunner:
             records.append({"id": i, "prompt": text, "prompt_token_ids": list(self.token_ids(text)), "images": paths})
         return records
 
-    def run(self, texts: Sequence[str], images: Sequence[Sequence[Any]], max_new_tokens: int,
-            batch_size: int) -> list[str]:
+    def run(
+        self, texts: Sequence[str], images: Sequence[Sequence[Any]], max_new_tokens: int, batch_size: int
+    ) -> list[str]:
         """Answers for rendered chat texts; vLLM schedules its own batches, so `batch_size` is not used."""
-        header = {"model": self.model, "max_new_tokens": max_new_tokens, "stop_token_ids": self.stop_token_ids,
-                  "engine_args": self.engine_args}
+        header = {
+            "model": self.model,
+            "max_new_tokens": max_new_tokens,
+            "stop_token_ids": self.stop_token_ids,
+            "engine_args": self.engine_args,
+        }
         if self.work_dir:
             Path(self.work_dir).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="qkvqa-vllm-", dir=self.work_dir) as tmp:
@@ -89,14 +111,16 @@ class VLLMRunner:
 
     def _run_worker(self, requests_path: Path, answers_path: Path) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(source_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(source_root())] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
         if self.offline:
             env.setdefault("HF_HUB_OFFLINE", "1")
         command = [self.python, "-m", WORKER_MODULE, "--in", str(requests_path), "--out", str(answers_path)]
         log.info("vLLM worker: %s", " ".join(command))
         tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as process:
-            for line in process.stderr:          # relayed live (vLLM logs progress there), tail kept for errors
+            for line in process.stderr:  # relayed live (vLLM logs progress there), tail kept for errors
                 sys.stderr.write(line)
                 tail.append(line.rstrip("\n"))
         if process.returncode == EXIT_NO_VLLM:

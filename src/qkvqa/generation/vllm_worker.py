@@ -10,6 +10,7 @@ file paths). A request without images is sent to vLLM as its token ids (the rend
 already holds the bos token), one with images as text plus `multi_modal_data`. Answers file: one
 `{"id", "text"}` per request, in id order, written atomically once everything is generated.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ def _atomic_write_lines(path: str, rows: Iterable[dict]) -> None:
     try:
         mask = os.umask(0)
         os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)               # mkstemp's 0600, as a plain open() would create it
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600, as a plain open() would create it
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -68,7 +69,9 @@ def write_requests(path: str, header: dict, requests: Sequence[dict]) -> None:
         raise ProtocolError(f"request header lacks {missing}")
     for i, request in enumerate(requests):
         if request.get("id") != i or any(k not in request for k in REQUEST_KEYS):
-            raise ProtocolError(f"request {i} must have id {i} and the keys {list(REQUEST_KEYS)}; got {sorted(request)}")
+            raise ProtocolError(
+                f"request {i} must have id {i} and the keys {list(REQUEST_KEYS)}; got {sorted(request)}"
+            )
     _atomic_write_lines(path, [{"qkvqa_vllm": PROTOCOL, **{k: header[k] for k in HEADER_KEYS}}, *requests])
 
 
@@ -76,7 +79,7 @@ def read_requests(path: str) -> tuple[dict, list[dict]]:
     """The header and the requests of a requests file, checked against the protocol."""
     rows = _read_lines(path)
     if not rows or not isinstance(rows[0][1], dict) or rows[0][1].get("qkvqa_vllm") != PROTOCOL:
-        raise ProtocolError(f"{path}: line 1: expected a header with \"qkvqa_vllm\": {PROTOCOL}")
+        raise ProtocolError(f'{path}: line 1: expected a header with "qkvqa_vllm": {PROTOCOL}')
     header = rows[0][1]
     missing = [k for k in HEADER_KEYS if k not in header]
     if missing:
@@ -104,7 +107,7 @@ def read_answers(path: str, expected: int) -> list[str]:
     texts = []
     for i, (lineno, row) in enumerate(rows):
         if not isinstance(row, dict) or row.get("id") != i or not isinstance(row.get("text"), str):
-            raise ProtocolError(f"{path}: line {lineno}: expected {{\"id\": {i}, \"text\": str}}")
+            raise ProtocolError(f'{path}: line {lineno}: expected {{"id": {i}, "text": str}}')
         texts.append(row["text"])
     return texts
 
@@ -115,14 +118,16 @@ def generate(header: dict, requests: Sequence[dict]) -> list[str]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=header["model"], **header["engine_args"])
-    params = SamplingParams(temperature=0.0, max_tokens=int(header["max_new_tokens"]),
-                            stop_token_ids=list(header["stop_token_ids"]))
+    params = SamplingParams(
+        temperature=0.0, max_tokens=int(header["max_new_tokens"]), stop_token_ids=list(header["stop_token_ids"])
+    )
     inputs = []
     for request in requests:
         if request["images"]:
             images = [Image.open(p).convert("RGB") for p in request["images"]]
-            inputs.append({"prompt": request["prompt"],
-                           "multi_modal_data": {"image": images[0] if len(images) == 1 else images}})
+            inputs.append(
+                {"prompt": request["prompt"], "multi_modal_data": {"image": images[0] if len(images) == 1 else images}}
+            )
         else:
             inputs.append({"prompt_token_ids": request["prompt_token_ids"]})
     outputs = llm.generate(inputs, params)
@@ -131,15 +136,19 @@ def generate(header: dict, requests: Sequence[dict]) -> list[str]:
 
 def vllm_missing_message(error: BaseException) -> str:
     """What to tell the user when vLLM cannot be imported by this interpreter."""
-    return (f"vllm cannot be imported by {sys.executable} ({type(error).__name__}: {error}); point "
-            "components.generator.options.python at the interpreter of the vLLM environment described in "
-            "docs/generation.md")
+    return (
+        f"vllm cannot be imported by {sys.executable} ({type(error).__name__}: {error}); point "
+        "components.generator.options.python at the interpreter of the vLLM environment described in "
+        "docs/generation.md"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Read requests, generate with vLLM, write answers; exit 3 without vLLM, 4 on a malformed requests file."""
-    parser = argparse.ArgumentParser(prog="python -m qkvqa.generation.vllm_worker",
-                                     description="Generate greedy answers for a qkvqa requests JSONL with vLLM.")
+    parser = argparse.ArgumentParser(
+        prog="python -m qkvqa.generation.vllm_worker",
+        description="Generate greedy answers for a qkvqa requests JSONL with vLLM.",
+    )
     parser.add_argument("--in", dest="inp", required=True, help="requests JSONL written by qkvqa")
     parser.add_argument("--out", required=True, help="answers JSONL to write")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
 """Read what `qkvqa inspect` shows of a run (its traces, headline metrics, protocol card) and pair two runs."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from qkvqa.errors import ConfigError, DataError
-
 from qkvqa.metrics.analysis import NOT_RETRIEVED, NR_C, NR_W, R1_C, R1_W
 from qkvqa.pipeline.traces import TRACE_VERSION, TRACES
 
-TRACE_VERSIONS = (TRACE_VERSION,)            # the trace versions this page reads
+TRACE_VERSIONS = (TRACE_VERSION,)  # the trace versions this page reads
 # The Table 3 categories of a trace (qkvqa.metrics.analysis.error_category), in the order the page lists them.
 CATEGORIES = (R1_C, R1_W, NR_C, NR_W, NOT_RETRIEVED)
 
@@ -23,8 +23,8 @@ class RunTraces:
     run_dir: Path
     run_id: str
     traces: list[dict]
-    scores: dict = field(default_factory=dict)        # scores.json (empty when absent)
-    status: dict = field(default_factory=dict)        # status.json (empty when absent)
+    scores: dict = field(default_factory=dict)  # scores.json (empty when absent)
+    status: dict = field(default_factory=dict)  # status.json (empty when absent)
 
     @property
     def card(self) -> Optional[dict]:
@@ -59,17 +59,21 @@ def read_traces(path: Path) -> list[dict]:
                 raise DataError(f"{path}: line {lineno}: a trace must be a JSON object")
             version = row.get("trace_version")
             if version not in TRACE_VERSIONS:
-                raise DataError(f"{path}: line {lineno}: field trace_version is {version!r}, this qkvqa reads "
-                                f"{', '.join(map(str, TRACE_VERSIONS))}; upgrade qkvqa, or rerun `qkvqa evaluate`")
+                raise DataError(
+                    f"{path}: line {lineno}: field trace_version is {version!r}, this qkvqa reads "
+                    f"{', '.join(map(str, TRACE_VERSIONS))}; upgrade qkvqa, or rerun `qkvqa evaluate`"
+                )
             data_id = row.get("data_id")
             if not isinstance(data_id, str):
                 raise DataError(f"{path}: line {lineno}: field data_id is missing or not a string")
             if data_id in seen:
-                raise DataError(f"{path}: line {lineno}: field data_id {data_id!r} repeats line {seen[data_id]}; "
-                                "rerun `qkvqa evaluate` with the same run_id to rewrite the traces")
+                raise DataError(
+                    f"{path}: line {lineno}: field data_id {data_id!r} repeats line {seen[data_id]}; "
+                    "rerun `qkvqa evaluate` with the same run_id to rewrite the traces"
+                )
             seen[data_id] = lineno
             traces.append(row)
-    except ValueError as e:                     # iter_jsonl's malformed line or bad bytes, named by file and line
+    except ValueError as e:  # iter_jsonl's malformed line or bad bytes, named by file and line
         if isinstance(e, DataError):
             raise
         raise DataError(str(e)) from None
@@ -80,20 +84,26 @@ def load_run(run_dir: str | Path) -> RunTraces:
     """The traces, scores and status of an evaluation run directory (`checkpoints/<run_id>/`)."""
     run_dir = Path(run_dir).expanduser().resolve()
     if not run_dir.is_dir():
-        raise ConfigError(f"{run_dir}: no such run directory; give an evaluation run's directory, "
-                          "e.g. checkpoints/<run_id>")
+        raise ConfigError(
+            f"{run_dir}: no such run directory; give an evaluation run's directory, e.g. checkpoints/<run_id>"
+        )
     status = _read_json(run_dir / "status.json")
     run_id = status.get("run_id") or run_dir.name
     path = run_dir / TRACES
     if not path.is_file():
         state = status.get("state")
-        why = (f"the run is {state}, not finished" if state and state != "finished"
-               else "the run predates traces or has not finished")
+        why = (
+            f"the run is {state}, not finished"
+            if state and state != "finished"
+            else "the run predates traces or has not finished"
+        )
         if status.get("command") not in (None, "evaluate"):
             why = f"it is a `{status['command']}` run, not an evaluation"
-        raise DataError(f"{path}: missing ({why}); rerun `qkvqa evaluate` with the same experiment and "
-                        f"run_id={run_id} resume=auto (it resumes, answers what is left and writes {TRACES}; a "
-                        f"finished run is only re-scored, as `qkvqa score run {run_dir}` does)")
+        raise DataError(
+            f"{path}: missing ({why}); rerun `qkvqa evaluate` with the same experiment and "
+            f"run_id={run_id} resume=auto (it resumes, answers what is left and writes {TRACES}; a "
+            f"finished run is only re-scored, as `qkvqa score run {run_dir}` does)"
+        )
     traces = read_traces(path)
     if not traces:
         raise DataError(f"{path}: no traces; rerun `qkvqa evaluate` with run_id={run_id} resume=auto")
@@ -103,6 +113,7 @@ def load_run(run_dir: str | Path) -> RunTraces:
 def pair_runs(a: RunTraces, b: RunTraces) -> list[int]:
     """For each of `a`'s traces, the position of the same question in `b`; ConfigError when the two runs evaluated
     different question sets (or datasets / splits), which no flip count could mean anything over."""
+
     def where(run: RunTraces) -> set[tuple]:
         return {(t.get("dataset"), t.get("split")) for t in run.traces}
 
@@ -116,7 +127,8 @@ def pair_runs(a: RunTraces, b: RunTraces) -> list[int]:
             f"differ ({len(only_a)} questions only in {a.run_id}, {len(only_b)} only in {b.run_id}"
             + (f", e.g. {example!r}" if example else "")
             + f"; dataset/split {sorted(map(str, where(a)))} vs {sorted(map(str, where(b)))}); compare two "
-            "evaluations of the same dataset, split and question selection (data.* keys), or inspect each alone")
+            "evaluations of the same dataset, split and question selection (data.* keys), or inspect each alone"
+        )
     position = {q: i for i, q in enumerate(ids_b)}
     return [position[q] for q in ids_a]
 
@@ -124,8 +136,12 @@ def pair_runs(a: RunTraces, b: RunTraces) -> list[int]:
 def flips(a: RunTraces, b: RunTraces) -> dict[str, int]:
     """Questions right in `a` and wrong in `b` and the reverse: the differences of the two correct sets."""
     ca, cb = a.correct_ids(), b.correct_ids()
-    return {"right_to_wrong": len(ca - cb), "wrong_to_right": len(cb - ca), "both_right": len(ca & cb),
-            "both_wrong": len(set(a.ids()) - ca - cb)}
+    return {
+        "right_to_wrong": len(ca - cb),
+        "wrong_to_right": len(cb - ca),
+        "both_right": len(ca & cb),
+        "both_wrong": len(set(a.ids()) - ca - cb),
+    }
 
 
 def headline(run: RunTraces) -> dict[str, Any]:
@@ -134,14 +150,17 @@ def headline(run: RunTraces) -> dict[str, Any]:
     before, after = s.get("recall_before_filter") or {}, s.get("recall_after_filter") or {}
     n = len(run.traces)
     correct = len(run.correct_ids())
-    out = {"questions": n, "correct": correct,
-           "accuracy": s.get("accuracy") if s.get("accuracy") is not None else (100.0 * correct / n if n else None),
-           "skipped": s.get("n_skipped", sum(1 for t in run.traces if t.get("skipped"))),
-           "judge": (s.get("benchmark") or {}).get("label"),
-           "answer in context %": s.get("answer_in_context"),
-           "section R@1": (s.get("section_recall") or {}).get("evidence_section_recall@1")}
+    out = {
+        "questions": n,
+        "correct": correct,
+        "accuracy": s.get("accuracy") if s.get("accuracy") is not None else (100.0 * correct / n if n else None),
+        "skipped": s.get("n_skipped", sum(1 for t in run.traces if t.get("skipped"))),
+        "judge": (s.get("benchmark") or {}).get("label"),
+        "answer in context %": s.get("answer_in_context"),
+        "section R@1": (s.get("section_recall") or {}).get("evidence_section_recall@1"),
+    }
     seen_unseen = (s.get("benchmark") or {}).get("seen_unseen") or {}
-    for name in ("seen", "unseen"):                # E-VQA: gold article also a training question's, or not
+    for name in ("seen", "unseen"):  # E-VQA: gold article also a training question's, or not
         if (seen_unseen.get(name) or {}).get("n"):
             out[f"accuracy {name}"], out[f"n {name}"] = seen_unseen[name]["accuracy"], seen_unseen[name]["n"]
     for k in (1, 5, 10, 20):

@@ -5,6 +5,7 @@ whose `Host` is not 127.0.0.1 / localhost at the served port is refused (DNS reb
 its own thread and a deadline for its whole request, so a client that trickles bytes holds up nobody
 (docs/security.md).
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,8 @@ from typing import Optional
 
 from qkvqa.errors import ConfigError
 
-REQUEST_TIMEOUT_S = 10          # a client whose request is not read within this long is dropped
-MAX_CONNECTIONS = 32            # connections served at once; more wait in the listen queue
+REQUEST_TIMEOUT_S = 10  # a client whose request is not read within this long is dropped
+MAX_CONNECTIONS = 32  # connections served at once; more wait in the listen queue
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -71,12 +72,12 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             return None
         return super().send_head()
 
-    def list_directory(self, path):                       # never reached (directories are not in `allowed`)
+    def list_directory(self, path):  # never reached (directories are not in `allowed`)
         self.send_error(404, "no listings")
         return None
 
-    def log_message(self, format: str, *args) -> None:      # noqa: A002 (http.server's name)
-        pass                                                # one line per shard request would bury the URL
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's name)
+        pass  # one line per shard request would bury the URL
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -105,16 +106,21 @@ def make_server(directory: Path, port: int) -> http.server.HTTPServer:
     owned = site_dir(Path(directory))
     allowed = frozenset(f for f in owned.files() if owned.inside(f) is not None)
     if not allowed:
-        raise ConfigError(f"--serve: {directory} is not an inspect site (no {SITE_MARKER} listing its files); "
-                          "build it with `qkvqa inspect RUN_DIR --out DIR` first")
+        raise ConfigError(
+            f"--serve: {directory} is not an inspect site (no {SITE_MARKER} listing its files); "
+            "build it with `qkvqa inspect RUN_DIR --out DIR` first"
+        )
     holder: list = []
-    handler = functools.partial(_Handler, directory=str(directory), allowed=allowed,
-                                port_of=lambda: holder[0].server_address[1])
+    handler = functools.partial(
+        _Handler, directory=str(directory), allowed=allowed, port_of=lambda: holder[0].server_address[1]
+    )
     try:
         server = _Server(("127.0.0.1", port), handler)
     except OSError as e:
-        raise ConfigError(f"--serve {port}: cannot listen on 127.0.0.1:{port} ({e.strerror}); choose another port, "
-                          "or open the site's index.html directly (file://)") from None
+        raise ConfigError(
+            f"--serve {port}: cannot listen on 127.0.0.1:{port} ({e.strerror}); choose another port, "
+            "or open the site's index.html directly (file://)"
+        ) from None
     holder.append(server)
     return server
 

@@ -5,6 +5,7 @@ script that hands its JSON to a global: `data/meta.js` (the runs' protocol cards
 `data/index.js` (one short array per question: the table's columns) and `data/<a|b>/NNNNN.js` (the full traces of
 `shard_size` questions, loaded when one of them is opened). Layout and page: docs/inspect.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,20 +18,33 @@ from typing import Optional, Sequence
 from qkvqa.inspect.runs import CATEGORIES, RunTraces, flips, headline, load_run, pair_runs
 from qkvqa.inspect.thumbs import make_thumb, thumb_name
 from qkvqa.utils.io import atomic_write_text
-from qkvqa.utils.owned_dir import OwnedDir
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.owned_dir import OwnedDir
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
 
 SHARD_SIZE = 500
-SITE_MARKER = ".qkvqa-inspect-site"   # in a site's folder: the files the last build wrote (and the only ones served)
+SITE_MARKER = ".qkvqa-inspect-site"  # in a site's folder: the files the last build wrote (and the only ones served)
 STATIC = ("index.html", "app.js", "style.css")
-PREDICTION_CHARS = 120          # the table shows this much of a prediction; the question view shows all of it
+PREDICTION_CHARS = 120  # the table shows this much of a prediction; the question view shows all of it
 # index.js: one array per question, in these columns (the b_* ones only in compare mode; ranks 1-based, 0 = absent;
 # correct and aic 1 / 0, -1 when unknown: a run stopped after the filter has no verdict)
-COLUMNS = ("data_id", "question", "type", "split", "correct", "category", "aic", "before", "after", "prediction",
-           "skipped", "score", "gold")      # gold: the reference answers, " | " between alternatives
+COLUMNS = (
+    "data_id",
+    "question",
+    "type",
+    "split",
+    "correct",
+    "category",
+    "aic",
+    "before",
+    "after",
+    "prediction",
+    "skipped",
+    "score",
+    "gold",
+)  # gold: the reference answers, " | " between alternatives
 COMPARE_COLUMNS = ("b_pos", "b_correct", "b_after", "b_prediction")
 
 
@@ -82,25 +96,45 @@ def index_rows(a: RunTraces, b: Optional[RunTraces] = None, pairing: Optional[li
     for i, t in enumerate(a.traces):
         verdict = t.get("verdict") or {}
         rank = t.get("gold_rank") or {}
-        row = [t["data_id"], t.get("question") or "", types(t.get("question_type")), splits(t.get("split")),
-               _flag(verdict.get("correct")) if t.get("verdict") else -1, categories(t.get("category")), _flag(t.get("answer_in_context")),
-               _rank(rank.get("before")), _rank(rank.get("after")), (t.get("prediction") or "")[:PREDICTION_CHARS],
-               int(bool(t.get("skipped"))), verdict.get("score"),
-               " | ".join((t.get("gold") or {}).get("answers") or [])[:PREDICTION_CHARS]]
+        row = [
+            t["data_id"],
+            t.get("question") or "",
+            types(t.get("question_type")),
+            splits(t.get("split")),
+            _flag(verdict.get("correct")) if t.get("verdict") else -1,
+            categories(t.get("category")),
+            _flag(t.get("answer_in_context")),
+            _rank(rank.get("before")),
+            _rank(rank.get("after")),
+            (t.get("prediction") or "")[:PREDICTION_CHARS],
+            int(bool(t.get("skipped"))),
+            verdict.get("score"),
+            " | ".join((t.get("gold") or {}).get("answers") or [])[:PREDICTION_CHARS],
+        ]
         if b is not None and pairing is not None:
             other = b.traces[pairing[i]]
-            row += [pairing[i], _flag(other["verdict"].get("correct")) if other.get("verdict") else -1,
-                    _rank((other.get("gold_rank") or {}).get("after")), (other.get("prediction") or "")[:PREDICTION_CHARS]]
+            row += [
+                pairing[i],
+                _flag(other["verdict"].get("correct")) if other.get("verdict") else -1,
+                _rank((other.get("gold_rank") or {}).get("after")),
+                (other.get("prediction") or "")[:PREDICTION_CHARS],
+            ]
         rows.append(row)
     columns = list(COLUMNS) + (list(COMPARE_COLUMNS) if b is not None else [])
-    return {"columns": columns, "codes": {"type": types.names, "split": splits.names, "category": categories.names},
-            "rows": rows}
+    return {
+        "columns": columns,
+        "codes": {"type": types.names, "split": splits.names, "category": categories.names},
+        "rows": rows,
+    }
 
 
 def _recall_population(traces: Sequence[dict]) -> list[dict]:
     """The questions Recall@K is measured over: those with a gold article, E-VQA two-hop rows left out (Table 4)."""
-    return [t for t in traces if (t.get("gold") or {}).get("urls")
-            and not (t.get("dataset") == "evqa" and t.get("question_type") == "2_hop")]
+    return [
+        t
+        for t in traces
+        if (t.get("gold") or {}).get("urls") and not (t.get("dataset") == "evqa" and t.get("question_type") == "2_hop")
+    ]
 
 
 def recall_curve(traces: Sequence[dict], which: str, k_max: int) -> list[float]:
@@ -108,8 +142,10 @@ def recall_curve(traces: Sequence[dict], which: str, k_max: int) -> list[float]:
     unanswered question or a gold article outside the list is a miss."""
     chosen = _recall_population(traces)
     ranks = [_rank((t.get("gold_rank") or {}).get(which)) for t in chosen]
-    return [round(100.0 * sum(1 for r in ranks if 0 < r <= k) / len(ranks), 3) if ranks else 0.0
-            for k in range(1, k_max + 1)]
+    return [
+        round(100.0 * sum(1 for r in ranks if 0 < r <= k) / len(ranks), 3) if ranks else 0.0
+        for k in range(1, k_max + 1)
+    ]
 
 
 def accuracy_by_type(traces: Sequence[dict]) -> dict[str, dict]:
@@ -131,9 +167,17 @@ def _run_meta(run: RunTraces, shard_size: int) -> dict:
         from qkvqa.pipeline.protocol import comparability_line
 
         line = comparability_line(card)
-    return {"run_id": run.run_id, "run_dir": str(run.run_dir), "state": run.status.get("state"),
-            "finished_at": run.status.get("finished_at"), "headline": headline(run), "card": card,
-            "comparable": line, "questions": len(run.traces), "shards": -(-len(run.traces) // shard_size)}
+    return {
+        "run_id": run.run_id,
+        "run_dir": str(run.run_dir),
+        "state": run.status.get("state"),
+        "finished_at": run.status.get("finished_at"),
+        "headline": headline(run),
+        "card": card,
+        "comparable": line,
+        "questions": len(run.traces),
+        "shards": -(-len(run.traces) // shard_size),
+    }
 
 
 def plots(a: RunTraces, b: Optional[RunTraces]) -> dict:
@@ -151,11 +195,13 @@ def _write_shards(run: RunTraces, key: str, out: Path, shard_size: int, thumbs: 
     written = set()
     for shard, start in enumerate(range(0, len(run.traces), shard_size)):
         rows = []
-        for t in run.traces[start:start + shard_size]:
+        for t in run.traces[start : start + shard_size]:
             rows.append({**t, "_thumb": thumbs.get(t.get("image") or "")})
         path = out / "data" / key / f"{shard:05d}.js"
-        atomic_write_text(path, f"QKVQA.shard({json.dumps(key)},{shard},"
-                                f"{json.dumps(rows, ensure_ascii=False, separators=(',', ':'))});\n")
+        atomic_write_text(
+            path,
+            f"QKVQA.shard({json.dumps(key)},{shard},{json.dumps(rows, ensure_ascii=False, separators=(',', ':'))});\n",
+        )
         written.add(path)
     return written
 
@@ -180,8 +226,12 @@ def default_out(run_dir: Path, compare: Optional[Path] = None) -> Path:
     return run_dir / ("inspect" if compare is None else f"inspect-vs-{compare.name}")
 
 
-def build_site(run_dir: str | Path, out: Optional[str | Path] = None, compare: Optional[str | Path] = None,
-               shard_size: int = SHARD_SIZE) -> Site:
+def build_site(
+    run_dir: str | Path,
+    out: Optional[str | Path] = None,
+    compare: Optional[str | Path] = None,
+    shard_size: int = SHARD_SIZE,
+) -> Site:
     """Write the static site of `run_dir` (compared with the run `compare`) into `out` (default: `default_out`)."""
     from qkvqa.errors import ConfigError
 
@@ -193,7 +243,7 @@ def build_site(run_dir: str | Path, out: Optional[str | Path] = None, compare: O
     pairing = pair_runs(a, b) if b is not None else None
     out = Path(out).expanduser().resolve() if out else default_out(a.run_dir, b.run_dir if b else None)
     owned = site_dir(out)
-    previous = owned.claim()                     # a folder of the user's is refused before anything is written
+    previous = owned.claim()  # a folder of the user's is refused before anything is written
     runs = [a] + ([b] if b is not None else [])
     thumbs = _make_thumbs(runs, out)
     keep = {out / "thumbs" / name for name in thumbs.values() if name}
@@ -201,8 +251,15 @@ def build_site(run_dir: str | Path, out: Optional[str | Path] = None, compare: O
     if b is not None:
         keep |= _write_shards(b, "b", out, shard_size, thumbs)
     counts = flips(a, b) if b is not None else None
-    meta = {"site_version": 1, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "shard_size": shard_size,
-            "compare": b is not None, "runs": {"a": _run_meta(a, shard_size)}, "plots": plots(a, b), "flips": counts}
+    meta = {
+        "site_version": 1,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "shard_size": shard_size,
+        "compare": b is not None,
+        "runs": {"a": _run_meta(a, shard_size)},
+        "plots": plots(a, b),
+        "flips": counts,
+    }
     if b is not None:
         meta["runs"]["b"] = _run_meta(b, shard_size)
     keep |= {out / "data" / "meta.js", out / "data" / "index.js"}
@@ -214,9 +271,15 @@ def build_site(run_dir: str | Path, out: Optional[str | Path] = None, compare: O
     keep |= {out / name for name in STATIC}
     written = {str(path.relative_to(out)) for path in keep}
     owned.record(written)
-    owned.remove_old(previous, written)          # shards and thumbnails of an earlier build not written again
-    site = Site(out, out / "index.html", len(a.traces), sum(1 for p in keep if p.parent.parent.name == "data"
-                                                             and p.parent.parent.parent == out),
-                sum(1 for n in set(thumbs.values()) if n), time.perf_counter() - start, counts)
+    owned.remove_old(previous, written)  # shards and thumbnails of an earlier build not written again
+    site = Site(
+        out,
+        out / "index.html",
+        len(a.traces),
+        sum(1 for p in keep if p.parent.parent.name == "data" and p.parent.parent.parent == out),
+        sum(1 for n in set(thumbs.values()) if n),
+        time.perf_counter() - start,
+        counts,
+    )
     log.info("inspect site of %d questions in %.1f s: %s", site.questions, site.seconds, site.index_html)
     return site

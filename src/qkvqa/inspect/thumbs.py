@@ -1,4 +1,5 @@
 """Small JPEG thumbnails of the query images for the inspect site, made once per image file version."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +12,7 @@ from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-THUMB_PX = 320          # the longer side of a thumbnail
+THUMB_PX = 320  # the longer side of a thumbnail
 QUALITY = 82
 
 
@@ -40,8 +41,8 @@ def make_thumb(image: str, target: Path, px: int = THUMB_PX) -> bool:
 
     try:
         with Image.open(image) as img:
-            img.draft("RGB", (px, px))                  # JPEG: decode at a reduced scale, much faster
-            thumb = to_rgb(img)                         # EXIF orientation, 16-bit and alpha as the models see them
+            img.draft("RGB", (px, px))  # JPEG: decode at a reduced scale, much faster
+            thumb = to_rgb(img)  # EXIF orientation, 16-bit and alpha as the models see them
             thumb.thumbnail((px, px))
     except (OSError, UnidentifiedImageError, ValueError) as e:
         log.warning("no thumbnail for %s: %s", image, e)

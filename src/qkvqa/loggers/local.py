@@ -1,4 +1,5 @@
 """A Lightning logger that appends every logged metric to the run record's metrics.csv."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
@@ -24,10 +25,10 @@ class RunRecordLogger(Logger):
         # not replay). The replayed rows are written again and the older copies dropped: at the first row and at the
         # end (`RunRecord.compact_metrics`), so (step, name) stays unique in the finished file.
         self._compact_pending = resumed
-        self._resumed = False                      # set once the resumed run logged (and compacted) its first row
+        self._resumed = False  # set once the resumed run logged (and compacted) its first row
         self._last: dict[str, float] = {}
         self._step: Optional[int] = None
-        self._written: dict[str, float] = {}       # what this step already wrote: (step, name) stays unique
+        self._written: dict[str, float] = {}  # what this step already wrote: (step, name) stays unique
 
     @property
     def name(self) -> str:
@@ -62,7 +63,7 @@ class RunRecordLogger(Logger):
             self.record.compact_metrics()
             self._resumed = True
         step = step if step is not None else -1
-        if step != self._step:                     # Lightning repeats e.g. `epoch` in each call of one step
+        if step != self._step:  # Lightning repeats e.g. `epoch` in each call of one step
             self._step, self._written = step, {}
         clean = {k: v for k, v in clean.items() if self._written.get(k) != v}
         self._written.update(clean)
@@ -77,7 +78,11 @@ class RunRecordLogger(Logger):
         if self._resumed:
             dropped = self.record.compact_metrics()
             if dropped:
-                log.info("%s: %d rows the stopped run had logged after its last save were logged again (the same "
-                         "steps, replayed); the older copies are dropped", self.record.metrics_path, dropped)
+                log.info(
+                    "%s: %d rows the stopped run had logged after its last save were logged again (the same "
+                    "steps, replayed); the older copies are dropped",
+                    self.record.metrics_path,
+                    dropped,
+                )
         if self._last:
             self.record.update_summary(self._last)

@@ -2,6 +2,7 @@
 
 `run` is the run's `qkvqa.run.rundir.RunContext` (run_id, run_dir, is_rank_zero, launched_by_sweep), which the job and
 trainer of `qkvqa.run` pass in: the loggers sit below them and import nothing of `qkvqa.run`."""
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,10 @@ def compact_config(plain: Any) -> Any:
     """The config as W&B (and `qkvqa compare`) show it: BULK_KEYS and lists longer than MAX_LIST_ITEMS replaced by
     "<N items: see config.yaml>"; every other value, with its type, unchanged."""
     if isinstance(plain, dict):
-        return {k: (_stand_in(v) if k in BULK_KEYS and isinstance(v, (list, tuple)) else compact_config(v))
-                for k, v in plain.items()}
+        return {
+            k: (_stand_in(v) if k in BULK_KEYS and isinstance(v, (list, tuple)) else compact_config(v))
+            for k, v in plain.items()
+        }
     if isinstance(plain, (list, tuple)):
         return _stand_in(plain) if len(plain) > MAX_LIST_ITEMS else [compact_config(v) for v in plain]
     return plain
@@ -63,11 +66,20 @@ def run_settings(cfg: DictConfig, run: Any, command: str) -> dict:
     tags (joined with logger.wandb.tags), the compact config, the run directory, the mode."""
     wcfg = cfg.logger.wandb
     tags = list(dict.fromkeys([*wcfg.tags, *cfg.tags])) or None
-    kwargs: dict = dict(project=wcfg.project, entity=wcfg.entity, group=wcfg.group, tags=tags, notes=cfg.notes or None,
-                        job_type=job_type(command), name=run.run_id, mode=wandb_mode(cfg),
-                        config=compact_config(to_plain(cfg)), resume="allow")
+    kwargs: dict = dict(
+        project=wcfg.project,
+        entity=wcfg.entity,
+        group=wcfg.group,
+        tags=tags,
+        notes=cfg.notes or None,
+        job_type=job_type(command),
+        name=run.run_id,
+        mode=wandb_mode(cfg),
+        config=compact_config(to_plain(cfg)),
+        resume="allow",
+    )
     if not run.launched_by_sweep:
-        kwargs["id"] = run.run_id      # under a sweep the agent's run id is used (and equals run_id)
+        kwargs["id"] = run.run_id  # under a sweep the agent's run id is used (and equals run_id)
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
@@ -78,7 +90,7 @@ def make_wandb_logger(cfg: DictConfig, run: Any, command: str = "train"):
     from lightning.pytorch.loggers import WandbLogger
 
     finish_active_run()
-    if run.is_rank_zero:                # other ranks only join the record rank zero writes
+    if run.is_rank_zero:  # other ranks only join the record rank zero writes
         run.run_dir.mkdir(parents=True, exist_ok=True)
     logger = _tolerant(WandbLogger)(save_dir=str(run.run_dir), log_model=False, **run_settings(cfg, run, command))
     # Lightning 2.6.6 always passes anonymous=None to wandb.init, which W&B 0.31 answers with "The anonymous setting
@@ -132,8 +144,11 @@ def _tolerant(base: type) -> type:
             current = int(getattr(self.experiment, "step", 0) or 0)
             if step < current:
                 if not self._skipped_steps:
-                    log.info("W&B: this run already has steps up to %d (the attempt before this resume); steps "
-                             "below it are not logged to W&B again (metrics.csv has them)", current - 1)
+                    log.info(
+                        "W&B: this run already has steps up to %d (the attempt before this resume); steps "
+                        "below it are not logged to W&B again (metrics.csv has them)",
+                        current - 1,
+                    )
                 self._skipped_steps += 1
                 return
             self.experiment.log({**metrics, "trainer/global_step": step}, step=step)
@@ -143,11 +158,12 @@ def _tolerant(base: type) -> type:
                 return None
             try:
                 return fn(*args, **kwargs)
-            except Exception as e:                   # the service died or the network went: never fail the run
+            except Exception as e:  # the service died or the network went: never fail the run
                 stop_is_not_a_wandb_failure(e)
                 self._broken = True
-                log.warning("W&B stopped (%s: %s); the local run record in %s goes on", type(e).__name__, e,
-                            self.save_dir)
+                log.warning(
+                    "W&B stopped (%s: %s); the local run record in %s goes on", type(e).__name__, e, self.save_dir
+                )
                 return None
 
         def log_hyperparams(self, *args, **kwargs):
@@ -194,7 +210,7 @@ def log_run_files(run_dir: str | os.PathLike) -> list[str]:
     run_dir = Path(run_dir)
     saved = []
     try:
-        summary = run_dir / RUN_FILES[0]                # the run record's summary.json (qkvqa.run.record)
+        summary = run_dir / RUN_FILES[0]  # the run record's summary.json (qkvqa.run.record)
         run.summary.update(relative_paths(read_json(summary) if summary.exists() else {}, run_dir))
         for name in RUN_FILES:
             if (run_dir / name).is_file():
@@ -204,7 +220,7 @@ def log_run_files(run_dir: str | os.PathLike) -> list[str]:
                 shutil.copyfile(run_dir / name, copy)
                 run.save(str(copy), base_path=str(run.dir), policy="now")
                 saved.append(name)
-    except Exception as e:                           # a dead W&B service must not fail a finished job
+    except Exception as e:  # a dead W&B service must not fail a finished job
         stop_is_not_a_wandb_failure(e)
         log.warning("W&B: could not save the run files (%s: %s); they are in %s", type(e).__name__, e, run_dir)
     return saved
@@ -223,6 +239,7 @@ def relative_paths(summary: dict, run_dir: str | os.PathLike) -> dict:
             if path == root or path.startswith(root + os.sep):
                 return os.path.relpath(path, root)
         return value
+
     return rel(summary)
 
 
@@ -235,8 +252,12 @@ OWN_RUN_COMMANDS = ("embed", "index build", "mine", "rerank", "retrieve", "cache
 def job_run(cfg: DictConfig, run: Any, command: str) -> Iterator[None]:
     """A W&B run around a non-Lightning job (OWN_RUN_COMMANDS) on rank zero, finished with its exit status; nothing
     for other commands or with W&B disabled. A W&B failure is one warning: the job and its record go on."""
-    if command not in OWN_RUN_COMMANDS or not run.is_rank_zero or not cfg.logger.wandb.enabled \
-            or wandb_mode(cfg) == "disabled":
+    if (
+        command not in OWN_RUN_COMMANDS
+        or not run.is_rank_zero
+        or not cfg.logger.wandb.enabled
+        or wandb_mode(cfg) == "disabled"
+    ):
         yield
         return
     import wandb
@@ -247,10 +268,14 @@ def job_run(cfg: DictConfig, run: Any, command: str) -> Iterator[None]:
     except Exception as e:
         from qkvqa.utils.stop_signals import stop_signal_received
 
-        if stop_signal_received() is not None:       # the stop arrived during init (whatever init made of it)
+        if stop_signal_received() is not None:  # the stop arrived during init (whatever init made of it)
             raise
-        log.warning("W&B: could not start the run (%s: %s); the local run record in %s goes on", type(e).__name__, e,
-                    run.run_dir)
+        log.warning(
+            "W&B: could not start the run (%s: %s); the local run record in %s goes on",
+            type(e).__name__,
+            e,
+            run.run_dir,
+        )
         yield
         return
     failed = True
@@ -262,13 +287,21 @@ def job_run(cfg: DictConfig, run: Any, command: str) -> Iterator[None]:
             if not failed:
                 log_run_files(run.run_dir)
             wrun.finish(exit_code=1 if failed else 0)
-        except Exception as e:                       # a dead W&B service must not fail a finished job
+        except Exception as e:  # a dead W&B service must not fail a finished job
             stop_is_not_a_wandb_failure(e)
             log.warning("W&B: could not finish the run (%s: %s)", type(e).__name__, e)
 
 
-TABLE_COLUMNS = ["id", "question", "gold_answer", "prediction", "correct", "gold_rank_before_filter",
-                 "gold_rank_after_filter", "context_tokens"]
+TABLE_COLUMNS = [
+    "id",
+    "question",
+    "gold_answer",
+    "prediction",
+    "correct",
+    "gold_rank_before_filter",
+    "gold_rank_after_filter",
+    "context_tokens",
+]
 # From the question's trace (traces.jsonl), after TABLE_COLUMNS: its Table 3 cell, whether a reference answer is in
 # the context, the articles CDA kept (titles), and the best-scored selected chunk's text.
 TRACE_COLUMNS = ["category", "answer_in_context", "kept_articles", "top_chunk"]
@@ -288,12 +321,21 @@ def trace_cells(trace: Optional[dict]) -> list:
     titles = {a["url"]: a["title"] or a["url"] for a in (trace.get("filter") or {}).get("articles", [])}
     selected = [c for c in cda.get("chunks", []) if c["selected"]]
     top = max(selected, key=lambda c: c["score"] if c["score"] is not None else float("-inf"), default=None)
-    return [trace.get("category"), trace.get("answer_in_context"),
-            " | ".join(titles.get(url, url) for url in cda.get("kept", [])) or None, top["text"] if top else None]
+    return [
+        trace.get("category"),
+        trace.get("answer_in_context"),
+        " | ".join(titles.get(url, url) for url in cda.get("kept", [])) or None,
+        top["text"] if top else None,
+    ]
 
 
-def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict,
-                           traces: Optional[Sequence[dict]] = None) -> list[list]:
+def predictions_table_rows(
+    rows: Sequence[dict],
+    questions: Sequence[Any],
+    retrieved: dict,
+    correct: dict,
+    traces: Optional[Sequence[dict]] = None,
+) -> list[list]:
     """One row per question of the split, in TABLE_COLUMNS order (a skipped question: empty prediction, the reason in
     `prediction`, its correctness as scored), then with `traces` the TRACE_COLUMNS of each question's trace."""
     by_id = {r["data_id"]: r for r in rows}
@@ -301,7 +343,7 @@ def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retri
     out = []
     for q in questions:
         row = by_id.get(q.data_id, {})
-        if q.reference is not None:                  # InfoSeek: the official answer_eval list (or numeric range)
+        if q.reference is not None:  # InfoSeek: the official answer_eval list (or numeric range)
             gold = q.reference.answer_eval
             gold = " | ".join(map(str, gold)) if isinstance(gold, list) else str(gold)
         else:
@@ -311,20 +353,28 @@ def predictions_table_rows(rows: Sequence[dict], questions: Sequence[Any], retri
         if row.get("skipped"):
             prediction = f"<skipped: {row['skipped']}>"
         trace = trace_of.get(q.data_id) if trace_of is not None else None
-        if trace is not None:       # the trace's ranks (stage 1 cut at the filter's top-K), as qkvqa inspect shows them
+        if trace is not None:  # the trace's ranks (stage 1 cut at the filter's top-K), as qkvqa inspect shows them
             ranks = [trace["gold_rank"]["before"], trace["gold_rank"]["after"]]
         else:
-            ranks = [gold_rank(before.urls if before is not None else [], q.gold_urls),
-                     gold_rank([a["url"] for a in row.get("ranking") or []], q.gold_urls) if row else None]
+            ranks = [
+                gold_rank(before.urls if before is not None else [], q.gold_urls),
+                gold_rank([a["url"] for a in row.get("ranking") or []], q.gold_urls) if row else None,
+            ]
         out.append([q.data_id, q.question, gold, prediction, correct.get(q.data_id), *ranks, row.get("context_tokens")])
         if trace_of is not None:
             out[-1].extend(trace_cells(trace))
     return out
 
 
-def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrieved: dict, correct: dict,
-                          images: Any = None, key: str = "eval/predictions",
-                          traces: Optional[Sequence[dict]] = None) -> bool:
+def log_predictions_table(
+    rows: Sequence[dict],
+    questions: Sequence[Any],
+    retrieved: dict,
+    correct: dict,
+    images: Any = None,
+    key: str = "eval/predictions",
+    traces: Optional[Sequence[dict]] = None,
+) -> bool:
     """Log the per-question results of an evaluation as a wandb.Table into the active run (rank zero); with `traces`
     (traces.jsonl's rows) the TRACE_COLUMNS too, with `images` (the benchmark's image loader) a last column of query
     images. False when no W&B run is active."""
@@ -341,15 +391,16 @@ def log_predictions_table(rows: Sequence[dict], questions: Sequence[Any], retrie
                 image = images.load(q.dataset_name, q.image_id)
                 values.append(wandb.Image(image) if image is not None else None)
         run.log({key: wandb.Table(columns=columns, data=data)})
-    except Exception as e:                           # a dead W&B service must not fail a finished evaluation
+    except Exception as e:  # a dead W&B service must not fail a finished evaluation
         stop_is_not_a_wandb_failure(e)
         log.warning("W&B: could not log %s (%s: %s); predictions.jsonl has every row", key, type(e).__name__, e)
         return False
     return True
 
 
-def log_sweep_run(spec: Any, sweep_dir: str | os.PathLike, table: Any, counts: dict,
-                  trial_cfg: Optional[DictConfig] = None) -> bool:
+def log_sweep_run(
+    spec: Any, sweep_dir: str | os.PathLike, table: Any, counts: dict, trial_cfg: Optional[DictConfig] = None
+) -> bool:
     """The W&B run of a local sweep (job_type sweep, id and group the sweep's name, files under
     `<sweep_dir>/wandb/`): the sweep file as its config, the comparison as the `sweep/trials` table, the trial counts
     and the best trial in its summary. Its trials are runs of their own command's job_type in the same group.
@@ -367,26 +418,50 @@ def log_sweep_run(spec: Any, sweep_dir: str | os.PathLike, table: Any, counts: d
     finish_active_run()
     if trial_cfg is not None:
         project, entity = trial_cfg.logger.wandb.project, trial_cfg.logger.wandb.entity
-    else:                                            # as the W&B backend's sweep
+    else:  # as the W&B backend's sweep
         project, entity = spec.raw.get("project") or "qkvqa", spec.raw.get("entity")
     summary: dict = {f"trials/{k}": v for k, v in counts.items()}
     best = table.records[0] if table.records and table.metric else None
     if best is not None and best.get("best_value") is not None:
-        summary.update({"best/run_id": best.get("run_id"), "best/value": best.get("best_value"),
-                        "metric": table.metric, "goal": table.goal})
+        summary.update(
+            {
+                "best/run_id": best.get("run_id"),
+                "best/value": best.get("best_value"),
+                "metric": table.metric,
+                "goal": table.goal,
+            }
+        )
     try:
-        run = wandb.init(project=project, entity=entity, id=f"sweep-{spec.name}", name=spec.name, group=spec.name,
-                         job_type="sweep", dir=str(sweep_dir), mode=mode, resume="allow",
-                         config={k: v for k, v in spec.raw.items() if k != "command"} | {"command": spec.command})
+        run = wandb.init(
+            project=project,
+            entity=entity,
+            id=f"sweep-{spec.name}",
+            name=spec.name,
+            group=spec.name,
+            job_type="sweep",
+            dir=str(sweep_dir),
+            mode=mode,
+            resume="allow",
+            config={k: v for k, v in spec.raw.items() if k != "command"} | {"command": spec.command},
+        )
         columns = list(table.columns)
-        run.log({"sweep/trials": wandb.Table(columns=columns, data=[[_table_cell(r.get(c)) for c in columns]
-                                                                    for r in table.records])})
+        run.log(
+            {
+                "sweep/trials": wandb.Table(
+                    columns=columns, data=[[_table_cell(r.get(c)) for c in columns] for r in table.records]
+                )
+            }
+        )
         run.summary.update(summary)
         run.finish()
-    except Exception as e:                           # a dead W&B service must not fail a finished sweep
+    except Exception as e:  # a dead W&B service must not fail a finished sweep
         stop_is_not_a_wandb_failure(e)
-        log.warning("W&B: could not log the sweep run (%s: %s); %s/comparison.csv has every trial",
-                    type(e).__name__, e, sweep_dir)
+        log.warning(
+            "W&B: could not log the sweep run (%s: %s); %s/comparison.csv has every trial",
+            type(e).__name__,
+            e,
+            sweep_dir,
+        )
         return False
     return True
 

@@ -1,4 +1,5 @@
 """Analysis metrics: per-group accuracy, E-VQA hop splits, R1 / R1-C / NR-C (paper Table 3), context lengths."""
+
 from __future__ import annotations
 
 from typing import Hashable, Mapping, Optional, Sequence
@@ -36,8 +37,11 @@ def evqa_hop_accuracy(scores: Sequence[float], question_types: Sequence[str]) ->
         raise DataError(f"{len(scores)} scores but {len(question_types)} question types")
     single = [s for s, t in zip(scores, question_types) if t != TWO_HOP]
     double = [s for s, t in zip(scores, question_types) if t == TWO_HOP]
-    return {"single_hop": accuracy_summary(single), "two_hop": accuracy_summary(double),
-            "all": accuracy_summary(list(scores))}
+    return {
+        "single_hop": accuracy_summary(single),
+        "two_hop": accuracy_summary(double),
+        "all": accuracy_summary(list(scores)),
+    }
 
 
 def seen_unseen_accuracy(scores: Sequence[float], used_in_train: Sequence[Optional[bool]]) -> dict:
@@ -46,9 +50,11 @@ def seen_unseen_accuracy(scores: Sequence[float], used_in_train: Sequence[Option
     `n_unknown`, the questions whose file gives no value (counted in neither row, never guessed)."""
     if len(scores) != len(used_in_train):
         raise DataError(f"{len(scores)} scores but {len(used_in_train)} used-in-train flags")
-    return {"seen": accuracy_summary([s for s, u in zip(scores, used_in_train) if u is True]),
-            "unseen": accuracy_summary([s for s, u in zip(scores, used_in_train) if u is False]),
-            "n_unknown": sum(1 for u in used_in_train if u is None)}
+    return {
+        "seen": accuracy_summary([s for s, u in zip(scores, used_in_train) if u is True]),
+        "unseen": accuracy_summary([s for s, u in zip(scores, used_in_train) if u is False]),
+        "n_unknown": sum(1 for u in used_in_train if u is None),
+    }
 
 
 def error_analysis(gold_at_top1: Mapping[str, bool], scores: Mapping[str, float]) -> dict:
@@ -64,16 +70,20 @@ def error_analysis(gold_at_top1: Mapping[str, bool], scores: Mapping[str, float]
     if gold_at_top1.keys() != scores.keys():
         only_rank = sorted(gold_at_top1.keys() - scores.keys())
         only_score = sorted(scores.keys() - gold_at_top1.keys())
-        raise DataError(f"error analysis needs the same question ids on both sides: {len(only_rank)} only with "
-                        f"retrieval ranks (first: {only_rank[:5]}), {len(only_score)} only with scores "
-                        f"(first: {only_score[:5]})")
+        raise DataError(
+            f"error analysis needs the same question ids on both sides: {len(only_rank)} only with "
+            f"retrieval ranks (first: {only_rank[:5]}), {len(only_score)} only with scores "
+            f"(first: {only_score[:5]})"
+        )
     n = len(scores)
     top1 = [qid for qid, hit in gold_at_top1.items() if hit]
     rest = [qid for qid, hit in gold_at_top1.items() if not hit]
     correct_top1 = float(sum(scores[qid] for qid in top1))
     correct_rest = float(sum(scores[qid] for qid in rest))
     return {
-        "n": n, "n_top1": len(top1), "n_not_top1": len(rest),
+        "n": n,
+        "n_top1": len(top1),
+        "n_not_top1": len(rest),
         "r1": _percent(len(top1), n),
         "r1_c": _percent(correct_top1, len(top1)),
         "nr_c": _percent(correct_rest, n),
@@ -102,5 +112,9 @@ def context_length_stats(lengths: Sequence[float]) -> dict:
     if len(lengths) == 0:
         return {"n": 0, "mean": None, "median": None, "p95": None}
     values = np.asarray(lengths, dtype=np.float64)
-    return {"n": int(values.size), "mean": float(values.mean()), "median": float(np.median(values)),
-            "p95": float(np.percentile(values, 95))}
+    return {
+        "n": int(values.size),
+        "mean": float(values.mean()),
+        "median": float(np.median(values)),
+        "p95": float(np.percentile(values, 95)),
+    }

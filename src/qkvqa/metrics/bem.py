@@ -12,6 +12,7 @@ from the end of the longest segment until the input fits, counts every truncated
 `truncated_count` and logs a warning with the count. No input is ever truncated silently.
 Every result is a "BEM (PyTorch reproduction)": no public PyTorch checkpoint reproduces TF-Hub BEM.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,11 +32,18 @@ APPROXIMATE_LABEL = f"{BEM_LABEL}, approximate: segment ids 0/1 (model has fewer
 OFFICIAL_MAX_LENGTH = 512
 OVERFLOW_POLICIES = ("raise", "truncate")
 # models.md section 8; three token types so that the official 0/1/2 segment path is what tests exercise.
-TINY_BEM = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=512, num_labels=2, type_vocab_size=3)
+TINY_BEM = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=512,
+    num_labels=2,
+    type_vocab_size=3,
+)
 OPTIONS = {"batch_size", "overflow", "vocab_texts", "seed", "type_vocab_size", "max_position_embeddings"}
 
-Triple = tuple[str, str, str]   # (question, reference, candidate), the order of `equivalent`'s arguments
+Triple = tuple[str, str, str]  # (question, reference, candidate), the order of `equivalent`'s arguments
 
 
 class BemJudge:
@@ -54,8 +62,11 @@ class BemJudge:
         self.label = BEM_LABEL if self.three_segments else APPROXIMATE_LABEL
         self.truncated_count = 0
         if not self.three_segments:
-            log.warning("BEM model has type_vocab_size=%d < 3: the question gets segment id 1, not 2; results are "
-                        "labelled %r", model.config.type_vocab_size, self.label)
+            log.warning(
+                "BEM model has type_vocab_size=%d < 3: the question gets segment id 1, not 2; results are labelled %r",
+                model.config.type_vocab_size,
+                self.label,
+            )
 
     def _token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Wordpiece ids of each text on its own; `[SEP]` written in an answer stays text, as in tf-text."""
@@ -72,7 +83,8 @@ class BemJudge:
             raise DataError(
                 f"BEM input {index} has {excess + self.max_length} tokens (candidate {len(segments[0])}, reference "
                 f"{len(segments[1])}, question {len(segments[2])}, 4 special) > {self.max_length}; the official BEM "
-                "fails here. Shorten the answer or build the judge with options.overflow: truncate")
+                "fails here. Shorten the answer or build the judge with options.overflow: truncate"
+            )
         segments = [list(s) for s in segments]
         for _ in range(excess):
             max(segments, key=len).pop()
@@ -86,16 +98,23 @@ class BemJudge:
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         truncated_before = self.truncated_count
         encoded = []
-        for index, segments in enumerate(zip(self._token_ids(candidates), self._token_ids(references),
-                                             self._token_ids(questions))):
+        for index, segments in enumerate(
+            zip(self._token_ids(candidates), self._token_ids(references), self._token_ids(questions))
+        ):
             candidate, reference, question = self._fit(list(segments), index)
             input_ids = [cls, *candidate, sep, *reference, sep, *question, sep]
-            token_types = ([0] * (len(candidate) + 2) + [1] * (len(reference) + 1)
-                           + [question_type] * (len(question) + 1))
+            token_types = (
+                [0] * (len(candidate) + 2) + [1] * (len(reference) + 1) + [question_type] * (len(question) + 1)
+            )
             encoded.append((input_ids, token_types))
         if self.truncated_count > truncated_before:
-            log.warning("BEM: truncated %d of %d inputs to %d tokens (%d truncated so far)",
-                        self.truncated_count - truncated_before, len(encoded), self.max_length, self.truncated_count)
+            log.warning(
+                "BEM: truncated %d of %d inputs to %d tokens (%d truncated so far)",
+                self.truncated_count - truncated_before,
+                len(encoded),
+                self.max_length,
+                self.truncated_count,
+            )
         return encoded
 
     def collate(self, encoded: Sequence[tuple[list[int], list[int]]]) -> dict:
@@ -108,9 +127,9 @@ class BemJudge:
         token_type_ids = torch.zeros((len(encoded), width), dtype=torch.long)
         attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
         for row, (ids, types) in enumerate(encoded):
-            input_ids[row, :len(ids)] = torch.tensor(ids)
-            token_type_ids[row, :len(types)] = torch.tensor(types)
-            attention_mask[row, :len(ids)] = 1
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            token_type_ids[row, : len(types)] = torch.tensor(types)
+            attention_mask[row, : len(ids)] = 1
         return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
     def score_batch(self, triples: Sequence[Triple]) -> list[float]:
@@ -127,7 +146,7 @@ class BemJudge:
         batches = progress(starts, desc="BEM", unit="batch") if len(starts) >= 10 else starts
         with torch.inference_mode():
             for start in batches:
-                chunk = order[start:start + self.batch_size]
+                chunk = order[start : start + self.batch_size]
                 batch = {k: v.to(self.device) for k, v in self.collate([encoded[i] for i in chunk]).items()}
                 probabilities = torch.softmax(self.model(**batch).logits.float(), dim=-1)[:, 1].cpu().tolist()
                 for i, p in zip(chunk, probabilities):
@@ -164,8 +183,10 @@ def write_tiny_bem(out_dir: Path, texts: Sequence[str] = (), seed: int = 0, **ov
 def _check_tokenizer_files(path: str) -> None:
     directory = Path(path)
     if directory.is_dir() and not any((directory / f).exists() for f in ("vocab.txt", "tokenizer.json")):
-        raise MissingWeightsError(f"component 'bem': {path} has no tokenizer (vocab.txt or tokenizer.json); save the "
-                                  "tokenizer beside the model (`tokenizer.save_pretrained(dir)`)")
+        raise MissingWeightsError(
+            f"component 'bem': {path} has no tokenizer (vocab.txt or tokenizer.json); save the "
+            "tokenizer beside the model (`tokenizer.save_pretrained(dir)`)"
+        )
 
 
 @register_component("bem")
@@ -182,22 +203,33 @@ def build_bem(spec: ComponentSpec) -> BemJudge:
     if unknown:
         raise ConfigError(f"component 'bem': unknown option(s) {sorted(unknown)}; valid: {sorted(OPTIONS)}")
     if spec.tiny:
-        overrides = {k: int(spec.options[k]) for k in ("type_vocab_size", "max_position_embeddings")
-                     if k in spec.options}
-        path = str(tiny_model(spec, write_tiny_bem, spec.options.get("vocab_texts", ()),
-                              int(spec.options.get("seed", 0)), **overrides))
+        overrides = {
+            k: int(spec.options[k]) for k in ("type_vocab_size", "max_position_embeddings") if k in spec.options
+        }
+        path = str(
+            tiny_model(
+                spec, write_tiny_bem, spec.options.get("vocab_texts", ()), int(spec.options.get("seed", 0)), **overrides
+            )
+        )
         local_only = True
     else:
         path = resolve_pretrained(spec)
         local_only = not spec.allow_download
         _check_tokenizer_files(path)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=spec.torch_dtype(),
-                                                               local_files_only=local_only)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=spec.torch_dtype(), local_files_only=local_only
+    )
     if model.config.num_labels != 2:
-        raise ConfigError(f"component 'bem': {path} has {model.config.num_labels} labels; BEM needs 2 "
-                          "(not equivalent, equivalent)")
-    judge = BemJudge(model, tokenizer, spec.torch_device(), int(spec.options.get("batch_size", 32)),
-                     spec.options.get("overflow", "raise"))
+        raise ConfigError(
+            f"component 'bem': {path} has {model.config.num_labels} labels; BEM needs 2 (not equivalent, equivalent)"
+        )
+    judge = BemJudge(
+        model,
+        tokenizer,
+        spec.torch_device(),
+        int(spec.options.get("batch_size", 32)),
+        spec.options.get("overflow", "raise"),
+    )
     log.info("BEM judge from %s on %s: %s", "a tiny random model" if spec.tiny else path, judge.device, judge.label)
     return judge

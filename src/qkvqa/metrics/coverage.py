@@ -1,4 +1,5 @@
 """Coverage of a prediction file against its reference ids: missing, unknown and duplicate ids."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -42,9 +43,11 @@ def is_complete(report: dict) -> bool:
 def describe(report: dict) -> str:
     """One line naming each coverage problem with its count and its first few ids."""
     parts = []
-    for kind, count_key, ids_key in (("missing", "n_missing", "missing_ids"),
-                                     ("unknown", "n_unknown", "unknown_ids"),
-                                     ("duplicated", "n_duplicated_ids", "duplicated_ids")):
+    for kind, count_key, ids_key in (
+        ("missing", "n_missing", "missing_ids"),
+        ("unknown", "n_unknown", "unknown_ids"),
+        ("duplicated", "n_duplicated_ids", "duplicated_ids"),
+    ):
         if report[count_key]:
             more = ", ..." if report[count_key] > len(report[ids_key]) else ""
             parts.append(f"{report[count_key]} {kind} id(s) ({', '.join(report[ids_key])}{more})")

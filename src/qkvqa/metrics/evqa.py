@@ -6,6 +6,7 @@ unknown question type) qkvqa raises a DataError (a ValueError) naming the proble
 `evaluate` scores many questions joined with their predictions by data_id, reports coverage and
 labels the result "EM only" or with the judge's label (e.g. "BEM (PyTorch reproduction)").
 """
+
 from __future__ import annotations
 
 import re
@@ -21,39 +22,109 @@ QUESTION_TYPES = ("templated", "automatic", "multi_answer", "2_hop")
 MULTI_ANSWER = "multi_answer"
 # The official BEM input builder also treats these names as multi-answer (they never pass evaluate_example).
 BEM_MULTI_ANSWER_TYPES = frozenset({"multi_answer", "list", "multianswer"})
-BEM_THRESHOLD = 0.5     # BEM probability of "equivalent" >= 0.5 counts as correct (inclusive)
+BEM_THRESHOLD = 0.5  # BEM probability of "equivalent" >= 0.5 counts as correct (inclusive)
 
 EM_ONLY = "EM only"
 EXTRA_ID_PREFIX = "<extra_id_0> "
-DELETED_CHARACTERS = frozenset(string.punctuation + "\u2018\u2019\u00b4`_")   # + left/right quote, acute accent
+DELETED_CHARACTERS = frozenset(string.punctuation + "\u2018\u2019\u00b4`_")  # + left/right quote, acute accent
 ARTICLES = re.compile(r"\b(the answer is|a|an|the)\b")
 
 DIGIT_WORDS = {
-    "none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
-    "seven": "7", "eight": "8", "nine": "9", "ten": "10",
-    "entailment": "yes", "true": "yes", "contradiction": "no", "false": "no",
+    "none": "0",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+    "entailment": "yes",
+    "true": "yes",
+    "contradiction": "no",
+    "false": "no",
 }
 
 # The VQAv2 contraction table, restricted to the keys that can match: the official table also has keys
 # with an apostrophe (`let's`, `somebody'd`, ...) or a capital (`Im`, `Ive`, `Id've`, ...), which never
 # match because preprocessing lower-cases the text and deletes apostrophes before the lookup.
 CONTRACTIONS = {
-    "aint": "ain't", "arent": "aren't", "cant": "can't", "couldve": "could've", "couldnt": "couldn't",
-    "didnt": "didn't", "doesnt": "doesn't", "dont": "don't", "hadnt": "hadn't", "hasnt": "hasn't",
-    "havent": "haven't", "hed": "he'd", "hes": "he's", "howd": "how'd", "howll": "how'll", "hows": "how's",
-    "isnt": "isn't", "itd": "it'd", "itll": "it'll", "maam": "ma'am", "mightnt": "mightn't",
-    "mightve": "might've", "mustnt": "mustn't", "mustve": "must've", "neednt": "needn't", "notve": "not've",
-    "oclock": "o'clock", "oughtnt": "oughtn't", "shant": "shan't", "shouldve": "should've",
-    "shouldnt": "shouldn't", "somebodyll": "somebody'll", "somebodys": "somebody's", "someoned": "someone'd",
-    "someonell": "someone'll", "someones": "someone's", "somethingd": "something'd",
-    "somethingll": "something'll", "thats": "that's", "thered": "there'd", "therere": "there're",
-    "theres": "there's", "theyd": "they'd", "theyll": "they'll", "theyre": "they're", "theyve": "they've",
-    "twas": "'twas", "wasnt": "wasn't", "weve": "we've", "werent": "weren't", "whatll": "what'll",
-    "whatre": "what're", "whats": "what's", "whatve": "what've", "whens": "when's", "whered": "where'd",
-    "wheres": "where's", "whereve": "where've", "whod": "who'd", "wholl": "who'll", "whos": "who's",
-    "whove": "who've", "whyll": "why'll", "whyre": "why're", "whys": "why's", "wont": "won't",
-    "wouldve": "would've", "wouldnt": "wouldn't", "yall": "y'all", "youd": "you'd", "youll": "you'll",
-    "youre": "you're", "youve": "you've",
+    "aint": "ain't",
+    "arent": "aren't",
+    "cant": "can't",
+    "couldve": "could've",
+    "couldnt": "couldn't",
+    "didnt": "didn't",
+    "doesnt": "doesn't",
+    "dont": "don't",
+    "hadnt": "hadn't",
+    "hasnt": "hasn't",
+    "havent": "haven't",
+    "hed": "he'd",
+    "hes": "he's",
+    "howd": "how'd",
+    "howll": "how'll",
+    "hows": "how's",
+    "isnt": "isn't",
+    "itd": "it'd",
+    "itll": "it'll",
+    "maam": "ma'am",
+    "mightnt": "mightn't",
+    "mightve": "might've",
+    "mustnt": "mustn't",
+    "mustve": "must've",
+    "neednt": "needn't",
+    "notve": "not've",
+    "oclock": "o'clock",
+    "oughtnt": "oughtn't",
+    "shant": "shan't",
+    "shouldve": "should've",
+    "shouldnt": "shouldn't",
+    "somebodyll": "somebody'll",
+    "somebodys": "somebody's",
+    "someoned": "someone'd",
+    "someonell": "someone'll",
+    "someones": "someone's",
+    "somethingd": "something'd",
+    "somethingll": "something'll",
+    "thats": "that's",
+    "thered": "there'd",
+    "therere": "there're",
+    "theres": "there's",
+    "theyd": "they'd",
+    "theyll": "they'll",
+    "theyre": "they're",
+    "theyve": "they've",
+    "twas": "'twas",
+    "wasnt": "wasn't",
+    "weve": "we've",
+    "werent": "weren't",
+    "whatll": "what'll",
+    "whatre": "what're",
+    "whats": "what's",
+    "whatve": "what've",
+    "whens": "when's",
+    "whered": "where'd",
+    "wheres": "where's",
+    "whereve": "where've",
+    "whod": "who'd",
+    "wholl": "who'll",
+    "whos": "who's",
+    "whove": "who've",
+    "whyll": "why'll",
+    "whyre": "why're",
+    "whys": "why's",
+    "wont": "won't",
+    "wouldve": "would've",
+    "wouldnt": "wouldn't",
+    "yall": "y'all",
+    "youd": "you'd",
+    "youll": "you'll",
+    "youre": "you're",
+    "youve": "you've",
 }
 
 
@@ -114,8 +185,10 @@ def bem_reference(reference: str, question_type: str) -> str:
 
 def _validate_reference(reference: Any, question_type: Any) -> None:
     if not isinstance(reference, str) or reference == "":
-        raise DataError(f"empty or non-str reference {reference!r} (an answer field like 'Paris|' has an empty "
-                        "alternative); the official scorer raises for the whole question")
+        raise DataError(
+            f"empty or non-str reference {reference!r} (an answer field like 'Paris|' has an empty "
+            "alternative); the official scorer raises for the whole question"
+        )
     if question_type not in QUESTION_TYPES:
         raise DataError(f"unknown question_type {question_type!r}; expected one of {list(QUESTION_TYPES)}")
 
@@ -136,8 +209,9 @@ def _em_matches(reference_list: Sequence[str], candidate: str, question_type: st
     return matches
 
 
-def evaluate_example(question: str, reference_list: Sequence[str], candidate: str, question_type: str,
-                     bem: Optional[AnswerJudge] = None) -> float:
+def evaluate_example(
+    question: str, reference_list: Sequence[str], candidate: str, question_type: str, bem: Optional[AnswerJudge] = None
+) -> float:
     """1.0 or 0.0 for one question: max over references of EM, else BEM >= 0.5 (`bem=None`: EM only).
 
     Every reference is validated even when an earlier one matches, as in the official loop. BEM
@@ -148,8 +222,12 @@ def evaluate_example(question: str, reference_list: Sequence[str], candidate: st
         return 1.0
     if bem is None:
         return 0.0
-    return float(any(bem.equivalent(question, bem_reference(reference, question_type), candidate) >= BEM_THRESHOLD
-                     for reference in reference_list))
+    return float(
+        any(
+            bem.equivalent(question, bem_reference(reference, question_type), candidate) >= BEM_THRESHOLD
+            for reference in reference_list
+        )
+    )
 
 
 def judge_label(bem: Optional[AnswerJudge]) -> str:
@@ -163,8 +241,9 @@ def score_examples(examples: Sequence[Mapping[str, Any]], bem: Optional[AnswerJu
     return score_examples_with_references(examples, bem)[0]
 
 
-def score_examples_with_references(examples: Sequence[Mapping[str, Any]],
-                                   bem: Optional[AnswerJudge] = None) -> tuple[list[float], list[list[dict]]]:
+def score_examples_with_references(
+    examples: Sequence[Mapping[str, Any]], bem: Optional[AnswerJudge] = None
+) -> tuple[list[float], list[list[dict]]]:
     """`score_examples`, plus each example's `[{answer, em, bem}]` per reference: `em` the official EM, `bem` the
     judge's P(equivalent), None where the judge was not asked (an EM pass, or no judge)."""
     scores: list[float] = []
@@ -178,12 +257,18 @@ def score_examples_with_references(examples: Sequence[Mapping[str, Any]],
             raise DataError(f"data_id {data_id}: {e}") from None
         matched = any(matches)
         scores.append(1.0 if matched else 0.0)
-        references.append([{"answer": reference, "em": em, "bem": None}
-                           for reference, em in zip(example["reference_list"], matches)])
+        references.append(
+            [{"answer": reference, "em": em, "bem": None} for reference, em in zip(example["reference_list"], matches)]
+        )
         if not matched and bem is not None:
-            pending.extend((index, position, (example["question"], bem_reference(reference, example["question_type"]),
-                                              example["candidate"]))
-                           for position, reference in enumerate(example["reference_list"]))
+            pending.extend(
+                (
+                    index,
+                    position,
+                    (example["question"], bem_reference(reference, example["question_type"]), example["candidate"]),
+                )
+                for position, reference in enumerate(example["reference_list"])
+            )
     if pending:
         probabilities = bem.score_batch([triple for _, _, triple in pending])
         for (index, position, _), probability in zip(pending, probabilities):
@@ -201,14 +286,16 @@ def _load_questions(questions: Rows) -> dict[str, dict]:
         if qid in by_id:
             raise DataError(f"{where}: data_id {qid} appears twice in the questions")
         answer = field(row, "answer", where)
-        by_id[qid] = {"question": field(row, "question", where),
-                      "reference_list": answer.split("|") if isinstance(answer, str) else answer,
-                      "question_type": field(row, "question_type", where),
-                      "used_in_train": _used_in_train(row.get(USED_IN_TRAIN), where)}
+        by_id[qid] = {
+            "question": field(row, "question", where),
+            "reference_list": answer.split("|") if isinstance(answer, str) else answer,
+            "question_type": field(row, "question_type", where),
+            "used_in_train": _used_in_train(row.get(USED_IN_TRAIN), where),
+        }
     return by_id
 
 
-USED_IN_TRAIN = "wikipedia_url_used_in_train"      # optional question field: the release's True / False
+USED_IN_TRAIN = "wikipedia_url_used_in_train"  # optional question field: the release's True / False
 
 
 def _used_in_train(value: Any, where: str) -> Optional[bool]:
@@ -235,8 +322,9 @@ def evaluate(predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = No
     return evaluate_with_details(predictions, questions, bem, strict)[0]
 
 
-def evaluate_with_details(predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = None,
-                          strict: bool = False) -> tuple[dict, list[dict]]:
+def evaluate_with_details(
+    predictions: Rows, questions: Rows, bem: Optional[AnswerJudge] = None, strict: bool = False
+) -> tuple[dict, list[dict]]:
     """`evaluate`, plus one `{data_id, question_type, score, references}` row per scored question (`references`:
     `[{answer, em, bem}]` per reference answer, as `score_examples_with_references`; em and bem None when skipped)."""
     by_id = _load_questions(questions)
@@ -245,22 +333,33 @@ def evaluate_with_details(predictions: Rows, questions: Rows, bem: Optional[Answ
     coverage = coverage_report(prediction_ids, by_id)
     check_coverage(coverage, "E-VQA", strict)
 
-    latest = {qid: (field(row, "prediction", where), is_skipped(row))
-              for (where, row), qid in zip(prediction_rows, prediction_ids) if qid in by_id}
+    latest = {
+        qid: (field(row, "prediction", where), is_skipped(row))
+        for (where, row), qid in zip(prediction_rows, prediction_ids)
+        if qid in by_id
+    }
     examples = [{"data_id": qid, "candidate": candidate, **by_id[qid]} for qid, (candidate, _) in latest.items()]
     skipped = [skip for _, skip in latest.values()]
-    judged_scores, judged_references = score_examples_with_references([e for e, skip in zip(examples, skipped)
-                                                                      if not skip], bem)
+    judged_scores, judged_references = score_examples_with_references(
+        [e for e, skip in zip(examples, skipped) if not skip], bem
+    )
     judged, per_reference = iter(judged_scores), iter(judged_references)
     scores = [0.0 if skip else next(judged) for skip in skipped]
-    references = [[{"answer": r, "em": None, "bem": None} for r in example["reference_list"]] if skip
-                  else next(per_reference) for example, skip in zip(examples, skipped)]
+    references = [
+        [{"answer": r, "em": None, "bem": None} for r in example["reference_list"]] if skip else next(per_reference)
+        for example, skip in zip(examples, skipped)
+    ]
     coverage["n_skipped"] = sum(skipped)
     types = [example["question_type"] for example in examples]
-    summary = {"label": judge_label(bem), **evqa_hop_accuracy(scores, types),
-               "per_question_type": grouped_accuracy(scores, types),
-               "seen_unseen": seen_unseen_accuracy(scores, [example["used_in_train"] for example in examples]),
-               "coverage": coverage}
-    details = [{"data_id": example["data_id"], "question_type": example["question_type"], "score": score,
-                "references": refs} for example, score, refs in zip(examples, scores, references)]
+    summary = {
+        "label": judge_label(bem),
+        **evqa_hop_accuracy(scores, types),
+        "per_question_type": grouped_accuracy(scores, types),
+        "seen_unseen": seen_unseen_accuracy(scores, [example["used_in_train"] for example in examples]),
+        "coverage": coverage,
+    }
+    details = [
+        {"data_id": example["data_id"], "question_type": example["question_type"], "score": score, "references": refs}
+        for example, score, refs in zip(examples, scores, references)
+    ]
     return summary, details

@@ -4,6 +4,7 @@ Where the official code raises (a reference id missing from the question-type fi
 prediction, an empty `answer_eval`, a malformed numerical range) qkvqa raises too: a DataError, which
 is a ValueError, naming the problem and the data_id when known. Nothing is folded silently into a score.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,10 +24,10 @@ ARTICLES = re.compile(r"\b(a|an|the)\b")
 # A number as the official parser finds it; `\d` is Unicode-aware (Arabic-Indic and full-width digits count).
 NUMBER = re.compile(r"[-+]?[.]?\d+(?:,\d\d\d)*[.]?\d*(?:[eE][-+]?\d+)?")
 
-IOU_THRESHOLD = 0.5 - 1e-12      # IoU exactly 0.5 passes
-LENGTH_EPSILON = 1e-12           # added to every interval length in the IoU
-SCALAR_TOLERANCE = 0.1           # only used when the answer is a bare number (never from `evaluate`)
-ZERO_SPLIT = 1e-12               # a split score of 0 enters the harmonic mean as this
+IOU_THRESHOLD = 0.5 - 1e-12  # IoU exactly 0.5 passes
+LENGTH_EPSILON = 1e-12  # added to every interval length in the IoU
+SCALAR_TOLERANCE = 0.1  # only used when the answer is a bare number (never from `evaluate`)
+ZERO_SPLIT = 1e-12  # a split score of 0 enters the harmonic mean as this
 
 TIME, NUMERICAL, STRING = "time", "numerical", "string"
 UNSEEN_QUESTION, UNSEEN_ENTITY = "unseen_question", "unseen_entity"
@@ -84,8 +85,9 @@ def parse_numerical_answer(text: str) -> Number:
     return [0.0, 0.0]
 
 
-def numerical_range_match(prediction: Number, answer: Union[Sequence[float], float],
-                          tolerance: float = SCALAR_TOLERANCE) -> bool:
+def numerical_range_match(
+    prediction: Number, answer: Union[Sequence[float], float], tolerance: float = SCALAR_TOLERANCE
+) -> bool:
     """The official `metric_numerical_range`: relaxed accuracy of a parsed prediction against `[lo, hi]`.
 
     A single number must lie in `[lo, hi]` (inclusive). A range passes when both ends lie in it, or
@@ -219,14 +221,17 @@ def _load_question_types(qtypes: Rows, strict: bool = False) -> dict[str, str]:
     for where, row in load_rows(qtypes, "question types"):
         qid, qtype = field(row, "data_id", where), field(row, "question_type", where)
         if strict and qid in qtype_of and qtype_of[qid] != qtype:
-            raise DataError(f"{where}: data_id {qid}: question_type {qtype!r}, but an earlier line gives "
-                            f"{qtype_of[qid]!r} (--strict refuses a repeated id that disagrees; fix the file)")
+            raise DataError(
+                f"{where}: data_id {qid}: question_type {qtype!r}, but an earlier line gives "
+                f"{qtype_of[qid]!r} (--strict refuses a repeated id that disagrees; fix the file)"
+            )
         qtype_of[qid] = qtype
     return qtype_of
 
 
-def _load_references(references: Rows, qtype_of: dict[str, str],
-                     strict: bool = False) -> tuple[dict[str, tuple], int, list[str]]:
+def _load_references(
+    references: Rows, qtype_of: dict[str, str], strict: bool = False
+) -> tuple[dict[str, tuple], int, list[str]]:
     """data_id -> (prepared answer, split, kind), the last line of a repeated id winning; also the number of
     repeated reference lines and the ids repeated with other answers or splits (`strict`: a DataError naming
     the line). Every reference id must have a question type."""
@@ -250,19 +255,27 @@ def _load_references(references: Rows, qtype_of: dict[str, str],
             repeated += 1
             if prepared[qid] != (answer, split, kind):
                 if strict:
-                    raise DataError(f"{where}: data_id {qid}: repeated with another answer or split than at "
-                                    f"{first_line[qid]} (the official scorer silently keeps the last; --strict "
-                                    "refuses it: fix the file)")
+                    raise DataError(
+                        f"{where}: data_id {qid}: repeated with another answer or split than at "
+                        f"{first_line[qid]} (the official scorer silently keeps the last; --strict "
+                        "refuses it: fix the file)"
+                    )
                 conflicting.append(qid)
         else:
             first_line[qid] = where
         prepared[qid] = (answer, split, kind)
     if without_type:
-        raise DataError(f"{len(without_type)} reference data_id(s) have no entry in the question-type file "
-                        f"(first: {', '.join(without_type[:5])}); the official scorer raises KeyError here")
+        raise DataError(
+            f"{len(without_type)} reference data_id(s) have no entry in the question-type file "
+            f"(first: {', '.join(without_type[:5])}); the official scorer raises KeyError here"
+        )
     if conflicting:
-        log.warning("InfoSeek references: %d data_ids repeat with other answers (first: %s); the last line wins, as "
-                    "in the official scorer (--strict refuses them)", len(conflicting), ", ".join(conflicting[:3]))
+        log.warning(
+            "InfoSeek references: %d data_ids repeat with other answers (first: %s); the last line wins, as "
+            "in the official scorer (--strict refuses them)",
+            len(conflicting),
+            ", ".join(conflicting[:3]),
+        )
     return prepared, repeated, conflicting
 
 
@@ -280,13 +293,15 @@ def evaluate(predictions: Rows, references: Rows, qtypes: Rows, strict: bool = F
     return evaluate_with_details(predictions, references, qtypes, strict)[0]
 
 
-def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
-                          strict: bool = False) -> tuple[dict, list[dict]]:
+def evaluate_with_details(
+    predictions: Rows, references: Rows, qtypes: Rows, strict: bool = False
+) -> tuple[dict, list[dict]]:
     """`evaluate`, plus one `{data_id, split, kind, correct, references}` row per scored prediction in prediction
     order; `references` holds `{answer, em, bem: None}` per accepted answer (Numerical: the stored range, `em` its
     range match), `em` None for a skipped row."""
-    prepared, repeated_references, conflicting = _load_references(references, _load_question_types(qtypes, strict),
-                                                                  strict)
+    prepared, repeated_references, conflicting = _load_references(
+        references, _load_question_types(qtypes, strict), strict
+    )
     prediction_rows = load_rows(predictions, "predictions")
     prediction_ids = [field(row, "data_id", where) for where, row in prediction_rows]
     coverage = coverage_report(prediction_ids, prepared)
@@ -295,8 +310,9 @@ def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
     check_coverage(coverage, "InfoSeek", strict)
 
     details, skipped = [], 0
-    hits: dict[str, dict[str, list[int]]] = {split: {TIME: [], NUMERICAL: [], STRING: []}
-                                             for split in (UNSEEN_QUESTION, UNSEEN_ENTITY)}
+    hits: dict[str, dict[str, list[int]]] = {
+        split: {TIME: [], NUMERICAL: [], STRING: []} for split in (UNSEEN_QUESTION, UNSEEN_ENTITY)
+    }
     for (where, row), qid in zip(prediction_rows, prediction_ids):
         if qid not in prepared:
             continue
@@ -308,8 +324,11 @@ def evaluate_with_details(predictions: Rows, references: Rows, qtypes: Rows,
         correct = int(any(matched for _, matched in matches)) if matches is not None else 0
         skipped += is_skipped(row)
         hits[split][kind].append(correct)
-        references = ([{"answer": a, "em": m, "bem": None} for a, m in matches] if matches is not None else
-                      [{"answer": a, "em": None, "bem": None} for a in _accepted_answers(answer, kind)])
+        references = (
+            [{"answer": a, "em": m, "bem": None} for a, m in matches]
+            if matches is not None
+            else [{"answer": a, "em": None, "bem": None} for a in _accepted_answers(answer, kind)]
+        )
         details.append({"data_id": qid, "split": split, "kind": kind, "correct": correct, "references": references})
 
     result: dict[str, Any] = {}

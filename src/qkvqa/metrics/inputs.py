@@ -1,4 +1,5 @@
 """Scorer inputs given as a JSONL path or as a list of dicts, with errors that name the file, line and field."""
+
 from __future__ import annotations
 
 import os

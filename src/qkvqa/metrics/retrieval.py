@@ -10,6 +10,7 @@ is explicit, `two_hop_policy`:
 - `"first"`: the gold is the first URL (the entity in the image).
 - `"any"`: a hit on either URL counts.
 """
+
 from __future__ import annotations
 
 from typing import Any, Collection, Iterable, Mapping, Optional, Sequence
@@ -50,18 +51,21 @@ def gold_rank(ranked: Sequence[Any], gold: Collection[str]) -> int:
 
 def recall_from_ranks(ranks: Sequence[int], ks: Sequence[int] = DEFAULT_KS) -> dict:
     """`recall@K` in percent from gold ranks (0 = not retrieved); None for every K when there is no query."""
-    return {f"recall@{k}": (100.0 * sum(1 for r in ranks if 0 < r <= k) / len(ranks) if ranks else None)
-            for k in ks}
+    return {f"recall@{k}": (100.0 * sum(1 for r in ranks if 0 < r <= k) / len(ranks) if ranks else None) for k in ks}
 
 
-def recall_at_k(rankings: Mapping[str, Sequence[Any]], gold: Mapping[str, Collection[str]],
-                ks: Sequence[int] = DEFAULT_KS) -> dict:
+def recall_at_k(
+    rankings: Mapping[str, Sequence[Any]], gold: Mapping[str, Collection[str]], ks: Sequence[int] = DEFAULT_KS
+) -> dict:
     """Recall@K over the queries of `gold` (qid -> acceptable URLs); a query absent from `rankings` counts
     as a miss. Rankings of ids that are not in `gold` are ignored and counted."""
     ranks = [gold_rank(rankings.get(qid, ()), urls) for qid, urls in gold.items()]
-    return {**recall_from_ranks(ranks, ks), "n_queries": len(ranks),
-            "n_without_results": sum(1 for qid in gold if not rankings.get(qid)),
-            "n_unknown_rankings": len(rankings.keys() - gold.keys())}
+    return {
+        **recall_from_ranks(ranks, ks),
+        "n_queries": len(ranks),
+        "n_without_results": sum(1 for qid in gold if not rankings.get(qid)),
+        "n_unknown_rankings": len(rankings.keys() - gold.keys()),
+    }
 
 
 def evqa_gold_urls(wikipedia_url: str, question_type: str, two_hop_policy: str) -> Optional[tuple[str, ...]]:
@@ -89,8 +93,12 @@ def evqa_gold(questions: Iterable[Mapping[str, Any]], two_hop_policy: str = "exc
     return gold, excluded
 
 
-def evqa_recall_at_k(rankings: Mapping[str, Sequence[Any]], questions: Iterable[Mapping[str, Any]],
-                     ks: Sequence[int] = DEFAULT_KS, two_hop_policy: str = "exclude") -> dict:
+def evqa_recall_at_k(
+    rankings: Mapping[str, Sequence[Any]],
+    questions: Iterable[Mapping[str, Any]],
+    ks: Sequence[int] = DEFAULT_KS,
+    two_hop_policy: str = "exclude",
+) -> dict:
     """E-VQA Recall@K with the 2_hop policy made explicit; reports the policy and the excluded count."""
     gold, excluded = evqa_gold(questions, two_hop_policy)
     return {**recall_at_k(rankings, gold, ks), "two_hop_policy": two_hop_policy, "n_excluded_two_hop": excluded}
@@ -107,8 +115,9 @@ def best_section_index(section_scores: Sequence[float], section_indices: Optiona
     return int(section_indices[best]) if section_indices is not None else best
 
 
-def evidence_section_recall(top1: Mapping[str, tuple[str, int]], questions: Iterable[Mapping[str, Any]],
-                            two_hop_policy: str = "exclude") -> dict:
+def evidence_section_recall(
+    top1: Mapping[str, tuple[str, int]], questions: Iterable[Mapping[str, Any]], two_hop_policy: str = "exclude"
+) -> dict:
     """Top-1 evidence-section recall (OMGM), in percent: a hit iff the top-1 article is a gold URL and its
     best section is the row's `evidence_section_id` (an index into the unfiltered KB section list).
 
@@ -128,15 +137,19 @@ def evidence_section_recall(top1: Mapping[str, tuple[str, int]], questions: Iter
         per_hop = row.get("evidence_section_ids")
         values = list(per_hop) if per_hop is not None else [row["evidence_section_id"]] * len(urls)
         if len(values) < len(urls):
-            raise DataError(f"data_id {row['data_id']}: {len(urls)} gold URLs but evidence_section_ids "
-                            f"{values!r}")
+            raise DataError(f"data_id {row['data_id']}: {len(urls)} gold URLs but evidence_section_ids {values!r}")
         try:
             evidence = {(url, int(value)) for url, value in zip(urls, values)}
         except (TypeError, ValueError):
-            raise DataError(f"data_id {row['data_id']}: evidence_section_id must be an integer, "
-                            f"got {values!r}") from None
+            raise DataError(
+                f"data_id {row['data_id']}: evidence_section_id must be an integer, got {values!r}"
+            ) from None
         n += 1
         found = top1.get(row["data_id"])
         hits += found is not None and (found[0], int(found[1])) in evidence
-    return {"evidence_section_recall@1": 100.0 * hits / n if n else None, "n_queries": n,
-            "two_hop_policy": two_hop_policy, "n_excluded_two_hop": excluded}
+    return {
+        "evidence_section_recall@1": 100.0 * hits / n if n else None,
+        "n_queries": n,
+        "two_hop_policy": two_hop_policy,
+        "n_excluded_two_hop": excluded,
+    }

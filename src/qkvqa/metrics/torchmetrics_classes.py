@@ -11,6 +11,7 @@ Question keys are int64: dataset indices (ints or an int64 tensor) are used as t
 (`data_id`) are hashed with BLAKE2b to 63 bits, the same on every rank (Python's `hash` is not). Use
 one kind of id per metric.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -119,6 +120,8 @@ def assert_question_ids(metric: QuestionKeyedMetric, expected_ids: Iterable[Unio
     if gathered != expected_by_key.keys():
         missing = [str(expected_by_key[key]) for key in sorted(expected_by_key.keys() - gathered)]
         unexpected = len(gathered - expected_by_key.keys())
-        raise AssertionError(f"{type(metric).__name__}: gathered {len(gathered)} distinct questions, expected "
-                             f"{len(expected_by_key)}: {len(missing)} missing (first: {', '.join(missing[:5])}), "
-                             f"{unexpected} unexpected")
+        raise AssertionError(
+            f"{type(metric).__name__}: gathered {len(gathered)} distinct questions, expected "
+            f"{len(expected_by_key)}: {len(missing)} missing (first: {', '.join(missing[:5])}), "
+            f"{unexpected} unexpected"
+        )

@@ -10,6 +10,7 @@ Validation reports, per question (exactly once under DDP, keyed by data_id):
 reranking the stage-1 top-K with alpha fusion, the gold article comes first; the default monitor)
 and `val/stage1_article_r1` (the same before the QFF).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,23 +51,33 @@ class QFFTrainSettings:
     eps: float = 1.0e-7
     pct_start: float = 0.3
     div_factor: float = 100.0
-    new_block_lr_scale: float = 1.0               # lr multiplier of the new focus blocks and gates
+    new_block_lr_scale: float = 1.0  # lr multiplier of the new focus blocks and gates
     alpha: float = 0.9
     score_direction: str = "question_to_section"
-    schedule_steps: Optional[int] = None          # OneCycle length; None: trainer.estimated_stepping_batches
-    dropout: Optional[float] = None               # probability of every Dropout layer; None keeps the model's
-    vision_fingerprint: Optional[str] = None      # set when the frozen ViT is left out of checkpoints
+    schedule_steps: Optional[int] = None  # OneCycle length; None: trainer.estimated_stepping_batches
+    dropout: Optional[float] = None  # probability of every Dropout layer; None keeps the model's
+    vision_fingerprint: Optional[str] = None  # set when the frozen ViT is left out of checkpoints
 
     @classmethod
     def from_config(cls, qff, vision_fingerprint: Optional[str] = None) -> "QFFTrainSettings":
         """Settings from the `qff:` config section (a DictConfig or QFFConfig)."""
-        return cls(temperature=float(qff.temperature), learnable_temperature=bool(qff.learnable_temperature),
-                   in_batch_negatives=bool(qff.in_batch_negatives), lr=float(qff.lr),
-                   weight_decay=float(qff.weight_decay), betas=(float(qff.betas[0]), float(qff.betas[1])),
-                   eps=float(qff.eps), pct_start=float(qff.pct_start), div_factor=float(qff.div_factor),
-                   new_block_lr_scale=float(qff.new_block_lr_scale),
-                   alpha=float(qff.alpha), score_direction=str(qff.score_direction),
-                   schedule_steps=qff.schedule_steps, dropout=qff.dropout, vision_fingerprint=vision_fingerprint)
+        return cls(
+            temperature=float(qff.temperature),
+            learnable_temperature=bool(qff.learnable_temperature),
+            in_batch_negatives=bool(qff.in_batch_negatives),
+            lr=float(qff.lr),
+            weight_decay=float(qff.weight_decay),
+            betas=(float(qff.betas[0]), float(qff.betas[1])),
+            eps=float(qff.eps),
+            pct_start=float(qff.pct_start),
+            div_factor=float(qff.div_factor),
+            new_block_lr_scale=float(qff.new_block_lr_scale),
+            alpha=float(qff.alpha),
+            score_direction=str(qff.score_direction),
+            schedule_steps=qff.schedule_steps,
+            dropout=qff.dropout,
+            vision_fingerprint=vision_fingerprint,
+        )
 
 
 def freeze_outside_objective(model) -> list[str]:
@@ -87,8 +98,15 @@ def freeze_outside_objective(model) -> list[str]:
 
 def model_architecture(model) -> dict:
     """A `model_spec` that rebuilds `model`'s shape (weights from a checkpoint): base config, focus, gate, switches."""
-    return {"architecture": {"base_config": model.base.config.to_dict(), "focus": model.focus, "gate": model.gate,
-                             "freeze_vit": model.freeze_vit, "gradient_checkpointing": model.gradient_checkpointing}}
+    return {
+        "architecture": {
+            "base_config": model.base.config.to_dict(),
+            "focus": model.focus,
+            "gate": model.gate,
+            "freeze_vit": model.freeze_vit,
+            "gradient_checkpointing": model.gradient_checkpointing,
+        }
+    }
 
 
 def rebuild_model(spec: dict, settings: QFFTrainSettings) -> tuple[nn.Module, Optional[str]]:
@@ -99,21 +117,31 @@ def rebuild_model(spec: dict, settings: QFFTrainSettings) -> tuple[nn.Module, Op
         from qkvqa.qff.vit_cache import vision_fingerprint
 
         component = build_qff_component({**spec["qformer"], "device": "cpu"}, spec.get("qff"))
-        fingerprint = (vision_fingerprint(component.model, component.image_processor)
-                       if settings.vision_fingerprint is not None else None)
+        fingerprint = (
+            vision_fingerprint(component.model, component.image_processor)
+            if settings.vision_fingerprint is not None
+            else None
+        )
         return component.model, fingerprint
     if settings.vision_fingerprint is not None:
-        raise MissingWeightsError("this QFFTrainer checkpoint leaves the frozen ViT out and records no components.qformer "
-                                  "spec to rebuild it from: pass model= (build_qff_component(cfg.components.qformer, "
-                                  "cfg.qff).model) to load_from_checkpoint")
+        raise MissingWeightsError(
+            "this QFFTrainer checkpoint leaves the frozen ViT out and records no components.qformer "
+            "spec to rebuild it from: pass model= (build_qff_component(cfg.components.qformer, "
+            "cfg.qff).model) to load_from_checkpoint"
+        )
     from transformers import Blip2Config, Blip2ForImageTextRetrieval
 
     from qkvqa.qff.model import QFFModel
 
     arch = spec["architecture"]
     base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(arch["base_config"]))
-    return QFFModel(base, focus=arch["focus"], freeze_vit=arch["freeze_vit"], gate=arch["gate"],
-                    gradient_checkpointing=arch["gradient_checkpointing"]), None
+    return QFFModel(
+        base,
+        focus=arch["focus"],
+        freeze_vit=arch["freeze_vit"],
+        gate=arch["gate"],
+        gradient_checkpointing=arch["gradient_checkpointing"],
+    ), None
 
 
 class QFFTrainer(pl.LightningModule):
@@ -139,9 +167,9 @@ class QFFTrainer(pl.LightningModule):
         self.save_hyperparameters({"settings": asdict(settings), "model_spec": model_spec}, logger=False)
         if model is None:
             model, fingerprint = rebuild_model(model_spec, settings)
-            if fingerprint is not None:     # on_load_checkpoint compares it with the checkpoint's
+            if fingerprint is not None:  # on_load_checkpoint compares it with the checkpoint's
                 settings = replace(settings, vision_fingerprint=fingerprint)
-        self.model = model.train()                 # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
+        self.model = model.train()  # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
         self.settings = settings
         freeze_outside_objective(model)
         if settings.dropout is not None:
@@ -177,13 +205,21 @@ class QFFTrainer(pl.LightningModule):
     def encode(self, batch: dict[str, Any]):
         """(question encoding, section tokens `[B, N, Q, D]`, image states) of a contrastive batch."""
         states = self.image_states(batch)
-        question = self.model.encode_question(batch["question"]["input_ids"], batch["question"]["attention_mask"],
-                                              states.index_select(0, batch["question_image_index"]))
+        question = self.model.encode_question(
+            batch["question"]["input_ids"],
+            batch["question"]["attention_mask"],
+            states.index_select(0, batch["question_image_index"]),
+        )
         b, n = batch["size"], batch["num_candidates"]
         question_index = torch.arange(b, device=states.device).repeat_interleave(n)
-        sections = self.model.encode_sections(batch["sections"]["input_ids"], batch["sections"]["attention_mask"],
-                                              states, question, image_index=batch["section_image_index"],
-                                              question_index=question_index)
+        sections = self.model.encode_sections(
+            batch["sections"]["input_ids"],
+            batch["sections"]["attention_mask"],
+            states,
+            question,
+            image_index=batch["section_image_index"],
+            question_index=question_index,
+        )
         return question, sections.view(b, n, *sections.shape[1:]), states
 
     def logits(self, batch: dict[str, Any], question, sections, states) -> torch.Tensor:
@@ -205,8 +241,11 @@ class QFFTrainer(pl.LightningModule):
     def _skip_empty(self, batch: dict[str, Any]) -> Optional[torch.Tensor]:
         """For a batch whose samples were all dropped: None (step skipped), or under DDP a zero loss every rank can reduce."""
         self.empty_batches += 1
-        log.warning("skipping an empty batch (%d samples dropped: %s)", len(batch["dropped"]),
-                    ", ".join(sorted({d["reason"] for d in batch["dropped"]})) or "no samples")
+        log.warning(
+            "skipping an empty batch (%d samples dropped: %s)",
+            len(batch["dropped"]),
+            ", ".join(sorted({d["reason"] for d in batch["dropped"]})) or "no samples",
+        )
         if self.trainer is not None and self.trainer.world_size > 1:
             return sum(p.sum() * 0.0 for p in self.parameters() if p.requires_grad)
         return None
@@ -230,11 +269,16 @@ class QFFTrainer(pl.LightningModule):
             self.log("train/epoch_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=b)
             self.log("train/pos_sim", (logits[:, 0] * self.temperature).mean(), on_step=True, batch_size=b)
             # rates in percent, as val/* and eval/* (docs/training.md)
-            self.log("train/acc1", 100.0 * (logits.argmax(dim=1) == 0).float().mean(), on_step=True, prog_bar=True,
-                     batch_size=b)
+            self.log(
+                "train/acc1",
+                100.0 * (logits.argmax(dim=1) == 0).float().mean(),
+                on_step=True,
+                prog_bar=True,
+                batch_size=b,
+            )
             self.log("train/temperature", self.temperature, on_step=True, batch_size=b)
             gates = self.model.gate_values()
-            if gates is not None:                  # mean |tanh(gate)| and every layer's tanh(gate)
+            if gates is not None:  # mean |tanh(gate)| and every layer's tanh(gate)
                 self.log("train/gate", gates.abs().mean(), on_step=True, batch_size=b)
                 for layer, value in enumerate(gates.tolist() if gates.numel() > 1 else []):
                     self.log(f"train/gate_layer{layer}", value, on_step=True, batch_size=b)
@@ -243,8 +287,12 @@ class QFFTrainer(pl.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         if self._step_started is not None and isinstance(batch, dict) and batch.get("size"):
-            self.log("train/samples_per_s", batch["size"] / max(now - self._step_started, 1e-9), on_step=True,
-                     batch_size=batch["size"])
+            self.log(
+                "train/samples_per_s",
+                batch["size"] / max(now - self._step_started, 1e-9),
+                on_step=True,
+                batch_size=batch["size"],
+            )
         self._step_started = now
 
     def parameter_groups(self) -> list[dict]:
@@ -256,11 +304,16 @@ class QFFTrainer(pl.LightningModule):
         new = {id(p) for p in blocks + gates}
         base = [p for p in self.model.parameters() if p.requires_grad and id(p) not in new]
         scaled = s.lr * s.new_block_lr_scale
-        groups = [{"name": "qformer", "params": base, "lr": s.lr, "weight_decay": s.weight_decay},
-                  {"name": "focus_blocks", "params": [p for p in blocks if p.requires_grad], "lr": scaled,
-                   "weight_decay": s.weight_decay},
-                  {"name": "focus_gates", "params": [p for p in gates if p.requires_grad], "lr": scaled,
-                   "weight_decay": 0.0}]
+        groups = [
+            {"name": "qformer", "params": base, "lr": s.lr, "weight_decay": s.weight_decay},
+            {
+                "name": "focus_blocks",
+                "params": [p for p in blocks if p.requires_grad],
+                "lr": scaled,
+                "weight_decay": s.weight_decay,
+            },
+            {"name": "focus_gates", "params": [p for p in gates if p.requires_grad], "lr": scaled, "weight_decay": 0.0},
+        ]
         if s.learnable_temperature:
             groups.append({"name": "temperature", "params": [self.log_temperature], "lr": s.lr, "weight_decay": 0.0})
         return [g for g in groups if g["params"]]
@@ -269,11 +322,15 @@ class QFFTrainer(pl.LightningModule):
         """Log the L2 norm of all gradients (before clipping) and of the new focus blocks' (zero while a tanh gate is
         still closed)."""
         if not self.trainer._logger_connector.should_update_logs:
-            return                                   # the norms are only logged every log_every_n_steps
+            return  # the norms are only logged every log_every_n_steps
         every = [p.grad.detach() for p in self.parameters() if p.grad is not None]
         if every:
-            self.log("train/grad_norm", torch.nn.utils.get_total_norm(every, foreach=True).float(), on_step=True,
-                     on_epoch=False)
+            self.log(
+                "train/grad_norm",
+                torch.nn.utils.get_total_norm(every, foreach=True).float(),
+                on_step=True,
+                on_epoch=False,
+            )
         blocks, _ = self.model.focus_parameters()
         grads = [p.grad.detach().float().norm() for p in blocks if p.grad is not None]
         if grads:
@@ -284,17 +341,26 @@ class QFFTrainer(pl.LightningModule):
         optimizer = torch.optim.AdamW(self.parameter_groups(), lr=s.lr, betas=tuple(s.betas), eps=s.eps)
         total = int(s.schedule_steps or optimizer_steps(self.trainer))
         if self._resumed_schedule_steps is not None and self._resumed_schedule_steps != total:
-            raise ConfigError(f"the checkpoint's OneCycle schedule spans {self._resumed_schedule_steps} optimizer steps "
-                              f"but this run plans {total}: a resumed run keeps its schedule, so train at most "
-                              f"{self._resumed_schedule_steps} steps (trainer.max_steps) or start a new run "
-                              f"(set qff.schedule_steps up front to plan a schedule longer than one launch)")
+            raise ConfigError(
+                f"the checkpoint's OneCycle schedule spans {self._resumed_schedule_steps} optimizer steps "
+                f"but this run plans {total}: a resumed run keeps its schedule, so train at most "
+                f"{self._resumed_schedule_steps} steps (trainer.max_steps) or start a new run "
+                f"(set qff.schedule_steps up front to plan a schedule longer than one launch)"
+            )
         # cycle_momentum=False keeps AdamW's betas as configured (OneCycle would otherwise cycle beta1).
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
-                                                        total_steps=total,
-                                                        pct_start=s.pct_start, div_factor=s.div_factor,
-                                                        cycle_momentum=False)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer,
+            max_lr=[g["lr"] for g in optimizer.param_groups],
+            total_steps=total,
+            pct_start=s.pct_start,
+            div_factor=s.div_factor,
+            cycle_momentum=False,
+        )
         # LearningRateMonitor logs each group's rate as train/lr/<group name> (qformer, focus_blocks, ...)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
+        }
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -305,8 +371,9 @@ class QFFTrainer(pl.LightningModule):
         self.val_loss.update(batch["data_ids"], self.contrastive_loss(logits, reduction="none"))
         self.val_section_r1.update(batch["data_ids"], (logits.argmax(dim=1) == 0).double())
         if "rerank" in batch:
-            fused_hits, stage1_hits = rerank_hits(self.model, batch["rerank"], question, states,
-                                                  self.settings.score_direction, self.settings.alpha)
+            fused_hits, stage1_hits = rerank_hits(
+                self.model, batch["rerank"], question, states, self.settings.score_direction, self.settings.alpha
+            )
             self.val_article_r1.update(batch["data_ids"], fused_hits)
             self.val_stage1_r1.update(batch["data_ids"], stage1_hits)
 
@@ -315,12 +382,17 @@ class QFFTrainer(pl.LightningModule):
 
         Each value is already the same on every rank (PerQuestionMean gathers before it computes), so the sync
         Lightning asks for is a max over equal values: the value unchanged, exactly (a mean over 3 ranks could round)."""
-        for name, metric, scale in (("val/loss", self.val_loss, 1.0), ("val/section_r1", self.val_section_r1, 100.0),
-                                    ("val/article_r1", self.val_article_r1, 100.0),
-                                    ("val/stage1_article_r1", self.val_stage1_r1, 100.0)):
+        for name, metric, scale in (
+            ("val/loss", self.val_loss, 1.0),
+            ("val/section_r1", self.val_section_r1, 100.0),
+            ("val/article_r1", self.val_article_r1, 100.0),
+            ("val/stage1_article_r1", self.val_stage1_r1, 100.0),
+        ):
             value = metric.compute()
             if not torch.isnan(value):
-                self.log(name, scale * value.float(), prog_bar=name == "val/article_r1", sync_dist=True, reduce_fx="max")
+                self.log(
+                    name, scale * value.float(), prog_bar=name == "val/article_r1", sync_dist=True, reduce_fx="max"
+                )
             metric.reset()
 
     # ------------------------------------------------------------------ checkpoints
@@ -341,14 +413,16 @@ class QFFTrainer(pl.LightningModule):
         if frozen is None:
             return
         if frozen["fingerprint"] != self.settings.vision_fingerprint:
-            raise StaleArtifactError("this checkpoint was trained with another frozen ViT (fingerprint "
-                                     f"{frozen['fingerprint'][:19]}...); resume with the same "
-                                     "components.qformer weights")
+            raise StaleArtifactError(
+                "this checkpoint was trained with another frozen ViT (fingerprint "
+                f"{frozen['fingerprint'][:19]}...); resume with the same "
+                "components.qformer weights"
+            )
         for key, value in self.model.base.vision_model.state_dict().items():
             checkpoint["state_dict"][frozen["prefix"] + key] = value
 
 
-BEST_EXPORT = "qff_best"       # beside RUN/qff (the last weights): the best monitored validation's weights
+BEST_EXPORT = "qff_best"  # beside RUN/qff (the last weights): the best monitored validation's weights
 
 
 class QFFExport(pl.Callback):
@@ -376,27 +450,50 @@ class QFFExport(pl.Callback):
         step = trainer.global_step
         if any(isinstance(cb, LastCheckpoint) and cb.preempted for cb in trainer.callbacks):
             RunRecord(run_dir).update_summary({"qff/checkpoint": None, "qff/step": None})
-            log.warning("stopped at step %d before the end of training: %s not written (these are not the trained "
-                        "QFF's weights); resume the run to finish it, or load the partial weights with "
-                        "qff.checkpoint=%s", step, run_dir / "qff", run_dir / "last.ckpt")
+            log.warning(
+                "stopped at step %d before the end of training: %s not written (these are not the trained "
+                "QFF's weights); resume the run to finish it, or load the partial weights with "
+                "qff.checkpoint=%s",
+                step,
+                run_dir / "qff",
+                run_dir / "last.ckpt",
+            )
             return
         out = self.component.save_pretrained(run_dir / "qff")
-        report = {"samples": self.datamodule.sample_report() if self.datamodule is not None else {},
-                  "dropped_in_batches": pl_module.dropped_samples, "empty_batches": pl_module.empty_batches}
+        report = {
+            "samples": self.datamodule.sample_report() if self.datamodule is not None else {},
+            "dropped_in_batches": pl_module.dropped_samples,
+            "empty_batches": pl_module.empty_batches,
+        }
         atomic_write_json(run_dir / "qff_samples.json", report)
         best = self._export_best(trainer, pl_module, run_dir)
-        RunRecord(run_dir).update_summary({"qff/checkpoint": str(out), "qff/step": step, "qff/weights": "last",
-                                           **best,
-                                           "qff/dropped_in_batches": pl_module.dropped_samples,
-                                           "qff/empty_batches": pl_module.empty_batches,
-                                           **{f"qff/{split}_samples": r["kept"]
-                                              for split, r in report["samples"].items()}})
-        log.info("trained QFF saved to %s: the weights after the last step, %d (the paper's QFF: the end of its "
-                 "schedule); load it with qff.checkpoint=%s", out, step, out)
+        RunRecord(run_dir).update_summary(
+            {
+                "qff/checkpoint": str(out),
+                "qff/step": step,
+                "qff/weights": "last",
+                **best,
+                "qff/dropped_in_batches": pl_module.dropped_samples,
+                "qff/empty_batches": pl_module.empty_batches,
+                **{f"qff/{split}_samples": r["kept"] for split, r in report["samples"].items()},
+            }
+        )
+        log.info(
+            "trained QFF saved to %s: the weights after the last step, %d (the paper's QFF: the end of its "
+            "schedule); load it with qff.checkpoint=%s",
+            out,
+            step,
+            out,
+        )
         if best.get("qff/best_checkpoint"):
-            log.info("the best %s (%.4g, step %d) is saved beside it as %s (qff.checkpoint=%s for those weights)",
-                     best["qff/best_monitor"], best["qff/best_score"], best["qff/best_step"],
-                     best["qff/best_checkpoint"], best["qff/best_checkpoint"])
+            log.info(
+                "the best %s (%.4g, step %d) is saved beside it as %s (qff.checkpoint=%s for those weights)",
+                best["qff/best_monitor"],
+                best["qff/best_score"],
+                best["qff/best_step"],
+                best["qff/best_checkpoint"],
+                best["qff/best_checkpoint"],
+            )
 
     def _export_best(self, trainer: pl.Trainer, pl_module: QFFTrainer, run_dir: Path) -> dict:
         """Write the monitored best checkpoint's weights as RUN/qff_best when it is not the last step's; its summary
@@ -409,16 +506,20 @@ class QFFExport(pl.Callback):
 
         saved = load_torch_checkpoint(path, map_location="cpu", weights_only=True)
         score = ckpt.best_model_score
-        keys = {"qff/best_monitor": ckpt.monitor, "qff/best_score": float(score) if score is not None else None,
-                "qff/best_step": int(saved["global_step"]), "qff/best_model_path": str(path)}
+        keys = {
+            "qff/best_monitor": ckpt.monitor,
+            "qff/best_score": float(score) if score is not None else None,
+            "qff/best_step": int(saved["global_step"]),
+            "qff/best_model_path": str(path),
+        }
         if int(saved["global_step"]) == trainer.global_step:
-            return {**keys, "qff/best_checkpoint": str(run_dir / "qff")}        # the last step was the best
+            return {**keys, "qff/best_checkpoint": str(run_dir / "qff")}  # the last step was the best
         model = self.component.model
-        state = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+        state = {k[len("model.") :]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
         last = {k: v.detach().clone() for k, v in model.state_dict().items() if k in state}
         model.load_state_dict(state, strict=False)
         try:
             out = self.component.save_pretrained(run_dir / BEST_EXPORT)
         finally:
-            model.load_state_dict(last, strict=False)                            # the module keeps the last weights
+            model.load_state_dict(last, strict=False)  # the module keeps the last weights
         return {**keys, "qff/best_checkpoint": str(out)}

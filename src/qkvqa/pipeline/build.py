@@ -1,5 +1,6 @@
 """What an evaluation builds before it predicts: the preflight checks, the article filter, the pipeline
 (filter, CDA selector, generator) and the judge, from a composed config and its benchmark."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -25,12 +26,12 @@ def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
     benchmark.kb_store()
     for name in used_components(cfg):
         spec = spec_from_mapping(OmegaConf.to_container(cfg.components[name], resolve=True))
-        if not spec.tiny and not os.path.isfile(os.path.expanduser(str(spec.pretrained))):   # a .pth loads too
+        if not spec.tiny and not os.path.isfile(os.path.expanduser(str(spec.pretrained))):  # a .pth loads too
             try:
                 resolve_pretrained(spec)
             except MissingWeightsError as e:
                 raise MissingWeightsError(f"components.{name}: {e}") from None
-    return filter_kind(cfg.eval.filter).preflight(cfg, benchmark)   # the filter's own inputs (checkpoint, file)
+    return filter_kind(cfg.eval.filter).preflight(cfg, benchmark)  # the filter's own inputs (checkpoint, file)
 
 
 def build_filter(cfg: DictConfig, benchmark: Any):
@@ -47,10 +48,10 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
 
     if cfg.eval.stop_after not in STOP_AFTER:
         raise ConfigError(f"eval.stop_after must be one of {STOP_AFTER}, got {cfg.eval.stop_after!r}")
-    if cfg.eval.stop_after == "filter":                  # filter-only study: no CDA, no generator loaded
+    if cfg.eval.stop_after == "filter":  # filter-only study: no CDA, no generator loaded
         return KBVQAPipeline(build_filter(cfg, benchmark), None, None, retrieval_seconds)
     generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
-    if cfg.generation.reader == "extractive":            # the demo's: answers from the context, no language model
+    if cfg.generation.reader == "extractive":  # the demo's: answers from the context, no language model
         from qkvqa.generation.tiny import ExtractiveReader
 
         generator = ExtractiveReader(generator)
@@ -60,9 +61,11 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
         selector = MLLMFilterSelector(generator, cfg.generation.filter_top_n, benchmark.article_images())
     elif cfg.eval.context == "cda":
         if needs_section_scores(cfg.cda) and not filter_kind(cfg.eval.filter).section_scores:
-            raise ConfigError(f"cda.top1_section_by={cfg.cda.top1_section_by} picks the section with QFF scores, "
-                              f"which eval.filter={cfg.eval.filter} does not compute; set cda.top1_section_by=bge or "
-                              "eval.filter=qff")
+            raise ConfigError(
+                f"cda.top1_section_by={cfg.cda.top1_section_by} picks the section with QFF scores, "
+                f"which eval.filter={cfg.eval.filter} does not compute; set cda.top1_section_by=bge or "
+                "eval.filter=qff"
+            )
         splitter = build_component(cfg.components.splitter)
         reranker = build_component(cfg.components.reranker) if needs_reranker(cfg.cda) else None
         selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)

@@ -1,4 +1,5 @@
 """`qkvqa evaluate`: stage-1 results, the pipeline over a split with Trainer.predict, strict scoring and report.md."""
+
 from __future__ import annotations
 
 import json
@@ -11,19 +12,21 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig
 
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
+from qkvqa.pipeline.build import build_judge, build_pipeline, preflight
+from qkvqa.pipeline.filters import filter_kind
 from qkvqa.retrieval.results import Retrieved, read_results, write_results
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.stop_signals import interruptible_barrier
-from qkvqa.pipeline.build import build_judge, build_pipeline, preflight
-from qkvqa.pipeline.filters import filter_kind
 
 log = get_logger(__name__)
 RETRIEVAL_FILE = "retrieval.json"
 RETRIEVAL_META = "retrieval_meta.json"
 
 
-def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero: bool) -> tuple[dict[str, Retrieved], dict]:
+def stage1(
+    cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero: bool
+) -> tuple[dict[str, Retrieved], dict]:
     """The split's stage-1 results and their metrics, computed once by rank zero and reused on restart (the answers
     already written used them), refused when the KB store changed since."""
     path, meta_path = run_dir / RETRIEVAL_FILE, run_dir / RETRIEVAL_META
@@ -35,16 +38,25 @@ def stage1(cfg: DictConfig, benchmark: Any, split: str, run_dir: Path, rank_zero
         result = retrieve_split(cfg, split, benchmark=benchmark)
         seconds = (time.perf_counter() - start) / max(len(result.results), 1)
         write_results(path, result.results)
-        atomic_write_json(meta_path, {"seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
-                                      "metrics": result.metrics, "source": cfg.retrieval.results or "in-process",
-                                      "kb_url_checksum": kb, "stage1_text": result.stage1_text})
+        atomic_write_json(
+            meta_path,
+            {
+                "seconds_per_question": 0.0 if cfg.retrieval.results else seconds,
+                "metrics": result.metrics,
+                "source": cfg.retrieval.results or "in-process",
+                "kb_url_checksum": kb,
+                "stage1_text": result.stage1_text,
+            },
+        )
     if not rank_zero:
         _wait_for_rank_zero(meta_path, run_dir, float(cfg.eval.stage1_wait_s))
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("kb_url_checksum", kb) != kb:
-        raise StaleArtifactError(f"{meta_path}: this run's stage-1 results and answers were made over another KB "
-                                 f"(URL checksum {meta['kb_url_checksum']}, the KB store now has {kb}); evaluate "
-                                 "again as a new run (another run_id)")
+        raise StaleArtifactError(
+            f"{meta_path}: this run's stage-1 results and answers were made over another KB "
+            f"(URL checksum {meta['kb_url_checksum']}, the KB store now has {kb}); evaluate "
+            "again as a new run (another run_id)"
+        )
     return read_results(path), meta
 
 
@@ -63,11 +75,14 @@ def _wait_for_rank_zero(path: Path, run_dir: Path, timeout_s: float) -> None:
         # end recorded once this attempt started counts.
         this_attempt = this_attempt or state == "running" or len(status.get("attempts", [])) > attempts
         if state in ("failed", "interrupted") and this_attempt:
-            raise StaleArtifactError(f"{path}: rank zero ended ({state}) before writing the stage-1 results; see "
-                                     f"{run_dir / 'status.json'}")
+            raise StaleArtifactError(
+                f"{path}: rank zero ended ({state}) before writing the stage-1 results; see {run_dir / 'status.json'}"
+            )
         if time.monotonic() > deadline:
-            raise StaleArtifactError(f"{path}: rank zero wrote no stage-1 results within eval.stage1_wait_s="
-                                     f"{timeout_s:g} s; raise it for a long stage 1, or check rank zero's log")
+            raise StaleArtifactError(
+                f"{path}: rank zero wrote no stage-1 results within eval.stage1_wait_s="
+                f"{timeout_s:g} s; raise it for a long stage 1, or check rank zero's log"
+            )
         if time.monotonic() > next_log:
             log.warning("waiting for rank zero's stage-1 results (%s)", path)
             next_log = time.monotonic() + 60
@@ -80,37 +95,51 @@ def caveats(cfg: DictConfig, scores: dict) -> list[str]:
 
     notes = []
     if cfg.eval.stop_after != "filter" and cfg.generation.reader == "extractive":
-        notes.append("Answers come from a tiny extractive reader (generation.reader=extractive), not from "
-                     f"components.generator ({cfg.components.generator.kind}): the span after the linking word of the "
-                     "context sentence that shares the most words with the question. Its accuracy says whether "
-                     "the filter and CDA put the answer sentence into the context, not what a language model would answer.")
+        notes.append(
+            "Answers come from a tiny extractive reader (generation.reader=extractive), not from "
+            f"components.generator ({cfg.components.generator.kind}): the span after the linking word of the "
+            "context sentence that shares the most words with the question. Its accuracy says whether "
+            "the filter and CDA put the answer sentence into the context, not what a language model would answer."
+        )
     notes += filter_kind(cfg.eval.filter).caveats(cfg)
     if cfg.eval.stop_after == "filter":
-        notes.append("Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
-                     "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist.")
+        notes.append(
+            "Stopped after the filter (eval.stop_after=filter): no context was built and no answer "
+            "generated, so only the retrieval and filter figures (Recall@K, section R@1) exist."
+        )
     tiny = [name for name in used_components(cfg) if cfg.components[name].tiny]
     if tiny:
         reader = cfg.generation.reader == "extractive"
-        notes.append(f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
-                     "answers are noise, so its accuracy means nothing"
-                     + (" (here an extractive reader answers instead, below)" if reader else "")
-                     + "; retrieval, filter and context metrics (Recall@K, R1, section R@1, answer-in-context) do.")
+        notes.append(
+            f"Tiny, randomly initialised components: {', '.join(tiny)}. An untrained tiny generator's "
+            "answers are noise, so its accuracy means nothing"
+            + (" (here an extractive reader answers instead, below)" if reader else "")
+            + "; retrieval, filter and context metrics (Recall@K, R1, section R@1, answer-in-context) do."
+        )
     if scores["n_skipped"]:
-        counted = ("They are left out of every metric (eval.exclude_skipped=true, for diagnosis): these numbers "
-                   "are NOT comparable to the paper's, which count every question."
-                   if scores["exclude_skipped"] else
-                   "Each counts as a wrong answer and a retrieval miss, so n is the whole split.")
-        notes.append(f"{scores['n_skipped']} questions could not be answered because their query image is missing "
-                     f"or unreadable (listed in predictions.jsonl with `skipped`, in scores.json and in "
-                     f"skipped_images.json). {counted}")
+        counted = (
+            "They are left out of every metric (eval.exclude_skipped=true, for diagnosis): these numbers "
+            "are NOT comparable to the paper's, which count every question."
+            if scores["exclude_skipped"]
+            else "Each counts as a wrong answer and a retrieval miss, so n is the whole split."
+        )
+        notes.append(
+            f"{scores['n_skipped']} questions could not be answered because their query image is missing "
+            f"or unreadable (listed in predictions.jsonl with `skipped`, in scores.json and in "
+            f"skipped_images.json). {counted}"
+        )
     images = scores.get("qff_article_images") or {}
     if images.get("without_image"):
-        notes.append(f"{images['without_image']} of the {images['ranked_articles']} ranked articles have no main image, "
-                     "so the QFF scored them 0 and only their stage-1 similarity ranked them (set "
-                     "data.images.kb_image_csvs to the title -> image CSVs).")
+        notes.append(
+            f"{images['without_image']} of the {images['ranked_articles']} ranked articles have no main image, "
+            "so the QFF scored them 0 and only their stage-1 similarity ranked them (set "
+            "data.images.kb_image_csvs to the title -> image CSVs)."
+        )
     if scores["dataset"] == "evqa" and not scores.get("two_hop_rows"):
-        notes.append("data.include_two_hop=false: only single-hop rows were evaluated, so accuracy is the "
-                     "single-hop figure, NOT comparable to the paper's headline over all 5,750 test rows.")
+        notes.append(
+            "data.include_two_hop=false: only single-hop rows were evaluated, so accuracy is the "
+            "single-hop figure, NOT comparable to the paper's headline over all 5,750 test rows."
+        )
     return notes
 
 
@@ -124,7 +153,7 @@ def record_earlier_skips(benchmark: Any, rows: Sequence[dict], questions: Sequen
     import logging
 
     loader, by_id = benchmark.image_loader, {q.data_id: q for q in questions}
-    quiet = logging.getLogger("qkvqa.data.images")       # warned by the attempt that skipped them: not again
+    quiet = logging.getLogger("qkvqa.data.images")  # warned by the attempt that skipped them: not again
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
@@ -141,7 +170,7 @@ def query_image_path(benchmark: Any):
     resolver = benchmark.image_loader.resolver
 
     def path_of(question: Any) -> Optional[str]:
-        if question.dataset_name in resolver.shard_patterns:          # a shard member has no path of its own
+        if question.dataset_name in resolver.shard_patterns:  # a shard member has no path of its own
             return None
         path = resolver.resolve(question.dataset_name, question.image_id)
         return str(path.absolute()) if path is not None else None
@@ -161,7 +190,7 @@ def articles_without_image(benchmark: Any, urls: Sequence[str]) -> dict:
     store = benchmark.kb_store()
     try:
         images = benchmark.article_images()
-    except ConfigError:                  # no title -> image CSVs: every article is without its image
+    except ConfigError:  # no title -> image CSVs: every article is without its image
         return {"ranked_articles": len(urls), "without_image": len(urls)}
     missing = 0
     for article in store.get_many([store.row_of(url) for url in urls if url in store]):
@@ -174,9 +203,13 @@ def warn_articles_without_image(benchmark: Any, retrieved: dict, top_k: int) -> 
     counts = articles_without_image(benchmark, [u for r in retrieved.values() for u in r.urls[:top_k]])
     if counts["without_image"]:
         share = counts["without_image"] / max(counts["ranked_articles"], 1)
-        log.warning("%d of the %d stage-1 articles (%.0f%%) have no main image: the QFF scores them 0, so only their "
-                    "stage-1 similarity ranks them; set data.images.kb_image_csvs to the title -> image CSVs",
-                    counts["without_image"], counts["ranked_articles"], 100 * share)
+        log.warning(
+            "%d of the %d stage-1 articles (%.0f%%) have no main image: the QFF scores them 0, so only their "
+            "stage-1 similarity ranks them; set data.images.kb_image_csvs to the title -> image CSVs",
+            counts["without_image"],
+            counts["ranked_articles"],
+            100 * share,
+        )
 
 
 def duplicate_rows(questions: Sequence[Any]) -> list[tuple[str, str]]:
@@ -185,8 +218,17 @@ def duplicate_rows(questions: Sequence[Any]) -> list[tuple[str, str]]:
     first: dict[str, str] = {}
     repeats = []
     for q in questions:
-        row = q.row if q.row else {"question": q.question, "image": q.image_ids, "answer": q.raw_answer,
-                                   "type": q.question_type, "urls": q.gold_urls}
+        row = (
+            q.row
+            if q.row
+            else {
+                "question": q.question,
+                "image": q.image_ids,
+                "answer": q.raw_answer,
+                "type": q.question_type,
+                "urls": q.gold_urls,
+            }
+        )
         key = json.dumps({k: v for k, v in row.items() if k != "data_id"}, sort_keys=True, default=str)
         if key in first:
             repeats.append((q.source, first[key]))
@@ -195,8 +237,9 @@ def duplicate_rows(questions: Sequence[Any]) -> list[tuple[str, str]]:
     return repeats
 
 
-def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path],
-                 strict: bool = False) -> dict:
+def question_set(
+    dataset: str, split: str, questions: Sequence[Any], data: Any, source: Optional[Path], strict: bool = False
+) -> dict:
     """The evaluated question set (file, n per question type and split, sampling), refused before any model
     runs when it cannot give a meaningful headline: InfoSeek's harmonic mean is 0 when a split is empty."""
     if not questions:
@@ -205,41 +248,65 @@ def question_set(dataset: str, split: str, questions: Sequence[Any], data: Any, 
     if repeats:
         shown = "; ".join(f"{a} repeats {b}" for a, b in repeats[:3])
         if strict:
-            raise DataError(f"{source}: {len(repeats)} question rows repeat another row exactly ({shown}): remove them, "
-                            "or run without --strict (eval.strict) to score them as the file has them, warned")
-        log.warning("%s: %d question rows repeat another row exactly and are scored as extra questions (%s); "
-                    "eval.strict=true (--strict) refuses them", source, len(repeats), shown)
+            raise DataError(
+                f"{source}: {len(repeats)} question rows repeat another row exactly ({shown}): remove them, "
+                "or run without --strict (eval.strict) to score them as the file has them, warned"
+            )
+        log.warning(
+            "%s: %d question rows repeat another row exactly and are scored as extra questions (%s); "
+            "eval.strict=true (--strict) refuses them",
+            source,
+            len(repeats),
+            shown,
+        )
     types = Counter(q.question_type for q in questions)
-    out = {"file": str(source), "n": len(questions), "duplicate_rows": len(repeats),
-           "per_question_type": dict(sorted(types.items())),
-           "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
-           "max_questions": data.max_questions}
+    out = {
+        "file": str(source),
+        "n": len(questions),
+        "duplicate_rows": len(repeats),
+        "per_question_type": dict(sorted(types.items())),
+        "sample_questions": data.sample_questions,
+        "sample_seed": data.sample_seed,
+        "max_questions": data.max_questions,
+    }
     if dataset == "infoseek":
         from qkvqa.metrics.infoseek import UNSEEN_ENTITY, UNSEEN_QUESTION, split_of
 
         unreferenced = [q.data_id for q in questions if q.reference is None]
         if unreferenced:
-            raise DataError(f"{source}: {len(unreferenced)} questions have no official reference (first: "
-                            f"{unreferenced[:3]}); set data.infoseek_references / data.infoseek_qtypes to the "
-                            "official infoseek_val.jsonl / infoseek_val_qtype.jsonl")
+            raise DataError(
+                f"{source}: {len(unreferenced)} questions have no official reference (first: "
+                f"{unreferenced[:3]}); set data.infoseek_references / data.infoseek_qtypes to the "
+                "official infoseek_val.jsonl / infoseek_val_qtype.jsonl"
+            )
         splits = Counter(split_of(q.reference.data_split) for q in questions)
         out["per_split"] = {name: splits.get(name, 0) for name in (UNSEEN_QUESTION, UNSEEN_ENTITY)}
         out["per_question_type"] = dict(sorted(Counter(q.reference.question_type for q in questions).items()))
         empty = [name for name, n in out["per_split"].items() if n == 0]
         if empty:
-            raise DataError(f"{source}: the {len(questions)} questions evaluated hold no {empty[0]} question, so "
-                            f"InfoSeek's overall score (the harmonic mean of both splits) would be 0; use "
-                            f"data.sample_questions (a seeded random sample) instead of data.max_questions "
-                            f"(the first rows), or evaluate the whole file")
+            raise DataError(
+                f"{source}: the {len(questions)} questions evaluated hold no {empty[0]} question, so "
+                f"InfoSeek's overall score (the harmonic mean of both splits) would be 0; use "
+                f"data.sample_questions (a seeded random sample) instead of data.max_questions "
+                f"(the first rows), or evaluate the whole file"
+            )
     from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions
 
     protocol = data.protocol or PAPER_PROTOCOLS.get(dataset)
     expected = expected_questions(dataset, split, data.protocol)
     out["protocol_questions"] = expected
-    log.info("evaluating %d %s %s questions from %s (%s); protocol %s%s", len(questions), dataset, split, source,
-             ", ".join(f"{k} {v}" for k, v in out["per_question_type"].items()), protocol,
-             "" if expected is None else f" has {expected:,}" + (" (the same count)" if expected == len(questions)
-                                                                  else " (a different count)"))
+    log.info(
+        "evaluating %d %s %s questions from %s (%s); protocol %s%s",
+        len(questions),
+        dataset,
+        split,
+        source,
+        ", ".join(f"{k} {v}" for k, v in out["per_question_type"].items()),
+        protocol,
+        ""
+        if expected is None
+        else f" has {expected:,}" + (" (the same count)" if expected == len(questions) else " (a different count)"),
+    )
     return out
 
 
@@ -251,8 +318,8 @@ class Prepared:
     benchmark: Any
     split: str
     questions: list
-    evaluated: dict                       # the question set (file, counts per type and split, images found)
-    produced_by: Optional[dict]           # what produced precomputed reranked results (the filter kind's preflight)
+    evaluated: dict  # the question set (file, counts per type and split, images found)
+    produced_by: Optional[dict]  # what produced precomputed reranked results (the filter kind's preflight)
 
     @property
     def dataset(self) -> str:
@@ -269,12 +336,18 @@ def prepare(cfg: DictConfig) -> Prepared:
     from qkvqa.run.trainer import check_hardware
 
     check_hardware(cfg, used_components(cfg))
-    warn_cpu_fallback(cfg, used_components(cfg))     # real models on device: auto without a usable GPU: one line
+    warn_cpu_fallback(cfg, used_components(cfg))  # real models on device: auto without a usable GPU: one line
     benchmark = build_benchmark(for_evaluation(data_config_from_dict(cfg.data)))
     split = cfg.eval.split
     questions = benchmark.questions(split)
-    evaluated = question_set(benchmark.config.dataset, split, questions, benchmark.config,
-                             benchmark.path(f"{split}_questions"), strict=cfg.eval.strict)
+    evaluated = question_set(
+        benchmark.config.dataset,
+        split,
+        questions,
+        benchmark.config,
+        benchmark.path(f"{split}_questions"),
+        strict=cfg.eval.strict,
+    )
     evaluated["images"] = benchmark.image_loader.resolver.check_images(questions, split)
     return Prepared(cfg, benchmark, split, questions, evaluated, preflight(cfg, benchmark))
 
@@ -297,8 +370,9 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
     pipeline = build_pipeline(cfg, prep.benchmark, meta["seconds_per_question"])
     data = EvaluationDataModule(prep.benchmark, prep.split, done, batch_size=cfg.generation.batch_size)
     with srun_hint_only_when_useful(world_size_of(cfg)):
-        trainer.predict(PipelineEvaluator(pipeline, store, retrieved, prep.dataset, done), datamodule=data,
-                        return_predictions=False)
+        trainer.predict(
+            PipelineEvaluator(pipeline, store, retrieved, prep.dataset, done), datamodule=data, return_predictions=False
+        )
     # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's predict
     # loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than ranks, as near the
     # end of a resumed run), and the other ranks would wait for it forever. A barrier a stop signal interrupts:
@@ -314,14 +388,31 @@ def score(prep: Prepared, rows: list[dict], retrieved: dict, meta: dict, store: 
 
     cfg, benchmark, dataset = prep.cfg, prep.benchmark, prep.dataset
     judge = build_judge(cfg, dataset) if cfg.eval.stop_after != "filter" else None
-    scores = score_run(dataset, rows, prep.questions, retrieved, judge, int(cfg.retrieval.top_k),
-                       cfg.retrieval.two_hop_policy, exclude_skipped=cfg.eval.exclude_skipped,
-                       stop_after=cfg.eval.stop_after)
+    scores = score_run(
+        dataset,
+        rows,
+        prep.questions,
+        retrieved,
+        judge,
+        int(cfg.retrieval.top_k),
+        cfg.retrieval.two_hop_policy,
+        exclude_skipped=cfg.eval.exclude_skipped,
+        stop_after=cfg.eval.stop_after,
+    )
     correct = scores.pop(PER_QUESTION_KEY)
     kind = filter_kind(cfg.eval.filter)
-    traces = build_traces(rows, prep.questions, retrieved, scores.pop(PER_QUESTION_DETAILS), dataset=dataset,
-                          split=prep.split, top_k=int(cfg.retrieval.top_k), filter_name=cfg.eval.filter,
-                          alpha=kind.alpha(cfg), image_path=query_image_path(benchmark))
+    traces = build_traces(
+        rows,
+        prep.questions,
+        retrieved,
+        scores.pop(PER_QUESTION_DETAILS),
+        dataset=dataset,
+        split=prep.split,
+        top_k=int(cfg.retrieval.top_k),
+        filter_name=cfg.eval.filter,
+        alpha=kind.alpha(cfg),
+        image_path=query_image_path(benchmark),
+    )
     scores["two_hop_rows"] = dataset == "evqa" and benchmark.config.include_two_hop
     scores["question_set"] = prep.evaluated
     scores["stage1_text"] = meta.get("stage1_text")
@@ -333,8 +424,9 @@ def score(prep: Prepared, rows: list[dict], retrieved: dict, meta: dict, store: 
     return scores, correct, traces
 
 
-def write(prep: Prepared, job: Any, trainer: Any, scores: dict, correct: Any, traces: list, rows: list[dict],
-          retrieved: dict) -> None:
+def write(
+    prep: Prepared, job: Any, trainer: Any, scores: dict, correct: Any, traces: list, rows: list[dict], retrieved: dict
+) -> None:
     """scores.json, traces.jsonl, report.md, skipped_images.json, the loggers' metrics and the run summary."""
     from qkvqa.loggers.wandb import log_predictions_table, log_run_files
     from qkvqa.pipeline.report import render_report
@@ -346,15 +438,21 @@ def write(prep: Prepared, job: Any, trainer: Any, scores: dict, correct: Any, tr
     atomic_write_json(run_dir / "scores.json", scores)
     label = (scores.get("benchmark") or {}).get("label")
     atomic_write_text(run_dir / "report.md", render_report(job.run.run_id, cfg, scores, label, caveats(cfg, scores)))
-    record_earlier_skips(benchmark, rows, prep.questions)   # a resumed run: the skips of the attempts before it
+    record_earlier_skips(benchmark, rows, prep.questions)  # a resumed run: the skips of the attempts before it
     benchmark.image_loader.write_skipped(run_dir)
     flat = flat_metrics(scores)
     # No step: a re-score (`qkvqa score run`) is a new W&B step, not one the resumed run has passed (dropped).
     for logger in trainer.loggers:
         logger.log_metrics(flat)
     if cfg.logger.wandb.eval_table:
-        log_predictions_table(rows, prep.questions, retrieved, correct,
-                              benchmark.image_loader if cfg.logger.wandb.eval_table_images else None, traces=traces)
+        log_predictions_table(
+            rows,
+            prep.questions,
+            retrieved,
+            correct,
+            benchmark.image_loader if cfg.logger.wandb.eval_table_images else None,
+            traces=traces,
+        )
     job.record.update_summary({**flat, "report": str(run_dir / "report.md"), "protocol": scores["protocol"]})
     log_run_files(run_dir)
     log.info("report: %s", run_dir / "report.md")
@@ -378,7 +476,7 @@ def run_evaluation(cfg: DictConfig) -> dict:
         retrieved, meta = stage1(cfg, prep.benchmark, prep.split, run_dir, rank_zero)
         if filter_kind(cfg.eval.filter).reads_article_images and rank_zero:
             warn_articles_without_image(prep.benchmark, retrieved, int(cfg.retrieval.top_k))
-        pl.seed_everything(cfg.seed, verbose=False)   # every rank builds the components from the same RNG state
+        pl.seed_everything(cfg.seed, verbose=False)  # every rank builds the components from the same RNG state
         trainer = build_trainer(job)
         predict(prep, trainer, store, retrieved, meta)
         if not (rank_zero and trainer.is_global_zero):

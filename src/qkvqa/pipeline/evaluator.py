@@ -2,6 +2,7 @@
 
 The pipeline's own LightningModule, beside the evaluation recipe that runs it (`qkvqa.pipeline.evaluate`); the QFF's
 trainer is `qkvqa.models.qff_module.QFFTrainer`."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -21,8 +22,14 @@ class PipelineEvaluator(pl.LightningModule):
     after `predict` and a barrier (see `qkvqa.pipeline.evaluate.run_evaluation`).
     """
 
-    def __init__(self, pipeline: KBVQAPipeline, store: PredictionStore, retrieved: dict[str, Retrieved], dataset: str,
-                 done_ids: Iterable[str] = ()):
+    def __init__(
+        self,
+        pipeline: KBVQAPipeline,
+        store: PredictionStore,
+        retrieved: dict[str, Retrieved],
+        dataset: str,
+        done_ids: Iterable[str] = (),
+    ):
         super().__init__()
         self.pipeline = pipeline
         self.store = store
@@ -36,11 +43,20 @@ class PipelineEvaluator(pl.LightningModule):
         self.allow_zero_length_dataloader_with_multiple_devices = True
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> int:
-        skipped = [{"data_id": qid, "prediction": "", "skipped": "query image missing or unreadable"}
-                   for qid in batch["dropped_data_ids"]]
-        inputs = [QuestionInput(data_id=qid, question=question, image=image, dataset=self.dataset,
-                                retrieved=self.retrieved.get(qid, Retrieved()))
-                  for qid, question, image in zip(batch["data_id"], batch["question"], batch["image"])]
+        skipped = [
+            {"data_id": qid, "prediction": "", "skipped": "query image missing or unreadable"}
+            for qid in batch["dropped_data_ids"]
+        ]
+        inputs = [
+            QuestionInput(
+                data_id=qid,
+                question=question,
+                image=image,
+                dataset=self.dataset,
+                retrieved=self.retrieved.get(qid, Retrieved()),
+            )
+            for qid, question, image in zip(batch["data_id"], batch["question"], batch["image"])
+        ]
         rows = [row for row in self.pipeline.answer(inputs) + skipped if row["data_id"] not in self.done_ids]
         if rows:
             self.store.append(self.global_rank, rows)

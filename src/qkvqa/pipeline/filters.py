@@ -8,6 +8,7 @@ Each `eval.filter` value is a `FilterKind` in `FILTER_KINDS` (how it builds, the
 its protocol-card entry, whether it yields section scores or reads article images, its alpha, its caveats): the
 evaluation, the protocol card and the report ask the kind instead of comparing strings.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ class Ranking:
     """A question's articles after filtering, best first, with the per-section scores CDA may use."""
 
     articles: list[RankedArticle]
-    missing_urls: list[str] = field(default_factory=list)     # retrieved URLs absent from the KB
+    missing_urls: list[str] = field(default_factory=list)  # retrieved URLs absent from the KB
 
     @property
     def urls(self) -> list[str]:
@@ -38,7 +39,7 @@ class ArticleFilter(Protocol):
     """What the pipeline needs of a filter."""
 
     name: str
-    alpha: Optional[float]          # the fusion weight of the QFF (None without QFF, or unknown)
+    alpha: Optional[float]  # the fusion weight of the QFF (None without QFF, or unknown)
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking: ...
 
@@ -94,16 +95,30 @@ class QFFFilter:
     def rank_many(self, items: list[tuple[str, str, Any, Retrieved]]) -> list[Ranking]:
         """The rankings of several questions, their sections scored in shared forwards (`rerank_many`)."""
         rankings = []
-        for result in self.reranker.rerank_many([(question, image, retrieved) for _, question, image, retrieved in items]):
+        for result in self.reranker.rerank_many(
+            [(question, image, retrieved) for _, question, image, retrieved in items]
+        ):
             ranked, missing = [], []
-            for url, fused, scores, indices, sim, qff in zip(result.urls, result.fused_scores, result.section_scores,
-                                                             result.section_indices, result.stage1_similarities,
-                                                             result.qff_scores):
+            for url, fused, scores, indices, sim, qff in zip(
+                result.urls,
+                result.fused_scores,
+                result.section_scores,
+                result.section_indices,
+                result.stage1_similarities,
+                result.qff_scores,
+            ):
                 if url not in self.store:
                     missing.append(url)
                     continue
-                ranked.append(RankedArticle(self.store.get_by_url(url), fused, dict(zip(indices, scores)),
-                                            sim_ret=float(sim), qff=float(qff)))
+                ranked.append(
+                    RankedArticle(
+                        self.store.get_by_url(url),
+                        fused,
+                        dict(zip(indices, scores)),
+                        sim_ret=float(sim),
+                        qff=float(qff),
+                    )
+                )
             rankings.append(Ranking(ranked, missing))
         return rankings
 
@@ -120,8 +135,9 @@ class PrecomputedFilter:
         self.path = Path(path)
         self.store = store
         if not self.path.is_file():
-            raise DataError(f"{self.path}: no such reranked-results file (eval.reranked_results; write it with "
-                            "`qkvqa rerank`)")
+            raise DataError(
+                f"{self.path}: no such reranked-results file (eval.reranked_results; write it with `qkvqa rerank`)"
+            )
         data = self.path.read_bytes()
         try:
             self.results = json.loads(data)
@@ -139,7 +155,7 @@ class PrecomputedFilter:
         scores = entry.get("retrieval_similarities", [])
         sec_sim = entry.get("sec_sim", [[] for _ in entities])
         sec_idx = entry.get("sec_idx")
-        sims, qffs = entry.get("stage1_similarities"), entry.get("qff_scores")     # `qkvqa rerank`'s extras
+        sims, qffs = entry.get("stage1_similarities"), entry.get("qff_scores")  # `qkvqa rerank`'s extras
         ranked, missing = [], []
         for k, (entity, score) in enumerate(zip(entities, scores)):
             url = entity["url"] if isinstance(entity, dict) else entity
@@ -148,12 +164,17 @@ class PrecomputedFilter:
                 continue
             article = self.store.get_by_url(url)
             indices = sec_idx[k] if sec_idx else [i for i, _, _ in article.candidate_sections()]
-            if len(indices) != len(sec_sim[k]):      # zip would pair scores with the wrong sections in silence
-                raise DataError(f"{self.path}: data_id {data_id}, article {url}: {len(sec_sim[k])} sec_sim scores "
-                                f"for {len(indices)} {'sec_idx entries' if sec_idx else 'candidate sections'}; "
-                                "write the file with `qkvqa rerank` (it records sec_idx)")
-            ranked.append(RankedArticle(article, float(score), dict(zip(indices, sec_sim[k])),
-                                        sim_ret=_at(sims, k), qff=_at(qffs, k)))
+            if len(indices) != len(sec_sim[k]):  # zip would pair scores with the wrong sections in silence
+                raise DataError(
+                    f"{self.path}: data_id {data_id}, article {url}: {len(sec_sim[k])} sec_sim scores "
+                    f"for {len(indices)} {'sec_idx entries' if sec_idx else 'candidate sections'}; "
+                    "write the file with `qkvqa rerank` (it records sec_idx)"
+                )
+            ranked.append(
+                RankedArticle(
+                    article, float(score), dict(zip(indices, sec_sim[k])), sim_ret=_at(sims, k), qff=_at(qffs, k)
+                )
+            )
         return Ranking(ranked, missing)
 
 
@@ -164,7 +185,6 @@ def top1_section(ranking: Ranking) -> Optional[tuple[str, int]]:
     top = ranking.articles[0]
     index = max(top.section_scores.items(), key=lambda kv: (kv[1], -kv[0]))[0]
     return top.article.url, int(index)
-
 
 
 def _at(values: Optional[list], k: int) -> Optional[float]:
@@ -180,9 +200,9 @@ class FilterKind:
     `EVAL_FILTERS`; nothing else compares `eval.filter` with a string."""
 
     name: str = ""
-    components: tuple[str, ...] = ()      # the components it loads (`protocol.used_components`, preflight)
-    section_scores: bool = False          # its ranking carries per-section scores (CDA's top-1 section by qff/fused)
-    reads_article_images: bool = False    # it scores the articles' images (articles without one are counted)
+    components: tuple[str, ...] = ()  # the components it loads (`protocol.used_components`, preflight)
+    section_scores: bool = False  # its ranking carries per-section scores (CDA's top-1 section by qff/fused)
+    reads_article_images: bool = False  # it scores the articles' images (articles without one are counted)
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         """The filter of this run."""
@@ -242,12 +262,17 @@ def untrained_qff_refusal(cfg: Any) -> str:
 
     root = cfg.paths.checkpoints_root
     trained = trained_qff_dirs(root)
-    where = (f"trained QFFs under {root}/: {', '.join(map(str, trained))}; pass qff.checkpoint={trained[0]}"
-             if trained else f"no run under {root}/ holds a trained qff/ (train one with `qkvqa train`, then pass "
-                             "qff.checkpoint=RUN/qff)")
-    return (f"eval.filter=qff needs qff.checkpoint, the trained QFF to evaluate; it is not set, so the filter would "
-            f"be an untrained, randomly initialised QFF. {where}. Or eval.filter=retrieval for no filter, or "
-            f"qff.allow_untrained=true to evaluate an untrained QFF on purpose (the report says so)")
+    where = (
+        f"trained QFFs under {root}/: {', '.join(map(str, trained))}; pass qff.checkpoint={trained[0]}"
+        if trained
+        else f"no run under {root}/ holds a trained qff/ (train one with `qkvqa train`, then pass "
+        "qff.checkpoint=RUN/qff)"
+    )
+    return (
+        f"eval.filter=qff needs qff.checkpoint, the trained QFF to evaluate; it is not set, so the filter would "
+        f"be an untrained, randomly initialised QFF. {where}. Or eval.filter=retrieval for no filter, or "
+        f"qff.allow_untrained=true to evaluate an untrained QFF on purpose (the report says so)"
+    )
 
 
 @register_filter_kind
@@ -269,18 +294,20 @@ class QFFKind(FilterKind):
 
         checkpoint = cfg.qff.checkpoint
         if checkpoint and not Path(checkpoint).expanduser().exists():
-            raise MissingWeightsError(f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or "
-                                      "a .ckpt file)")
+            raise MissingWeightsError(
+                f"qff.checkpoint {checkpoint}: not found (a `qkvqa train` RUN/qff directory or a .ckpt file)"
+            )
         if not checkpoint and not cfg.qff.allow_untrained:
             raise ConfigError(untrained_qff_refusal(cfg))
-        benchmark.article_images()            # a KB image root one folder off stops here, before stage 1
+        benchmark.article_images()  # a KB image root one folder off stops here, before stage 1
         return None
 
     def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
         card = {"kind": self.name, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
         if not cfg.qff.checkpoint:
-            card["weights"] = ("untrained, on purpose (qff.allow_untrained=true)" if cfg.qff.allow_untrained
-                               else "untrained")
+            card["weights"] = (
+                "untrained, on purpose (qff.allow_untrained=true)" if cfg.qff.allow_untrained else "untrained"
+            )
         return card
 
     def alpha(self, cfg: Any) -> Optional[float]:
@@ -289,8 +316,10 @@ class QFFKind(FilterKind):
     def caveats(self, cfg: Any) -> list[str]:
         if cfg.qff.checkpoint:
             return []
-        return ["The QFF is untrained: no qff.checkpoint was given and qff.allow_untrained=true asked for an "
-                "untrained, randomly initialised filter, so the filter figures are not those of a trained QFF."]
+        return [
+            "The QFF is untrained: no qff.checkpoint was given and qff.allow_untrained=true asked for an "
+            "untrained, randomly initialised filter, so the filter figures are not those of a trained QFF."
+        ]
 
 
 def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: Any, benchmark: Any) -> None:
@@ -303,21 +332,30 @@ def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: Any, ben
 
     store = benchmark.kb_store()
     if made is None:
-        get_logger(__name__).warning("%s has no %s: what produced it (qff.alpha, the QFF) is unknown and reported so",
-                                     path, reranked_meta_path(path).name)
+        get_logger(__name__).warning(
+            "%s has no %s: what produced it (qff.alpha, the QFF) is unknown and reported so",
+            path,
+            reranked_meta_path(path).name,
+        )
         return
     meta = reranked_meta_path(path)
     if made.get("kb_url_checksum") not in (None, store.url_checksum):
-        raise DataError(f"{path}: reranked over another KB (URL checksum {made['kb_url_checksum']}, "
-                        f"{meta}); this evaluation's KB has {store.url_checksum}: rerank over it")
+        raise DataError(
+            f"{path}: reranked over another KB (URL checksum {made['kb_url_checksum']}, "
+            f"{meta}); this evaluation's KB has {store.url_checksum}: rerank over it"
+        )
     alpha = made.get("qff.alpha")
     if alpha is not None and float(alpha) != float(cfg.qff.alpha):
-        raise ConfigError(f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
-                          f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}")
+        raise ConfigError(
+            f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
+            f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}"
+        )
     made_for, evaluated = made.get("questions"), benchmark.questions_identity(cfg.eval.split)
     if made_for is not None and evaluated is not None and made_for != evaluated:
-        raise DataError(f"{path} was reranked for the {made.get('split')} questions {made_for} ({meta}) but this "
-                        f"evaluation's {cfg.eval.split} questions are {evaluated}: rerank with split={cfg.eval.split}")
+        raise DataError(
+            f"{path} was reranked for the {made.get('split')} questions {made_for} ({meta}) but this "
+            f"evaluation's {cfg.eval.split} questions are {evaluated}: rerank with split={cfg.eval.split}"
+        )
 
 
 @register_filter_kind
@@ -335,8 +373,13 @@ class PrecomputedKind(FilterKind):
             raise ConfigError("eval.filter=precomputed needs eval.reranked_results (written by `qkvqa rerank`)")
         precomputed = PrecomputedFilter(cfg.eval.reranked_results, benchmark.kb_store())
         check_precomputed_provenance(precomputed.path, precomputed.produced_by, cfg, benchmark)
-        check_coverage_of(precomputed.path, precomputed.results, benchmark.questions(cfg.eval.split),
-                          float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage")
+        check_coverage_of(
+            precomputed.path,
+            precomputed.results,
+            benchmark.questions(cfg.eval.split),
+            float(cfg.retrieval.min_results_coverage),
+            "retrieval.min_results_coverage",
+        )
         return precomputed
 
     def preflight(self, cfg: Any, benchmark: Any) -> Optional[dict]:
@@ -345,7 +388,7 @@ class PrecomputedKind(FilterKind):
             return None
         from qkvqa.qff.rerank import read_reranked_provenance
 
-        made = read_reranked_provenance(path)              # a sidecar of another version is refused here
+        made = read_reranked_provenance(path)  # a sidecar of another version is refused here
         if made:
             check_precomputed_provenance(Path(path), made, cfg, benchmark)
         return made
@@ -360,8 +403,19 @@ class PrecomputedKind(FilterKind):
         if made is None and path and Path(path).is_file():
             made = read_reranked_provenance(path)
         if made is None:
-            return {"kind": self.name, "file": str(path), "alpha": None, "focus": None,
-                    "produced_by": f"unknown (no {reranked_meta_path(path).name}: not written by `qkvqa rerank`)"}
-        return {"kind": self.name, "file": str(path), "alpha": made.get("qff.alpha"), "focus": made.get("qff.focus"),
-                "top_k": made.get("retrieval.top_k"), "qformer": made.get("qformer"),
-                "produced_by": f"qkvqa rerank run {made.get('run_id')}"}
+            return {
+                "kind": self.name,
+                "file": str(path),
+                "alpha": None,
+                "focus": None,
+                "produced_by": f"unknown (no {reranked_meta_path(path).name}: not written by `qkvqa rerank`)",
+            }
+        return {
+            "kind": self.name,
+            "file": str(path),
+            "alpha": made.get("qff.alpha"),
+            "focus": made.get("qff.focus"),
+            "top_k": made.get("retrieval.top_k"),
+            "qformer": made.get("qformer"),
+            "produced_by": f"qkvqa rerank run {made.get('run_id')}",
+        }

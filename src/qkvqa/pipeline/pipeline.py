@@ -1,4 +1,5 @@
 """The per-question pipeline: retrieved articles -> filter -> CDA context -> generated answer, timed per stage."""
+
 from __future__ import annotations
 
 import time
@@ -11,7 +12,7 @@ from qkvqa.pipeline.filters import ArticleFilter, rank_many, top1_section
 from qkvqa.pipeline.traces import ARTICLES_KEEP, TRACE_KEY, stage_record
 from qkvqa.retrieval.results import Retrieved
 
-RANKING_KEEP = ARTICLES_KEEP          # articles of the filtered ranking kept in each prediction row (and its trace)
+RANKING_KEEP = ARTICLES_KEEP  # articles of the filtered ranking kept in each prediction row (and its trace)
 
 
 @dataclass
@@ -20,8 +21,8 @@ class QuestionInput:
 
     data_id: str
     question: str
-    image: Any                      # PIL image (or None for text-only generators)
-    dataset: str                    # evqa | infoseek
+    image: Any  # PIL image (or None for text-only generators)
+    dataset: str  # evqa | infoseek
     retrieved: Retrieved
 
 
@@ -32,12 +33,17 @@ class KBVQAPipeline:
     `ContextSelector`, or the MLLM-filtering baseline's `MLLMFilterSelector`.
     """
 
-    def __init__(self, article_filter: ArticleFilter, selector: Optional[ContextSelector], generator: Any,
-                 retrieval_seconds: float = 0.0):
+    def __init__(
+        self,
+        article_filter: ArticleFilter,
+        selector: Optional[ContextSelector],
+        generator: Any,
+        retrieval_seconds: float = 0.0,
+    ):
         self.filter = article_filter
-        self.selector = selector                         # None with the generator: stop after the filter
+        self.selector = selector  # None with the generator: stop after the filter
         self.generator = generator
-        self.retrieval_seconds = retrieval_seconds       # stage-1 time per question (run once per split)
+        self.retrieval_seconds = retrieval_seconds  # stage-1 time per question (run once per split)
 
     def answer(self, questions: Sequence[QuestionInput]) -> list[dict]:
         """Prediction rows for a batch, each stage over the whole batch: the filter (a QFF filter scores every
@@ -52,14 +58,18 @@ class KBVQAPipeline:
         rows = []
         for q, ranking in zip(questions, rankings):
             top1 = top1_section(ranking)
-            rows.append({
-                "data_id": q.data_id,
-                "prediction": None,
-                "ranking": [{"url": r.article.url, "score": float(r.score)} for r in ranking.articles[:RANKING_KEEP]],
-                "top1_section": list(top1) if top1 else None,
-                "missing_urls": ranking.missing_urls,
-                "seconds": {"retrieve": self.retrieval_seconds, "filter": filter_seconds},
-            })
+            rows.append(
+                {
+                    "data_id": q.data_id,
+                    "prediction": None,
+                    "ranking": [
+                        {"url": r.article.url, "score": float(r.score)} for r in ranking.articles[:RANKING_KEEP]
+                    ],
+                    "top1_section": list(top1) if top1 else None,
+                    "missing_urls": ranking.missing_urls,
+                    "seconds": {"retrieve": self.retrieval_seconds, "filter": filter_seconds},
+                }
+            )
         if self.selector is None:
             for row, ranking in zip(rows, rankings):
                 row["stopped_after"] = "filter"
@@ -73,8 +83,9 @@ class KBVQAPipeline:
             row.update(context=context.metadata(), context_tokens=context.token_count, context_text=context.text)
             row[TRACE_KEY] = stage_record(ranking, self.filter, context, self.selector)
             row["seconds"]["select"] = select_seconds
-            requests.append(GenerationRequest(question=q.question, context=context.text, image=q.image,
-                                              dataset=q.dataset))
+            requests.append(
+                GenerationRequest(question=q.question, context=context.text, image=q.image, dataset=q.dataset)
+            )
         t3 = time.perf_counter()
         answers = self.generator.generate(requests) if requests else []
         per_question = (time.perf_counter() - t3) / max(len(requests), 1)

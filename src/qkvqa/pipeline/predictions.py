@@ -1,4 +1,5 @@
 """Prediction files of an evaluation run: per-rank append-only parts, resume, and an exactly-once merge."""
+
 from __future__ import annotations
 
 import json
@@ -72,11 +73,17 @@ class PredictionStore:
         missing = [q for q in expected if q not in first]
         unknown = sorted(set(first) - set(expected))
         if missing or unknown:
-            raise DataError(f"{self.parts}: {len(missing)} expected questions have no prediction (first: "
-                            f"{missing[:5]}) and {len(unknown)} predictions are for unknown ids (first: {unknown[:5]})")
+            raise DataError(
+                f"{self.parts}: {len(missing)} expected questions have no prediction (first: "
+                f"{missing[:5]}) and {len(unknown)} predictions are for unknown ids (first: {unknown[:5]})"
+            )
         rows = [first[q] for q in expected]
-        atomic_write_text(self.run_dir / MERGED, "".join(
-            json.dumps({k: v for k, v in r.items() if k != TRACE_KEY}, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write_text(
+            self.run_dir / MERGED,
+            "".join(
+                json.dumps({k: v for k, v in r.items() if k != TRACE_KEY}, ensure_ascii=False) + "\n" for r in rows
+            ),
+        )
         return rows
 
     def duplicates(self) -> int:

@@ -5,6 +5,7 @@ line says "comparable to paper <row>: yes / no, because ...", from the experimen
 every setting that makes a number mean something else than the paper's (tiny models, a subset, a
 left-out denominator, single-hop only, EM without BEM, another question count).
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,13 +15,20 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from qkvqa.config.paper_rows import (LLAMA3_SUMMARIES, paper_row, row_differences, row_weights, show,
-                                     varied_values, weights_matched_by)
+from qkvqa.config.paper_rows import (
+    LLAMA3_SUMMARIES,
+    paper_row,
+    row_differences,
+    row_weights,
+    show,
+    varied_values,
+    weights_matched_by,
+)
 from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions, protocol_named
 from qkvqa.pipeline.filters import filter_kind
 
 TABLE6_ROW, TABLE6_SUBSET = "table6/infoseek_1k", 1000
-FINGERPRINT_BYTES = 4 << 20          # bytes read at each end of a weight file
+FINGERPRINT_BYTES = 4 << 20  # bytes read at each end of a weight file
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".json", ".model")
 
 
@@ -32,7 +40,9 @@ def weights_fingerprint(ref: Optional[str]) -> Optional[str]:
     path = Path(os.path.expanduser(str(ref)))
     if not path.exists():
         return None
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    )
     digest = hashlib.sha256()
     for file in files:
         size = file.stat().st_size
@@ -50,8 +60,11 @@ def used_components(cfg: Any) -> list[str]:
     from qkvqa.cda.select import needs_reranker
 
     generated = cfg.eval.stop_after != "filter"
-    used = [] if cfg.retrieval.results else ["image_encoder"] + (
-        ["text_encoder"] if cfg.retrieval.mode == "image_to_summary" else [])
+    used = (
+        []
+        if cfg.retrieval.results
+        else ["image_encoder"] + (["text_encoder"] if cfg.retrieval.mode == "image_to_summary" else [])
+    )
     used += list(filter_kind(cfg.eval.filter).components)
     used += ["reranker"] if generated and cfg.eval.context == "cda" and needs_reranker(cfg.cda) else []
     used += ["generator"] if generated else []
@@ -69,19 +82,33 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
     `trained` (qff.checkpoint) replaces its base weights."""
     revision = spec.get("revision")
     if trained:
-        return {"kind": spec.kind, "weights": str(trained), "base": "tiny (random)" if spec.tiny else str(spec.pretrained),
-                "dtype": spec.dtype, "fingerprint": weights_fingerprint(trained)}
+        return {
+            "kind": spec.kind,
+            "weights": str(trained),
+            "base": "tiny (random)" if spec.tiny else str(spec.pretrained),
+            "dtype": spec.dtype,
+            "fingerprint": weights_fingerprint(trained),
+        }
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
-    card = {"kind": spec.kind, "weights": str(spec.pretrained), "revision": revision, "dtype": spec.dtype,
-            "fingerprint": weights_fingerprint(spec.pretrained)}
+    card = {
+        "kind": spec.kind,
+        "weights": str(spec.pretrained),
+        "revision": revision,
+        "dtype": spec.dtype,
+        "fingerprint": weights_fingerprint(spec.pretrained),
+    }
     conversion = conversion_of(spec)
-    if conversion:                   # `qkvqa convert-llava` output: what it was converted from, and by which converter
-        card.update({"converted_from": conversion["converted_from"],
-                     "source_revision": conversion["revision"],
-                     "source_sha256": (conversion["source_sha256"] or "")[:16] or None,
-                     "converter_version": conversion["converter_version"],
-                     "vision_tower": conversion["vision_tower"]})
+    if conversion:  # `qkvqa convert-llava` output: what it was converted from, and by which converter
+        card.update(
+            {
+                "converted_from": conversion["converted_from"],
+                "source_revision": conversion["revision"],
+                "source_sha256": (conversion["source_sha256"] or "")[:16] or None,
+                "converter_version": conversion["converter_version"],
+                "vision_tower": conversion["vision_tower"],
+            }
+        )
     return card
 
 
@@ -98,15 +125,22 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     protocol, wanted = cfg.data.protocol, PAPER_PROTOCOLS.get(dataset)
     if protocol != wanted:
         peers = protocol_named(protocol)
-        reasons.append(f"data.protocol = {show(protocol)} where the paper's {dataset} numbers use {wanted}"
-                       + (f" (this run's numbers compare with {peers.comparable_to})" if peers else ""))
+        reasons.append(
+            f"data.protocol = {show(protocol)} where the paper's {dataset} numbers use {wanted}"
+            + (f" (this run's numbers compare with {peers.comparable_to})" if peers else "")
+        )
     tiny = [name for name in used if cfg.components[name].tiny]
     if tiny:
         reasons.append(f"tiny random components ({', '.join(tiny)})")
     reasons += stale_conversions(cfg, used)
     if row is not None:
-        reasons += row_differences(cfg, row, stage1_text=stage1_text(cfg, scores),
-                                   converted_from=converted_sources(cfg, used), trained=trained_record(cfg))
+        reasons += row_differences(
+            cfg,
+            row,
+            stage1_text=stage1_text(cfg, scores),
+            converted_from=converted_sources(cfg, used),
+            trained=trained_record(cfg),
+        )
     reasons += _question_set_reasons(cfg, scores, row, dataset, split, protocol or wanted)
     generated = cfg.eval.stop_after != "filter"
     if generated and dataset == "evqa" and cfg.eval.judge != "bem":
@@ -179,8 +213,10 @@ def stale_conversions(cfg: Any, used: list[str]) -> list[str]:
     for name in used:
         fields = conversion_of(cfg.components[name])
         if fields and not fields["converter_current"]:
-            out.append(f"components.{name}.pretrained was converted by qkvqa convert-llava version "
-                       f"{fields['converter_version']}, not this one's {CONVERTER_VERSION}; convert it again")
+            out.append(
+                f"components.{name}.pretrained was converted by qkvqa convert-llava version "
+                f"{fields['converter_version']}, not this one's {CONVERTER_VERSION}; convert it again"
+            )
     return out
 
 
@@ -238,50 +274,84 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
     row = paper_row(cfg.paper)
     text = scores.get("stage1_text") or {}
     card = {
-        "dataset": scores["dataset"], "protocol": cfg.data.protocol, "split": cfg.eval.split,
+        "dataset": scores["dataset"],
+        "protocol": cfg.data.protocol,
+        "split": cfg.eval.split,
         "protocol_kb": getattr(protocol_named(cfg.data.protocol), "kb", None),
         "protocol_comparable_to": getattr(protocol_named(cfg.data.protocol), "comparable_to", None),
         "n_questions": scores["n_questions"],
-        "n_unanswerable": scores["n_skipped"], "per_question_type": question_set.get("per_question_type"),
-        "per_split": question_set.get("per_split"), "questions_file": question_set.get("file"),
+        "n_unanswerable": scores["n_skipped"],
+        "per_question_type": question_set.get("per_question_type"),
+        "per_split": question_set.get("per_split"),
+        "questions_file": question_set.get("file"),
         "kb": {"path": str(kb.store_dir), "articles": len(kb), "url_checksum": kb.url_checksum},
-        "stage1": {"results_file": cfg.retrieval.results,
-                   "text": text.get("detail") or (f"not recorded with the file: taken to be {assumed_stage1_text(cfg)} "
-                                                  f"(retrieval.mode={cfg.retrieval.mode})")}
-        if cfg.retrieval.results else {
-            "mode": cfg.retrieval.mode, "text": text.get("detail") or (
-                f"retrieval.summary_source={cfg.retrieval.summary_source}" if cfg.retrieval.mode == "image_to_summary"
-                else "KB images"),
+        "stage1": {
+            "results_file": cfg.retrieval.results,
+            "text": text.get("detail")
+            or (
+                f"not recorded with the file: taken to be {assumed_stage1_text(cfg)} "
+                f"(retrieval.mode={cfg.retrieval.mode})"
+            ),
+        }
+        if cfg.retrieval.results
+        else {
+            "mode": cfg.retrieval.mode,
+            "text": text.get("detail")
+            or (
+                f"retrieval.summary_source={cfg.retrieval.summary_source}"
+                if cfg.retrieval.mode == "image_to_summary"
+                else "KB images"
+            ),
             "index": text.get("index") or cfg.retrieval.index_dir or cfg.retrieval.index_factory,
-            "top_k": cfg.retrieval.top_k},
+            "top_k": cfg.retrieval.top_k,
+        },
         "filter": filter_card(cfg, produced_by),
-        "models": {name: _component(cfg.components[name], cfg.qff.checkpoint if name == "qformer" else None)
-                   for name in used},
+        "models": {
+            name: _component(cfg.components[name], cfg.qff.checkpoint if name == "qformer" else None) for name in used
+        },
         "stop_after": cfg.eval.stop_after,
         "unanswerable": "left out (eval.exclude_skipped)" if scores.get("exclude_skipped") else "counted as wrong",
     }
     if "qformer" in used:
         trained = trained_record(cfg)
-        card["models"]["qformer"]["vit_dtype"] = (f"{cfg.components.qformer.dtype} here, "
-                                                  f"{trained.get('vit_dtype') or 'not recorded'} in training")
+        card["models"]["qformer"]["vit_dtype"] = (
+            f"{cfg.components.qformer.dtype} here, {trained.get('vit_dtype') or 'not recorded'} in training"
+        )
         if trained.get("focus"):
             card["models"]["qformer"]["trained_with"] = f"focus {trained['focus']}, gate {trained.get('gate')}"
-    if row is not None:                  # how each component's weights were matched to the row's release
+    if row is not None:  # how each component's weights were matched to the row's release
         converted = converted_sources(cfg, used)
         for name in used:
             hub_id, spec = row_weights(row, name), cfg.components[name]
             if hub_id and not spec.tiny and not (name == "qformer" and cfg.qff.checkpoint):
                 card["models"][name]["row_weights"] = {
-                    "wanted": hub_id, "matched_by": weights_matched_by(spec.pretrained, hub_id, converted.get(name))}
+                    "wanted": hub_id,
+                    "matched_by": weights_matched_by(spec.pretrained, hub_id, converted.get(name)),
+                }
     if cfg.eval.stop_after != "filter":
-        card["generation"] = {"kind": cfg.components.generator.kind, "reader": cfg.generation.reader, "decoding": "greedy",
-                              "max_new_tokens": cfg.generation.max_new_tokens, "prompt": cfg.generation.prompt,
-                              "backend": cfg.generation.backend}
-        card["judge"] = (scores.get("benchmark") or {}).get("label") if scores["dataset"] == "evqa" else \
-            "official InfoSeek scorer (no judge)"
-        card["context"] = {"selector": cfg.eval.context, "mode": cfg.cda.mode, "U": cfg.cda.U, "theta": cfg.cda.theta,
-                           "L": cfg.cda.chunk_tokens, "K1": cfg.cda.K1, "K2": cfg.cda.K2,
-                           "top1_section_by": cfg.cda.top1_section_by}
+        card["generation"] = {
+            "kind": cfg.components.generator.kind,
+            "reader": cfg.generation.reader,
+            "decoding": "greedy",
+            "max_new_tokens": cfg.generation.max_new_tokens,
+            "prompt": cfg.generation.prompt,
+            "backend": cfg.generation.backend,
+        }
+        card["judge"] = (
+            (scores.get("benchmark") or {}).get("label")
+            if scores["dataset"] == "evqa"
+            else "official InfoSeek scorer (no judge)"
+        )
+        card["context"] = {
+            "selector": cfg.eval.context,
+            "mode": cfg.cda.mode,
+            "U": cfg.cda.U,
+            "theta": cfg.cda.theta,
+            "L": cfg.cda.chunk_tokens,
+            "K1": cfg.cda.K1,
+            "K2": cfg.cda.K2,
+            "top1_section_by": cfg.cda.top1_section_by,
+        }
     card["paper"] = row.title if row else None
     card["paper_row"] = row.key if row else None
     card["paper_varies"] = varied_values(cfg, row) if row and row.varies else None
@@ -302,20 +372,32 @@ def comparability_line(card: dict) -> str:
 
 def render_card(card: dict) -> str:
     """The card as the top block of report.md."""
+
     def cell(value: Any) -> str:
         if isinstance(value, dict):
             return ", ".join(f"{k} {cell(v)}" for k, v in value.items() if v is not None)
         return "-" if value is None else show(value)
 
-    lines = ["## Protocol", "", "| what | value |", "|---|---|",
-             f"| dataset / protocol / split | {card['dataset']} / {cell(card['protocol'])} / {card['split']} |",
-             *([f"| protocol | {card['protocol_kb']}; its numbers compare with {card['protocol_comparable_to']} |"]
-               if card.get("protocol_kb") else []),
-             f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, "
-             f"{card.get('unanswerable', 'counted as wrong')}); "
-             f"by type: {cell(card['per_question_type'])}"
-             + (f"; by split: {cell(card['per_split'])}" if card.get("per_split") else "") + " |",
-             f"| KB | {cell(card['kb'])} |", f"| stage 1 | {cell(card['stage1'])} |", f"| filter | {cell(card['filter'])} |"]
+    lines = [
+        "## Protocol",
+        "",
+        "| what | value |",
+        "|---|---|",
+        f"| dataset / protocol / split | {card['dataset']} / {cell(card['protocol'])} / {card['split']} |",
+        *(
+            [f"| protocol | {card['protocol_kb']}; its numbers compare with {card['protocol_comparable_to']} |"]
+            if card.get("protocol_kb")
+            else []
+        ),
+        f"| questions | {card['n_questions']} ({card['n_unanswerable']} unanswerable, "
+        f"{card.get('unanswerable', 'counted as wrong')}); "
+        f"by type: {cell(card['per_question_type'])}"
+        + (f"; by split: {cell(card['per_split'])}" if card.get("per_split") else "")
+        + " |",
+        f"| KB | {cell(card['kb'])} |",
+        f"| stage 1 | {cell(card['stage1'])} |",
+        f"| filter | {cell(card['filter'])} |",
+    ]
     lines += [f"| model: {name} | {cell(info)} |" for name, info in card["models"].items()]
     for key in ("generation", "judge", "context"):
         if key in card:

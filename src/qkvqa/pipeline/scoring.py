@@ -1,5 +1,6 @@
 """Score a merged prediction set with the metrics package: accuracy, Recall@K before/after the filter,
 Table 3 error analysis, evidence-section recall, answer-in-context rate, context length and stage times."""
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -9,7 +10,7 @@ from qkvqa.metrics import analysis
 from qkvqa.retrieval.results import Retrieved
 from qkvqa.retrieval.retrieve import retrieval_metrics
 
-STAGES = ("retrieve", "filter", "select", "generate")     # select: CDA or MLLM filtering
+STAGES = ("retrieve", "filter", "select", "generate")  # select: CDA or MLLM filtering
 PER_QUESTION_KEY = "_per_question_correct"
 PER_QUESTION_DETAILS = "_per_question_details"
 
@@ -34,24 +35,42 @@ def answer_in_context(question: Question, context_text: str) -> Optional[bool]:
     return any(f" {preprocess_answer(a)} " in norm for a in alternatives if preprocess_answer(a))
 
 
-def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question],
-             judge: Any) -> tuple[dict, dict, dict]:
+def accuracy(dataset: str, rows: Sequence[dict], questions: dict[str, Question], judge: Any) -> tuple[dict, dict, dict]:
     """(benchmark result, {data_id: 0/1}, {data_id: the scorer's per-reference verdicts}) with the official scorer,
     strict coverage; skipped rows are wrong."""
     predictions = [{"data_id": r["data_id"], "prediction": r["prediction"], "skipped": r.get("skipped")} for r in rows]
     if dataset == "infoseek":
         from qkvqa.metrics import infoseek
 
-        refs = [{"data_id": q, "answer_eval": questions[q].reference.answer_eval,
-                 "data_split": questions[q].reference.data_split} for q in (r["data_id"] for r in rows)]
-        qtypes = [{"data_id": q, "question_type": questions[q].reference.question_type} for q in (r["data_id"] for r in rows)]
+        refs = [
+            {
+                "data_id": q,
+                "answer_eval": questions[q].reference.answer_eval,
+                "data_split": questions[q].reference.data_split,
+            }
+            for q in (r["data_id"] for r in rows)
+        ]
+        qtypes = [
+            {"data_id": q, "question_type": questions[q].reference.question_type} for q in (r["data_id"] for r in rows)
+        ]
         result, details = infoseek.evaluate_with_details(predictions, refs, qtypes, strict=True)
-        return (result, {d["data_id"]: float(d["correct"]) for d in details},
-                {d["data_id"]: d["references"] for d in details})
+        return (
+            result,
+            {d["data_id"]: float(d["correct"]) for d in details},
+            {d["data_id"]: d["references"] for d in details},
+        )
     from qkvqa.metrics import evqa
 
-    refs = [{"data_id": q.data_id, "question": q.question, "answer": q.raw_answer, "question_type": q.question_type,
-             "wikipedia_url_used_in_train": q.url_used_in_train} for q in (questions[r["data_id"]] for r in rows)]
+    refs = [
+        {
+            "data_id": q.data_id,
+            "question": q.question,
+            "answer": q.raw_answer,
+            "question_type": q.question_type,
+            "wikipedia_url_used_in_train": q.url_used_in_train,
+        }
+        for q in (questions[r["data_id"]] for r in rows)
+    ]
     result, details = evqa.evaluate_with_details(predictions, refs, bem=judge, strict=True)
     return result, {d["data_id"]: float(d["score"]) for d in details}, {d["data_id"]: d["references"] for d in details}
 
@@ -74,9 +93,17 @@ def headline(dataset: str, result: dict) -> Optional[float]:
     return (result.get("all") or {}).get("accuracy")
 
 
-def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question], retrieved: dict[str, Retrieved],
-              judge: Any, top_k: int, two_hop_policy: str, exclude_skipped: bool = False,
-              stop_after: str = "generation") -> dict:
+def score_run(
+    dataset: str,
+    rows: Sequence[dict],
+    questions: Sequence[Question],
+    retrieved: dict[str, Retrieved],
+    judge: Any,
+    top_k: int,
+    two_hop_policy: str,
+    exclude_skipped: bool = False,
+    stop_after: str = "generation",
+) -> dict:
     """Every metric of an evaluation run, as one JSON-ready dict.
 
     One denominator: every question of the split counts, and one that could not be answered (a row with
@@ -92,27 +119,36 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     counted = [r for r in rows if not (exclude_skipped and r.get("skipped"))]
     answered = [r for r in counted if not r.get("skipped")]
     scored_questions = [by_id[r["data_id"]] for r in counted]
-    result, per_question, references = accuracy(dataset, counted, by_id, judge) if counted and generated else ({}, {}, {})
+    result, per_question, references = (
+        accuracy(dataset, counted, by_id, judge) if counted and generated else ({}, {}, {})
+    )
     after = {r["data_id"]: Retrieved(urls=[a["url"] for a in r.get("ranking") or []]) for r in counted}
     before = {q.data_id: retrieved.get(q.data_id, Retrieved()) for q in scored_questions}
     analysed = [r for r in counted if is_analysed(by_id[r["data_id"]])]
     gold_top1 = {r["data_id"]: gold_at_top1(r, by_id[r["data_id"]]) for r in analysed}
-    in_context_of = {r["data_id"]: answer_in_context(by_id[r["data_id"]], r.get("context_text", ""))
-                     for r in counted if generated}
+    in_context_of = {
+        r["data_id"]: answer_in_context(by_id[r["data_id"]], r.get("context_text", "")) for r in counted if generated
+    }
     in_context = [v for v in in_context_of.values() if v is not None]
     out: dict[str, Any] = {
         "dataset": dataset,
-        "n_questions": len(rows), "n_scored": len(counted), "n_skipped": len(skipped),
-        "exclude_skipped": exclude_skipped, "skipped": skipped,
+        "n_questions": len(rows),
+        "n_scored": len(counted),
+        "n_skipped": len(skipped),
+        "exclude_skipped": exclude_skipped,
+        "skipped": skipped,
         "stop_after": stop_after,
         "accuracy": headline(dataset, result) if result else None,
         "benchmark": result,
-        "recall_before_filter": retrieval_metrics(before, scored_questions, dataset=dataset, top_k=top_k,
-                                                  two_hop_policy=two_hop_policy),
-        "recall_after_filter": retrieval_metrics(after, scored_questions, dataset=dataset, top_k=top_k,
-                                                 two_hop_policy=two_hop_policy),
+        "recall_before_filter": retrieval_metrics(
+            before, scored_questions, dataset=dataset, top_k=top_k, two_hop_policy=two_hop_policy
+        ),
+        "recall_after_filter": retrieval_metrics(
+            after, scored_questions, dataset=dataset, top_k=top_k, two_hop_policy=two_hop_policy
+        ),
         "error_analysis": analysis.error_analysis(gold_top1, {q: per_question[q] for q in gold_top1})
-        if analysed and generated else None,
+        if analysed and generated
+        else None,
         "answer_in_context": 100.0 * sum(in_context) / len(in_context) if in_context else None,
         "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered if generated]),
         "seconds_per_question": {s: _mean([r["seconds"].get(s, 0.0) for r in answered]) for s in STAGES},
@@ -120,18 +156,30 @@ def score_run(dataset: str, rows: Sequence[dict], questions: Sequence[Question],
     # {data_id: the official scorer's 0/1 (BEM's score)} for the per-question W&B table; not part of scores.json
     out[PER_QUESTION_KEY] = per_question
     # each question's pieces of the figures above, for its trace (qkvqa.pipeline.traces); not part of scores.json
-    out[PER_QUESTION_DETAILS] = {r["data_id"]: {"score": per_question.get(r["data_id"]),
-                                                "references": references.get(r["data_id"]),
-                                                "gold_at_top1": gold_top1.get(r["data_id"]),
-                                                "answer_in_context": in_context_of.get(r["data_id"])} for r in rows}
+    out[PER_QUESTION_DETAILS] = {
+        r["data_id"]: {
+            "score": per_question.get(r["data_id"]),
+            "references": references.get(r["data_id"]),
+            "gold_at_top1": gold_top1.get(r["data_id"]),
+            "answer_in_context": in_context_of.get(r["data_id"]),
+        }
+        for r in rows
+    }
     if dataset == "evqa":
         from qkvqa.metrics.retrieval import evidence_section_recall
 
         top1 = {r["data_id"]: tuple(r["top1_section"]) for r in counted if r.get("top1_section")}
-        rows_for_recall = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls),
-                            "question_type": q.question_type, "evidence_section_id": q.evidence_section_id,
-                            "evidence_section_ids": q.evidence_section_ids or None}
-                           for q in scored_questions if q.evidence_section_id is not None]
+        rows_for_recall = [
+            {
+                "data_id": q.data_id,
+                "wikipedia_url": "|".join(q.gold_urls),
+                "question_type": q.question_type,
+                "evidence_section_id": q.evidence_section_id,
+                "evidence_section_ids": q.evidence_section_ids or None,
+            }
+            for q in scored_questions
+            if q.evidence_section_id is not None
+        ]
         out["section_recall"] = evidence_section_recall(top1, rows_for_recall, two_hop_policy)
     return out
 

@@ -9,6 +9,7 @@ pass needs only the 32 query rows of the last layer. The eager HF path stays ava
 "eager"`): it is the stock Q-Former, bit for bit, and the reference the fused path is tested against (fp32,
 max abs difference <= 1e-5).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,8 +21,13 @@ from torch import nn
 from qkvqa.config.schema import ATTENTION_IMPLEMENTATIONS  # noqa: F401  (declared with the config)
 
 
-def attend(block: nn.Module, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-           encoder_hidden_states: Optional[torch.Tensor] = None, rows: Optional[int] = None) -> torch.Tensor:
+def attend(
+    block: nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    encoder_hidden_states: Optional[torch.Tensor] = None,
+    rows: Optional[int] = None,
+) -> torch.Tensor:
     """`block(hidden_states, attention_mask, encoder_hidden_states=...)` of a `Blip2QFormerAttention`, fused.
 
     Self-attention when `encoder_hidden_states` is None (keys and values from `hidden_states`, masked by the
@@ -30,13 +36,15 @@ def attend(block: nn.Module, hidden_states: torch.Tensor, attention_mask: Option
     computed as queries (the output is `[B, rows, D]`); keys and values still come from every position."""
     mha, out = block.attention, block.output
     if getattr(mha, "position_embedding_type", "absolute") != "absolute":
-        raise NotImplementedError(f"fused Q-Former attention supports absolute position embeddings, not "
-                                  f"{mha.position_embedding_type!r}; set qff.attention=eager")
+        raise NotImplementedError(
+            f"fused Q-Former attention supports absolute position embeddings, not "
+            f"{mha.position_embedding_type!r}; set qff.attention=eager"
+        )
     batch, heads, size = hidden_states.shape[0], mha.num_attention_heads, mha.attention_head_size
     source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
     queries = hidden_states if rows is None else hidden_states[:, :rows]
 
-    def split(x: torch.Tensor) -> torch.Tensor:               # [B, L, H*d] -> [B, H, L, d]
+    def split(x: torch.Tensor) -> torch.Tensor:  # [B, L, H*d] -> [B, H, L, d]
         return x.view(batch, -1, heads, size).transpose(1, 2)
 
     q, k, v = split(mha.query(queries)), split(mha.key(source)), split(mha.value(source))

@@ -1,4 +1,5 @@
 """The `blip2_qff` component: loads the QFF model (HF, LAVIS or qkvqa checkpoint, or tiny) with its tokenizer and image processor."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,23 +17,52 @@ from qkvqa.utils.logging import get_logger
 log = get_logger(__name__)
 
 # Blip2Config of Salesforce/blip2-itm-vit-g (models.md §1.5); the default base config of a LAVIS checkpoint.
-ITM_VIT_G_CONFIG = {"vision_config": {"image_size": 224},
-                    "qformer_config": {"vocab_size": 30523, "use_qformer_text_input": True}}
+ITM_VIT_G_CONFIG = {
+    "vision_config": {"image_size": 224},
+    "qformer_config": {"vocab_size": 30523, "use_qformer_text_input": True},
+}
 
 # models.md §8 tiny BLIP-2 retrieval model; every entry can be overridden through `spec.options`.
-TINY_DEFAULTS = {"image_size": 28, "patch_size": 14, "vision_hidden_size": 32, "vision_layers": 2,
-                 "hidden_size": 32, "num_layers": 2, "num_heads": 4, "cross_attention_frequency": 1,
-                 "num_query_tokens": 4, "max_position_embeddings": 128, "embed_dim": 16, "mlp_ratio": 2}
+TINY_DEFAULTS = {
+    "image_size": 28,
+    "patch_size": 14,
+    "vision_hidden_size": 32,
+    "vision_layers": 2,
+    "hidden_size": 32,
+    "num_layers": 2,
+    "num_heads": 4,
+    "cross_attention_frequency": 1,
+    "num_query_tokens": 4,
+    "max_position_embeddings": 128,
+    "embed_dim": 16,
+    "mlp_ratio": 2,
+}
 
 # Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
-RUNTIME_DEFAULTS = {"focus": None, "freeze_vit": True, "gradient_checkpointing": False, "max_text_tokens": 512,
-                    "question_max_tokens": 64, "blip_text_preprocess": True, "score_direction": "question_to_section",
-                    "section_batch_size": 64, "image_transform": "targetpad", "gate": "tanh", "gate_init": 0.0,
-                    "attention": "sdpa", "vit_lru_size": 256}
+RUNTIME_DEFAULTS = {
+    "focus": None,
+    "freeze_vit": True,
+    "gradient_checkpointing": False,
+    "max_text_tokens": 512,
+    "question_max_tokens": 64,
+    "blip_text_preprocess": True,
+    "score_direction": "question_to_section",
+    "section_batch_size": 64,
+    "image_transform": "targetpad",
+    "gate": "tanh",
+    "gate_init": 0.0,
+    "attention": "sdpa",
+    "vit_lru_size": 256,
+}
 
 # Loading settings: tiny vocabulary and seed; LAVIS base config, tokenizer and separate EVA ViT weights.
-LOADING_DEFAULTS = {"vocab_texts": (), "seed": 0, "base_config": None, "tokenizer": "bert-base-uncased",
-                    "vision_checkpoint": None}
+LOADING_DEFAULTS = {
+    "vocab_texts": (),
+    "seed": 0,
+    "base_config": None,
+    "tokenizer": "bert-base-uncased",
+    "vision_checkpoint": None,
+}
 
 KNOWN_OPTIONS = {**TINY_DEFAULTS, **RUNTIME_DEFAULTS, **LOADING_DEFAULTS}
 # Article images whose ViT states enter the LRU go through the ViT in forwards of exactly this many (see
@@ -53,10 +83,10 @@ class SectionRequest:
     """One question's sections to score (`QFFComponent.score_sections_many`)."""
 
     question: str
-    image: Any                                            # the query image (PIL)
-    article_images: Sequence[Any]                         # each article's main image, None when it has none
-    article_sections: Sequence[Sequence[str]]             # each article's candidate section texts
-    focus: Optional[str] = None                           # the component's focus by default
+    image: Any  # the query image (PIL)
+    article_images: Sequence[Any]  # each article's main image, None when it has none
+    article_sections: Sequence[Sequence[str]]  # each article's candidate section texts
+    focus: Optional[str] = None  # the component's focus by default
 
 
 def dtype_name(dtype: Any) -> str:
@@ -71,10 +101,21 @@ class QFFComponent:
     reranker calls `score_sections` and feeds the result to `qkvqa.qff.scoring.rerank`.
     """
 
-    def __init__(self, model, tokenizer, image_processor, *, focus: Optional[str] = None, max_text_tokens: int = 512,
-                 question_max_tokens: int = 64, blip_text_preprocess: bool = True,
-                 score_direction: str = "question_to_section", section_batch_size: int = 64,
-                 image_transform: Optional[str] = None, vit_lru_size: int = 256):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        image_processor,
+        *,
+        focus: Optional[str] = None,
+        max_text_tokens: int = 512,
+        question_max_tokens: int = 64,
+        blip_text_preprocess: bool = True,
+        score_direction: str = "question_to_section",
+        section_batch_size: int = 64,
+        image_transform: Optional[str] = None,
+        vit_lru_size: int = 256,
+    ):
         from qkvqa.qff.scoring import SCORE_DIRECTIONS
 
         self.model = model
@@ -82,8 +123,10 @@ class QFFComponent:
         self.image_processor = image_processor
         self.focus = focus or model.focus
         if self.focus not in (model.focus, "none"):
-            raise ConfigError(f"qff.focus={self.focus!r}, but the loaded QFF model was built with focus="
-                              f"{model.focus!r}; use {model.focus!r} or 'none'")
+            raise ConfigError(
+                f"qff.focus={self.focus!r}, but the loaded QFF model was built with focus="
+                f"{model.focus!r}; use {model.focus!r} or 'none'"
+            )
         if score_direction not in SCORE_DIRECTIONS:
             raise ConfigError(f"qff.score_direction must be one of {SCORE_DIRECTIONS}, got {score_direction!r}")
         self.max_text_tokens = min(int(max_text_tokens), model.max_text_tokens)
@@ -93,16 +136,19 @@ class QFFComponent:
         self.section_batch_size = int(section_batch_size)
         self.image_transform = image_transform
         self.vit_lru_size = int(vit_lru_size)
-        self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()     # image content key -> ViT states [P, Dv]
-        self._vit_version: Any = None                                 # the ViT weights the cached states came from
+        self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()  # image content key -> ViT states [P, Dv]
+        self._vit_version: Any = None  # the ViT weights the cached states came from
         self.vit_cache_stats = {"hits": 0, "misses": 0}
 
     def preprocessing(self) -> dict:
         """The input preprocessing a trained QFF must be used with (recorded with its weights, checked on load)."""
         from qkvqa.qff.image_processing import IMAGE_GEOMETRY
 
-        return {"image_transform": self.image_transform, "image_geometry": IMAGE_GEOMETRY.get(self.image_transform),
-                "blip_text_preprocess": self.blip_text_preprocess}
+        return {
+            "image_transform": self.image_transform,
+            "image_geometry": IMAGE_GEOMETRY.get(self.image_transform),
+            "blip_text_preprocess": self.blip_text_preprocess,
+        }
 
     @property
     def device(self):
@@ -127,9 +173,17 @@ class QFFComponent:
         return self._tokenize(sections, self.max_text_tokens)
 
     def _tokenize(self, texts: Sequence[str], max_length: int):
-        batch = self.tokenizer([self.prepare_text(t) for t in texts], padding="longest", truncation=True,
-                               max_length=max_length, return_tensors="pt")
-        return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
+        batch = self.tokenizer(
+            [self.prepare_text(t) for t in texts],
+            padding="longest",
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        return {
+            "input_ids": batch["input_ids"].to(self.device),
+            "attention_mask": batch["attention_mask"].to(self.device),
+        }
 
     def preprocess_images(self, images: Sequence[Any]):
         """`[N, 3, S, S]` pixel values (PIL images in), in the ViT's dtype on its device."""
@@ -143,16 +197,23 @@ class QFFComponent:
         image_states = self.model.encode_image(self.preprocess_images([image]))
         return self.model.encode_question(tokens["input_ids"], tokens["attention_mask"], image_states)
 
-    def score_sections(self, question: str, question_image: Any, article_images: Sequence[Any],
-                       article_sections: Sequence[Sequence[str]], focus: Optional[str] = None) -> list[list[float]]:
+    def score_sections(
+        self,
+        question: str,
+        question_image: Any,
+        article_images: Sequence[Any],
+        article_sections: Sequence[Sequence[str]],
+        focus: Optional[str] = None,
+    ) -> list[list[float]]:
         """Late-interaction scores of every section of every article for one question (OMGM `sec_sim` shape).
 
         `article_images[i]` is article i's main image (None when it has none); `article_sections[i]`
         its candidate section strings. Articles without an image or without sections get `[]` (their QFF score
         is 0 in `rerank`). One question of `score_sections_many`.
         """
-        return self.score_sections_many([SectionRequest(question, question_image, article_images, article_sections,
-                                                        focus)])[0]
+        return self.score_sections_many(
+            [SectionRequest(question, question_image, article_images, article_sections, focus)]
+        )[0]
 
     def score_sections_many(self, requests: Sequence["SectionRequest"]) -> list[list[list[float]]]:
         """`score_sections` of several questions at once: one batched question pass, each article image through
@@ -165,21 +226,25 @@ class QFFComponent:
         from qkvqa.qff.scoring import late_interaction
 
         results: list[list[list[float]]] = []
-        flat: list[tuple[int, int, int, int, int]] = []          # (request, image row, article, section, question)
+        flat: list[tuple[int, int, int, int, int]] = []  # (request, image row, article, section, question)
         texts: list[str] = []
-        image_rows: dict[Any, int] = {}                          # cache key (or a per-call token) -> image row
-        new_images: list[tuple[Any, Any]] = []                   # (key, PIL image) not in the LRU
-        states_by_key: dict[Any, Any] = {}                       # key -> ViT states [P, Dv]
-        asking: list[int] = []                                   # requests with something to score
+        image_rows: dict[Any, int] = {}  # cache key (or a per-call token) -> image row
+        new_images: list[tuple[Any, Any]] = []  # (key, PIL image) not in the LRU
+        states_by_key: dict[Any, Any] = {}  # key -> ViT states [P, Dv]
+        asking: list[int] = []  # requests with something to score
         cacheable = self._cacheable()
         for r, req in enumerate(requests):
             if len(req.article_images) != len(req.article_sections):
-                raise ValueError(f"{len(req.article_images)} article images but {len(req.article_sections)} "
-                                 "section lists")
+                raise ValueError(
+                    f"{len(req.article_images)} article images but {len(req.article_sections)} section lists"
+                )
             scores: list[list[float]] = [[] for _ in req.article_sections]
             results.append(scores)
-            scored = [i for i, (image, sections) in enumerate(zip(req.article_images, req.article_sections))
-                      if image is not None and len(sections) > 0]
+            scored = [
+                i
+                for i, (image, sections) in enumerate(zip(req.article_images, req.article_sections))
+                if image is not None and len(sections) > 0
+            ]
             if not scored:
                 continue
             question_row = len(asking)
@@ -188,7 +253,7 @@ class QFFComponent:
                 key = image_key(req.article_images[i]) if cacheable else ("call", r, i)
                 if key not in image_rows:
                     image_rows[key] = len(image_rows)
-                    if key in self._vit_cache:                   # taken now: remembering new states may evict it
+                    if key in self._vit_cache:  # taken now: remembering new states may evict it
                         states_by_key[key] = self._recall(key)
                     else:
                         new_images.append((key, req.article_images[i]))
@@ -207,11 +272,12 @@ class QFFComponent:
             # forward's floats depend on its shape in the last bits, and which images a batch finds cached depends on
             # the batches before it (another rank, a resumed run); at one fixed shape each image's states depend on
             # that image alone, so every run gets the same states.
-            fresh = self._encode_images([image for _, image in new_images], fixed_chunks=cacheable) \
-                if new_images else None
+            fresh = (
+                self._encode_images([image for _, image in new_images], fixed_chunks=cacheable) if new_images else None
+            )
             for n, (key, _) in enumerate(new_images):
                 states_by_key[key] = fresh[n]
-                if cacheable:                                    # a copy: a view would keep the whole batch alive
+                if cacheable:  # a copy: a view would keep the whole batch alive
                     self._remember(key, fresh[n].clone())
             image_states = torch.stack([states_by_key[key] for key in image_rows])
             ids = self.tokenizer(texts, truncation=True, max_length=self.max_text_tokens)["input_ids"]
@@ -221,13 +287,19 @@ class QFFComponent:
                 raise ValueError(f"one score_sections_many call scores with one focus, got {sorted(focuses)}")
             focus = focuses.pop()
             for start in range(0, len(order), batch_size):
-                batch = order[start:start + batch_size]
+                batch = order[start : start + batch_size]
                 input_ids, attention_mask = self._pad([ids[n] for n in batch])
                 image_index = torch.tensor([flat[n][1] for n in batch], device=self.device)
                 question_index = torch.tensor([flat[n][4] for n in batch], device=self.device)
-                states = self.model.encode_sections(input_ids, attention_mask, image_states, question_enc,
-                                                    image_index=image_index, question_index=question_index,
-                                                    focus=focus)
+                states = self.model.encode_sections(
+                    input_ids,
+                    attention_mask,
+                    image_states,
+                    question_enc,
+                    image_index=image_index,
+                    question_index=question_index,
+                    focus=focus,
+                )
                 tokens = question_enc.tokens.index_select(0, question_index)
                 for n, value in zip(batch, late_interaction(tokens, states, self.score_direction).tolist()):
                     r, _, i, j, _ = flat[n]
@@ -254,12 +326,14 @@ class QFFComponent:
         pixels = self.preprocess_images(images)
         if not fixed_chunks:
             step = self.section_batch_size
-            return torch.cat([self.model.encode_image(pixels[s:s + step]) for s in range(0, len(images), step)])
+            return torch.cat([self.model.encode_image(pixels[s : s + step]) for s in range(0, len(images), step)])
         pad = -len(images) % VIT_CHUNK
         if pad:
             pixels = torch.cat([pixels, pixels.new_zeros((pad, *pixels.shape[1:]))])
-        states = torch.cat([self.model.encode_image(pixels[s:s + VIT_CHUNK]) for s in range(0, len(pixels), VIT_CHUNK)])
-        return states[:len(images)]
+        states = torch.cat(
+            [self.model.encode_image(pixels[s : s + VIT_CHUNK]) for s in range(0, len(pixels), VIT_CHUNK)]
+        )
+        return states[: len(images)]
 
     def _cacheable(self) -> bool:
         """Whether article ViT states are cached: a frozen ViT and a cache size above 0. The cache is emptied when the
@@ -297,15 +371,16 @@ class QFFComponent:
         input_ids = torch.full((len(sequences), length), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
         for row, seq in enumerate(sequences):
-            input_ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[row, :len(seq)] = 1
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[row, : len(seq)] = 1
         return input_ids.to(self.device), attention_mask.to(self.device)
 
     def save_pretrained(self, out_dir: str | Path, vit_dtype: Optional[str] = None) -> Path:
         """Write the model (safetensors + qff_config.json) and tokenizer so that `pretrained: out_dir` rebuilds it;
         `vit_dtype`: the dtype the ViT ran in while it was trained (default: the model's, bf16 / fp16 / fp32)."""
-        out_dir = self.model.save_pretrained(out_dir, preprocessing=self.preprocessing(),
-                                             vit_dtype=vit_dtype or dtype_name(self.model.vision_dtype))
+        out_dir = self.model.save_pretrained(
+            out_dir, preprocessing=self.preprocessing(), vit_dtype=vit_dtype or dtype_name(self.model.vision_dtype)
+        )
         self.tokenizer.save_pretrained(str(out_dir))
         return out_dir
 
@@ -317,15 +392,28 @@ def tiny_blip2_config(vocab_size: int, **options: Any):
 
     o = {**TINY_DEFAULTS, **options}
     return Blip2Config(
-        vision_config=dict(hidden_size=o["vision_hidden_size"], intermediate_size=o["mlp_ratio"] * o["vision_hidden_size"],
-                           num_hidden_layers=o["vision_layers"], num_attention_heads=o["num_heads"],
-                           image_size=o["image_size"], patch_size=o["patch_size"],
-                           initializer_range=0.02),  # the HF default (1e-10) gives a degenerate random ViT
-        qformer_config=dict(vocab_size=vocab_size, hidden_size=o["hidden_size"], num_hidden_layers=o["num_layers"],
-                            num_attention_heads=o["num_heads"], intermediate_size=o["mlp_ratio"] * o["hidden_size"],
-                            max_position_embeddings=o["max_position_embeddings"], use_qformer_text_input=True,
-                            cross_attention_frequency=o["cross_attention_frequency"]),
-        num_query_tokens=o["num_query_tokens"], image_text_hidden_size=o["embed_dim"])
+        vision_config=dict(
+            hidden_size=o["vision_hidden_size"],
+            intermediate_size=o["mlp_ratio"] * o["vision_hidden_size"],
+            num_hidden_layers=o["vision_layers"],
+            num_attention_heads=o["num_heads"],
+            image_size=o["image_size"],
+            patch_size=o["patch_size"],
+            initializer_range=0.02,
+        ),  # the HF default (1e-10) gives a degenerate random ViT
+        qformer_config=dict(
+            vocab_size=vocab_size,
+            hidden_size=o["hidden_size"],
+            num_hidden_layers=o["num_layers"],
+            num_attention_heads=o["num_heads"],
+            intermediate_size=o["mlp_ratio"] * o["hidden_size"],
+            max_position_embeddings=o["max_position_embeddings"],
+            use_qformer_text_input=True,
+            cross_attention_frequency=o["cross_attention_frequency"],
+        ),
+        num_query_tokens=o["num_query_tokens"],
+        image_text_hidden_size=o["embed_dim"],
+    )
 
 
 def write_tiny_blip2(out_dir: str | Path, texts: Sequence[str] = (), seed: int = 0, **options: Any) -> Path:
@@ -356,8 +444,10 @@ def _load_tokenizer(ref: str, local_only: bool):
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref, local_files_only=local_only)
     except OSError as e:
-        raise MissingWeightsError(f"no tokenizer at {ref!r} (local files only: {local_only}); point "
-                                  "components.qformer.options.tokenizer at a BERT-base-uncased tokenizer directory") from e
+        raise MissingWeightsError(
+            f"no tokenizer at {ref!r} (local files only: {local_only}); point "
+            "components.qformer.options.tokenizer at a BERT-base-uncased tokenizer directory"
+        ) from e
     if tokenizer.bos_token is None:
         tokenizer.add_special_tokens({"bos_token": "[DEC]"})
     return tokenizer
@@ -390,11 +480,17 @@ def _load_lavis(path: str, options: Mapping[str, Any], dtype, local_only: bool):
         state.update(read_lavis_checkpoint(options["vision_checkpoint"], prefix="visual_encoder."))
     converted, left_out = convert_lavis_state_dict(state, config.vision_config.num_hidden_layers)
     if left_out:
-        log.info("LAVIS checkpoint %s: %d key(s) have no HF counterpart and were left out, e.g. %s",
-                 path, len(left_out), left_out[:5])
+        log.info(
+            "LAVIS checkpoint %s: %d key(s) have no HF counterpart and were left out, e.g. %s",
+            path,
+            len(left_out),
+            left_out[:5],
+        )
     if not any(k.startswith("vision_model.encoder.") for k in converted):
-        raise MissingWeightsError(f"{path} holds no ViT weights (LAVIS saves only trainable weights); set "
-                                  "components.qformer.options.vision_checkpoint to EVA's eva_vit_g.pth")
+        raise MissingWeightsError(
+            f"{path} holds no ViT weights (LAVIS saves only trainable weights); set "
+            "components.qformer.options.vision_checkpoint to EVA's eva_vit_g.pth"
+        )
     load_complete(base, converted, path)
     cast_like_hf(base, dtype)
     return base.eval(), _load_tokenizer(options["tokenizer"], local_only)
@@ -404,8 +500,10 @@ def _options(spec: ComponentSpec) -> dict[str, Any]:
     unknown = sorted(set(spec.options) - set(KNOWN_OPTIONS))
     if unknown:
         near = {k: difflib.get_close_matches(k, KNOWN_OPTIONS, n=2) for k in unknown}
-        raise ConfigError(f"component {spec.kind!r}: unknown option(s) {near} (key: nearest valid names); "
-                          f"valid options are {sorted(KNOWN_OPTIONS)}")
+        raise ConfigError(
+            f"component {spec.kind!r}: unknown option(s) {near} (key: nearest valid names); "
+            f"valid options are {sorted(KNOWN_OPTIONS)}"
+        )
     return {**KNOWN_OPTIONS, **spec.options}
 
 
@@ -419,18 +517,24 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     from qkvqa.qff.image_processing import blip2_image_processor
     from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel
 
-    if spec.init != "checkpoint":      # the builder sees one spec; the corpus to pretrain on is the config's
-        raise ConfigError(f"components.qformer.init={spec.init!r} is resolved from the whole config: build it with "
-                          "qkvqa.qff.pretrain_here.resolve_qformer_spec(cfg) (qkvqa train and qkvqa pretrain-qformer do)")
+    if spec.init != "checkpoint":  # the builder sees one spec; the corpus to pretrain on is the config's
+        raise ConfigError(
+            f"components.qformer.init={spec.init!r} is resolved from the whole config: build it with "
+            "qkvqa.qff.pretrain_here.resolve_qformer_spec(cfg) (qkvqa train and qkvqa pretrain-qformer do)"
+        )
     options = _options(spec)
     dtype = spec.torch_dtype()
     local_only = not spec.allow_download
     focus = options["focus"]
     ref = os.path.expanduser(str(spec.pretrained)) if spec.pretrained else ""
     if not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
-        model = QFFModel.from_checkpoint(ref, dtype=dtype, freeze_vit=options["freeze_vit"],
-                                         gradient_checkpointing=options["gradient_checkpointing"],
-                                         attention=options["attention"])
+        model = QFFModel.from_checkpoint(
+            ref,
+            dtype=dtype,
+            freeze_vit=options["freeze_vit"],
+            gradient_checkpointing=options["gradient_checkpointing"],
+            attention=options["attention"],
+        )
         _check_preprocessing(Path(ref), options)
         _check_vit_dtype(Path(ref), model)
         tokenizer = _load_tokenizer(ref, local_only=True)
@@ -443,15 +547,29 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             base, tokenizer = _load_lavis(ref, options, dtype, local_only)
         else:
             base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
-        model = QFFModel(base, focus=focus or "per_layer", freeze_vit=options["freeze_vit"],
-                         gradient_checkpointing=options["gradient_checkpointing"], gate=options["gate"],
-                         gate_init=float(options["gate_init"]), attention=options["attention"])
+        model = QFFModel(
+            base,
+            focus=focus or "per_layer",
+            freeze_vit=options["freeze_vit"],
+            gradient_checkpointing=options["gradient_checkpointing"],
+            gate=options["gate"],
+            gate_init=float(options["gate_init"]),
+            attention=options["attention"],
+        )
     model.to(spec.torch_device()).eval()
-    return QFFComponent(model, tokenizer, blip2_image_processor(model.image_size, options["image_transform"]), focus=focus,
-                        max_text_tokens=options["max_text_tokens"], question_max_tokens=options["question_max_tokens"],
-                        blip_text_preprocess=options["blip_text_preprocess"],
-                        score_direction=options["score_direction"], section_batch_size=options["section_batch_size"],
-                        image_transform=options["image_transform"], vit_lru_size=options["vit_lru_size"])
+    return QFFComponent(
+        model,
+        tokenizer,
+        blip2_image_processor(model.image_size, options["image_transform"]),
+        focus=focus,
+        max_text_tokens=options["max_text_tokens"],
+        question_max_tokens=options["question_max_tokens"],
+        blip_text_preprocess=options["blip_text_preprocess"],
+        score_direction=options["score_direction"],
+        section_batch_size=options["section_batch_size"],
+        image_transform=options["image_transform"],
+        vit_lru_size=options["vit_lru_size"],
+    )
 
 
 def _check_vit_dtype(path: Path, model: Any) -> Optional[str]:
@@ -468,12 +586,18 @@ def _check_vit_dtype(path: Path, model: Any) -> Optional[str]:
     if trained is None:
         return None
     if trained not in DTYPES:
-        raise DataError(f"{path / CHECKPOINT_CONFIG}: vit_dtype {trained!r} is not one of {sorted(DTYPES)}; "
-                        "re-export the QFF with `qkvqa train`")
+        raise DataError(
+            f"{path / CHECKPOINT_CONFIG}: vit_dtype {trained!r} is not one of {sorted(DTYPES)}; "
+            "re-export the QFF with `qkvqa train`"
+        )
     here = dtype_name(model.vision_dtype)
     if here != trained:
-        log.info("QFF %s was trained with its ViT in %s; this run's ViT runs in %s (components.qformer.dtype)",
-                 path, trained, here)
+        log.info(
+            "QFF %s was trained with its ViT in %s; this run's ViT runs in %s (components.qformer.dtype)",
+            path,
+            trained,
+            here,
+        )
     return trained
 
 
@@ -483,9 +607,8 @@ def _check_preprocessing(path: Path, options: dict) -> None:
     import json
 
     from qkvqa.errors import StaleArtifactError
-    from qkvqa.qff.model import CHECKPOINT_CONFIG
-
     from qkvqa.qff.image_processing import IMAGE_GEOMETRY
+    from qkvqa.qff.model import CHECKPOINT_CONFIG
 
     trained = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8")).get("preprocessing") or {}
     geometry = trained.get("image_geometry")
@@ -493,13 +616,19 @@ def _check_preprocessing(path: Path, options: dict) -> None:
         raise StaleArtifactError(
             f"{path}: trained with image geometry {geometry or 'targetpad_square (unrecorded: qkvqa before the OMGM geometry)'}, which pads "
             f"wide photos to a full square; this qkvqa uses OMGM's {IMAGE_GEOMETRY['targetpad']} (a 1.25:1 pad), so "
-            "most 4:3 and 3:2 images would get other pixels than in training. Retrain the QFF (`qkvqa train`)")
+            "most 4:3 and 3:2 images would get other pixels than in training. Retrain the QFF (`qkvqa train`)"
+        )
     options = {**options, "image_geometry": IMAGE_GEOMETRY.get(options.get("image_transform"))}
-    differs = [f"qff.{key}: trained with {value!r}, this config has {options[key]!r}"
-               for key, value in trained.items() if value is not None and options.get(key) != value]
+    differs = [
+        f"qff.{key}: trained with {value!r}, this config has {options[key]!r}"
+        for key, value in trained.items()
+        if value is not None and options.get(key) != value
+    ]
     if differs:
-        raise StaleArtifactError(f"{path}: {'; '.join(differs)}. Set the config to what the QFF was trained with "
-                                 f"(e.g. qff.{differs[0].split(':')[0][4:]}={trained[differs[0].split(':')[0][4:]]!r})")
+        raise StaleArtifactError(
+            f"{path}: {'; '.join(differs)}. Set the config to what the QFF was trained with "
+            f"(e.g. qff.{differs[0].split(':')[0][4:]}={trained[differs[0].split(':')[0][4:]]!r})"
+        )
 
 
 def build_qff_component(spec: ComponentSpec | Mapping[str, Any], qff: Any = None) -> QFFComponent:
@@ -516,6 +645,6 @@ def build_qff_component(spec: ComponentSpec | Mapping[str, Any], qff: Any = None
         values = dataclasses.asdict(qff) if dataclasses.is_dataclass(qff) else qff
         runtime = {k: values[k] for k in RUNTIME_DEFAULTS if k in values}
         spec = dataclasses.replace(spec, options={**runtime, **spec.options})
-        if values.get("checkpoint"):           # trained weights: whatever init they started from
+        if values.get("checkpoint"):  # trained weights: whatever init they started from
             spec = dataclasses.replace(spec, pretrained=str(values["checkpoint"]), tiny=False, init="checkpoint")
     return build_component(spec)

@@ -11,6 +11,7 @@
 - `squash`: `BlipImageProcessor`'s S x S bicubic resize with no crop (the blip2-itm-vit-g conversion,
   LAVIS `blip_image_eval`; models.md section 1.5), which stretches wide images.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -66,7 +67,7 @@ class TargetPadImageProcessor:
 
     transform = "targetpad"
     geometry = IMAGE_GEOMETRY["targetpad"]
-    resample = 3                       # PIL's BICUBIC, as BlipImageProcessor records it
+    resample = 3  # PIL's BICUBIC, as BlipImageProcessor records it
     do_rescale = True
     rescale_factor = 1 / 255
     do_normalize = True
@@ -109,6 +110,13 @@ def blip2_image_processor(image_size: int, transform: str = "targetpad"):
     from transformers import BlipImageProcessor
     from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 
-    return BlipImageProcessor(do_resize=True, size={"height": image_size, "width": image_size},
-                              resample=PILImageResampling.BICUBIC, do_rescale=True, do_normalize=True,
-                              image_mean=list(OPENAI_CLIP_MEAN), image_std=list(OPENAI_CLIP_STD), do_convert_rgb=True)
+    return BlipImageProcessor(
+        do_resize=True,
+        size={"height": image_size, "width": image_size},
+        resample=PILImageResampling.BICUBIC,
+        do_rescale=True,
+        do_normalize=True,
+        image_mean=list(OPENAI_CLIP_MEAN),
+        image_std=list(OPENAI_CLIP_STD),
+        do_convert_rgb=True,
+    )

@@ -1,4 +1,5 @@
 """LAVIS `Blip2Qformer` checkpoint (`blip2_pretrained.pth`) -> HF `Blip2ForImageTextRetrieval` state-dict names (models.md §1.6)."""
+
 from __future__ import annotations
 
 import re
@@ -30,19 +31,26 @@ _PREFIXES = {"vision_proj.": "vision_projection.", "text_proj.": "text_projectio
 
 _QFORMER_LAYER = re.compile(r"^Qformer\.bert\.encoder\.layer\.(\d+)\.(.+)$")
 _VIT_BLOCK = re.compile(r"^visual_encoder\.blocks\.(\d+)\.(.+)$")
-_VIT_PARTS = {"norm1.": "layer_norm1.", "norm2.": "layer_norm2.", "attn.qkv.weight": "self_attn.qkv.weight",
-              "attn.proj.": "self_attn.projection.", "mlp.fc1.": "mlp.fc1.", "mlp.fc2.": "mlp.fc2."}
+_VIT_PARTS = {
+    "norm1.": "layer_norm1.",
+    "norm2.": "layer_norm2.",
+    "attn.qkv.weight": "self_attn.qkv.weight",
+    "attn.proj.": "self_attn.projection.",
+    "mlp.fc1.": "mlp.fc1.",
+    "mlp.fc2.": "mlp.fc2.",
+}
 
 
 def _vit_block_key(rest: str) -> Optional[str]:
     for lavis_part, hf_part in _VIT_PARTS.items():
         if rest.startswith(lavis_part):
-            return hf_part + rest[len(lavis_part):]
+            return hf_part + rest[len(lavis_part) :]
     return None
 
 
-def convert_lavis_state_dict(state: Mapping[str, torch.Tensor], num_vision_layers: int
-                             ) -> tuple[dict[str, torch.Tensor], list[str]]:
+def convert_lavis_state_dict(
+    state: Mapping[str, torch.Tensor], num_vision_layers: int
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Rename a LAVIS `Blip2Qformer` state dict to HF names; returns (HF state dict, LAVIS keys left out).
 
     The EVA block's separate `attn.q_bias` / `attn.v_bias` become HF's `self_attn.qkv.bias =
@@ -60,10 +68,10 @@ def convert_lavis_state_dict(state: Mapping[str, torch.Tensor], num_vision_layer
             out[_RENAMES[key]] = value
         elif key == "query_tokens":
             out[key] = value
-        elif (m := _QFORMER_LAYER.match(key)):
+        elif m := _QFORMER_LAYER.match(key):
             rest = m.group(2).replace("attention.self.", "attention.attention.")
             out[f"qformer.encoder.layer.{m.group(1)}.{rest}"] = value
-        elif (m := _VIT_BLOCK.match(key)):
+        elif m := _VIT_BLOCK.match(key):
             block, rest = int(m.group(1)), m.group(2)
             if block >= num_vision_layers:
                 left_out.append(key)
@@ -74,12 +82,14 @@ def convert_lavis_state_dict(state: Mapping[str, torch.Tensor], num_vision_layer
             else:
                 left_out.append(key)
         elif (prefix := next((p for p in _PREFIXES if key.startswith(p)), None)) is not None:
-            out[_PREFIXES[prefix] + key[len(prefix):]] = value
+            out[_PREFIXES[prefix] + key[len(prefix) :]] = value
         else:
             left_out.append(key)
     for block, biases in qv_bias.items():
         if set(biases) != {"q", "v"}:
-            raise MissingWeightsError(f"LAVIS ViT block {block} has {sorted(biases)}_bias but needs both q_bias and v_bias")
+            raise MissingWeightsError(
+                f"LAVIS ViT block {block} has {sorted(biases)}_bias but needs both q_bias and v_bias"
+            )
         q, v = biases["q"], biases["v"]
         out[f"vision_model.encoder.layers.{block}.self_attn.qkv.bias"] = torch.cat([q, torch.zeros_like(v), v])
     return out, left_out

@@ -19,6 +19,7 @@ image, or whose pool holds fewer than `num_negatives` (15) candidates, is droppe
 Candidate sections never include "external links" / "references"; every candidate keeps its
 original section index.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,7 @@ TOP_K = 20
 GOLD_SECTIONS = 3
 NUM_NEGATIVES = 15
 ARTICLES_SUFFIX = ".articles.json"
-DROP_REASONS = ("gold_not_in_kb", "bad_evidence_section", "no_gold_image", "no_retrieval_results",
-                "too_few_candidates")
+DROP_REASONS = ("gold_not_in_kb", "bad_evidence_section", "no_gold_image", "no_retrieval_results", "too_few_candidates")
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class ArticleFacts:
     url: str
     title: str
     image: Optional[str]
-    sections: tuple[int, ...]          # original indices of the candidate sections (no references / external links)
-    num_sections: int                  # length of the unfiltered section lists
+    sections: tuple[int, ...]  # original indices of the candidate sections (no references / external links)
+    num_sections: int  # length of the unfiltered section lists
 
 
 @dataclass(frozen=True)
@@ -125,9 +125,13 @@ class ArticleFactsSource:
         except KeyError:
             return None
         image = self.article_images.main_image(article.title, article.image_urls)
-        return ArticleFacts(url, article.title, None if image is None else self.image_paths.relative(image),
-                            tuple(c.index for c in article.candidate_sections()),
-                            min(len(article.section_titles), len(article.section_texts)))
+        return ArticleFacts(
+            url,
+            article.title,
+            None if image is None else self.image_paths.relative(image),
+            tuple(c.index for c in article.candidate_sections()),
+            min(len(article.section_titles), len(article.section_texts)),
+        )
 
     def known(self) -> dict[str, ArticleFacts]:
         """Every article looked up so far (those in the KB)."""
@@ -140,9 +144,16 @@ def image_key(resolver, dataset_name: str, image_id: str) -> str:
     return candidates[0].stem if candidates else image_id
 
 
-def sample_pool(gold_url: str, evidence_section_id: Optional[int], top_urls: Sequence[str],
-                facts: Callable[[str], Optional[ArticleFacts]], *, gold_image: Optional[str] = None,
-                gold_sections: int = GOLD_SECTIONS, num_negatives: int = NUM_NEGATIVES) -> SamplePool | str:
+def sample_pool(
+    gold_url: str,
+    evidence_section_id: Optional[int],
+    top_urls: Sequence[str],
+    facts: Callable[[str], Optional[ArticleFacts]],
+    *,
+    gold_image: Optional[str] = None,
+    gold_sections: int = GOLD_SECTIONS,
+    num_negatives: int = NUM_NEGATIVES,
+) -> SamplePool | str:
     """The pool of one sample under OMGM's rule, or the reason (one of DROP_REASONS) it is dropped.
 
     `top_urls` are the stage-1 top-K URLs of the sample's image; `gold_image` overrides the gold
@@ -181,12 +192,20 @@ class MiningResult:
     pools: dict[str, dict]
     articles: dict[str, ArticleFacts]
     report: dict
-    kb: Optional[dict] = None            # {"url_checksum", "articles"} of the KB store the facts come from
+    kb: Optional[dict] = None  # {"url_checksum", "articles"} of the KB store the facts come from
 
 
-def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: ArticleFactsSource,
-               key_of: Callable[[Any], str], *, top_k: int = TOP_K, gold_sections: int = GOLD_SECTIONS,
-               num_negatives: int = NUM_NEGATIVES, split: str = "") -> MiningResult:
+def mine_pools(
+    questions: Iterable[Any],
+    results: Mapping[str, Any],
+    facts: ArticleFactsSource,
+    key_of: Callable[[Any], str],
+    *,
+    top_k: int = TOP_K,
+    gold_sections: int = GOLD_SECTIONS,
+    num_negatives: int = NUM_NEGATIVES,
+    split: str = "",
+) -> MiningResult:
     """Build the pools of `questions` from their stage-1 `results` (data_id -> Retrieved) and report every drop.
 
     Only training question types are mined (2_hop rows are counted and skipped). Questions that share
@@ -215,18 +234,29 @@ def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: Arti
         gold_url = question.gold_url
         gold = facts(gold_url)
         if key not in pools:
-            pools[key] = {"gt_entity_pos_img": gold.image if gold is not None else None,
-                          "top_20": [{"entry": u, "title": t, "similarity": float(s)} for u, t, s in
-                                     zip(urls, retrieved.titles[:top_k], retrieved.similarities[:top_k])]
-                          if retrieved is not None else []}
+            pools[key] = {
+                "gt_entity_pos_img": gold.image if gold is not None else None,
+                "top_20": [
+                    {"entry": u, "title": t, "similarity": float(s)}
+                    for u, t, s in zip(urls, retrieved.titles[:top_k], retrieved.similarities[:top_k])
+                ]
+                if retrieved is not None
+                else [],
+            }
             gold_of_key[key] = gold_url
         else:
             if [e["entry"] for e in pools[key]["top_20"]] != urls:
                 conflicting += 1
             if gold_of_key[key] != gold_url:
                 keys_with_several_golds.add(key)
-        pool = sample_pool(gold_url, question.evidence_section_id, [e["entry"] for e in pools[key]["top_20"]], facts,
-                           gold_sections=gold_sections, num_negatives=num_negatives)
+        pool = sample_pool(
+            gold_url,
+            question.evidence_section_id,
+            [e["entry"] for e in pools[key]["top_20"]],
+            facts,
+            gold_sections=gold_sections,
+            num_negatives=num_negatives,
+        )
         if isinstance(pool, str):
             reasons[pool] += 1
             dropped.append({"data_id": question.data_id, "image_key": key, "gold_url": gold_url, "reason": pool})
@@ -234,13 +264,21 @@ def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: Arti
             kept += 1
             sizes.append(len(pool.negatives))
     if conflicting:
-        log.warning("%d questions share a query image with an earlier question but have another stage-1 ranking; "
-                    "the first ranking was kept", conflicting)
+        log.warning(
+            "%d questions share a query image with an earlier question but have another stage-1 ranking; "
+            "the first ranking was kept",
+            conflicting,
+        )
     mined = kept + len(dropped)
     report = {
-        "split": split, "questions": len(questions), "mined": mined, "kept": kept, "dropped": len(dropped),
+        "split": split,
+        "questions": len(questions),
+        "mined": mined,
+        "kept": kept,
+        "dropped": len(dropped),
         "dropped_by_reason": {reason: reasons.get(reason, 0) for reason in DROP_REASONS},
-        "not_training_type": not_training, "image_keys": len(pools),
+        "not_training_type": not_training,
+        "image_keys": len(pools),
         "image_keys_with_several_gold_articles": len(keys_with_several_golds),
         "conflicting_rankings": conflicting,
         "pool_size": {"min": min(sizes), "mean": sum(sizes) / len(sizes), "max": max(sizes)} if sizes else None,
@@ -248,8 +286,13 @@ def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: Arti
         "articles_without_image": sum(1 for f in facts.known().values() if f.image is None),
         "dropped_samples": dropped,
     }
-    log.info("mined %s: %d of %d samples kept; dropped %s", split or "pools", kept, mined,
-             ", ".join(f"{r} {n}" for r, n in report["dropped_by_reason"].items() if n) or "none")
+    log.info(
+        "mined %s: %d of %d samples kept; dropped %s",
+        split or "pools",
+        kept,
+        mined,
+        ", ".join(f"{r} {n}" for r, n in report["dropped_by_reason"].items() if n) or "none",
+    )
     store = getattr(facts, "store", None)
     kb = {"url_checksum": store.url_checksum, "articles": len(store)} if store is not None else None
     return MiningResult(pools, facts.known(), report, kb)
@@ -258,8 +301,9 @@ def mine_pools(questions: Iterable[Any], results: Mapping[str, Any], facts: Arti
 def articles_path(pools_path: str | os.PathLike) -> Path:
     """The article-facts file that goes with a pools file: `X.json` -> `X.articles.json`."""
     path = Path(pools_path)
-    return path.with_name(path.name[:-len(".json")] + ARTICLES_SUFFIX if path.name.endswith(".json")
-                          else path.name + ARTICLES_SUFFIX)
+    return path.with_name(
+        path.name[: -len(".json")] + ARTICLES_SUFFIX if path.name.endswith(".json") else path.name + ARTICLES_SUFFIX
+    )
 
 
 def write_pools(path: str | os.PathLike, result: MiningResult) -> tuple[Path, Path]:
@@ -267,8 +311,10 @@ def write_pools(path: str | os.PathLike, result: MiningResult) -> tuple[Path, Pa
     path = Path(path)
     atomic_write_json(path, result.pools, indent=None)
     side = articles_path(path)
-    articles = {url: {"title": f.title, "image": f.image, "sections": list(f.sections), "num_sections": f.num_sections}
-                for url, f in sorted(result.articles.items())}
+    articles = {
+        url: {"title": f.title, "image": f.image, "sections": list(f.sections), "num_sections": f.num_sections}
+        for url, f in sorted(result.articles.items())
+    }
     atomic_write_json(side, {"kb": result.kb, "articles": articles}, indent=None)
     return path, side
 
@@ -284,8 +330,12 @@ class PoolFile:
     the gold image as OMGM uses it.
     """
 
-    def __init__(self, path: str | os.PathLike, fallback: Optional[Callable[[], ArticleFactsSource]] = None,
-                 kb_checksum: Optional[str] = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        fallback: Optional[Callable[[], ArticleFactsSource]] = None,
+        kb_checksum: Optional[str] = None,
+    ):
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"{self.path}: hard-negative pools not found; write them with `qkvqa mine`")
@@ -294,8 +344,9 @@ class PoolFile:
         except ValueError as e:
             raise DataError(str(e)) from None
         if not isinstance(pools, dict):
-            raise DataError(f"{self.path}: expected an object keyed by query-image basename, "
-                            f"found {type(pools).__name__}")
+            raise DataError(
+                f"{self.path}: expected an object keyed by query-image basename, found {type(pools).__name__}"
+            )
         self.entries: dict[str, tuple[Optional[str], tuple[str, ...], tuple[float, ...]]] = {}
         for key, value in pools.items():
             try:
@@ -304,8 +355,9 @@ class PoolFile:
                 sims = tuple(float(e.get("similarity", 0.0)) for e in top)
                 self.entries[str(key)] = (value.get("gt_entity_pos_img"), urls, sims)
             except (KeyError, TypeError, AttributeError, ValueError):
-                raise DataError(f"{self.path}: key {key!r}: expected {{'gt_entity_pos_img', 'top_20': "
-                                f"[{{'entry': url, ...}}]}}") from None
+                raise DataError(
+                    f"{self.path}: key {key!r}: expected {{'gt_entity_pos_img', 'top_20': [{{'entry': url, ...}}]}}"
+                ) from None
         side = articles_path(self.path)
         self.has_facts = side.is_file()
         self._facts: dict[str, Optional[ArticleFacts]] = {}
@@ -317,10 +369,12 @@ class PoolFile:
                 raise StaleArtifactError(
                     f"{side}: mined over another KB (URL checksum {kb.get('url_checksum')}, {kb.get('articles')} "
                     f"articles; the config's KB store has {kb_checksum}): its section indexes would point at other "
-                    f"sections. Mine again with `qkvqa mine`, or set qff.negatives to pools of this KB")
+                    f"sections. Mine again with `qkvqa mine`, or set qff.negatives to pools of this KB"
+                )
             for url, f in facts.items():
-                self._facts[url] = ArticleFacts(url, f["title"], f["image"], tuple(int(i) for i in f["sections"]),
-                                                int(f["num_sections"]))
+                self._facts[url] = ArticleFacts(
+                    url, f["title"], f["image"], tuple(int(i) for i in f["sections"]), int(f["num_sections"])
+                )
         self._fallback_factory = fallback
         self._fallback: Optional[ArticleFactsSource] = None
 
@@ -331,8 +385,9 @@ class PoolFile:
         if self._fallback_factory is None:
             if self.has_facts:
                 return None
-            raise DataError(f"{self.path}: no {articles_path(self.path).name} beside it, and no KB to read "
-                            f"article facts from")
+            raise DataError(
+                f"{self.path}: no {articles_path(self.path).name} beside it, and no KB to read article facts from"
+            )
         if self._fallback is None:
             self._fallback = self._fallback_factory()
         self._facts[url] = self._fallback(url)
@@ -344,13 +399,20 @@ class PoolFile:
             return None
         return self.entries[key][0]
 
-    def pool(self, question, key: str, *, gold_sections: int = GOLD_SECTIONS,
-             num_negatives: int = NUM_NEGATIVES) -> SamplePool | str:
+    def pool(
+        self, question, key: str, *, gold_sections: int = GOLD_SECTIONS, num_negatives: int = NUM_NEGATIVES
+    ) -> SamplePool | str:
         """The sample pool of `question` (whose image has pool key `key`), or its drop reason."""
         _, urls, _ = self.entries.get(key, (None, (), ()))
-        return sample_pool(question.gold_url, question.evidence_section_id, urls, self.facts,
-                           gold_image=self.gold_image_override(key), gold_sections=gold_sections,
-                           num_negatives=num_negatives)
+        return sample_pool(
+            question.gold_url,
+            question.evidence_section_id,
+            urls,
+            self.facts,
+            gold_image=self.gold_image_override(key),
+            gold_sections=gold_sections,
+            num_negatives=num_negatives,
+        )
 
     def ranking(self, key: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """The stage-1 URLs and similarities stored for an image key (empty when absent)."""
@@ -374,10 +436,16 @@ def mine_split(cfg, split: Optional[str], benchmark) -> MiningResult:
     facts = ArticleFactsSource(benchmark.kb_store(), benchmark.article_images(), image_paths_for(benchmark.config))
     resolver = benchmark.image_loader.resolver
     q = cfg.qff
-    return mine_pools(benchmark.questions(split), retrieval.results, facts,
-                      lambda question: image_key(resolver, question.dataset_name, question.image_id),
-                      top_k=q.mining_top_k, gold_sections=q.mining_gold_sections, num_negatives=q.num_negatives,
-                      split=split)
+    return mine_pools(
+        benchmark.questions(split),
+        retrieval.results,
+        facts,
+        lambda question: image_key(resolver, question.dataset_name, question.image_id),
+        top_k=q.mining_top_k,
+        gold_sections=q.mining_gold_sections,
+        num_negatives=q.num_negatives,
+        split=split,
+    )
 
 
 def mine_to_dir(cfg, split: str, out_dir: str | os.PathLike, benchmark) -> Path:
@@ -399,7 +467,13 @@ def check_kept(report: dict, report_path: Optional[Path] = None) -> None:
     if report["kept"] or not report["mined"]:
         return
     reasons = ", ".join(f"{r} {n}" for r, n in report["dropped_by_reason"].items() if n)
-    hint = (" Every gold article lacks its main image: check data.images.kb_image_csvs and data.images.kb_image_root "
-            "(the folder holding full/)." if report["dropped_by_reason"].get("no_gold_image") == report["mined"] else "")
-    raise DataError(f"mining {report['split']} kept 0 of {report['mined']} samples (dropped: {reasons})"
-                    f"{f'; the report is {report_path}' if report_path else ''}.{hint}")
+    hint = (
+        " Every gold article lacks its main image: check data.images.kb_image_csvs and data.images.kb_image_root "
+        "(the folder holding full/)."
+        if report["dropped_by_reason"].get("no_gold_image") == report["mined"]
+        else ""
+    )
+    raise DataError(
+        f"mining {report['split']} kept 0 of {report['mined']} samples (dropped: {reasons})"
+        f"{f'; the report is {report_path}' if report_path else ''}.{hint}"
+    )

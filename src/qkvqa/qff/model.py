@@ -1,4 +1,5 @@
 """The question-focused Q-Former: a wrapper nn.Module around a stock `Blip2ForImageTextRetrieval` (models.md §2)."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,10 @@ from torch.utils.checkpoint import checkpoint
 from transformers import Blip2Config, Blip2ForImageTextRetrieval
 from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerAttention, Blip2QFormerMultiHeadAttention
 
-from qkvqa.config.schema import FOCUS_GATES as GATES, FOCUS_MODES  # declared with the config
-from qkvqa.qff.attention import ATTENTION_IMPLEMENTATIONS, attend
+from qkvqa.config.schema import FOCUS_GATES as GATES  # declared with the config
+from qkvqa.config.schema import FOCUS_MODES
 from qkvqa.errors import ConfigError, MissingWeightsError
+from qkvqa.qff.attention import ATTENTION_IMPLEMENTATIONS, attend
 
 CHECKPOINT_WEIGHTS = "model.safetensors"
 CHECKPOINT_CONFIG = "qff_config.json"
@@ -110,9 +112,16 @@ class QFFModel(nn.Module):
     modules themselves, the stock Q-Former bit for bit. It is a runtime setting, not part of the weights.
     """
 
-    def __init__(self, base: Blip2ForImageTextRetrieval, focus: str = "per_layer", freeze_vit: bool = True,
-                 gradient_checkpointing: bool = False, gate: str = "tanh", gate_init: float = 0.0,
-                 attention: str = "sdpa"):
+    def __init__(
+        self,
+        base: Blip2ForImageTextRetrieval,
+        focus: str = "per_layer",
+        freeze_vit: bool = True,
+        gradient_checkpointing: bool = False,
+        gate: str = "tanh",
+        gate_init: float = 0.0,
+        attention: str = "sdpa",
+    ):
         super().__init__()
         if focus not in FOCUS_MODES:
             raise ConfigError(f"qff.focus must be one of {FOCUS_MODES}, got {focus!r}")
@@ -129,8 +138,9 @@ class QFFModel(nn.Module):
         # New blocks live beside the Q-Former, in its dtype (fp32: see cast_like_hf) and on its device.
         where = {"device": base.qformer.layernorm.weight.device, "dtype": base.qformer.layernorm.weight.dtype}
         if focus == "per_layer":
-            self.q_xattn = nn.ModuleList(Blip2QFormerAttention(qcfg, is_cross_attention=False)
-                                         for _ in layers).to(**where)
+            self.q_xattn = nn.ModuleList(Blip2QFormerAttention(qcfg, is_cross_attention=False) for _ in layers).to(
+                **where
+            )
             if gate == "tanh":
                 self.q_gate = nn.Parameter(torch.full((len(layers),), float(gate_init), **where))
             for block, layer in zip(self.q_xattn, layers):
@@ -154,7 +164,9 @@ class QFFModel(nn.Module):
 
     def focus_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(new block weights, gates): the parameters that the base BLIP-2 does not have."""
-        blocks = [p for name in ("q_xattn", "input_xattn") if hasattr(self, name) for p in getattr(self, name).parameters()]
+        blocks = [
+            p for name in ("q_xattn", "input_xattn") if hasattr(self, name) for p in getattr(self, name).parameters()
+        ]
         gates = [getattr(self, name) for name in ("q_gate", "input_gate") if hasattr(self, name)]
         return blocks, gates
 
@@ -225,19 +237,34 @@ class QFFModel(nn.Module):
         hidden, _ = self._run(embeds, attention_mask, 0, None, None)
         return hidden
 
-    def encode_question(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        image_states: torch.Tensor) -> QuestionEncoding:
+    def encode_question(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_states: torch.Tensor
+    ) -> QuestionEncoding:
         """Question pass: queries + question text + image cross-attention (stock Q-Former), every layer's query states kept."""
         queries = self.base.query_tokens.expand(input_ids.shape[0], -1, -1)
         embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
-        _, layer_states = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states, None,
-                                    record=True, queries_only_last=True)
+        _, layer_states = self._run(
+            embeds,
+            self._with_queries(attention_mask),
+            self.num_queries,
+            image_states,
+            None,
+            record=True,
+            queries_only_last=True,
+        )
         return QuestionEncoding(tuple(layer_states))
 
-    def encode_sections(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        image_states: Optional[torch.Tensor], question: Optional[QuestionEncoding] = None, *,
-                        image_index: Optional[torch.Tensor] = None, question_index: Optional[torch.Tensor] = None,
-                        focus: Optional[str] = None) -> torch.Tensor:
+    def encode_sections(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        image_states: Optional[torch.Tensor],
+        question: Optional[QuestionEncoding] = None,
+        *,
+        image_index: Optional[torch.Tensor] = None,
+        question_index: Optional[torch.Tensor] = None,
+        focus: Optional[str] = None,
+    ) -> torch.Tensor:
         """Section pass: the `[B, Q, D]` last-layer query outputs h_ij, focused on `question`.
 
         `input_ids`/`attention_mask`: `[B, L]` section tokens. `image_states`: ViT states, either one row
@@ -250,8 +277,10 @@ class QFFModel(nn.Module):
         """
         focus = focus or self.focus
         if focus not in (self.focus, "none"):
-            raise ConfigError(f"this QFF model was built with focus={self.focus!r}; it can run {self.focus!r} or "
-                              f"'none', not {focus!r}")
+            raise ConfigError(
+                f"this QFF model was built with focus={self.focus!r}; it can run {self.focus!r} or "
+                f"'none', not {focus!r}"
+            )
         n = input_ids.shape[0]
         if focus != "none" and question is None:
             raise ValueError(f"focus={focus!r} needs the question encoding")
@@ -266,19 +295,33 @@ class QFFModel(nn.Module):
             context, _ = self.input_xattn(hidden_states=queries, encoder_hidden_states=tokens.to(queries.dtype))
             queries = queries + (torch.tanh(self.input_gate) * context if self.gate == "tanh" else context)
         embeds = self.base.embeddings(input_ids=input_ids, query_embeds=queries)
-        hidden, _ = self._run(embeds, self._with_queries(attention_mask), self.num_queries, image_states,
-                              question_states, queries_only_last=True)
-        return hidden[:, :self.num_queries]
+        hidden, _ = self._run(
+            embeds,
+            self._with_queries(attention_mask),
+            self.num_queries,
+            image_states,
+            question_states,
+            queries_only_last=True,
+        )
+        return hidden[:, : self.num_queries]
 
     # ------------------------------------------------------------------ the layer loop
     def _with_queries(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        ones = torch.ones(attention_mask.shape[0], self.num_queries, dtype=attention_mask.dtype,
-                          device=attention_mask.device)
+        ones = torch.ones(
+            attention_mask.shape[0], self.num_queries, dtype=attention_mask.dtype, device=attention_mask.device
+        )
         return torch.cat([ones, attention_mask], dim=1)
 
-    def _run(self, embeds: torch.Tensor, attention_mask: Optional[torch.Tensor], query_length: int,
-             image_states: Optional[torch.Tensor], question_states: Optional[Sequence[torch.Tensor]],
-             record: bool = False, queries_only_last: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _run(
+        self,
+        embeds: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        query_length: int,
+        image_states: Optional[torch.Tensor],
+        question_states: Optional[Sequence[torch.Tensor]],
+        record: bool = False,
+        queries_only_last: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Embedding LayerNorm, then every Q-Former layer; returns the last hidden states and, if `record`, each layer's
         query slice. `queries_only_last`: the caller reads the query rows only, so (sdpa) the last layer computes
         nothing else and the returned states are `[B, query_length, D]`."""
@@ -294,17 +337,25 @@ class QFFModel(nn.Module):
             q_states = None if question_states is None else question_states[i]
             rows_only = queries_only_last and i == self.num_layers - 1
             if use_checkpoint:
-                x = checkpoint(self._layer, i, x, mask, query_length, image_states, q_states, rows_only,
-                               use_reentrant=False)
+                x = checkpoint(
+                    self._layer, i, x, mask, query_length, image_states, q_states, rows_only, use_reentrant=False
+                )
             else:
                 x = self._layer(i, x, mask, query_length, image_states, q_states, rows_only)
             if record:
                 recorded.append(x[:, :query_length])
         return x, recorded
 
-    def _layer(self, i: int, x: torch.Tensor, mask: Optional[torch.Tensor], query_length: int,
-               image_states: Optional[torch.Tensor], question_states: Optional[torch.Tensor],
-               rows_only: bool = False) -> torch.Tensor:
+    def _layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        query_length: int,
+        image_states: Optional[torch.Tensor],
+        question_states: Optional[torch.Tensor],
+        rows_only: bool = False,
+    ) -> torch.Tensor:
         """Q-Former layer i with the question-focused block between self-attention and image cross-attention
         (`rows_only`: the query rows only, see `_run`)."""
         layer = self.base.qformer.encoder.layer[i]
@@ -322,19 +373,29 @@ class QFFModel(nn.Module):
             out = torch.cat([out, layer.feed_forward_chunk(attended[:, query_length:])], dim=1)
         return out
 
-    def _attend(self, block: nn.Module, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                encoder: Optional[torch.Tensor] = None, rows: Optional[int] = None) -> torch.Tensor:
+    def _attend(
+        self,
+        block: nn.Module,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        encoder: Optional[torch.Tensor] = None,
+        rows: Optional[int] = None,
+    ) -> torch.Tensor:
         """One `Blip2QFormerAttention` block: self-attention (masked) or cross-attention to `encoder`, through the
         HF module (eager) or `attend` (sdpa); `rows`: the first `rows` positions only."""
         if self._attention == "sdpa":
             return attend(block, x, mask, encoder, rows)
-        out = block(hidden_states=x, attention_mask=mask) if encoder is None else \
-            block(hidden_states=x, encoder_hidden_states=encoder)
+        out = (
+            block(hidden_states=x, attention_mask=mask)
+            if encoder is None
+            else block(hidden_states=x, encoder_hidden_states=encoder)
+        )
         return out if rows is None else out[:, :rows]
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, out_dir: str | Path, preprocessing: Optional[dict] = None,
-                        vit_dtype: Optional[str] = None) -> Path:
+    def save_pretrained(
+        self, out_dir: str | Path, preprocessing: Optional[dict] = None, vit_dtype: Optional[str] = None
+    ) -> Path:
         """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json` (with the
         weights' sha256, checked on load, the input `preprocessing` the weights were trained with, and `vit_dtype`,
         the dtype the frozen ViT ran in during training)."""
@@ -347,22 +408,37 @@ class QFFModel(nn.Module):
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         tmp = out_dir / (CHECKPOINT_WEIGHTS + ".tmp")
         save_file(state, str(tmp), metadata={"format": CHECKPOINT_FORMAT})
-        make_shareable(tmp)                                   # safetensors writes 0600 whatever the umask
+        make_shareable(tmp)  # safetensors writes 0600 whatever the umask
         tmp.replace(out_dir / CHECKPOINT_WEIGHTS)
-        atomic_write_json(out_dir / CHECKPOINT_CONFIG, {
-            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "focus": self.focus, "gate": self.gate,
-            "base_class": type(self.base).__name__, "weights_sha256": sha256_file(out_dir / CHECKPOINT_WEIGHTS),
-            "preprocessing": preprocessing, "vit_dtype": vit_dtype, "base_config": self.base.config.to_dict()})
+        atomic_write_json(
+            out_dir / CHECKPOINT_CONFIG,
+            {
+                "format": CHECKPOINT_FORMAT,
+                "version": CHECKPOINT_VERSION,
+                "focus": self.focus,
+                "gate": self.gate,
+                "base_class": type(self.base).__name__,
+                "weights_sha256": sha256_file(out_dir / CHECKPOINT_WEIGHTS),
+                "preprocessing": preprocessing,
+                "vit_dtype": vit_dtype,
+                "base_config": self.base.config.to_dict(),
+            },
+        )
         return out_dir
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, dtype: Optional[torch.dtype] = None, freeze_vit: bool = True,
-                        gradient_checkpointing: bool = False, attention: str = "sdpa") -> "QFFModel":
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        dtype: Optional[torch.dtype] = None,
+        freeze_vit: bool = True,
+        gradient_checkpointing: bool = False,
+        attention: str = "sdpa",
+    ) -> "QFFModel":
         """Rebuild a model written by `save_pretrained`; `dtype` casts like from_pretrained (Q-Former and new blocks stay fp32)."""
         from accelerate import init_empty_weights
-        from safetensors.torch import load_file
-
         from safetensors import SafetensorError
+        from safetensors.torch import load_file
 
         from qkvqa.errors import DataError
         from qkvqa.utils.io import verify_sha256_once
@@ -371,32 +447,48 @@ class QFFModel(nn.Module):
         try:
             meta = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path / CHECKPOINT_CONFIG}: unreadable ({e}); re-export the QFF (qkvqa train writes "
-                            "RUN/qff)") from None
+            raise DataError(
+                f"{path / CHECKPOINT_CONFIG}: unreadable ({e}); re-export the QFF (qkvqa train writes RUN/qff)"
+            ) from None
         if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
-            raise MissingWeightsError(f"{path / CHECKPOINT_CONFIG} is not a {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} "
-                                      f"checkpoint config (got {meta.get('format')!r} v{meta.get('version')!r})")
+            raise MissingWeightsError(
+                f"{path / CHECKPOINT_CONFIG} is not a {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} "
+                f"checkpoint config (got {meta.get('format')!r} v{meta.get('version')!r})"
+            )
         if meta.get("weights_sha256"):
-            verify_sha256_once(path / CHECKPOINT_WEIGHTS, meta["weights_sha256"], "QFF weights",
-                               "copy the trained QFF again, or retrain it")
+            verify_sha256_once(
+                path / CHECKPOINT_WEIGHTS,
+                meta["weights_sha256"],
+                "QFF weights",
+                "copy the trained QFF again, or retrain it",
+            )
         try:
             state = load_file(str(path / CHECKPOINT_WEIGHTS))
         except (SafetensorError, OSError) as e:
-            raise DataError(f"{path / CHECKPOINT_WEIGHTS}: unreadable safetensors ({e}); copy the trained QFF "
-                            "again, or retrain it") from None
-        base_state = {k[len("base."):]: v for k, v in state.items() if k.startswith("base.")}
+            raise DataError(
+                f"{path / CHECKPOINT_WEIGHTS}: unreadable safetensors ({e}); copy the trained QFF again, or retrain it"
+            ) from None
+        base_state = {k[len("base.") :]: v for k, v in state.items() if k.startswith("base.")}
         with init_empty_weights():
             base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(meta["base_config"]))
         load_complete(base, base_state, str(path / CHECKPOINT_WEIGHTS))
         if dtype is not None:
             cast_like_hf(base, dtype)
-        model = cls(base.eval(), focus=meta["focus"], freeze_vit=freeze_vit, gate=meta.get("gate", "tanh"),
-                    gradient_checkpointing=gradient_checkpointing, attention=attention)
+        model = cls(
+            base.eval(),
+            focus=meta["focus"],
+            freeze_vit=freeze_vit,
+            gate=meta.get("gate", "tanh"),
+            gradient_checkpointing=gradient_checkpointing,
+            attention=attention,
+        )
         own = {k: v for k, v in state.items() if not k.startswith("base.")}
         expected_own = {k for k in model.state_dict() if not k.startswith("base.")}
         if set(own) != expected_own:
-            raise MissingWeightsError(f"{path / CHECKPOINT_WEIGHTS}: question-focused keys {sorted(own)} do not match "
-                                      f"focus={meta['focus']!r}, which needs {sorted(expected_own)}")
+            raise MissingWeightsError(
+                f"{path / CHECKPOINT_WEIGHTS}: question-focused keys {sorted(own)} do not match "
+                f"focus={meta['focus']!r}, which needs {sorted(expected_own)}"
+            )
         model.load_state_dict(own, strict=False)
         return model
 
@@ -405,8 +497,11 @@ def load_complete(base: nn.Module, state: dict, source: str) -> None:
     """Load `state` into a (possibly meta-initialised) module by assignment; every parameter and persistent buffer must be there."""
     result = base.load_state_dict(state, strict=False, assign=True)
     if result.missing_keys:
-        raise MissingWeightsError(f"{source} lacks {len(result.missing_keys)} weight(s) of the BLIP-2 model, e.g. "
-                                  f"{result.missing_keys[:5]}")
+        raise MissingWeightsError(
+            f"{source} lacks {len(result.missing_keys)} weight(s) of the BLIP-2 model, e.g. {result.missing_keys[:5]}"
+        )
     if result.unexpected_keys:
-        raise MissingWeightsError(f"{source} has {len(result.unexpected_keys)} key(s) the BLIP-2 model does not, e.g. "
-                                  f"{result.unexpected_keys[:5]}; was it written for another configuration?")
+        raise MissingWeightsError(
+            f"{source} has {len(result.unexpected_keys)} key(s) the BLIP-2 model does not, e.g. "
+            f"{result.unexpected_keys[:5]}; was it written for another configuration?"
+        )

@@ -12,6 +12,7 @@ question of the batch (no "references" / "external links"; original KB indices k
 encoded together in length-sorted batches of `qff.section_batch_size`; the article score is its best section's, fused
 as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or sections get QFF 0 (OMGM).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,15 +35,19 @@ class RerankedQuestion:
     fused_scores: list[float]
     qff_scores: list[float]
     stage1_similarities: list[float]
-    section_scores: list[list[float]]       # `sec_sim`: one score per candidate section, per article
-    section_indices: list[list[int]]        # the original KB section index of each score
+    section_scores: list[list[float]]  # `sec_sim`: one score per candidate section, per article
+    section_indices: list[list[int]]  # the original KB section index of each score
 
     def to_omgm(self) -> dict:
         """The OMGM step-2b value (`retrieved_entities`, fused `retrieval_similarities`, `sec_sim`) plus qkvqa's extras."""
-        return {"retrieved_entities": [{"url": u, "title": t} for u, t in zip(self.urls, self.titles)],
-                "retrieval_similarities": self.fused_scores, "sec_sim": self.section_scores,
-                "sec_idx": self.section_indices, "qff_scores": self.qff_scores,
-                "stage1_similarities": self.stage1_similarities}
+        return {
+            "retrieved_entities": [{"url": u, "title": t} for u, t in zip(self.urls, self.titles)],
+            "retrieval_similarities": self.fused_scores,
+            "sec_sim": self.section_scores,
+            "sec_idx": self.section_indices,
+            "qff_scores": self.qff_scores,
+            "stage1_similarities": self.stage1_similarities,
+        }
 
     def best_section(self) -> Optional[tuple[str, int]]:
         """(URL, original section index) of the top article's best section; None when it has no scored section."""
@@ -58,15 +63,16 @@ def load_qff_component(cfg):
     from omegaconf import OmegaConf
 
     from qkvqa.qff.builder import build_qff_component
-
     from qkvqa.qff.model import CHECKPOINT_CONFIG
 
     checkpoint = cfg.qff.checkpoint
     if checkpoint and not str(checkpoint).endswith(".ckpt"):
         run_dir = Path(checkpoint).expanduser()
         if (run_dir / "status.json").is_file() and not (run_dir / CHECKPOINT_CONFIG).is_file():
-            raise MissingWeightsError(f"qff.checkpoint {run_dir} is a run directory; point it at the trained QFF "
-                                      f"inside it, {run_dir / 'qff'} (or one of its .ckpt files)")
+            raise MissingWeightsError(
+                f"qff.checkpoint {run_dir} is a run directory; point it at the trained QFF "
+                f"inside it, {run_dir / 'qff'} (or one of its .ckpt files)"
+            )
     if not checkpoint or not str(checkpoint).endswith(".ckpt"):
         return build_qff_component(cfg.components.qformer, cfg.qff)
     from qkvqa.run.checkpoint_io import load_torch_checkpoint
@@ -78,7 +84,7 @@ def load_qff_component(cfg):
     qff["checkpoint"] = None
     component = build_qff_component(cfg.components.qformer, qff)
     saved = load_torch_checkpoint(path, map_location="cpu", weights_only=True)
-    state = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+    state = {k[len("model.") :]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
     result = component.model.load_state_dict(state, strict=False)
     frozen = saved.get("qff_frozen_vit")
     if frozen is not None:
@@ -88,8 +94,10 @@ def load_qff_component(cfg):
             raise StaleArtifactError(f"{path} was trained with another frozen ViT than components.qformer builds")
     missing = [k for k in result.missing_keys if not (frozen and k.startswith("base.vision_model."))]
     if missing or result.unexpected_keys:
-        raise MissingWeightsError(f"{path} does not fit components.qformer: {len(missing)} missing key(s) "
-                                  f"{missing[:3]}, {len(result.unexpected_keys)} unexpected {result.unexpected_keys[:3]}")
+        raise MissingWeightsError(
+            f"{path} does not fit components.qformer: {len(missing)} missing key(s) "
+            f"{missing[:3]}, {len(result.unexpected_keys)} unexpected {result.unexpected_keys[:3]}"
+        )
     component.model.eval()
     return component
 
@@ -98,8 +106,9 @@ class QFFReranker:
     """Reranks stage-1 results of questions, one or a micro-batch at a time, with a QFF component (see the module
     docstring)."""
 
-    def __init__(self, component, store, article_images, *, alpha: float = 0.9, top_k: int = 20,
-                 question_batch_size: int = 8):
+    def __init__(
+        self, component, store, article_images, *, alpha: float = 0.9, top_k: int = 20, question_batch_size: int = 8
+    ):
         self.component = component
         self.question_batch_size = int(question_batch_size)
         self.store = store
@@ -114,8 +123,14 @@ class QFFReranker:
         (`qff.checkpoint`)."""
         component = component if component is not None else load_qff_component(cfg)
         component.model.eval()
-        return cls(component, benchmark.kb_store(), benchmark.article_images(), alpha=cfg.qff.alpha,
-                   top_k=cfg.retrieval.top_k, question_batch_size=cfg.qff.question_batch_size)
+        return cls(
+            component,
+            benchmark.kb_store(),
+            benchmark.article_images(),
+            alpha=cfg.qff.alpha,
+            top_k=cfg.retrieval.top_k,
+            question_batch_size=cfg.qff.question_batch_size,
+        )
 
     def rerank(self, question: str, image, retrieved) -> RerankedQuestion:
         """Rerank the top-K of `retrieved` (a Retrieved) for one question and its query image (PIL)."""
@@ -148,18 +163,27 @@ class QFFReranker:
                 indices[k] = [c.index for c in candidates]
             gathered.append((urls, titles, sims, indices))
             requests.append(SectionRequest(question, image, images, sections))
-        step = self.question_batch_size                  # bounds the memory of one shared forward set
-        all_scores = [scores for s in range(0, len(requests), step)
-                      for scores in self.component.score_sections_many(requests[s:s + step])]
+        step = self.question_batch_size  # bounds the memory of one shared forward set
+        all_scores = [
+            scores
+            for s in range(0, len(requests), step)
+            for scores in self.component.score_sections_many(requests[s : s + step])
+        ]
         out = []
         for (urls, titles, sims, indices), scores in zip(gathered, all_scores):
             result = rerank(sims, scores, self.alpha)
             scored_indices = [indices[i] if scores[i] else [] for i in range(len(urls))]
-            out.append(RerankedQuestion(urls=[urls[i] for i in result.order], titles=[titles[i] for i in result.order],
-                                        fused_scores=result.fused_scores, qff_scores=result.qff_scores,
-                                        stage1_similarities=[sims[i] for i in result.order],
-                                        section_scores=result.section_scores,
-                                        section_indices=[scored_indices[i] for i in result.order]))
+            out.append(
+                RerankedQuestion(
+                    urls=[urls[i] for i in result.order],
+                    titles=[titles[i] for i in result.order],
+                    fused_scores=result.fused_scores,
+                    qff_scores=result.qff_scores,
+                    stage1_similarities=[sims[i] for i in result.order],
+                    section_scores=result.section_scores,
+                    section_indices=[scored_indices[i] for i in result.order],
+                )
+            )
         return out
 
 
@@ -171,7 +195,7 @@ class SplitRerank:
     results: dict[str, RerankedQuestion]
     metrics: dict
     stage1_metrics: dict
-    produced_by: dict = field(default_factory=dict)     # what made these results (`reranked_provenance`)
+    produced_by: dict = field(default_factory=dict)  # what made these results (`reranked_provenance`)
 
 
 def rerank_split(cfg, split: Optional[str] = None, *, benchmark, reranker: Optional[QFFReranker] = None) -> SplitRerank:
@@ -189,7 +213,7 @@ def rerank_split(cfg, split: Optional[str] = None, *, benchmark, reranker: Optio
     questions = benchmark.questions(split)
     results: dict[str, RerankedQuestion] = {}
     without_image = 0
-    pending: list = []                                    # (data_id, question, image, Retrieved) of one micro-batch
+    pending: list = []  # (data_id, question, image, Retrieved) of one micro-batch
 
     def flush() -> None:
         for (data_id, *_), result in zip(pending, reranker.rerank_many([item[1:] for item in pending])):
@@ -207,10 +231,11 @@ def rerank_split(cfg, split: Optional[str] = None, *, benchmark, reranker: Optio
         if len(pending) >= reranker.question_batch_size:
             flush()
     flush()
-    results = {q.data_id: results[q.data_id] for q in questions if q.data_id in results}   # the split's order
+    results = {q.data_id: results[q.data_id] for q in questions if q.data_id in results}  # the split's order
     metrics = split_metrics(results, questions, benchmark.config.dataset, cfg)
-    metrics.update({"n_without_query_image": without_image,
-                    "n_articles_without_image": len(reranker.articles_without_image)})
+    metrics.update(
+        {"n_without_query_image": without_image, "n_articles_without_image": len(reranker.articles_without_image)}
+    )
     return SplitRerank(split, results, metrics, stage1.metrics, reranked_provenance(cfg, reranker, split, benchmark))
 
 
@@ -218,11 +243,16 @@ def reranked_provenance(cfg, reranker: QFFReranker, split: str, benchmark) -> di
     """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF's focus, the
     KB, the questions (dataset, split, file) and the stage-1 results (`qkvqa rerank` adds the QFF's weights and
     fingerprint and its run id); recorded beside the file (`write_reranked`)."""
-    return {"qff.alpha": reranker.alpha, "retrieval.top_k": reranker.top_k,
-            "qff.focus": getattr(reranker.component.model, "focus", None),
-            "kb_url_checksum": reranker.store.url_checksum, "split": split, "questions": benchmark.questions_identity(split),
-            "stage1": cfg.retrieval.results or {"mode": cfg.retrieval.mode,
-                                                "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory}}
+    return {
+        "qff.alpha": reranker.alpha,
+        "retrieval.top_k": reranker.top_k,
+        "qff.focus": getattr(reranker.component.model, "focus", None),
+        "kb_url_checksum": reranker.store.url_checksum,
+        "split": split,
+        "questions": benchmark.questions_identity(split),
+        "stage1": cfg.retrieval.results
+        or {"mode": cfg.retrieval.mode, "index": cfg.retrieval.index_dir or cfg.retrieval.index_factory},
+    }
 
 
 def stage1_only(retrieved, top_k: int, alpha: float) -> RerankedQuestion:
@@ -231,12 +261,17 @@ def stage1_only(retrieved, top_k: int, alpha: float) -> RerankedQuestion:
 
     urls = list(retrieved.urls[:top_k])
     sims = [float(s) for s in retrieved.similarities[:top_k]]
-    titles = (list(retrieved.titles[:top_k]) + [None] * len(urls))[:len(urls)]
+    titles = (list(retrieved.titles[:top_k]) + [None] * len(urls))[: len(urls)]
     result = rerank(sims, [None] * len(urls), alpha)
-    return RerankedQuestion(urls=[urls[i] for i in result.order], titles=[titles[i] for i in result.order],
-                            fused_scores=result.fused_scores, qff_scores=result.qff_scores,
-                            stage1_similarities=[sims[i] for i in result.order],
-                            section_scores=[[] for _ in urls], section_indices=[[] for _ in urls])
+    return RerankedQuestion(
+        urls=[urls[i] for i in result.order],
+        titles=[titles[i] for i in result.order],
+        fused_scores=result.fused_scores,
+        qff_scores=result.qff_scores,
+        stage1_similarities=[sims[i] for i in result.order],
+        section_scores=[[] for _ in urls],
+        section_indices=[[] for _ in urls],
+    )
 
 
 def split_metrics(results: dict[str, RerankedQuestion], questions, dataset: str, cfg) -> dict:
@@ -244,12 +279,20 @@ def split_metrics(results: dict[str, RerankedQuestion], questions, dataset: str,
     from qkvqa.metrics.retrieval import evidence_section_recall
     from qkvqa.retrieval.retrieve import retrieval_metrics
 
-    metrics = retrieval_metrics(results, questions, dataset=dataset, top_k=int(cfg.retrieval.top_k),
-                                two_hop_policy=cfg.retrieval.two_hop_policy)
-    rows = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type,
-             "evidence_section_id": q.evidence_section_id,
-             "evidence_section_ids": q.evidence_section_ids or None} for q in questions
-            if q.gold_urls and q.evidence_section_id is not None]
+    metrics = retrieval_metrics(
+        results, questions, dataset=dataset, top_k=int(cfg.retrieval.top_k), two_hop_policy=cfg.retrieval.two_hop_policy
+    )
+    rows = [
+        {
+            "data_id": q.data_id,
+            "wikipedia_url": "|".join(q.gold_urls),
+            "question_type": q.question_type,
+            "evidence_section_id": q.evidence_section_id,
+            "evidence_section_ids": q.evidence_section_ids or None,
+        }
+        for q in questions
+        if q.gold_urls and q.evidence_section_id is not None
+    ]
     top1 = {qid: best for qid, r in results.items() if (best := r.best_section()) is not None}
     section = evidence_section_recall(top1, rows, cfg.retrieval.two_hop_policy)
     metrics["evidence_section_recall@1"] = section["evidence_section_recall@1"]
@@ -282,6 +325,9 @@ def read_reranked_provenance(path, data: Optional[bytes] = None) -> Optional[dic
     file's bytes, when already read)."""
     from qkvqa.utils.io import read_description
 
-    meta = read_description(path, data, fix="rerun `qkvqa rerank` to write both, or delete the .meta.json to "
-                                           "evaluate the file as of unknown origin")
+    meta = read_description(
+        path,
+        data,
+        fix="rerun `qkvqa rerank` to write both, or delete the .meta.json to evaluate the file as of unknown origin",
+    )
     return None if meta is None else meta.get("produced_by")

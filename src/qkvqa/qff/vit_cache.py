@@ -15,6 +15,7 @@ Training opens the cache with the ViT's fingerprint and the images it needs: a c
 another ViT (config, weights, dtype or preprocessing) or missing some of the images is refused with
 StaleArtifactError, as is an incomplete one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,9 +46,21 @@ def vision_fingerprint(model, image_processor) -> str:
     vision = model.base.vision_model
     digest = hashlib.blake2b(digest_size=32)
     digest.update(json.dumps(vision.config.to_dict(), sort_keys=True, default=str).encode())
-    processor = {k: getattr(image_processor, k, None) for k in ("size", "image_mean", "image_std", "resample",
-                                                                 "do_rescale", "rescale_factor", "do_normalize",
-                                                                 "transform", "target_ratio", "geometry")}
+    processor = {
+        k: getattr(image_processor, k, None)
+        for k in (
+            "size",
+            "image_mean",
+            "image_std",
+            "resample",
+            "do_rescale",
+            "rescale_factor",
+            "do_normalize",
+            "transform",
+            "target_ratio",
+            "geometry",
+        )
+    }
     digest.update(json.dumps(processor, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, tensor in sorted(vision.state_dict().items()):
@@ -62,9 +75,15 @@ def image_sources(data_config) -> dict:
     from qkvqa.data.images import query_images_identity
 
     images = data_config.images
-    return {"root": data_config.root, "query": query_images_identity(data_config),
-            "kb": {"kb_image_csvs": list(images.kb_image_csvs), "kb_image_root": images.kb_image_root,
-                   "kb_image_url_store": images.kb_image_url_store}}
+    return {
+        "root": data_config.root,
+        "query": query_images_identity(data_config),
+        "kb": {
+            "kb_image_csvs": list(images.kb_image_csvs),
+            "kb_image_root": images.kb_image_root,
+            "kb_image_url_store": images.kb_image_url_store,
+        },
+    }
 
 
 def image_set_checksum(image_ids: Sequence[str]) -> str:
@@ -96,22 +115,41 @@ class ViTFeatureCache:
 
     # ------------------------------------------------------------------ creation
     @classmethod
-    def create(cls, path: str | os.PathLike, image_ids: Iterable[str], fingerprint: str, feature_shape: Sequence[int],
-               shard_size: int, sources: Optional[dict] = None) -> "ViTFeatureCache":
+    def create(
+        cls,
+        path: str | os.PathLike,
+        image_ids: Iterable[str],
+        fingerprint: str,
+        feature_shape: Sequence[int],
+        shard_size: int,
+        sources: Optional[dict] = None,
+    ) -> "ViTFeatureCache":
         """Start (or reopen) a cache for `image_ids` read from `sources` (`image_sources`); StaleArtifactError when
         the directory holds another cache."""
         path = Path(path)
         ids = sorted(set(image_ids))
-        manifest = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "dtype": DTYPE,
-                    "feature_shape": [int(d) for d in feature_shape], "shard_size": int(shard_size),
-                    "num_images": len(ids), "image_set": image_set_checksum(ids), "sources": sources}
+        manifest = {
+            "format": CACHE_FORMAT,
+            "fingerprint": fingerprint,
+            "dtype": DTYPE,
+            "feature_shape": [int(d) for d in feature_shape],
+            "shard_size": int(shard_size),
+            "num_images": len(ids),
+            "image_set": image_set_checksum(ids),
+            "sources": sources,
+        }
         if (path / "manifest.json").is_file():
             old = read_json(path / "manifest.json")
-            changed = [k for k in ("format", "fingerprint", "dtype", "feature_shape", "shard_size", "image_set",
-                                   "sources") if old.get(k) != manifest[k]]
+            changed = [
+                k
+                for k in ("format", "fingerprint", "dtype", "feature_shape", "shard_size", "image_set", "sources")
+                if old.get(k) != manifest[k]
+            ]
             if changed:
-                raise StaleArtifactError(f"{path} holds a ViT feature cache with another {', '.join(changed)}; "
-                                         f"delete it or set qff.vit_cache to another directory")
+                raise StaleArtifactError(
+                    f"{path} holds a ViT feature cache with another {', '.join(changed)}; "
+                    f"delete it or set qff.vit_cache to another directory"
+                )
             return cls(path, old, read_json(path / "images.json"))
         path.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path / "images.json", ids, indent=None)
@@ -132,7 +170,7 @@ class ViTFeatureCache:
 
     def shard_ids(self, i: int) -> list[str]:
         """The image ids of shard i, in row order."""
-        return self.image_ids[i * self.shard_size:(i + 1) * self.shard_size]
+        return self.image_ids[i * self.shard_size : (i + 1) * self.shard_size]
 
     def done_record(self, i: int) -> Optional[dict]:
         """Shard i's done record when the shard is complete on disk (size checked), else None."""
@@ -149,17 +187,20 @@ class ViTFeatureCache:
         """Shards of process `shard_index` of `num_shards` still to write."""
         return [i for i in range(self.num_shards) if i % num_shards == shard_index and self.done_record(i) is None]
 
-    def write_shard(self, i: int, features: Callable[[list[str]], Iterable[tuple[int, np.ndarray, dict[str, str]]]]) -> dict:
+    def write_shard(
+        self, i: int, features: Callable[[list[str]], Iterable[tuple[int, np.ndarray, dict[str, str]]]]
+    ) -> dict:
         """Fill shard i from `features(ids)`, which yields (first row, [n, P, D] block, {id: skip reason}) in row order."""
         ids = self.shard_ids(i)
         npy, tmp = self.shard_file(i, ".npy"), self.shard_file(i, f".npy.partial-{os.getpid()}")
         started = time.time()
         skipped: dict[str, str] = {}
         try:
-            array = np.lib.format.open_memmap(tmp, mode="w+", dtype=DTYPE,
-                                              shape=(len(ids), *self.manifest["feature_shape"]))
+            array = np.lib.format.open_memmap(
+                tmp, mode="w+", dtype=DTYPE, shape=(len(ids), *self.manifest["feature_shape"])
+            )
             for start, block, skips in features(ids):
-                array[start:start + len(block)] = block.astype(DTYPE)
+                array[start : start + len(block)] = block.astype(DTYPE)
                 skipped.update(skips)
             array.flush()
             del array
@@ -167,15 +208,21 @@ class ViTFeatureCache:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        record = {"shard": i, "rows": len(ids), "bytes": npy.stat().st_size, "skipped": skipped,
-                  "seconds": round(time.time() - started, 3)}
+        record = {
+            "shard": i,
+            "rows": len(ids),
+            "bytes": npy.stat().st_size,
+            "skipped": skipped,
+            "seconds": round(time.time() - started, 3),
+        }
         atomic_write_json(self.shard_file(i, ".done.json"), record)
         return record
 
     # ------------------------------------------------------------------ reading
     @classmethod
-    def open(cls, path: str | os.PathLike, fingerprint: Optional[str], needed: Sequence[str],
-             sources: Optional[dict] = None) -> "ViTFeatureCache":
+    def open(
+        cls, path: str | os.PathLike, fingerprint: Optional[str], needed: Sequence[str], sources: Optional[dict] = None
+    ) -> "ViTFeatureCache":
         """Open a complete cache for reading; StaleArtifactError unless it was written by this ViT from `sources` and
         holds `needed`."""
         path = Path(path)
@@ -184,27 +231,36 @@ class ViTFeatureCache:
             raise StaleArtifactError(f"{path}: no ViT feature cache there; {hint}")
         manifest = read_json(path / "manifest.json")
         if manifest.get("format") != CACHE_FORMAT:
-            raise StaleArtifactError(f"{path}: ViT cache format {manifest.get('format')}, expected {CACHE_FORMAT}; "
-                                     f"delete it and {hint}")
+            raise StaleArtifactError(
+                f"{path}: ViT cache format {manifest.get('format')}, expected {CACHE_FORMAT}; delete it and {hint}"
+            )
         if fingerprint is not None and manifest.get("fingerprint") != fingerprint:
-            raise StaleArtifactError(f"{path}: the ViT cache was written by another vision model (fingerprint "
-                                     f"{manifest.get('fingerprint', '?')[:19]}..., this model {fingerprint[:19]}...: "
-                                     f"config, weights, dtype or preprocessing differ); delete it and {hint}")
+            raise StaleArtifactError(
+                f"{path}: the ViT cache was written by another vision model (fingerprint "
+                f"{manifest.get('fingerprint', '?')[:19]}..., this model {fingerprint[:19]}...: "
+                f"config, weights, dtype or preprocessing differ); delete it and {hint}"
+            )
         if sources is not None and manifest.get("sources") != sources:
             old = manifest.get("sources") or {}
             differ = sorted(k for k in set(old) | set(sources) if old.get(k) != sources.get(k)) or ["(not recorded)"]
-            raise StaleArtifactError(f"{path}: the ViT cache was read from other images (differing: "
-                                     f"{', '.join(differ)}: data.root / data.images.*); delete it and {hint}")
+            raise StaleArtifactError(
+                f"{path}: the ViT cache was read from other images (differing: "
+                f"{', '.join(differ)}: data.root / data.images.*); delete it and {hint}"
+            )
         cache = cls(path, manifest, read_json(path / "images.json"))
         missing = [i for i in needed if i not in cache.position]
         if missing:
-            raise StaleArtifactError(f"{path}: the ViT cache lacks {len(missing)} of the {len(needed)} images this "
-                                     f"training needs (e.g. {missing[:3]}); it was written for another image set — "
-                                     f"delete it and {hint}")
+            raise StaleArtifactError(
+                f"{path}: the ViT cache lacks {len(missing)} of the {len(needed)} images this "
+                f"training needs (e.g. {missing[:3]}); it was written for another image set — "
+                f"delete it and {hint}"
+            )
         incomplete = [i for i in range(cache.num_shards) if cache.done_record(i) is None]
         if incomplete:
-            raise StaleArtifactError(f"{path}: the ViT cache is incomplete ({len(incomplete)} of {cache.num_shards} "
-                                     f"shards missing, e.g. {incomplete[:5]}); finish it with `qkvqa cache-vit`")
+            raise StaleArtifactError(
+                f"{path}: the ViT cache is incomplete ({len(incomplete)} of {cache.num_shards} "
+                f"shards missing, e.g. {incomplete[:5]}); finish it with `qkvqa cache-vit`"
+            )
         return cache
 
     def __getstate__(self) -> dict:
@@ -265,20 +321,36 @@ def _collate(items):
     return items
 
 
-def fill_cache(cache: ViTFeatureCache, model, image_processor, load: Callable[[str], Any], *, batch_size: int = 32,
-               num_workers: int = 0, shard_index: int = 0, num_shards: int = 1) -> dict[str, int]:
+def fill_cache(
+    cache: ViTFeatureCache,
+    model,
+    image_processor,
+    load: Callable[[str], Any],
+    *,
+    batch_size: int = 32,
+    num_workers: int = 0,
+    shard_index: int = 0,
+    num_shards: int = 1,
+) -> dict[str, int]:
     """Write this process's pending shards: images loaded (`load(id)` -> PIL or None) in workers, ViT in batches."""
     import torch
     from torch.utils.data import DataLoader
 
     pending = cache.pending(shard_index, num_shards)
-    log.info("ViT cache %s: %d of %d shards to write (process %d of %d)", cache.path, len(pending), cache.num_shards,
-             shard_index, num_shards)
+    log.info(
+        "ViT cache %s: %d of %d shards to write (process %d of %d)",
+        cache.path,
+        len(pending),
+        cache.num_shards,
+        shard_index,
+        num_shards,
+    )
     counts = {"shards_written": 0, "images": 0, "skipped": 0}
 
     def features(ids: list[str]):
-        loader = DataLoader(_ImageFiles(ids, load, image_processor), batch_size=batch_size, num_workers=num_workers,
-                            collate_fn=_collate)
+        loader = DataLoader(
+            _ImageFiles(ids, load, image_processor), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate
+        )
         for items in progress(loader, desc="ViT features", unit="batch"):
             rows = [row for row, pixels in items if pixels is not None]
             skips = {ids[row]: "unreadable_image" for row, pixels in items if pixels is None}

@@ -17,6 +17,7 @@ a rerun recomputes exactly the shards that are missing, partial or corrupt. Seve
 per GPU) split the shards with `shard_index` / `num_shards` (process p takes shards i with
 i % num_shards == p).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,7 +43,7 @@ SET_KINDS = ("kb_text", "kb_images", "query_images")
 EMBED_TARGETS = ("kb",) + SET_KINDS
 SUMMARY_SOURCES = ("lead_section", "summaries")
 SHARD_DTYPES = ("float16", "float32")
-KB_IMAGE_DATASET = "kb"          # dataset_name of KB images in skip records
+KB_IMAGE_DATASET = "kb"  # dataset_name of KB images in skip records
 
 
 def check_mode(mode: str) -> str:
@@ -64,13 +65,14 @@ def embed_root(cfg) -> Path:
 
 # --------------------------------------------------------------------------------------------- sources
 
+
 @dataclass
 class _Item:
     """One thing to embed: its id in the shard's id map and what to load (a text, or candidate image files)."""
 
     id: Any
     text: Optional[str] = None
-    candidates: tuple = ()          # image files tried in order
+    candidates: tuple = ()  # image files tried in order
     dataset_name: str = ""
     image_id: str = ""
 
@@ -80,10 +82,14 @@ class KBTextSource:
 
     def __init__(self, store, summary_source: str, summaries_path: Optional[Path]):
         if summary_source not in SUMMARY_SOURCES:
-            raise ConfigError(f"retrieval.summary_source must be one of {list(SUMMARY_SOURCES)}, got {summary_source!r}")
+            raise ConfigError(
+                f"retrieval.summary_source must be one of {list(SUMMARY_SOURCES)}, got {summary_source!r}"
+            )
         if summary_source == "summaries" and summaries_path is None:
-            raise ConfigError("retrieval.summary_source=summaries needs retrieval.summaries (the JSONL written by "
-                              "`qkvqa summarize`); or use retrieval.summary_source=lead_section")
+            raise ConfigError(
+                "retrieval.summary_source=summaries needs retrieval.summaries (the JSONL written by "
+                "`qkvqa summarize`); or use retrieval.summary_source=lead_section"
+            )
         self.store = store
         self.summary_source = summary_source
         self.summaries_path = summaries_path
@@ -94,8 +100,11 @@ class KBTextSource:
         return len(self.store)
 
     def identity(self) -> dict:
-        out = {"kb_url_checksum": self.store.url_checksum, "kb_articles": len(self.store),
-               "summary_source": self.summary_source}
+        out = {
+            "kb_url_checksum": self.store.url_checksum,
+            "kb_articles": len(self.store),
+            "summary_source": self.summary_source,
+        }
         if self.summary_source == "summaries":
             out["summaries"] = {"path": str(self.summaries_path), "sha256": sha256_file(self.summaries_path)}
         return out
@@ -115,7 +124,9 @@ class KBTextSource:
                     except json.JSONDecodeError as e:
                         raise DataError(f"{self.summaries_path}: line {lineno}: malformed JSON ({e.msg})") from e
                     if not isinstance(obj, dict) or not isinstance(obj.get("summary"), str):
-                        raise DataError(f"{self.summaries_path}: line {lineno}: field 'summary': missing or not a string")
+                        raise DataError(
+                            f"{self.summaries_path}: line {lineno}: field 'summary': missing or not a string"
+                        )
                     try:
                         row = int(obj["row_id"]) if "row_id" in obj else self.store.row_of(obj["url"])
                     except KeyError as e:
@@ -150,10 +161,16 @@ class KBImageSource:
     """Every `image_urls` entry of every KB article (EchoSight: one vector per KB image). Its file is the
     title -> image CSV file with that image_URL, else the local URL store's copy; neither = a counted skip."""
 
-    def __init__(self, store, article_images: Optional[Callable[[], Any]], url_store: Optional[Path],
-                 max_per_article: Optional[int], images_config: dict):
+    def __init__(
+        self,
+        store,
+        article_images: Optional[Callable[[], Any]],
+        url_store: Optional[Path],
+        max_per_article: Optional[int],
+        images_config: dict,
+    ):
         self.store = store
-        self.article_images = article_images      # loads the ArticleImageIndex on first use (None: no CSVs)
+        self.article_images = article_images  # loads the ArticleImageIndex on first use (None: no CSVs)
         self.url_store = url_store
         self.max_per_article = max_per_article
         self.images_config = images_config
@@ -163,8 +180,12 @@ class KBImageSource:
         return len(self.store)
 
     def identity(self) -> dict:
-        return {"kb_url_checksum": self.store.url_checksum, "kb_articles": len(self.store),
-                "max_images_per_article": self.max_per_article, "images": self.images_config}
+        return {
+            "kb_url_checksum": self.store.url_checksum,
+            "kb_articles": len(self.store),
+            "max_images_per_article": self.max_per_article,
+            "images": self.images_config,
+        }
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
         from qkvqa.data.images import inside_root, url_store_path
@@ -175,24 +196,39 @@ class KBImageSource:
             urls = article.image_urls[: self.max_per_article]
             if not urls:
                 counts["articles_without_image_urls"] = counts.get("articles_without_image_urls", 0) + 1
-            csv_files = ({image.image_url: image.path for image in article_images.images(article.title)}
-                         if article_images is not None else {})
+            csv_files = (
+                {image.image_url: image.path for image in article_images.images(article.title)}
+                if article_images is not None
+                else {}
+            )
             for url in urls:
                 candidates = [csv_files[url]] if url in csv_files else []
                 if self.url_store is not None:
                     stored = url_store_path(self.url_store, url)
-                    if inside_root(self.url_store, stored):          # a URL path with `..` is never followed
+                    if inside_root(self.url_store, stored):  # a URL path with `..` is never followed
                         candidates.append(stored)
-                items.append(_Item(id=[article.row_id, url], candidates=tuple(candidates),
-                                   dataset_name=KB_IMAGE_DATASET, image_id=url))
+                items.append(
+                    _Item(
+                        id=[article.row_id, url],
+                        candidates=tuple(candidates),
+                        dataset_name=KB_IMAGE_DATASET,
+                        image_id=url,
+                    )
+                )
         return items
 
 
 class QueryImageSource:
     """The unique query images of a split's questions, in first-appearance order."""
 
-    def __init__(self, questions: Sequence[Any], questions_file: Optional[Path], split: str, data_identity: dict,
-                 resolver: Any = None):
+    def __init__(
+        self,
+        questions: Sequence[Any],
+        questions_file: Optional[Path],
+        split: str,
+        data_identity: dict,
+        resolver: Any = None,
+    ):
         self.keys = list(dict.fromkeys((q.dataset_name, q.image_id) for q in questions))
         self.questions_file = questions_file
         self.split = split
@@ -210,9 +246,13 @@ class QueryImageSource:
 
         if self._identity is None:
             files = image_files_checksum(self.resolver, self.keys) if self.resolver is not None else None
-            self._identity = {"split": self.split, "unique_images": len(self.keys), "image_files": files,
-                              "questions": file_identity(self.questions_file) if self.questions_file else None,
-                              **self.data_identity}
+            self._identity = {
+                "split": self.split,
+                "unique_images": len(self.keys),
+                "image_files": files,
+                "questions": file_identity(self.questions_file) if self.questions_file else None,
+                **self.data_identity,
+            }
         return self._identity
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
@@ -220,6 +260,7 @@ class QueryImageSource:
 
 
 # ----------------------------------------------------------------------------------------- the set
+
 
 def non_finite_rows(vectors: np.ndarray) -> np.ndarray:
     """The rows of `vectors` (one vector, or one per row) that hold NaN or Inf; empty when all are finite."""
@@ -234,9 +275,11 @@ def check_finite(vectors: np.ndarray, ids: Sequence[Any], where: str) -> None:
     float32 value beyond float16's range is Inf there); such a row would rank in faiss as nothing else does."""
     bad = non_finite_rows(vectors)
     if len(bad):
-        raise DataError(f"{where}: {len(bad)} of {len(vectors)} vectors hold NaN or Inf (first: row {int(bad[0])}, id "
-                        f"{json.dumps(ids[int(bad[0])]) if len(ids) > bad[0] else '?'}); not written. The encoder "
-                        f"produced them (a half-precision overflow, a broken image or weights): fix that and rerun")
+        raise DataError(
+            f"{where}: {len(bad)} of {len(vectors)} vectors hold NaN or Inf (first: row {int(bad[0])}, id "
+            f"{json.dumps(ids[int(bad[0])]) if len(ids) > bad[0] else '?'}); not written. The encoder "
+            f"produced them (a half-precision overflow, a broken image or weights): fix that and rerun"
+        )
 
 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
@@ -266,27 +309,49 @@ class EmbeddingSet:
         `dtype` and `shard_size` (plus `source` with the KB checksum for KB sets). Also how precomputed
         vectors (e.g. an EchoSight feature pickle) are imported: create, then `write_shard` each block."""
         size = int(description["shard_size"])
-        manifest = {**description, "n_rows": int(n_rows), "n_shards": (int(n_rows) + size - 1) // size,
-                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        manifest = {
+            **description,
+            "n_rows": int(n_rows),
+            "n_shards": (int(n_rows) + size - 1) // size,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         atomic_write_json(Path(path) / "manifest.json", manifest)
         return cls(Path(path), manifest)
 
-    def write_shard(self, i: int, vectors: np.ndarray, ids: Sequence[Any], *, skipped: Sequence[dict] = (),
-                    counts: Optional[dict] = None, preprocess: Optional[dict] = None, seconds: float = 0.0) -> dict:
+    def write_shard(
+        self,
+        i: int,
+        vectors: np.ndarray,
+        ids: Sequence[Any],
+        *,
+        skipped: Sequence[dict] = (),
+        counts: Optional[dict] = None,
+        preprocess: Optional[dict] = None,
+        seconds: float = 0.0,
+    ) -> dict:
         """Write shard i: the .npy (cast to the set's dtype) and the id map atomically, then its done record."""
         if len(vectors) != len(ids):
             raise ValueError(f"shard {i}: {len(vectors)} vectors but {len(ids)} ids")
-        with np.errstate(over="ignore"):                  # a value beyond float16's range becomes Inf: refused below
+        with np.errstate(over="ignore"):  # a value beyond float16's range becomes Inf: refused below
             array = np.asarray(vectors).astype(self.manifest["dtype"])
         check_finite(array, ids, f"{self.shard_file(i, '.npy')}")
         npy = self.shard_file(i, ".npy")
         _save_npy_atomic(npy, array)
         atomic_write_json(self.shard_file(i, ".ids.json"), list(ids), indent=None)
         start, stop = self.shard_rows(i)
-        record = {"shard": i, "rows": [start, stop], "count": len(array), "dim": int(array.shape[1]),
-                  "dtype": str(array.dtype), "bytes": npy.stat().st_size, "sha256": sha256_file(npy),
-                  "preprocess": preprocess, "skipped": list(skipped), "counts": counts or {},
-                  "seconds": round(seconds, 3)}
+        record = {
+            "shard": i,
+            "rows": [start, stop],
+            "count": len(array),
+            "dim": int(array.shape[1]),
+            "dtype": str(array.dtype),
+            "bytes": npy.stat().st_size,
+            "sha256": sha256_file(npy),
+            "preprocess": preprocess,
+            "skipped": list(skipped),
+            "counts": counts or {},
+            "seconds": round(seconds, 3),
+        }
         atomic_write_json(self.shard_file(i, ".done.json"), record)
         return record
 
@@ -339,8 +404,10 @@ class EmbeddingSet:
         missing = [i for i in range(self.n_shards) if i not in records]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-            raise StaleArtifactError(f"embedding set {self.path} is incomplete: {len(missing)} of {self.n_shards} "
-                                     f"shards missing or corrupt ({shown}); finish it with `{hint}`")
+            raise StaleArtifactError(
+                f"embedding set {self.path} is incomplete: {len(missing)} of {self.n_shards} "
+                f"shards missing or corrupt ({shown}); finish it with `{hint}`"
+            )
         return records
 
     def dim(self, records: dict[int, dict]) -> Optional[int]:
@@ -352,8 +419,10 @@ class EmbeddingSet:
         vectors = np.load(self.shard_file(i, ".npy"), mmap_mode="r" if mmap else None)
         ids = read_json(self.shard_file(i, ".ids.json"))
         if len(ids) != len(vectors):
-            raise StaleArtifactError(f"{self.shard_file(i, '.ids.json')}: {len(ids)} ids for {len(vectors)} vectors; "
-                                     "delete the shard's files and rerun `qkvqa embed`")
+            raise StaleArtifactError(
+                f"{self.shard_file(i, '.ids.json')}: {len(ids)} ids for {len(vectors)} vectors; "
+                "delete the shard's files and rerun `qkvqa embed`"
+            )
         return vectors, ids
 
     def iter_shards(self) -> Iterator[tuple[int, np.ndarray, list]]:
@@ -376,8 +445,7 @@ class EmbeddingSet:
         records = self.done_records(verify=False) if records is None else records
         return [skip for i in sorted(records) for skip in records[i].get("skipped", [])]
 
-    def skipped_and_fallbacks(self, records: Optional[dict[int, dict]] = None
-                              ) -> tuple[dict[str, int], dict[str, int]]:
+    def skipped_and_fallbacks(self, records: Optional[dict[int, dict]] = None) -> tuple[dict[str, int], dict[str, int]]:
         """`counts` without the vectors, split into what was left out (images by reason, articles without image
         URLs) and what was embedded in place of a missing text (FALLBACK_COUNTS)."""
         counts = self.counts(records)
@@ -399,6 +467,7 @@ class EmbeddingSet:
 
 # ----------------------------------------------------------------------------- image loading in workers
 
+
 class _ImageItems:
     """Map-style dataset over image items: (position, pixels [3,S,S] or None, skip record or None)."""
 
@@ -408,7 +477,7 @@ class _ImageItems:
         self.items = items
         self.preprocess = preprocess
         self.query_loader = query_loader
-        self.kb_loader = ImageLoader(None)          # KB files are resolved here, not by a query resolver
+        self.kb_loader = ImageLoader(None)  # KB files are resolved here, not by a query resolver
 
     def __len__(self) -> int:
         return len(self.items)
@@ -422,8 +491,15 @@ class _ImageItems:
             path = next((p for p in item.candidates if Path(p).is_file()), None)
             if path is None:
                 tried = ", ".join(map(str, item.candidates)) or "no CSV image and no url store configured"
-                loader.record(SkippedImage(item.image_id, KB_IMAGE_DATASET, "missing",
-                                           str(item.candidates[0]) if item.candidates else None, f"tried {tried}"))
+                loader.record(
+                    SkippedImage(
+                        item.image_id,
+                        KB_IMAGE_DATASET,
+                        "missing",
+                        str(item.candidates[0]) if item.candidates else None,
+                        f"tried {tried}",
+                    )
+                )
                 image = None
             else:
                 image = loader.load_file(Path(path), item.image_id, KB_IMAGE_DATASET)
@@ -443,29 +519,42 @@ def _image_batches(items: list[_Item], preprocess, query_loader, batch_size: int
     """Yield lists of (position, pixels or None, skip or None), decoded in DataLoader workers."""
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(_ImageItems(items, preprocess, query_loader), batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers, collate_fn=_collate)
+    loader = DataLoader(
+        _ImageItems(items, preprocess, query_loader),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_collate,
+    )
     yield from loader
 
 
 # ------------------------------------------------------------------------------------------ embedding
+
 
 @dataclass
 class EmbedReport:
     """What one `embed_set` call did."""
 
     set: EmbeddingSet
-    computed: list[int] = field(default_factory=list)     # shards computed now
-    reused: list[int] = field(default_factory=list)       # shards already done (this process's share)
-    pending: list[int] = field(default_factory=list)      # shards still missing afterwards (all processes)
+    computed: list[int] = field(default_factory=list)  # shards computed now
+    reused: list[int] = field(default_factory=list)  # shards already done (this process's share)
+    pending: list[int] = field(default_factory=list)  # shards still missing afterwards (all processes)
     seconds: float = 0.0
 
     def summary(self) -> dict:
         """Flat counts for the run record."""
         counts = self.set.counts()
-        return {"set": str(self.set.path), "what": self.set.kind, "shards_total": self.set.n_shards,
-                "shards_computed": len(self.computed), "shards_reused": len(self.reused),
-                "shards_pending": len(self.pending), "seconds": round(self.seconds, 2), **counts}
+        return {
+            "set": str(self.set.path),
+            "what": self.set.kind,
+            "shards_total": self.set.n_shards,
+            "shards_computed": len(self.computed),
+            "shards_reused": len(self.reused),
+            "shards_pending": len(self.pending),
+            "seconds": round(self.seconds, 2),
+            **counts,
+        }
 
 
 class Embedder:
@@ -475,14 +564,15 @@ class Embedder:
         if kind not in SET_KINDS:
             raise ConfigError(f"embedding target must be one of {list(EMBED_TARGETS)}, got {kind!r}")
         if cfg.retrieval.embed_dtype not in SHARD_DTYPES:
-            raise ConfigError(f"retrieval.embed_dtype must be one of {list(SHARD_DTYPES)}, got "
-                              f"{cfg.retrieval.embed_dtype!r}")
+            raise ConfigError(
+                f"retrieval.embed_dtype must be one of {list(SHARD_DTYPES)}, got {cfg.retrieval.embed_dtype!r}"
+            )
         if cfg.retrieval.shard_size < 1:
             raise ConfigError(f"retrieval.shard_size must be >= 1, got {cfg.retrieval.shard_size}")
         self.cfg = cfg
         self.kind = kind
         self.split = split or cfg.retrieval.split
-        self.benchmark = benchmark                  # a qkvqa.data.benchmark.Benchmark (or a DataModule holding one)
+        self.benchmark = benchmark  # a qkvqa.data.benchmark.Benchmark (or a DataModule holding one)
         self.encoder_spec = cfg.components.text_encoder if kind == "kb_text" else cfg.components.image_encoder
         self.source = self._source()
 
@@ -499,29 +589,55 @@ class Embedder:
             article_images = self.benchmark.article_images if images.kb_image_csvs else None
             url_store = resolve_data_path(data, images.kb_image_url_store)
             if article_images is None and url_store is None:
-                raise ConfigError("KB image embedding needs data.images.kb_image_csvs (OMGM title -> image CSVs) "
-                                  "and/or data.images.kb_image_url_store (local copies of the KB image_urls)")
-            images_identity = {"csvs": list(images.kb_image_csvs), "root": images.kb_image_root,
-                               "url_store": images.kb_image_url_store, "max_per_title": images.max_images_per_title}
-            return KBImageSource(self.benchmark.kb_store(), article_images, url_store,
-                                 self.cfg.retrieval.max_images_per_article, images_identity)
+                raise ConfigError(
+                    "KB image embedding needs data.images.kb_image_csvs (OMGM title -> image CSVs) "
+                    "and/or data.images.kb_image_url_store (local copies of the KB image_urls)"
+                )
+            images_identity = {
+                "csvs": list(images.kb_image_csvs),
+                "root": images.kb_image_root,
+                "url_store": images.kb_image_url_store,
+                "max_per_title": images.max_images_per_title,
+            }
+            return KBImageSource(
+                self.benchmark.kb_store(),
+                article_images,
+                url_store,
+                self.cfg.retrieval.max_images_per_article,
+                images_identity,
+            )
         questions = self.benchmark.questions(self.split)
         # every input that decides which pixels a row holds: the question set and where its images are read
         # from (a wrong landmarks root once left a set of skips that a fixed config then reused)
-        data_identity = {"dataset": data.dataset, "max_questions": data.max_questions,
-                         "sample_questions": data.sample_questions, "sample_seed": data.sample_seed,
-                         "include_two_hop": reads_two_hop(data, evaluation=False), "root": data.root,
-                         "images": query_images_identity(data)}
-        return QueryImageSource(questions, self.benchmark.path(f"{self.split}_questions"), self.split, data_identity,
-                                self.benchmark.image_loader.resolver)
+        data_identity = {
+            "dataset": data.dataset,
+            "max_questions": data.max_questions,
+            "sample_questions": data.sample_questions,
+            "sample_seed": data.sample_seed,
+            "include_two_hop": reads_two_hop(data, evaluation=False),
+            "root": data.root,
+            "images": query_images_identity(data),
+        }
+        return QueryImageSource(
+            questions,
+            self.benchmark.path(f"{self.split}_questions"),
+            self.split,
+            data_identity,
+            self.benchmark.image_loader.resolver,
+        )
 
     def description(self) -> dict:
         """Everything the vectors depend on (hashed into the set's directory name)."""
         from qkvqa.retrieval.encoders import encoder_identity
 
-        return {"format": SET_FORMAT, "what": self.kind, "encoder": encoder_identity(self.encoder_spec),
-                "dtype": self.cfg.retrieval.embed_dtype, "shard_size": int(self.cfg.retrieval.shard_size),
-                "source": self.source.identity()}
+        return {
+            "format": SET_FORMAT,
+            "what": self.kind,
+            "encoder": encoder_identity(self.encoder_spec),
+            "dtype": self.cfg.retrieval.embed_dtype,
+            "shard_size": int(self.cfg.retrieval.shard_size),
+            "source": self.source.identity(),
+        }
 
     def set_path(self) -> Path:
         """`{embed_root}/{name}-{fingerprint}`."""
@@ -537,8 +653,9 @@ class Embedder:
             return EmbeddingSet.open(path)
         return EmbeddingSet.create(path, self.description(), self.source.rows)
 
-    def run(self, encoder=None, shard_index: int = 0, num_shards: int = 1,
-            max_shards: Optional[int] = None) -> EmbedReport:
+    def run(
+        self, encoder=None, shard_index: int = 0, num_shards: int = 1, max_shards: Optional[int] = None
+    ) -> EmbedReport:
         """Compute this process's missing shards (at most `max_shards`); the encoder is built only if needed."""
         if not 0 <= shard_index < num_shards:
             raise ConfigError(f"--shard-index must be in [0, {num_shards}), got {shard_index}")
@@ -556,8 +673,10 @@ class Embedder:
         if todo and encoder is None:
             encoder = _build_encoder(self.encoder_spec)
         if todo and encoder.identity != emb.manifest["encoder"]:
-            raise ConfigError(f"the encoder passed in ({encoder.identity}) is not the one the config names for "
-                              f"{self.kind} ({emb.manifest['encoder']})")
+            raise ConfigError(
+                f"the encoder passed in ({encoder.identity}) is not the one the config names for "
+                f"{self.kind} ({emb.manifest['encoder']})"
+            )
         for n, i in enumerate(todo, 1):
             self._embed_shard(emb, i, encoder, f"{n}/{len(todo)}")
             report.computed.append(i)
@@ -567,9 +686,11 @@ class Embedder:
             counts = emb.counts()
             if not counts["vectors"]:
                 skipped = {k: v for k, v in counts.items() if k != "vectors" and v}
-                raise DataError(f"embedding set {emb.path} is complete but holds 0 vectors (of {emb.manifest['n_rows']} "
-                                f"source rows; skipped: {skipped or 'none'}): nothing to index. Every {self.kind} item "
-                                f"was skipped; see skipped_images.json, fix the image paths and rerun")
+                raise DataError(
+                    f"embedding set {emb.path} is complete but holds 0 vectors (of {emb.manifest['n_rows']} "
+                    f"source rows; skipped: {skipped or 'none'}): nothing to index. Every {self.kind} item "
+                    f"was skipped; see skipped_images.json, fix the image paths and rerun"
+                )
         return report
 
     def check_sources(self, emb: EmbeddingSet, shards: Sequence[int]) -> dict:
@@ -594,11 +715,13 @@ class Embedder:
                         examples.append(f"{item.image_id} ({tried})")
         bound = float(self.benchmark.config.images.max_missing_fraction)
         if total and missing > bound * total:
-            raise DataError(f"{missing} of {total} KB images to embed have no file ({100 * missing / total:.1f}%, more "
-                            f"than data.images.max_missing_fraction={bound}); tried e.g. {'; '.join(examples)}. A KB image "
-                            f"is the title -> image CSV row with its image_URL (under data.images.kb_image_root, the "
-                            f"folder holding full/) or data.images.kb_image_url_store/HOST/PATH: fix those or data.root "
-                            f"(or raise the bound)")
+            raise DataError(
+                f"{missing} of {total} KB images to embed have no file ({100 * missing / total:.1f}%, more "
+                f"than data.images.max_missing_fraction={bound}); tried e.g. {'; '.join(examples)}. A KB image "
+                f"is the title -> image CSV row with its image_URL (under data.images.kb_image_root, the "
+                f"folder holding full/) or data.images.kb_image_url_store/HOST/PATH: fix those or data.root "
+                f"(or raise the bound)"
+            )
         return {"images": total, "missing": missing}
 
     def _embed_shard(self, emb: EmbeddingSet, i: int, encoder, position: str) -> None:
@@ -613,14 +736,15 @@ class Embedder:
             vectors = []
             with progress(total=len(items), desc=desc, unit="text") as bar:
                 for s in range(0, len(items), step):
-                    vectors.append(encoder.embed_texts([item.text for item in items[s:s + step]]))
-                    bar.update(len(items[s:s + step]))
+                    vectors.append(encoder.embed_texts([item.text for item in items[s : s + step]]))
+                    bar.update(len(items[s : s + step]))
             kept = items
         else:
             vectors, kept = [], []
             with progress(total=len(items), desc=desc, unit="img") as bar:
-                for batch in _image_batches(items, encoder.preprocess, self.benchmark.image_loader, step,
-                                            int(self.benchmark.config.num_workers)):
+                for batch in _image_batches(
+                    items, encoder.preprocess, self.benchmark.image_loader, step, int(self.benchmark.config.num_workers)
+                ):
                     good = [(pos, pixels) for pos, pixels, _ in batch if pixels is not None]
                     skipped.extend(skip for _, pixels, skip in batch if pixels is None)
                     if good:
@@ -628,11 +752,22 @@ class Embedder:
                         kept.extend(items[pos] for pos, _ in good)
                     bar.update(len(batch))
         array = np.concatenate(vectors) if vectors else np.zeros((0, encoder.dim), np.float32)
-        emb.write_shard(i, array, [item.id for item in kept], skipped=skipped, counts=counts,
-                        preprocess=encoder.preprocess.describe(), seconds=time.time() - started)
+        emb.write_shard(
+            i,
+            array,
+            [item.id for item in kept],
+            skipped=skipped,
+            counts=counts,
+            preprocess=encoder.preprocess.describe(),
+            seconds=time.time() - started,
+        )
         if skipped:
-            log.warning("shard %d: %d images skipped (%s)", i, len(skipped),
-                     ", ".join(f"{s['reason']} {s['image_id']}" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
+            log.warning(
+                "shard %d: %d images skipped (%s)",
+                i,
+                len(skipped),
+                ", ".join(f"{s['reason']} {s['image_id']}" for s in skipped[:3]) + (" ..." if len(skipped) > 3 else ""),
+            )
 
 
 def _build_encoder(spec):
@@ -641,8 +776,17 @@ def _build_encoder(spec):
     return build_component(spec)
 
 
-def embed_set(cfg, kind: str, *, benchmark, split: Optional[str] = None, encoder=None, shard_index: int = 0,
-              num_shards: int = 1, max_shards: Optional[int] = None) -> EmbedReport:
+def embed_set(
+    cfg,
+    kind: str,
+    *,
+    benchmark,
+    split: Optional[str] = None,
+    encoder=None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    max_shards: Optional[int] = None,
+) -> EmbedReport:
     """Fill the embedding set `kind` (kb_text | kb_images | query_images) of `cfg` over `benchmark` (its KB
     store, article images, questions), resuming finished shards.
 

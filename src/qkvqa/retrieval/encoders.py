@@ -10,6 +10,7 @@ Component options (`components.<name>.options`): `image_size` (default: the mode
 `max_text_tokens` (default 77), `tokenizer` (evaclip_hf / clip_hf: tokenizer dir or hub id, default
 the model's own), `seed` and `vocab_texts` (tiny models only).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,22 @@ log = get_logger(__name__)
 
 DEFAULT_BATCH_SIZE = 64
 CLIP_MAX_TEXT_TOKENS = 77
-TIMM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
-                     "open_clip_pytorch_model.bin")
+TIMM_WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "open_clip_model.safetensors",
+    "open_clip_pytorch_model.bin",
+)
 # Options that change the vectors (and so belong to an encoder's identity); batch_size does not.
-VECTOR_OPTIONS = ("image_size", "preprocess", "target_ratio", "pad_color", "max_text_tokens", "tokenizer",
-                  "vocab_texts")
+VECTOR_OPTIONS = (
+    "image_size",
+    "preprocess",
+    "target_ratio",
+    "pad_color",
+    "max_text_tokens",
+    "tokenizer",
+    "vocab_texts",
+)
 
 
 def weights_identity(spec: ComponentSpec) -> str:
@@ -52,8 +64,11 @@ def encoder_identity(spec: ComponentSpec | Any) -> dict:
 
     spec = spec if isinstance(spec, ComponentSpec) else spec_from_mapping(spec)
     options = {k: spec.options[k] for k in VECTOR_OPTIONS if k in spec.options}
-    return {"kind": spec.kind, "weights": weights_identity(spec),
-            "options": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in sorted(options.items())}}
+    return {
+        "kind": spec.kind,
+        "weights": weights_identity(spec),
+        "options": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in sorted(options.items())},
+    }
 
 
 def _runtime(spec: ComponentSpec):
@@ -88,7 +103,7 @@ class RetrievalEncoder:
         import torch
         import torch.nn.functional as F
 
-        if not isinstance(features, torch.Tensor):     # transformers 5.x: get_*_features return a model output
+        if not isinstance(features, torch.Tensor):  # transformers 5.x: get_*_features return a model output
             features = features.pooler_output
         return F.normalize(features.float(), dim=-1).cpu().numpy().astype(np.float32, copy=False)
 
@@ -99,7 +114,7 @@ class RetrievalEncoder:
         out = [np.zeros((0, self.dim), dtype=np.float32)]
         with torch.inference_mode():
             for start in range(0, len(pixels), self.batch_size):
-                batch = torch.from_numpy(np.ascontiguousarray(pixels[start:start + self.batch_size]))
+                batch = torch.from_numpy(np.ascontiguousarray(pixels[start : start + self.batch_size]))
                 out.append(self._normalised(self._image_features(batch.to(self.device, self.dtype))))
         return np.concatenate(out)
 
@@ -107,13 +122,15 @@ class RetrievalEncoder:
         """Embed PIL images into unit vectors float32 [N, dim]."""
         out = [np.zeros((0, self.dim), dtype=np.float32)]
         for start in range(0, len(images), self.batch_size):
-            out.append(self.embed_pixels(self.preprocess(images[start:start + self.batch_size])))
+            out.append(self.embed_pixels(self.preprocess(images[start : start + self.batch_size])))
         return np.concatenate(out)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts into unit vectors float32 [N, dim] (only encoders with a text tower)."""
-        raise ConfigError(f"encoder {self.identity['kind']!r} has no text tower; use retrieval.mode=image_to_image "
-                          "or an evaclip_hf / clip_hf text encoder")
+        raise ConfigError(
+            f"encoder {self.identity['kind']!r} has no text tower; use retrieval.mode=image_to_image "
+            "or an evaclip_hf / clip_hf text encoder"
+        )
 
 
 class ClipTextMixin:
@@ -132,8 +149,13 @@ class ClipTextMixin:
         out = [np.zeros((0, self.dim), dtype=np.float32)]
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(list(texts[start:start + self.batch_size]), padding=True, truncation=True,
-                                       max_length=self.max_text_tokens, return_tensors="pt").to(self.device)
+                batch = self.tokenizer(
+                    list(texts[start : start + self.batch_size]),
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_text_tokens,
+                    return_tensors="pt",
+                ).to(self.device)
                 out.append(self._normalised(self._text_features(batch)))
         return np.concatenate(out)
 
@@ -201,8 +223,10 @@ def build_evaclip(spec: ComponentSpec) -> EvaClipEncoder:
     model = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=dtype, local_files_only=local_only)
     for method in ("encode_image", "encode_text"):
         if not callable(getattr(model, method, None)):
-            raise ConfigError(f"component evaclip_hf: {path} loads a {type(model).__name__} without `{method}`; "
-                              "point `pretrained` at an EVA-CLIP checkpoint (BAAI/EVA-CLIP-8B) or use kind clip_hf")
+            raise ConfigError(
+                f"component evaclip_hf: {path} loads a {type(model).__name__} without `{method}`; "
+                "point `pretrained` at an EVA-CLIP checkpoint (BAAI/EVA-CLIP-8B) or use kind clip_hf"
+            )
     tokenizer = CLIPTokenizer.from_pretrained(tokenizer_path, local_files_only=local_only)
     preprocess = preprocess_from_options(spec.options, _vision_image_size(model.config))
     return EvaClipEncoder(spec, model, tokenizer, preprocess, device, dtype)
@@ -234,8 +258,10 @@ def _timm_source(spec: ComponentSpec) -> str:
     ref = os.path.expanduser(str(spec.pretrained))
     if os.path.isdir(ref):
         if not (Path(ref) / "config.json").is_file():
-            raise MissingWeightsError(f"component timm_image: {ref} lacks config.json; it should be a directory "
-                                      "written by timm's save_for_hf or downloaded from a timm hub repo")
+            raise MissingWeightsError(
+                f"component timm_image: {ref} lacks config.json; it should be a directory "
+                "written by timm's save_for_hf or downloaded from a timm hub repo"
+            )
         return f"local-dir:{ref}"
     if spec.allow_download:
         return ref
@@ -254,7 +280,8 @@ def _timm_source(spec: ComponentSpec) -> str:
         raise MissingWeightsError(
             f"component timm_image: weights of {ref!r} ({hub_id}) are not in the local HF cache and downloads are off. "
             f"Run `huggingface-cli download {hub_id} --local-dir weights/{hub_id}` and set pretrained: weights/{hub_id}, "
-            "or set allow_download: true.")
+            "or set allow_download: true."
+        )
     return ref
 
 
@@ -273,8 +300,12 @@ def build_timm_image(spec: ComponentSpec) -> TimmImageEncoder:
     device, dtype = _runtime(spec)
     model = timm.create_model(source, pretrained=True).to(dtype)
     cfg = model.pretrained_cfg
-    preprocess = preprocess_from_options(spec.options, int(cfg.get("input_size", (3, 224, 224))[-1]),
-                                         cfg.get("mean", OPENAI_CLIP_MEAN), cfg.get("std", OPENAI_CLIP_STD))
+    preprocess = preprocess_from_options(
+        spec.options,
+        int(cfg.get("input_size", (3, 224, 224))[-1]),
+        cfg.get("mean", OPENAI_CLIP_MEAN),
+        cfg.get("std", OPENAI_CLIP_STD),
+    )
     return TimmImageEncoder(spec, model, preprocess, device, dtype)
 
 

@@ -5,6 +5,7 @@ entry index both anchors use) and `manifest.json`, written last: mode, factory s
 dim, vector count, KB URL checksum and article count, the encoders of both sides, the text source
 (lead section or summaries), the embedding set it came from and the images skipped there.
 """
+
 from __future__ import annotations
 
 import os
@@ -108,9 +109,19 @@ def _sample(emb: EmbeddingSet, records: dict[int, dict], n: int, seed: int) -> n
     return np.concatenate(parts)
 
 
-def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, factory: str = "Flat",
-                query_encoder: dict, train_size: int = 262144, add_batch: int = 65536, use_gpu: bool = True,
-                seed: int = 0, rebuild_hint: str = "qkvqa embed") -> dict:
+def build_index(
+    emb: EmbeddingSet,
+    out_dir: str | os.PathLike,
+    *,
+    kb_store,
+    factory: str = "Flat",
+    query_encoder: dict,
+    train_size: int = 262144,
+    add_batch: int = 65536,
+    use_gpu: bool = True,
+    seed: int = 0,
+    rebuild_hint: str = "qkvqa embed",
+) -> dict:
     """Build a faiss index (inner product on unit vectors) over a complete KB embedding set; returns the manifest.
 
     Untrained index types (IVF, PQ) train on `train_size` vectors sampled with `seed`; vectors are then
@@ -127,9 +138,11 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     records = emb.require_complete(rebuild_hint)
     source = emb.manifest["source"]
     if source["kb_url_checksum"] != kb_store.url_checksum:
-        raise StaleArtifactError(f"embedding set {emb.path} was computed for another KB (URL checksum "
-                                 f"{source['kb_url_checksum']}, the KB store {kb_store.store_dir} has "
-                                 f"{kb_store.url_checksum}); re-embed with `{rebuild_hint}`")
+        raise StaleArtifactError(
+            f"embedding set {emb.path} was computed for another KB (URL checksum "
+            f"{source['kb_url_checksum']}, the KB store {kb_store.store_dir} has "
+            f"{kb_store.url_checksum}); re-embed with `{rebuild_hint}`"
+        )
     dim = emb.dim(records)
     count = sum(int(r["count"]) for r in records.values())
     if not count or dim is None:
@@ -137,14 +150,18 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        raise ConfigError(f"retrieval.index_factory: faiss cannot build {factory!r} ({str(e).splitlines()[0]}); "
-                          "examples: Flat, IVF4096,Flat, IVF4096,PQ64, HNSW32") from None
+        raise ConfigError(
+            f"retrieval.index_factory: faiss cannot build {factory!r} ({str(e).splitlines()[0]}); "
+            "examples: Flat, IVF4096,Flat, IVF4096,PQ64, HNSW32"
+        ) from None
     _skip_polysemous_training(index)
     nlist = _ivf_nlist(index)
     n_train = min(count, int(train_size))
     if nlist is not None and n_train < nlist:
-        raise ConfigError(f"retrieval.index_factory={factory!r} has {nlist} IVF lists but only {n_train} training "
-                          f"vectors (faiss wants >= 39 per list); use Flat or IVF{max(1, n_train // 39)},...")
+        raise ConfigError(
+            f"retrieval.index_factory={factory!r} has {nlist} IVF lists but only {n_train} training "
+            f"vectors (faiss wants >= 39 per list); use Flat or IVF{max(1, n_train // 39)},..."
+        )
     on_gpu = False
     if use_gpu and gpu_available():
         index, on_gpu = _to_gpu(index, factory)
@@ -156,8 +173,10 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
         try:
             index.train(sample)
         except RuntimeError as e:
-            raise ConfigError(f"retrieval.index_factory={factory!r}: training on {len(sample)} vectors failed "
-                              f"({str(e).splitlines()[0]})") from None
+            raise ConfigError(
+                f"retrieval.index_factory={factory!r}: training on {len(sample)} vectors failed "
+                f"({str(e).splitlines()[0]})"
+            ) from None
         del sample
     if not on_gpu:
         _reserve_flat_storage(index, count)
@@ -166,37 +185,58 @@ def build_index(emb: EmbeddingSet, out_dir: str | os.PathLike, *, kb_store, fact
     with progress(total=count, desc=f"index add {factory}", unit="vec") as bar:
         for shard, vectors, ids in emb.iter_shards():
             for start in range(0, len(vectors), max(1, int(add_batch))):
-                chunk = np.array(vectors[start:start + add_batch], dtype=np.float32)
+                chunk = np.array(vectors[start : start + add_batch], dtype=np.float32)
                 _check_finite(chunk, start, emb.shard_file(shard, ".npy"), ids, rebuild_hint)
                 faiss.normalize_L2(chunk)
                 index.add(chunk)
                 bar.update(len(chunk))
-            rows[filled:filled + len(ids)] = [i if isinstance(i, int) else i[0] for i in ids]
+            rows[filled : filled + len(ids)] = [i if isinstance(i, int) else i[0] for i in ids]
             filled += len(ids)
     if on_gpu:
         index = faiss.index_gpu_to_cpu(index)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST_FILE).unlink(missing_ok=True)      # the manifest, written last, marks a complete index
+    (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # the manifest, written last, marks a complete index
     _write_index_files(index, rows, out_dir)
     text_source = None
     if mode == "image_to_summary":
-        text_source = {"summary_source": source["summary_source"], **({"summaries": source["summaries"]}
-                                                                       if "summaries" in source else {})}
+        text_source = {
+            "summary_source": source["summary_source"],
+            **({"summaries": source["summaries"]} if "summaries" in source else {}),
+        }
     kb_skipped, kb_fallbacks = emb.skipped_and_fallbacks(records)
     manifest = {
         "sha256": _file_hashes(out_dir),
-        "format": INDEX_FORMAT, "mode": mode, "factory": factory, "metric": "inner_product", "dim": int(dim),
-        "count": int(count), "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store),
-                                    "store": str(kb_store.store_dir)},
-        "encoder": {"kb": emb.manifest["encoder"], "query": query_encoder}, "text_source": text_source,
+        "format": INDEX_FORMAT,
+        "mode": mode,
+        "factory": factory,
+        "metric": "inner_product",
+        "dim": int(dim),
+        "count": int(count),
+        "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store), "store": str(kb_store.store_dir)},
+        "encoder": {"kb": emb.manifest["encoder"], "query": query_encoder},
+        "text_source": text_source,
         "embeddings": {"path": str(emb.path), "what": emb.kind, "dtype": emb.manifest["dtype"]},
-        "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": n_train if needs_training else 0,
-        "kb_skipped": kb_skipped, "kb_fallbacks": kb_fallbacks, "gpu": on_gpu, "faiss_version": faiss.__version__,
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "build_seconds": round(time.time() - started, 3)}
+        "row_mapping": ROWS_FILE,
+        "index_file": INDEX_FILE,
+        "trained_on": n_train if needs_training else 0,
+        "kb_skipped": kb_skipped,
+        "kb_fallbacks": kb_fallbacks,
+        "gpu": on_gpu,
+        "faiss_version": faiss.__version__,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(time.time() - started, 3),
+    }
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
-    log.info("index %s: %d vectors, dim %d, %s, %s, built in %.1fs", out_dir, count, dim, factory, mode,
-             manifest["build_seconds"])
+    log.info(
+        "index %s: %d vectors, dim %d, %s, %s, built in %.1fs",
+        out_dir,
+        count,
+        dim,
+        factory,
+        mode,
+        manifest["build_seconds"],
+    )
     return manifest
 
 
@@ -206,9 +246,11 @@ def _check_finite(chunk: np.ndarray, start: int, shard: Path, ids: list, rebuild
     bad = non_finite_rows(chunk)
     if len(bad):
         row = start + int(bad[0])
-        raise DataError(f"{shard}: row {row} (id {ids[row] if row < len(ids) else '?'}) holds NaN or Inf, "
-                        f"{len(bad)} such vectors in rows {start}..{start + len(chunk) - 1}; no index is "
-                        f"built. Delete the shard and recompute it: {rebuild_hint}")
+        raise DataError(
+            f"{shard}: row {row} (id {ids[row] if row < len(ids) else '?'}) holds NaN or Inf, "
+            f"{len(bad)} such vectors in rows {start}..{start + len(chunk) - 1}; no index is "
+            f"built. Delete the shard and recompute it: {rebuild_hint}"
+        )
 
 
 def factory_of(index) -> Optional[str]:
@@ -234,11 +276,12 @@ def _write_index_files(index, rows: np.ndarray, out_dir: Path) -> None:
 
     from qkvqa.utils.io import atomic_write, remove_dead_partials
 
-    remove_dead_partials(out_dir)                         # a SIGKILLed build's index-sized leftovers
+    remove_dead_partials(out_dir)  # a SIGKILLed build's index-sized leftovers
+
     def write_index(f) -> None:
-        writer = faiss.PyCallbackIOWriter(f.write)        # streamed: no in-memory copy of a large index
+        writer = faiss.PyCallbackIOWriter(f.write)  # streamed: no in-memory copy of a large index
         faiss.write_index(index, writer)
-        del writer                                        # flushes its buffer into f
+        del writer  # flushes its buffer into f
 
     atomic_write(out_dir / INDEX_FILE, write_index)
     atomic_write(out_dir / ROWS_FILE, lambda f: np.save(f, rows))
@@ -306,8 +349,10 @@ class _ListsStringsIntsOnly(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str):
-        raise DataError(f"{self.path}: the pickle names {module}.{name}; an id list holds only lists, strings and ints "
-                        f"(EchoSight's kb_index_ids.pkl is pickle.dump of a list of ints), so it is not loaded")
+        raise DataError(
+            f"{self.path}: the pickle names {module}.{name}; an id list holds only lists, strings and ints "
+            f"(EchoSight's kb_index_ids.pkl is pickle.dump of a list of ints), so it is not loaded"
+        )
 
     def persistent_load(self, pid):
         raise DataError(f"{self.path}: the pickle holds a persistent id; an id list holds only lists, strings and ints")
@@ -325,7 +370,7 @@ def read_id_list(path: Path, count: int) -> list:
         raise DataError(f"{path}: id list not found") from None
     except DataError:
         raise
-    except Exception as e:                          # a truncated or foreign file: pickle's many error types
+    except Exception as e:  # a truncated or foreign file: pickle's many error types
         raise DataError(f"{path}: not a readable pickle ({type(e).__name__}: {e}); re-download it") from None
     if not isinstance(values, list):
         raise DataError(f"{path}: the pickle holds a {type(values).__name__}; expected a list of KB entry indexes")
@@ -333,8 +378,10 @@ def read_id_list(path: Path, count: int) -> list:
         raise DataError(f"{path}: {len(values)} ids, but the index holds {count} vectors: not its id list")
     for row, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise DataError(f"{path}: entry {row}: {type(value).__name__} {str(value)[:60]!r}; expected a KB entry "
-                            f"index (int) or a URL (str)")
+            raise DataError(
+                f"{path}: entry {row}: {type(value).__name__} {str(value)[:60]!r}; expected a KB entry "
+                f"index (int) or a URL (str)"
+            )
     return values
 
 
@@ -350,26 +397,33 @@ def _rows_of_urls(urls: list[str], kb_store, source: Path) -> tuple[np.ndarray, 
         except KeyError:
             unmapped.append(url)
     if len(unmapped) > MAX_UNMAPPED_SHARE * len(urls):
-        raise DataError(f"{source}: {len(unmapped)} of {len(urls)} URLs are not in the KB store {kb_store.store_dir} "
-                        f"(first: {unmapped[:3]}): the index was built over another KB; build the store from its KB")
+        raise DataError(
+            f"{source}: {len(unmapped)} of {len(urls)} URLs are not in the KB store {kb_store.store_dir} "
+            f"(first: {unmapped[:3]}): the index was built over another KB; build the store from its KB"
+        )
     return rows, unmapped
 
 
-def import_rows(index, kb_store, *, urls_file: Optional[Path] = None, ids_file: Optional[Path] = None,
-                kb_order: bool = False) -> tuple[np.ndarray, list[str], str, Optional[Path]]:
+def import_rows(
+    index, kb_store, *, urls_file: Optional[Path] = None, ids_file: Optional[Path] = None, kb_order: bool = False
+) -> tuple[np.ndarray, list[str], str, Optional[Path]]:
     """(vector -> KB row, unmapped URLs, the source format, its file) of a foreign index, from exactly one of:
     a URL list (ReflectiVA's knn.json), EchoSight's id pickle (KB entry index per vector), or the KB order itself
     (OMGM's summary index: vector i is KB entry i, test/step1_img2sum.py via `self.knowledge_base[index_id]`)."""
     given = [name for name, value in (("urls", urls_file), ("ids", ids_file), ("kb_order", kb_order)) if value]
     if len(given) != 1:
-        raise ConfigError(f"index import needs exactly one of --urls (a JSON URL list), --ids (EchoSight's "
-                          f"kb_index_ids.pkl) or --kb-order (OMGM's summary index); got {given or 'none'}")
+        raise ConfigError(
+            f"index import needs exactly one of --urls (a JSON URL list), --ids (EchoSight's "
+            f"kb_index_ids.pkl) or --kb-order (OMGM's summary index); got {given or 'none'}"
+        )
     count = int(index.ntotal)
     if kb_order:
         if count != len(kb_store):
-            raise DataError(f"the index holds {count} vectors but the KB store {kb_store.store_dir} has {len(kb_store)} "
-                            f"articles: a summary index in KB order (OMGM's) has one vector per KB entry, so it was "
-                            f"built over another KB")
+            raise DataError(
+                f"the index holds {count} vectors but the KB store {kb_store.store_dir} has {len(kb_store)} "
+                f"articles: a summary index in KB order (OMGM's) has one vector per KB entry, so it was "
+                f"built over another KB"
+            )
         return np.arange(count, dtype=np.int64), [], "kb_order", None
     if urls_file is not None:
         urls_file = Path(urls_file)
@@ -382,15 +436,25 @@ def import_rows(index, kb_store, *, urls_file: Optional[Path] = None, ids_file: 
         return rows, unmapped, "id_pickle", ids_file
     bad = next((row for row, v in enumerate(values) if not isinstance(v, int) or not 0 <= v < len(kb_store)), None)
     if bad is not None:
-        raise DataError(f"{ids_file}: entry {bad}: {values[bad]!r} is not a row of the KB store {kb_store.store_dir} "
-                        f"({len(kb_store)} articles): the index was built over another KB, or the list mixes URLs "
-                        f"and indexes")
+        raise DataError(
+            f"{ids_file}: entry {bad}: {values[bad]!r} is not a row of the KB store {kb_store.store_dir} "
+            f"({len(kb_store)} articles): the index was built over another KB, or the list mixes URLs "
+            f"and indexes"
+        )
     return np.asarray(values, dtype=np.int64), [], "id_pickle", ids_file
 
 
-def import_index(index_file: str | os.PathLike, urls_file: Optional[str | os.PathLike], out_dir: str | os.PathLike, *,
-                 kb_store, mode: str, encoders: dict, ids_file: Optional[str | os.PathLike] = None,
-                 kb_order: bool = False) -> dict:
+def import_index(
+    index_file: str | os.PathLike,
+    urls_file: Optional[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    kb_store,
+    mode: str,
+    encoders: dict,
+    ids_file: Optional[str | os.PathLike] = None,
+    kb_order: bool = False,
+) -> dict:
     """Adopt a foreign faiss index as an index directory over `kb_store`: ReflectiVA's knn.index with knn.json
     (`urls_file`), EchoSight's kb_index.faiss with kb_index_ids.pkl (`ids_file`) or OMGM's summary index, whose rows
     are in KB order (`kb_order`).
@@ -411,37 +475,76 @@ def import_index(index_file: str | os.PathLike, urls_file: Optional[str | os.Pat
     try:
         index = faiss.read_index(str(index_file))
     except RuntimeError as e:
-        raise DataError(f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); re-download it") from None
+        raise DataError(
+            f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); re-download it"
+        ) from None
     rows, unmapped, source_format, source_file = import_rows(
-        index, kb_store, urls_file=Path(urls_file) if urls_file else None,
-        ids_file=Path(ids_file) if ids_file else None, kb_order=kb_order)
+        index,
+        kb_store,
+        urls_file=Path(urls_file) if urls_file else None,
+        ids_file=Path(ids_file) if ids_file else None,
+        kb_order=kb_order,
+    )
     if unmapped:
-        log.warning("%d of %d vectors of %s have a URL the KB lacks (first: %s); they are never returned",
-                    len(unmapped), len(rows), index_file, unmapped[:3])
+        log.warning(
+            "%d of %d vectors of %s have a URL the KB lacks (first: %s); they are never returned",
+            len(unmapped),
+            len(rows),
+            index_file,
+            unmapped[:3],
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
     _write_index_files(index, rows, out_dir)
     metric = "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else f"faiss metric {index.metric_type}"
     manifest = {
         "sha256": _file_hashes(out_dir),
-        "format": INDEX_FORMAT, "mode": mode, "factory": f"imported ({type(faiss.downcast_index(index)).__name__})",
+        "format": INDEX_FORMAT,
+        "mode": mode,
+        "factory": f"imported ({type(faiss.downcast_index(index)).__name__})",
         "factory_equivalent": factory_of(index),
-        "metric": metric, "dim": int(index.d), "count": int(index.ntotal),
+        "metric": metric,
+        "dim": int(index.d),
+        "count": int(index.ntotal),
         "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store), "store": str(kb_store.store_dir)},
-        "encoder": dict(encoders), "text_source": None,
-        "imported": {"index": {"path": str(index_file.resolve()), "sha256": sha256_file(index_file)},
-                     "format": source_format,
-                     **({"urls" if source_format == "url_list" else "ids":
-                         {"path": str(source_file.resolve()), "sha256": sha256_file(source_file)}}
-                        if source_file is not None else {}),
-                     "unmapped_vectors": len(unmapped), "unmapped_examples": unmapped[:5]},
-        "row_mapping": ROWS_FILE, "index_file": INDEX_FILE, "trained_on": 0, "kb_skipped": {}, "kb_fallbacks": {},
+        "encoder": dict(encoders),
+        "text_source": None,
+        "imported": {
+            "index": {"path": str(index_file.resolve()), "sha256": sha256_file(index_file)},
+            "format": source_format,
+            **(
+                {
+                    "urls" if source_format == "url_list" else "ids": {
+                        "path": str(source_file.resolve()),
+                        "sha256": sha256_file(source_file),
+                    }
+                }
+                if source_file is not None
+                else {}
+            ),
+            "unmapped_vectors": len(unmapped),
+            "unmapped_examples": unmapped[:5],
+        },
+        "row_mapping": ROWS_FILE,
+        "index_file": INDEX_FILE,
+        "trained_on": 0,
+        "kb_skipped": {},
+        "kb_fallbacks": {},
         "gpu": False,
-        "faiss_version": faiss.__version__, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "build_seconds": round(time.time() - started, 3)}
+        "faiss_version": faiss.__version__,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(time.time() - started, 3),
+    }
     atomic_write_json(out_dir / MANIFEST_FILE, manifest)
-    log.info("index %s: imported %d vectors (dim %d, %s) from %s; %d URLs not in the KB", out_dir, index.ntotal,
-             index.d, metric, index_file, len(unmapped))
+    log.info(
+        "index %s: imported %d vectors (dim %d, %s) from %s; %d URLs not in the KB",
+        out_dir,
+        index.ntotal,
+        index.d,
+        metric,
+        index_file,
+        len(unmapped),
+    )
     return manifest
 
 
@@ -473,7 +576,7 @@ class LoadedIndex:
             try:
                 space.set_index_parameter(self.index, name, int(value))
             except RuntimeError:
-                pass                     # this index type has no such parameter
+                pass  # this index type has no such parameter
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, KB rows) [N, k] of the k nearest vectors; row -1 where fewer than k were found."""
@@ -481,12 +584,14 @@ class LoadedIndex:
 
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:
-            raise StaleArtifactError(f"query vectors have dim {queries.shape[-1]} but the index {self.path} has dim "
-                                     f"{self.dim}: the query encoder is not the one the index was built for")
+            raise StaleArtifactError(
+                f"query vectors have dim {queries.shape[-1]} but the index {self.path} has dim "
+                f"{self.dim}: the query encoder is not the one the index was built for"
+            )
         faiss.normalize_L2(queries)
         k = min(int(k), int(self.index.ntotal))
         scores, ids = self.index.search(queries, k)
-        rows = np.where(ids >= 0, self.vector_rows[np.clip(ids, 0, None)], -1)    # -1: padding or an unmapped vector
+        rows = np.where(ids >= 0, self.vector_rows[np.clip(ids, 0, None)], -1)  # -1: padding or an unmapped vector
         return scores, rows
 
 
@@ -497,8 +602,14 @@ def manifest_factory(manifest: dict) -> Optional[str]:
     return manifest.get("factory")
 
 
-def index_differences(manifest: dict, *, kb_store, mode: Optional[str] = None,
-                      encoders: Optional[dict] = None, factory: Optional[str] = None) -> list[str]:
+def index_differences(
+    manifest: dict,
+    *,
+    kb_store,
+    mode: Optional[str] = None,
+    encoders: Optional[dict] = None,
+    factory: Optional[str] = None,
+) -> list[str]:
     """What differs between an index manifest and the KB store / expected mode / encoders / `factory` (the config's
     retrieval.index_factory) (empty when it fits). An imported index of a faiss type `factory_of` does not know
     is not compared by factory."""
@@ -517,17 +628,29 @@ def index_differences(manifest: dict, *, kb_store, mode: Optional[str] = None,
         if expected is not None and built != expected:
             diffs.append(f"{side} encoder: index {built}, config {expected}")
     built_factory = manifest_factory(manifest)
-    if factory is not None and built_factory is not None and \
-            re.sub(r"\s+", "", built_factory) != re.sub(r"\s+", "", factory):
-        diffs.append(f"index factory: index {built_factory}"
-                     f"{' (imported ' + str(manifest.get('factory')) + ')' if manifest.get('imported') else ''}, "
-                     f"config retrieval.index_factory={factory}")
+    if (
+        factory is not None
+        and built_factory is not None
+        and re.sub(r"\s+", "", built_factory) != re.sub(r"\s+", "", factory)
+    ):
+        diffs.append(
+            f"index factory: index {built_factory}"
+            f"{' (imported ' + str(manifest.get('factory')) + ')' if manifest.get('imported') else ''}, "
+            f"config retrieval.index_factory={factory}"
+        )
     return diffs
 
 
-def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = None,
-               encoders: Optional[dict] = None, factory: Optional[str] = None, use_gpu: bool = False,
-               rebuild_hint: str = "qkvqa embed ... && qkvqa index build ...") -> LoadedIndex:
+def load_index(
+    index_dir: str | os.PathLike,
+    *,
+    kb_store,
+    mode: Optional[str] = None,
+    encoders: Optional[dict] = None,
+    factory: Optional[str] = None,
+    use_gpu: bool = False,
+    rebuild_hint: str = "qkvqa embed ... && qkvqa index build ...",
+) -> LoadedIndex:
     """Open an index and refuse it (StaleArtifactError saying what differs and how to rebuild) when its
     manifest does not match the KB store, the expected `mode`, `encoders` ({"kb": id, "query": id}) or `factory`
     (retrieval.index_factory: a Flat index is not used, and recorded, as HNSW32), or its files disagree with the
@@ -547,21 +670,25 @@ def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = 
     try:
         index = faiss.read_index(str(index_file))
     except RuntimeError as e:
-        raise DataError(f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); rebuild it: "
-                        f"{rebuild_hint}") from None
+        raise DataError(
+            f"{index_file}: not a readable faiss index ({str(e).splitlines()[0]}); rebuild it: {rebuild_hint}"
+        ) from None
     try:
         rows = np.load(rows_file)
     except (OSError, ValueError) as e:
         raise DataError(f"{rows_file}: unreadable row mapping ({e}); rebuild the index: {rebuild_hint}") from None
     if index.ntotal != manifest.get("count") or len(rows) != manifest.get("count"):
-        diffs.append(f"vector count: manifest {manifest.get('count')}, {INDEX_FILE} {index.ntotal}, "
-                     f"{ROWS_FILE} {len(rows)}")
+        diffs.append(
+            f"vector count: manifest {manifest.get('count')}, {INDEX_FILE} {index.ntotal}, {ROWS_FILE} {len(rows)}"
+        )
     if index.d != manifest.get("dim"):
         diffs.append(f"dim: manifest {manifest.get('dim')}, {INDEX_FILE} {index.d}")
     unmapped = int((manifest.get("imported") or {}).get("unmapped_vectors", 0))
     if len(rows) and (int((rows < 0).sum()) != unmapped or rows.max() >= len(kb_store)):
-        diffs.append(f"KB rows out of range: {ROWS_FILE} spans {rows.min()}..{rows.max()} with {int((rows < 0).sum())} "
-                     f"unmapped (the manifest says {unmapped}), KB has {len(kb_store)}")
+        diffs.append(
+            f"KB rows out of range: {ROWS_FILE} spans {rows.min()}..{rows.max()} with {int((rows < 0).sum())} "
+            f"unmapped (the manifest says {unmapped}), KB has {len(kb_store)}"
+        )
     if diffs:
         raise StaleArtifactError(f"index {path} does not match: " + "; ".join(diffs) + f". Rebuild it: {rebuild_hint}")
     if use_gpu and gpu_available():
@@ -569,9 +696,16 @@ def load_index(index_dir: str | os.PathLike, *, kb_store, mode: Optional[str] = 
     return LoadedIndex(path, index, manifest, rows)
 
 
-def search_articles(loaded: LoadedIndex, queries: np.ndarray, k: int, *, nprobe: Optional[int] = None,
-                    ef_search: Optional[int] = None, image_search_factor: int = 4,
-                    batch_size: int = 4096) -> list[list[tuple[int, float]]]:
+def search_articles(
+    loaded: LoadedIndex,
+    queries: np.ndarray,
+    k: int,
+    *,
+    nprobe: Optional[int] = None,
+    ef_search: Optional[int] = None,
+    image_search_factor: int = 4,
+    batch_size: int = 4096,
+) -> list[list[tuple[int, float]]]:
     """Top-k (KB row, similarity) per query, best first, at most one entry per article.
 
     image_to_summary: one vector per article, the k nearest. image_to_image: vectors are images, so
@@ -583,7 +717,7 @@ def search_articles(loaded: LoadedIndex, queries: np.ndarray, k: int, *, nprobe:
     ntotal = int(loaded.index.ntotal)
     out: list[list[tuple[int, float]]] = []
     for start in range(0, len(queries), max(1, int(batch_size))):
-        batch = queries[start:start + batch_size]
+        batch = queries[start : start + batch_size]
         if loaded.mode == "image_to_summary":
             scores, rows = loaded.search(batch, k)
             out.extend(_dedupe(r, s, k) for r, s in zip(rows, scores))

@@ -1,4 +1,5 @@
 """CLIP image preprocessing: shortest-edge bicubic resize, centre crop, OpenAI mean/std; optional EchoSight target padding."""
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,9 @@ class ClipPreprocess:
         if self.mode not in RESIZE_MODES:
             raise ConfigError(f"image preprocessing mode must be one of {list(RESIZE_MODES)}, got {self.mode!r}")
         if self.target_ratio < 1.0:
-            raise ConfigError(f"targetpad target_ratio must be >= 1.0 (long side / short side), got {self.target_ratio}")
+            raise ConfigError(
+                f"targetpad target_ratio must be >= 1.0 (long side / short side), got {self.target_ratio}"
+            )
 
     def describe(self) -> dict:
         """The settings, for manifests (they change the vectors)."""
@@ -83,13 +86,18 @@ class ClipPreprocess:
         return np.stack([self.one(image) for image in images])
 
 
-def preprocess_from_options(options: dict, default_size: int, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD) -> ClipPreprocess:
+def preprocess_from_options(
+    options: dict, default_size: int, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD
+) -> ClipPreprocess:
     """A ClipPreprocess from component options `image_size`, `preprocess`, `target_ratio`, `pad_color`."""
     pad_color = options.get("pad_color", (0, 0, 0))
     if isinstance(pad_color, int):
         pad_color = (pad_color,) * 3
-    return ClipPreprocess(size=int(options.get("image_size", default_size)),
-                          mode=str(options.get("preprocess", "center_crop")),
-                          target_ratio=float(options.get("target_ratio", 1.0)),
-                          pad_color=tuple(int(c) for c in pad_color),
-                          mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std))
+    return ClipPreprocess(
+        size=int(options.get("image_size", default_size)),
+        mode=str(options.get("preprocess", "center_crop")),
+        target_ratio=float(options.get("target_ratio", 1.0)),
+        pad_color=tuple(int(c) for c in pad_color),
+        mean=tuple(float(m) for m in mean),
+        std=tuple(float(s) for s in std),
+    )

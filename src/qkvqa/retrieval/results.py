@@ -3,6 +3,7 @@
 OMGM (written): `{data_id: {"retrieved_entities": [{"url", "title"}, ...], "retrieval_similarities": [...]}}`.
 EchoSight (read): `{data_id: {"retrieved_entries": [url, ...], "retrieval_similarities": [...], ...}}`.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,26 +26,34 @@ class Retrieved:
 
     def to_omgm(self) -> dict:
         """The OMGM step-1 value of this question."""
-        return {"retrieved_entities": [{"url": u, "title": t} for u, t in zip(self.urls, self.titles)],
-                "retrieval_similarities": [float(s) for s in self.similarities]}
+        return {
+            "retrieved_entities": [{"url": u, "title": t} for u, t in zip(self.urls, self.titles)],
+            "retrieval_similarities": [float(s) for s in self.similarities],
+        }
 
 
-def write_results(path: str | os.PathLike, results: Mapping[str, Retrieved],
-                  stage1_text: Optional[dict] = None) -> Path:
+def write_results(
+    path: str | os.PathLike, results: Mapping[str, Retrieved], stage1_text: Optional[dict] = None
+) -> Path:
     """Write results in the OMGM layout, atomically; returns the path. `stage1_text`: what the searched index
     embedded (`retrieve.index_text_source`), kept in the sidecar `NAME.meta.json` with the file's sha256, so that an
     evaluation reading the file (retrieval.results) knows its stage 1 instead of assuming it."""
     path = Path(path)
-    write_described(path, json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False),
-                    None if stage1_text is None else {"stage1_text": stage1_text})
+    write_described(
+        path,
+        json.dumps({qid: r.to_omgm() for qid, r in results.items()}, ensure_ascii=False),
+        None if stage1_text is None else {"stage1_text": stage1_text},
+    )
     return path
 
 
 def read_results_stage1(path: str | os.PathLike) -> Optional[dict]:
     """What stage 1 embedded for a results file, from the sidecar `qkvqa retrieve` wrote; None for a file without
     one (OMGM's, EchoSight's, an older qkvqa's). DataError when the sidecar describes another version of it."""
-    meta = read_description(path, fix="run `qkvqa retrieve` again to write both, or delete the .meta.json to use "
-                                      "the file as of unknown stage 1")
+    meta = read_description(
+        path,
+        fix="run `qkvqa retrieve` again to write both, or delete the .meta.json to use the file as of unknown stage 1",
+    )
     return None if meta is None else meta.get("stage1_text")
 
 
@@ -107,7 +116,9 @@ def check_coverage_of(path, covered_ids, questions, min_share: float, key: str) 
     missing = [qid for qid in ids if qid not in covered_ids]
     share = 1.0 - len(missing) / len(ids) if ids else 1.0
     if share < min_share:
-        raise DataError(f"{path}: results for {len(ids) - len(missing)} of the split's {len(ids)} questions "
-                        f"({100 * share:.1f}%, below {key}={min_share}); first missing: {missing[:5]}. Check that "
-                        f"the file belongs to this split and data_id scheme, or lower {key}")
+        raise DataError(
+            f"{path}: results for {len(ids) - len(missing)} of the split's {len(ids)} questions "
+            f"({100 * share:.1f}%, below {key}={min_share}); first missing: {missing[:5]}. Check that "
+            f"the file belongs to this split and data_id scheme, or lower {key}"
+        )
     get_logger(__name__).info("%s: results for %d of %d questions", path, len(ids) - len(missing), len(ids))

@@ -4,6 +4,7 @@ These are the in-process entry points of the pipeline and the QFF trainer:
 `build_index_from_config(cfg, benchmark)`, `load_index_from_config(cfg, benchmark)` and
 `retrieve_split(cfg, split, benchmark=benchmark)`; the caller passes the benchmark (`qkvqa.data.benchmark`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,15 +36,18 @@ def rebuild_hint(cfg) -> str:
     if cfg.retrieval.index_dir:
         extra.append(f"retrieval.index_dir={cfg.retrieval.index_dir}")
     fallback = [f"experiment={cfg.experiment}"]
-    return " && ".join(suggest(command, REBUILD_KEYS, extra=extra, fallback=fallback)
-                       for command in ("embed", "index build"))
+    return " && ".join(
+        suggest(command, REBUILD_KEYS, extra=extra, fallback=fallback) for command in ("embed", "index build")
+    )
 
 
 def expected_encoders(cfg) -> dict:
     """Identities of the encoders of both index sides under this config: {"kb": ..., "query": ...}."""
     from qkvqa.retrieval.encoders import encoder_identity
 
-    kb_spec = cfg.components.text_encoder if kb_set_kind(cfg.retrieval.mode) == "kb_text" else cfg.components.image_encoder
+    kb_spec = (
+        cfg.components.text_encoder if kb_set_kind(cfg.retrieval.mode) == "kb_text" else cfg.components.image_encoder
+    )
     return {"kb": encoder_identity(kb_spec), "query": encoder_identity(cfg.components.image_encoder)}
 
 
@@ -51,7 +55,12 @@ def index_dir_for(cfg, kb_set_path: Path) -> Path:
     """retrieval.index_dir, else {paths.cache_dir}/indexes/{KB embedding set}/{factory}."""
     if cfg.retrieval.index_dir:
         return Path(cfg.retrieval.index_dir).expanduser()
-    return Path(cfg.paths.cache_dir).expanduser() / "indexes" / kb_set_path.name / factory_slug(cfg.retrieval.index_factory)
+    return (
+        Path(cfg.paths.cache_dir).expanduser()
+        / "indexes"
+        / kb_set_path.name
+        / factory_slug(cfg.retrieval.index_factory)
+    )
 
 
 def build_index_from_config(cfg, benchmark) -> tuple[Path, dict]:
@@ -64,9 +73,18 @@ def build_index_from_config(cfg, benchmark) -> tuple[Path, dict]:
         raise StaleArtifactError(f"no {embedder.kind} embeddings for this config at {path}; compute them with `{hint}`")
     out_dir = index_dir_for(cfg, path)
     r = cfg.retrieval
-    manifest = build_index(EmbeddingSet.open(path), out_dir, kb_store=benchmark.kb_store(), factory=r.index_factory,
-                           query_encoder=expected_encoders(cfg)["query"], train_size=r.index_train_size,
-                           add_batch=r.index_add_batch, use_gpu=r.index_gpu, seed=cfg.seed, rebuild_hint=hint)
+    manifest = build_index(
+        EmbeddingSet.open(path),
+        out_dir,
+        kb_store=benchmark.kb_store(),
+        factory=r.index_factory,
+        query_encoder=expected_encoders(cfg)["query"],
+        train_size=r.index_train_size,
+        add_batch=r.index_add_batch,
+        use_gpu=r.index_gpu,
+        seed=cfg.seed,
+        rebuild_hint=hint,
+    )
     return out_dir, manifest
 
 
@@ -77,9 +95,15 @@ def load_index_from_config(cfg, benchmark) -> LoadedIndex:
         index_dir = Path(cfg.retrieval.index_dir).expanduser()
     else:
         index_dir = index_dir_for(cfg, Embedder(cfg, kb_set_kind(cfg.retrieval.mode), benchmark=benchmark).set_path())
-    return load_index(index_dir, kb_store=benchmark.kb_store(), mode=check_mode(cfg.retrieval.mode),
-                      encoders=expected_encoders(cfg), factory=cfg.retrieval.index_factory,
-                      use_gpu=cfg.retrieval.index_gpu, rebuild_hint=rebuild_hint(cfg))
+    return load_index(
+        index_dir,
+        kb_store=benchmark.kb_store(),
+        mode=check_mode(cfg.retrieval.mode),
+        encoders=expected_encoders(cfg),
+        factory=cfg.retrieval.index_factory,
+        use_gpu=cfg.retrieval.index_gpu,
+        rebuild_hint=rebuild_hint(cfg),
+    )
 
 
 def recall_ks(top_k: int) -> list[int]:
@@ -87,8 +111,14 @@ def recall_ks(top_k: int) -> list[int]:
     return sorted({k for k in RECALL_KS if k <= top_k} | {top_k})
 
 
-def retrieval_metrics(results: dict[str, Retrieved], questions: Sequence[Any], *, dataset: str, top_k: int,
-                      two_hop_policy: str = "exclude") -> dict:
+def retrieval_metrics(
+    results: dict[str, Retrieved],
+    questions: Sequence[Any],
+    *,
+    dataset: str,
+    top_k: int,
+    two_hop_policy: str = "exclude",
+) -> dict:
     """Recall@K (percent, qkvqa.metrics.retrieval) of `results` over `questions` (E-VQA: with the 2_hop policy;
     InfoSeek: questions without a gold URL, as in the official JSONL, are left out and counted)."""
     from qkvqa.metrics.retrieval import evqa_recall_at_k, recall_at_k
@@ -96,8 +126,10 @@ def retrieval_metrics(results: dict[str, Retrieved], questions: Sequence[Any], *
     rankings = {qid: r.urls for qid, r in results.items()}
     ks = recall_ks(top_k)
     if dataset == "evqa":
-        rows = [{"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type}
-                for q in questions]
+        rows = [
+            {"data_id": q.data_id, "wikipedia_url": "|".join(q.gold_urls), "question_type": q.question_type}
+            for q in questions
+        ]
         return evqa_recall_at_k(rankings, rows, ks, two_hop_policy)
     gold = {q.data_id: tuple(q.gold_urls) for q in questions if q.gold_urls}
     return {**recall_at_k(rankings, gold, ks), "n_without_gold": len(questions) - len(gold)}
@@ -112,11 +144,12 @@ class SplitRetrieval:
     metrics: dict
     skipped_images: list[dict] = field(default_factory=list)
     query_set: Optional[Path] = None
-    stage1_text: Optional[dict] = None           # what the index embedded (`index_text_source`); None: unknown
+    stage1_text: Optional[dict] = None  # what the index embedded (`index_text_source`); None: unknown
 
 
-def retrieve_split(cfg, split: Optional[str] = None, *, benchmark, index: Optional[LoadedIndex] = None,
-                   encoder=None) -> SplitRetrieval:
+def retrieve_split(
+    cfg, split: Optional[str] = None, *, benchmark, index: Optional[LoadedIndex] = None, encoder=None
+) -> SplitRetrieval:
     """Top-`retrieval.top_k` articles for every question of `split` (default retrieval.split) and their Recall@K.
 
     Query images are embedded into (or read from) the resumable query_images set, then searched in
@@ -133,15 +166,16 @@ def retrieve_split(cfg, split: Optional[str] = None, *, benchmark, index: Option
     text = None
     if cfg.retrieval.results:
         results, skipped, query_set = _read_for_split(cfg, benchmark, questions), [], None
-        text = read_results_stage1(Path(cfg.retrieval.results).expanduser())    # None: the file does not say
+        text = read_results_stage1(Path(cfg.retrieval.results).expanduser())  # None: the file does not say
     else:
         benchmark.image_loader.resolver.check_images(questions, split)
         if index is None:
             index = load_index_from_config(cfg, benchmark)
         text = index_text_source(index.manifest, str(index.path))
         results, skipped, query_set = _search_split(cfg, benchmark, split, questions, top_k, index, encoder)
-    metrics = retrieval_metrics(results, questions, dataset=benchmark.config.dataset, top_k=top_k,
-                                two_hop_policy=cfg.retrieval.two_hop_policy)
+    metrics = retrieval_metrics(
+        results, questions, dataset=benchmark.config.dataset, top_k=top_k, two_hop_policy=cfg.retrieval.two_hop_policy
+    )
     metrics["n_missing_query_images"] = sum(1 for q in questions if not results.get(q.data_id, Retrieved()).urls)
     return SplitRetrieval(split, results, metrics, skipped, query_set, text)
 
@@ -159,13 +193,18 @@ def index_text_source(manifest: dict, index_dir: str) -> dict:
     elif imported:
         summaries = imported.get("format") == "kb_order"
         text = LLAMA3_SUMMARIES if summaries else f"imported {imported.get('format')}"
-        detail = (f"imported {'OMGM summary ' if summaries else ''}index {imported['index']['path']} "
-                  f"(sha256 {str(imported['index'].get('sha256', ''))[:12]})")
+        detail = (
+            f"imported {'OMGM summary ' if summaries else ''}index {imported['index']['path']} "
+            f"(sha256 {str(imported['index'].get('sha256', ''))[:12]})"
+        )
     else:
         source = (manifest.get("text_source") or {}).get("summary_source", "lead_section")
         text = LLAMA3_SUMMARIES if source == "summaries" else str(source)
-        detail = (f"summaries {manifest['text_source'].get('summaries')} (qkvqa summarize)" if source == "summaries"
-                  else "each article's lead section (retrieval.summary_source=lead_section)")
+        detail = (
+            f"summaries {manifest['text_source'].get('summaries')} (qkvqa summarize)"
+            if source == "summaries"
+            else "each article's lead section (retrieval.summary_source=lead_section)"
+        )
     return {"text": text, "index": index_dir, "detail": detail}
 
 
@@ -177,11 +216,14 @@ def _read_for_split(cfg, benchmark, questions) -> dict[str, Retrieved]:
     results = {}
     for q in questions:
         r = stored.get(q.data_id, Retrieved())
-        titles = [t if t is not None else (store.get_by_url(u).title if u in store else None)
-                  for u, t in zip(r.urls, r.titles)]
+        titles = [
+            t if t is not None else (store.get_by_url(u).title if u in store else None)
+            for u, t in zip(r.urls, r.titles)
+        ]
         results[q.data_id] = Retrieved(r.urls, titles, r.similarities)
-    check_coverage_of(path, stored, questions, float(cfg.retrieval.min_results_coverage),
-                      "retrieval.min_results_coverage")
+    check_coverage_of(
+        path, stored, questions, float(cfg.retrieval.min_results_coverage), "retrieval.min_results_coverage"
+    )
     return results
 
 
@@ -191,8 +233,15 @@ def _search_split(cfg, benchmark, split, questions, top_k, index, encoder):
         index = load_index_from_config(cfg, benchmark)
     report = Embedder(cfg, "query_images", split, benchmark=benchmark).run(encoder)
     vectors, ids = report.set.load_all()
-    hits = search_articles(index, vectors, top_k, nprobe=r.nprobe, ef_search=r.hnsw_ef_search,
-                           image_search_factor=r.image_search_factor, batch_size=r.search_batch_size)
+    hits = search_articles(
+        index,
+        vectors,
+        top_k,
+        nprobe=r.nprobe,
+        ef_search=r.hnsw_ef_search,
+        image_search_factor=r.image_search_factor,
+        batch_size=r.search_batch_size,
+    )
     store = benchmark.kb_store()
     rows = sorted({row for hit in hits for row, _ in hit})
     articles = {a.row_id: a for a in store.get_many(rows)}
@@ -200,8 +249,9 @@ def _search_split(cfg, benchmark, split, questions, top_k, index, encoder):
     results = {}
     for q in questions:
         hit = by_image.get((q.dataset_name, q.image_id), [])
-        results[q.data_id] = Retrieved([articles[row].url for row, _ in hit], [articles[row].title for row, _ in hit],
-                                       [float(s) for _, s in hit])
+        results[q.data_id] = Retrieved(
+            [articles[row].url for row, _ in hit], [articles[row].title for row, _ in hit], [float(s) for _, s in hit]
+        )
     return results, report.set.skipped(), report.set.path
 
 

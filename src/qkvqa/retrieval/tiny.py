@@ -11,6 +11,7 @@ The tiny EVA-CLIP is a tiny `CLIPModel` whose directory carries a custom-code mo
 remote code. The `evaclip_hf` builder therefore loads tiny and real models through the very same
 `AutoModel.from_pretrained(path, trust_remote_code=True)` call.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ TINY_TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num
 TINY_PROJECTION_DIM = 16
 TINY_IMAGE_SIZE = 224
 TINY_PATCH_SIZE = 32
-TINY_TIMM = dict(architecture="eva_giant_patch14_clip_224", img_size=28, embed_dim=32, depth=2, num_heads=4,
-                 mlp_ratio=2.0, num_classes=TINY_PROJECTION_DIM)
+TINY_TIMM = dict(
+    architecture="eva_giant_patch14_clip_224",
+    img_size=28,
+    embed_dim=32,
+    depth=2,
+    num_heads=4,
+    mlp_ratio=2.0,
+    num_classes=TINY_PROJECTION_DIM,
+)
 
 TINY_EVACLIP_MODULE = "modeling_tiny_evaclip"
 TINY_EVACLIP_CODE = '''"""Tiny EVA-CLIP stand-in: a CLIPModel exposing EVA-CLIP-8B's encode_image / encode_text (unnormalised)."""
@@ -43,7 +51,7 @@ class TinyEvaCLIPModel(CLIPModel):
     def encode_text(self, input_ids):
         return self.get_text_features(input_ids=input_ids)
 '''
-register_tiny_code(f"{TINY_EVACLIP_MODULE}.py", TINY_EVACLIP_CODE)   # checked before every load
+register_tiny_code(f"{TINY_EVACLIP_MODULE}.py", TINY_EVACLIP_CODE)  # checked before every load
 
 
 def _words(texts: Iterable[str]) -> list[str]:
@@ -69,7 +77,7 @@ def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
         if not pairs:
             break
         _, i = min(pairs)
-        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2:]
+        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2 :]
     return symbols
 
 
@@ -83,7 +91,7 @@ def write_clip_tokenizer(out_dir: str | Path, texts: Iterable[str] = ()) -> Path
     ranks: dict[tuple[str, str], int] = {}
     for word in _words(texts):
         symbols = _apply_merges(list(word[:-1]) + [word[-1] + END_OF_WORD], ranks)
-        while len(symbols) > 1:      # new merges rank after every existing one, so they run last
+        while len(symbols) > 1:  # new merges rank after every existing one, so they run last
             merged = symbols[0] + symbols[1]
             if (symbols[0], symbols[1]) not in ranks:
                 ranks[(symbols[0], symbols[1])] = len(ranks)
@@ -94,11 +102,21 @@ def write_clip_tokenizer(out_dir: str | Path, texts: Iterable[str] = ()) -> Path
     merges = sorted(ranks, key=ranks.get)
     vocab += [CLIP_BOS, CLIP_EOS]
     (out_dir / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}), encoding="utf-8")
-    (out_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
-                                        encoding="utf-8")
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "CLIPTokenizer", "bos_token": CLIP_BOS, "eos_token": CLIP_EOS, "unk_token": CLIP_EOS,
-        "pad_token": CLIP_EOS, "model_max_length": TINY_CLIP_MAX_POSITIONS, "errors": "replace"}), encoding="utf-8")
+    (out_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "CLIPTokenizer",
+                "bos_token": CLIP_BOS,
+                "eos_token": CLIP_EOS,
+                "unk_token": CLIP_EOS,
+                "pad_token": CLIP_EOS,
+                "model_max_length": TINY_CLIP_MAX_POSITIONS,
+                "errors": "replace",
+            }
+        ),
+        encoding="utf-8",
+    )
     return out_dir
 
 
@@ -109,11 +127,17 @@ def _tiny_clip_model(out_dir: Path, seed: int):
 
     tokenizer = CLIPTokenizer.from_pretrained(str(out_dir))
     config = CLIPConfig(
-        text_config=dict(vocab_size=len(tokenizer), max_position_embeddings=TINY_CLIP_MAX_POSITIONS,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **TINY_TOWER),
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            max_position_embeddings=TINY_CLIP_MAX_POSITIONS,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **TINY_TOWER,
+        ),
         vision_config=dict(image_size=TINY_IMAGE_SIZE, patch_size=TINY_PATCH_SIZE, **TINY_TOWER),
-        projection_dim=TINY_PROJECTION_DIM)
+        projection_dim=TINY_PROJECTION_DIM,
+    )
     torch.manual_seed(seed)
     return CLIPModel(config)
 

@@ -5,6 +5,7 @@ shell, `kill <agent pid>` by hand) used to leave the workers training, unreachab
 Linux's parent-death signal (prctl PR_SET_PDEATHSIG) hands the worker a SIGTERM the moment its parent, the agent,
 exits; qkvqa's handler then saves last.ckpt after the batch in flight and the worker exits 143 (`interrupted`).
 """
+
 from __future__ import annotations
 
 import os

@@ -11,6 +11,7 @@ renames it over the target (atomic on one filesystem) and then writes the sideca
 previous checkpoint whole (a stale partial of a dead process is removed by the next save); a full
 disk leaves it whole too, and says so in one line.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,7 @@ from typing import Any, Callable, Optional
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from qkvqa.errors import DataError
-from qkvqa.utils.io import (atomic_write, atomic_write_text, disk_error_message, remove_dead_partials,
-                           sha256_file)
+from qkvqa.utils.io import atomic_write, atomic_write_text, disk_error_message, remove_dead_partials, sha256_file
 
 SIDECAR_SUFFIX = ".sha256"
 
@@ -39,19 +39,25 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
     wanted = sidecar.read_text().strip()
     found = sha256_file(path)
     if found != wanted:
-        raise DataError(f"{path}: corrupt checkpoint (sha256 {found[:12]}, {sidecar.name} records {wanted[:12]}): it "
-                        "changed after it was written; restore it from a copy, or start a new run (another run_id)")
+        raise DataError(
+            f"{path}: corrupt checkpoint (sha256 {found[:12]}, {sidecar.name} records {wanted[:12]}): it "
+            "changed after it was written; restore it from a copy, or start a new run (another run_id)"
+        )
 
 
 def _unreadable(path: str | os.PathLike, error: BaseException) -> DataError:
-    return DataError(f"{path}: unreadable checkpoint ({' '.join(str(error).split())[:160]}); it is truncated or not a "
-                     "torch checkpoint: restore it, or start a new run (another run_id)")
+    return DataError(
+        f"{path}: unreadable checkpoint ({' '.join(str(error).split())[:160]}); it is truncated or not a "
+        "torch checkpoint: restore it, or start a new run (another run_id)"
+    )
 
 
 def _refused_pickle(path: str | os.PathLike, error: BaseException) -> DataError:
-    return DataError(f"{path}: refused: it holds Python objects that a weights-only load does not allow "
-                     f"({' '.join(str(error).split())[:120]}), as a crafted or foreign pickle does; qkvqa never runs "
-                     "code from a checkpoint: use a checkpoint qkvqa wrote, or start a new run (another run_id)")
+    return DataError(
+        f"{path}: refused: it holds Python objects that a weights-only load does not allow "
+        f"({' '.join(str(error).split())[:120]}), as a crafted or foreign pickle does; qkvqa never runs "
+        "code from a checkpoint: use a checkpoint qkvqa wrote, or start a new run (another run_id)"
+    )
 
 
 def load_torch_checkpoint(path: str | os.PathLike, **kwargs: Any) -> dict:
@@ -90,15 +96,16 @@ class _WriteErrors:
 class CheckedCheckpointIO(TorchCheckpointIO):
     """TorchCheckpointIO that writes and checks a sha256 sidecar beside every checkpoint."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
-                        storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Optional[Any] = None
+    ) -> None:
         import torch
 
         if storage_options is not None:
             raise TypeError("CheckedCheckpointIO takes no storage_options")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_dead_partials(path.parent)                   # any killed save's, a top-k file's included
+        remove_dead_partials(path.parent)  # any killed save's, a top-k file's included
         sidecar = sidecar_of(path)
         previous = sidecar.read_text() if sidecar.is_file() and path.is_file() else None
         sidecar.unlink(missing_ok=True)
@@ -110,20 +117,26 @@ class CheckedCheckpointIO(TorchCheckpointIO):
             # wrapper kept the OSError, so both say the same line; any other RuntimeError is not ours to explain.
             error = e if isinstance(e, OSError) else (failed[0] if failed else None)
             if previous is not None:
-                atomic_write_text(sidecar, previous)        # the previous checkpoint stays whole and checked
+                atomic_write_text(sidecar, previous)  # the previous checkpoint stays whole and checked
             if error is None:
                 raise
             needed = path.stat().st_size if path.is_file() else None
-            raise DataError(f"{path}: the checkpoint could not be saved; the previous one is intact. "
-                            f"{disk_error_message(error, path.parent, needed)}") from None
+            raise DataError(
+                f"{path}: the checkpoint could not be saved; the previous one is intact. "
+                f"{disk_error_message(error, path.parent, needed)}"
+            ) from None
         except BaseException:
             if previous is not None:
                 atomic_write_text(sidecar, previous)
             raise
         atomic_write_text(sidecar_of(path), sha256_file(path) + "\n")
 
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Optional[Callable] = lambda storage, loc: storage,
-                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike,
+        map_location: Optional[Callable] = lambda storage, loc: storage,
+        weights_only: Optional[bool] = None,
+    ) -> dict[str, Any]:
         import pickle
 
         verify_checkpoint(path)

@@ -1,4 +1,5 @@
 """Run a job inside its run record: status, config and summary on disk, W&B and Lightning wired in."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,8 @@ from qkvqa.config.load import to_plain
 from qkvqa.errors import RunInterrupted
 from qkvqa.loggers.wandb import job_run
 from qkvqa.run.agent import stop_with_the_agent
-from qkvqa.run.record import RunRecord
 from qkvqa.run.lock import RunLock
+from qkvqa.run.record import RunRecord
 from qkvqa.run.resume import prepare_resume
 from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.run.slurm import requeue
@@ -36,9 +37,9 @@ class Job:
     record: RunRecord
     ckpt_path: Optional[str] = None
     resume_changes: dict = field(default_factory=dict)
-    final_state: str = "finished"       # set to "interrupted" by a job that stopped on a signal
-    received_signal: Optional[int] = None   # that signal (SIGUSR1 inside a SLURM job: the job is requeued at the end)
-    command: str = ""                   # the qkvqa command running it (train, evaluate, embed, ...): the W&B job_type
+    final_state: str = "finished"  # set to "interrupted" by a job that stopped on a signal
+    received_signal: Optional[int] = None  # that signal (SIGUSR1 inside a SLURM job: the job is requeued at the end)
+    command: str = ""  # the qkvqa command running it (train, evaluate, embed, ...): the W&B job_type
 
     @property
     def plain_config(self) -> dict:
@@ -62,18 +63,19 @@ def _clear_stale_wandb_env(run: RunContext) -> None:
 
 
 @contextmanager
-def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool = False,
-            trains: bool = False) -> Iterator[Job]:
+def run_job(
+    cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool = False, trains: bool = False
+) -> Iterator[Job]:
     """Open the run record (rank zero writes it), yield the job, then mark it finished or failed; with `defer_stop`
     a stop signal before training only is noted, and every rank stops together after the first batch. `trains`:
     the job fits a model (it resumes from last.ckpt)."""
-    stop_with_the_agent()                     # a torchrun worker whose agent dies saves and stops (qkvqa.run.agent)
+    stop_with_the_agent()  # a torchrun worker whose agent dies saves and stops (qkvqa.run.agent)
     run = resolve_run(cfg)
     _clear_stale_wandb_env(run)
     record = RunRecord(run.run_dir)
     fresh = not run.run_dir.exists()
     lock = None
-    if run.is_rank_zero:                      # one job per run directory (qkvqa.run.lock)
+    if run.is_rank_zero:  # one job per run directory (qkvqa.run.lock)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             lock = RunLock.acquire(run.run_dir)
@@ -89,15 +91,21 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
     job = Job(cfg=cfg, run=run, record=record, ckpt_path=ckpt, resume_changes=changes, command=command)
     if run.is_rank_zero:
         record.write_config(cfg)
-        record.start(run.run_id, world_size, command,
-                     {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None)
+        record.start(
+            run.run_id,
+            world_size,
+            command,
+            {"resumed_from": ckpt, "resume_changes": {k: list(v) for k, v in changes.items()}} if run.resumed else None,
+        )
         log.info("run %s -> %s", run.run_id, run.run_dir)
     received = None
     again = resume_command(command, run.run_id, cfg.experiment)
     try:
-        with interrupt_on_signals(run.run_id, defer_stop, again, stop_within_s(cfg)), \
-                progress_settings(**cfg.logger.progress), \
-                job_run(cfg, run, command):     # the W&B run of a job without a Trainer (embed, index, mine, ...)
+        with (
+            interrupt_on_signals(run.run_id, defer_stop, again, stop_within_s(cfg)),
+            progress_settings(**cfg.logger.progress),
+            job_run(cfg, run, command),
+        ):  # the W&B run of a job without a Trainer (embed, index, mine, ...)
             yield job
     except (KeyboardInterrupt, RunInterrupted) as e:
         received = getattr(e, "signum", None)
@@ -105,18 +113,20 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
             record.finish("interrupted", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         if isinstance(e, KeyboardInterrupt):  # Ctrl-C outside the loops that stop cleanly: the same record and exit
             received = signal.SIGINT
-            raise RunInterrupted(f"run {run.run_id} stopped on Ctrl-C (SIGINT); continue it with: {again}",
-                                 signum=signal.SIGINT) from e
+            raise RunInterrupted(
+                f"run {run.run_id} stopped on Ctrl-C (SIGINT); continue it with: {again}", signum=signal.SIGINT
+            ) from e
         raise
     except BaseException as e:
         received = stop_signal_received()
-        if received is not None:              # the stop made something fail on its way out (qkvqa.utils.stop_signals)
+        if received is not None:  # the stop made something fail on its way out (qkvqa.utils.stop_signals)
             name = signal.Signals(received).name
             if run.is_rank_zero:
                 record.finish("interrupted", f"stopped on {name}, then {type(e).__name__}: {e}")
-            then = "" if isinstance(e, SystemExit) else f" (then {type(e).__name__}: {e})"   # Lightning's Ctrl-C exit
-            raise RunInterrupted(f"run {run.run_id} stopped on {name}{then}; continue it with: {again}",
-                                 signum=received) from e
+            then = "" if isinstance(e, SystemExit) else f" (then {type(e).__name__}: {e})"  # Lightning's Ctrl-C exit
+            raise RunInterrupted(
+                f"run {run.run_id} stopped on {name}{then}; continue it with: {again}", signum=received
+            ) from e
         if run.is_rank_zero:
             record.finish("failed", f"{type(e).__name__}: {e}")
             if fresh and _is_user_error(e):
@@ -126,17 +136,24 @@ def run_job(cfg: DictConfig, command: str, world_size: int = 1, defer_stop: bool
         received = job.received_signal if job.final_state == "interrupted" else None
         late = stop_signal_received()
         if received is None and late is not None:  # noted too late to stop anything: said, not dropped in silence
-            log.warning("received %s after the work it could stop (training on every rank, the last batch): the run "
-                        "finished as it would have", signal.Signals(late).name)
-        if run.is_rank_zero:                   # an interrupted run's record names the signal that stopped it
-            record.finish(job.final_state, f"stopped on {signal.Signals(received).name} after saving"
-                          if job.final_state == "interrupted" and received else None)
+            log.warning(
+                "received %s after the work it could stop (training on every rank, the last batch): the run "
+                "finished as it would have",
+                signal.Signals(late).name,
+            )
+        if run.is_rank_zero:  # an interrupted run's record names the signal that stopped it
+            record.finish(
+                job.final_state,
+                f"stopped on {signal.Signals(received).name} after saving"
+                if job.final_state == "interrupted" and received
+                else None,
+            )
     finally:
         forget_stop_signals()
         if lock is not None:
             lock.release()
         if received is not None and run.is_rank_zero:
-            requeue(received)                  # SIGUSR1 before a SLURM time limit: the job comes back (state recorded)
+            requeue(received)  # SIGUSR1 before a SLURM time limit: the job comes back (state recorded)
 
 
 def stop_within_s(cfg: DictConfig) -> Optional[float]:
@@ -147,8 +164,9 @@ def stop_within_s(cfg: DictConfig) -> Optional[float]:
 
 
 @contextmanager
-def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "",
-                         deadline_s: Optional[float] = None) -> Iterator[None]:
+def interrupt_on_signals(
+    run_id: str, defer: bool = False, again: str = "", deadline_s: Optional[float] = None
+) -> Iterator[None]:
     """SIGTERM/SIGUSR1 outside the training loop (data preparation, evaluation) stop the job at once with
     RunInterrupted, so its record says `interrupted` and it exits 143; inside `fit`, LastCheckpoint takes the
     signals over for the time of training (it saves and stops after the batch), then hands them back.
@@ -176,29 +194,36 @@ def interrupt_on_signals(run_id: str, defer: bool = False, again: str = "",
         if signum == signal.SIGINT and not (defer and first):
             raise KeyboardInterrupt
         if defer:
-            log.warning("received %s: noted; training stops on every rank after its next batch (none once training "
-                        "is over)%s", signal.Signals(signum).name,
-                        f", or in {deadline_s:g} s if it has not by then (checkpoint.stop_within_s)" if deadline_s else "")
+            log.warning(
+                "received %s: noted; training stops on every rank after its next batch (none once training is over)%s",
+                signal.Signals(signum).name,
+                f", or in {deadline_s:g} s if it has not by then (checkpoint.stop_within_s)" if deadline_s else "",
+            )
             if deadline_s and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
                 signal.setitimer(signal.ITIMER_REAL, deadline_s)
             return
-        raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with: "
-                             f"{again or f'the same command plus run_id={run_id} resume=auto'}", signum=signum)
+        raise RunInterrupted(
+            f"run {run_id} stopped on {signal.Signals(signum).name}; continue it with: "
+            f"{again or f'the same command plus run_id={run_id} resume=auto'}",
+            signum=signum,
+        )
 
     def deadline(signum, frame):
         held = stop_signal_received() or signal.SIGTERM
-        raise RunInterrupted(f"run {run_id} stopped on {signal.Signals(held).name}: training had not reached a batch "
-                             f"{deadline_s:g} s after it (checkpoint.stop_within_s; data preparation), so the job stops "
-                             f"now, before SLURM's lead runs out; nothing was trained since the last checkpoint. "
-                             f"Continue it with: {again or f'the same command plus run_id={run_id} resume=auto'}",
-                             signum=held)
+        raise RunInterrupted(
+            f"run {run_id} stopped on {signal.Signals(held).name}: training had not reached a batch "
+            f"{deadline_s:g} s after it (checkpoint.stop_within_s; data preparation), so the job stops "
+            f"now, before SLURM's lead runs out; nothing was trained since the last checkpoint. "
+            f"Continue it with: {again or f'the same command plus run_id={run_id} resume=auto'}",
+            signum=held,
+        )
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, deadline)
     try:
-        held = stop_signal_received()     # arrived during start-up (qkvqa.utils.stop_signals): stop now
+        held = stop_signal_received()  # arrived during start-up (qkvqa.utils.stop_signals): stop now
         if held is not None:
-            stop(held, None)              # (noted again; with `defer` LastCheckpoint acts on it)
+            stop(held, None)  # (noted again; with `defer` LastCheckpoint acts on it)
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -1,4 +1,5 @@
 """Lightning messages that every qkvqa run printed and that tell its user nothing, filtered by their exact source."""
+
 from __future__ import annotations
 
 import logging
@@ -20,6 +21,7 @@ DROPPED_WARNINGS = (
 RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
 DROPPED_INFO_PREFIXES = ("💡 Tip: For seamless cloud logging",)
 SRUN_HINT = r"The `srun` command is available on your system but is not used"
+
 
 class _DropPrefixes(logging.Filter):
     def __init__(self, prefixes: tuple[str, ...]):

@@ -5,6 +5,7 @@ trained into one directory. The second launch is now refused, naming the holder.
 kernel's: it goes with the process, so a lock left by a killed job is simply free again (its file
 still names the dead holder, and is taken over).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -36,9 +37,11 @@ class RunLock:
             holder = _holder(fd)
             os.close(fd)
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
-            raise ConfigError(f"run directory {Path(run_dir)} is in use by PID {holder.get('pid', '?')} on "
-                              f"{holder.get('host', '?')} (since {since}): wait for that job to end or stop it, or "
-                              "choose another run_id") from None
+            raise ConfigError(
+                f"run directory {Path(run_dir)} is in use by PID {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')} (since {since}): wait for that job to end or stop it, or "
+                "choose another run_id"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
         os.fsync(fd)
@@ -64,7 +67,7 @@ def is_held(run_dir: str | os.PathLike) -> bool:
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)                     # closing drops the shared lock taken to test
+        os.close(fd)  # closing drops the shared lock taken to test
     return False
 
 
@@ -74,4 +77,3 @@ def _holder(fd: int) -> dict:
         return json.loads(os.read(fd, 4096).decode() or "{}")
     except (OSError, ValueError):
         return {}
-

@@ -1,4 +1,5 @@
 """The on-disk run record: config.yaml, status.json, metrics.csv (append-only) and summary.json."""
+
 from __future__ import annotations
 
 import csv
@@ -33,8 +34,13 @@ def git_commit() -> Optional[str]:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -86,13 +92,32 @@ class RunRecord:
         """Mark the run as running; a restart appends to `attempts` instead of starting over."""
         status = self.status()
         attempts = status.get("attempts", [])
-        attempts.append({"started_at": _now(), "host": socket.gethostname(), "world_size": world_size,
-                         "git_commit": git_commit(), "pid": os.getpid(), "argv": sys.argv,
-                         "cwd": os.getcwd()})      # relative paths in the config are relative to it (compare)
-        status.update({"run_id": run_id, "state": "running", "command": command,
-                       "created_at": status.get("created_at", _now()), "updated_at": _now(),
-                       "finished_at": None, "host": socket.gethostname(), "world_size": world_size,
-                       "git_commit": git_commit(), "attempts": attempts, "error": None})
+        attempts.append(
+            {
+                "started_at": _now(),
+                "host": socket.gethostname(),
+                "world_size": world_size,
+                "git_commit": git_commit(),
+                "pid": os.getpid(),
+                "argv": sys.argv,
+                "cwd": os.getcwd(),
+            }
+        )  # relative paths in the config are relative to it (compare)
+        status.update(
+            {
+                "run_id": run_id,
+                "state": "running",
+                "command": command,
+                "created_at": status.get("created_at", _now()),
+                "updated_at": _now(),
+                "finished_at": None,
+                "host": socket.gethostname(),
+                "world_size": world_size,
+                "git_commit": git_commit(),
+                "attempts": attempts,
+                "error": None,
+            }
+        )
         status.update(extra or {})
         atomic_write_json(self.status_path, status)
 
@@ -118,7 +143,7 @@ class RunRecord:
         """Append one row per metric to metrics.csv (long format; the file is never truncated)."""
         new = not self.metrics_path.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        cut_torn_tail(self.metrics_path)                 # a row a kill tore would glue onto the next one
+        cut_torn_tail(self.metrics_path)  # a row a kill tore would glue onto the next one
         with open(self.metrics_path, "a", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             if new:
@@ -157,8 +182,9 @@ class RunRecord:
         rows = []
         for i, r in enumerate(raw):
             try:
-                rows.append({"time": float(r["time"]), "step": int(r["step"]), "name": r["name"],
-                             "value": float(r["value"])})
+                rows.append(
+                    {"time": float(r["time"]), "step": int(r["step"]), "name": r["name"], "value": float(r["value"])}
+                )
             except (TypeError, ValueError, KeyError):
                 if i != len(raw) - 1:
                     raise DataError(f"{self.metrics_path}: line {i + 2}: malformed metrics row {dict(r)}") from None
@@ -187,4 +213,3 @@ def _jsonable(value: Any) -> Any:
         return value
     except TypeError:
         return str(value)
-

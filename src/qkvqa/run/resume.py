@@ -1,4 +1,5 @@
 """Resume policy: find the checkpoint to continue from and refuse changes to immutable keys."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,7 +51,8 @@ def check_resume_config(saved_path: Path, current: DictConfig) -> dict[str, tupl
         raise ConfigError(
             f"cannot resume {saved_path.parent.name}: these keys differ from its saved config.yaml and may not "
             f"change on resume: {lines}. Start a new run (another run_id) to change them; keys that may change: "
-            f"{', '.join(MUTABLE_ON_RESUME)}")
+            f"{', '.join(MUTABLE_ON_RESUME)}"
+        )
     return {k: v for k, v in changes.items() if k not in ("run_id", "experiment")}
 
 
@@ -68,7 +70,8 @@ def prepare_resume(cfg: DictConfig, run: RunContext, trains: bool = True) -> tup
     if cfg.resume == "never":
         raise ConfigError(
             f"run directory {run.run_dir} already holds run {run.run_id!r}. Pass resume=auto to continue it, "
-            "or choose another run_id (or none for a new one).")
+            "or choose another run_id (or none for a new one)."
+        )
     changes = check_resume_config(run.run_dir / "config.yaml", cfg)
     last = run.run_dir / "last.ckpt"
     if changes:
@@ -103,13 +106,15 @@ def finished_training(cfg: DictConfig, run: RunContext) -> Optional[str]:
         return None
     changes = config_changes(from_saved(saved_path), cfg)
     if any(key in changes for key in _TRAINING_LENGTH) or immutable_changes(changes):
-        return None                               # trains on, or is refused by name (prepare_resume)
+        return None  # trains on, or is refused by name (prepare_resume)
     summary_path = run.run_dir / "summary.json"
     try:
         step = json.loads(summary_path.read_text(encoding="utf-8")).get("global_step")
     except (OSError, ValueError):
         step = None
     at = f" at step {step}" if step is not None else ""
-    return (f"run {run.run_id} is finished{at} (trainer.max_steps={cfg.trainer.max_steps}, trainer.max_epochs="
-            f"{cfg.trainer.max_epochs}; {status_path}): nothing to resume, nothing touched. To train further, raise "
-            f"trainer.max_steps (or max_epochs) with run_id={run.run_id} resume=auto; to train again, use another run_id")
+    return (
+        f"run {run.run_id} is finished{at} (trainer.max_steps={cfg.trainer.max_steps}, trainer.max_epochs="
+        f"{cfg.trainer.max_epochs}; {status_path}): nothing to resume, nothing touched. To train further, raise "
+        f"trainer.max_steps (or max_epochs) with run_id={run.run_id} resume=auto; to train again, use another run_id"
+    )

@@ -1,4 +1,5 @@
 """Run identity: one run id and one `checkpoints/<run_id>/` directory per run, on every rank."""
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ class RunContext:
 
     run_id: str
     run_dir: Path
-    resumed: bool            # the directory already held a record of this run
+    resumed: bool  # the directory already held a record of this run
     launched_by_sweep: bool  # the id came from a W&B sweep agent
 
     @property
@@ -38,7 +39,7 @@ def new_run_id(experiment: str) -> str:
 
 
 def _slug(text: str, limit: int = 40) -> str:
-    if text.endswith((".yaml", ".yml")):           # experiment=path/to/file.yaml: the file's name, not its folders
+    if text.endswith((".yaml", ".yml")):  # experiment=path/to/file.yaml: the file's name, not its folders
         text = Path(text).stem
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in text.replace("/", "-"))[:limit]
 
@@ -67,8 +68,9 @@ def _agreed_through_agent_store(experiment: str, timeout_s: float = 300.0) -> st
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout_s)
+    )
     key = f"qkvqa/run_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     if global_rank() == 0:
         store.set(key, new_run_id(experiment))
@@ -93,8 +95,11 @@ def resolve_run(cfg: DictConfig) -> RunContext:
     inherited = os.environ.get(ENV_RUN_ID)
     # A W&B sweep agent sets both variables; an explicit, different run_id means they leaked from an
     # earlier sweep into a manual run (wandb #4736), which must not take over this run's identity.
-    sweep = bool(os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID")
-                 and cfg.run_id in (None, os.environ.get("WANDB_RUN_ID")))
+    sweep = bool(
+        os.environ.get("WANDB_SWEEP_ID")
+        and os.environ.get("WANDB_RUN_ID")
+        and cfg.run_id in (None, os.environ.get("WANDB_RUN_ID"))
+    )
     if inherited and os.environ.get(ENV_RUN_DIR) and (global_rank() != 0 or cfg.run_id in (None, inherited)):
         run_id, run_dir = inherited, Path(os.environ[ENV_RUN_DIR])
     else:

@@ -1,4 +1,5 @@
 """SLURM: Lightning's own requeue switched off, and the requeue of a job our preemption save stopped (SIGUSR1)."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,11 @@ def requeue(received: Optional[int], timeout_s: float = 60.0) -> bool:
         log.warning("could not requeue the job (%s): resubmit it; the run resumes with resume=auto", e)
         return False
     if done.returncode != 0:
-        log.warning("`%s` failed: %s; resubmit the job, the run resumes with resume=auto", " ".join(cmd),
-                    done.stderr.strip()[:300])
+        log.warning(
+            "`%s` failed: %s; resubmit the job, the run resumes with resume=auto",
+            " ".join(cmd),
+            done.stderr.strip()[:300],
+        )
         return False
     log.info("requeued SLURM job %s", cmd[-1])
     return True

@@ -6,6 +6,7 @@ mid-epoch resume repeated the epoch's first batches and skipped its last ones. A
 its batch count per epoch (`train_batches_per_epoch(world_size)`) is counted here instead, with
 Lightning's own rule.
 """
+
 from __future__ import annotations
 
 import math

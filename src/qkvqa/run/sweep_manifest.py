@@ -1,4 +1,5 @@
 """The sweep manifest (`sweep_manifest.json`: trial -> overrides -> status -> run dir) and the runner lock."""
+
 from __future__ import annotations
 
 import json
@@ -76,11 +77,17 @@ class RunnerLock:
                     holder = json.loads(self.path.read_text() or "{}")
                 except (OSError, json.JSONDecodeError):
                     holder = {}
-                if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
+                if (
+                    holder.get("host") == me["host"]
+                    and isinstance(holder.get("pid"), int)
+                    and not pid_alive(holder["pid"])
+                ):
                     self.path.unlink(missing_ok=True)
                     continue
-                raise ConfigError(f"sweep directory {self.path.parent} is in use by a runner (pid {holder.get('pid')} "
-                                  f"on {holder.get('host')}); if that runner is gone, delete {self.path}") from None
+                raise ConfigError(
+                    f"sweep directory {self.path.parent} is in use by a runner (pid {holder.get('pid')} "
+                    f"on {holder.get('host')}); if that runner is gone, delete {self.path}"
+                ) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(me, f)
             return self

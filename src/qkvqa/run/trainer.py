@@ -1,4 +1,5 @@
 """Build the Lightning Trainer of a job and run `fit` inside its run record."""
+
 from __future__ import annotations
 
 import signal
@@ -19,10 +20,28 @@ from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 
-_TRAINER_KEYS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "max_epochs", "max_steps",
-                 "accumulate_grad_batches", "gradient_clip_val", "log_every_n_steps", "val_check_interval",
-                 "check_val_every_n_epoch", "limit_train_batches", "limit_val_batches", "num_sanity_val_steps",
-                 "deterministic", "enable_progress_bar", "enable_model_summary", "detect_anomaly", "fast_dev_run")
+_TRAINER_KEYS = (
+    "accelerator",
+    "devices",
+    "num_nodes",
+    "strategy",
+    "precision",
+    "max_epochs",
+    "max_steps",
+    "accumulate_grad_batches",
+    "gradient_clip_val",
+    "log_every_n_steps",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "limit_train_batches",
+    "limit_val_batches",
+    "num_sanity_val_steps",
+    "deterministic",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "detect_anomaly",
+    "fast_dev_run",
+)
 
 
 def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -48,12 +67,17 @@ def check_hardware(cfg: DictConfig, components: Iterable[str] = ()) -> None:
     if torch.cuda.is_available():
         return
     asked = [f"trainer.accelerator={cfg.trainer.accelerator}"] if cfg.trainer.accelerator in GPU_ACCELERATORS else []
-    asked += [f"components.{name}.device={cfg.components[name].device}" for name in components
-              if str(cfg.components[name].device or "").startswith("cuda")]
+    asked += [
+        f"components.{name}.device={cfg.components[name].device}"
+        for name in components
+        if str(cfg.components[name].device or "").startswith("cuda")
+    ]
     if asked:
-        raise ConfigError(f"{', '.join(asked)}, but this machine has no CUDA GPU (torch.cuda.is_available() is "
-                          f"False); run on a GPU node, or use preset=cpu (trainer.accelerator=cpu and "
-                          f"components.*.device=cpu)")
+        raise ConfigError(
+            f"{', '.join(asked)}, but this machine has no CUDA GPU (torch.cuda.is_available() is "
+            f"False); run on a GPU node, or use preset=cpu (trainer.accelerator=cpu and "
+            f"components.*.device=cpu)"
+        )
 
 
 def progress_callbacks(cfg: DictConfig) -> tuple[bool, list[pl.Callback]]:
@@ -80,27 +104,48 @@ def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: O
     ck = cfg.checkpoint
     # last.ckpt is LastCheckpoint's alone (why: its docstring); ModelCheckpoint keeps the top-k (monitored) or the
     # latest periodic checkpoint (unmonitored) under their own names.
-    checkpoints: list[pl.Callback] = [LastCheckpoint(job.run.run_dir, ck.every_n_train_steps, ck.save_on_exception,
-                                                     stop_in_validation=ck.stop_within_s is not None)]
+    checkpoints: list[pl.Callback] = [
+        LastCheckpoint(
+            job.run.run_dir,
+            ck.every_n_train_steps,
+            ck.save_on_exception,
+            stop_in_validation=ck.stop_within_s is not None,
+        )
+    ]
     if ck.save_top_k:
-        checkpoints.append(ModelCheckpoint(
-            dirpath=str(job.run.run_dir), filename="epoch{epoch:03d}-step{step:07d}", monitor=ck.monitor,
-            mode=ck.mode, save_top_k=ck.save_top_k if ck.monitor else 1, save_last=False,
-            every_n_train_steps=ck.every_n_train_steps, save_on_exception=False, auto_insert_metric_name=False,
-            enable_version_counter=False))
+        checkpoints.append(
+            ModelCheckpoint(
+                dirpath=str(job.run.run_dir),
+                filename="epoch{epoch:03d}-step{step:07d}",
+                monitor=ck.monitor,
+                mode=ck.mode,
+                save_top_k=ck.save_top_k if ck.monitor else 1,
+                save_last=False,
+                every_n_train_steps=ck.every_n_train_steps,
+                save_on_exception=False,
+                auto_insert_metric_name=False,
+                enable_version_counter=False,
+            )
+        )
     wandb_logger = make_wandb_logger(cfg, job.run, command=job.command or "train")
     # resumed: a run continued in its directory (from last.ckpt or from scratch) first drops the rows it logs again
-    loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.run.resumed)] + ([wandb_logger] if wandb_logger
-                                                                                        else [])
+    loggers = [RunRecordLogger(job.record, job.run.run_id, resumed=job.run.resumed)] + (
+        [wandb_logger] if wandb_logger else []
+    )
     state = RunStateCallback(job.plain_config, job.run.run_id, wandb_run_id(wandb_logger), batch_size)
     bar, shown = progress_callbacks(cfg)
     # qkvqa DataModules shard across ranks themselves (qkvqa.data_modules.samplers), which keeps mid-epoch
     # resume exact and evaluation free of padded duplicates; Lightning must not swap their samplers.
     with srun_hint_only_when_useful(world_size_of(cfg)):
-        return pl.Trainer(default_root_dir=str(job.run.run_dir), logger=loggers, use_distributed_sampler=False,
-                          callbacks=[*checkpoints, state, OptimizerStepRows(), *shown, *callbacks],
-                          plugins=[CheckedCheckpointIO(), *slurm_plugins()], enable_checkpointing=bool(ck.save_top_k),
-                          **{**trainer_kwargs(cfg), "enable_progress_bar": bar})
+        return pl.Trainer(
+            default_root_dir=str(job.run.run_dir),
+            logger=loggers,
+            use_distributed_sampler=False,
+            callbacks=[*checkpoints, state, OptimizerStepRows(), *shown, *callbacks],
+            plugins=[CheckedCheckpointIO(), *slurm_plugins()],
+            enable_checkpointing=bool(ck.save_top_k),
+            **{**trainer_kwargs(cfg), "enable_progress_bar": bar},
+        )
 
 
 def world_size_of(cfg: DictConfig) -> int:
@@ -117,8 +162,14 @@ def world_size_of(cfg: DictConfig) -> int:
     return n * int(cfg.trainer.num_nodes)
 
 
-def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDataModule, command: str = "train",
-        callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> dict:
+def fit(
+    cfg: DictConfig,
+    module: pl.LightningModule,
+    datamodule: pl.LightningDataModule,
+    command: str = "train",
+    callbacks: Iterable[pl.Callback] = (),
+    batch_size: Optional[int] = None,
+) -> dict:
     """Train `module` on `datamodule` as one run; resumes with `resume=auto`; returns the summary."""
     from qkvqa.callbacks.steps import StepLearningRateMonitor
     from qkvqa.errors import RunInterrupted
@@ -129,7 +180,7 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
     if finished is not None:
         return finished
     world_size = world_size_of(cfg)
-    with run_job(cfg, command, world_size, defer_stop=world_size > 1, trains=True) as job:   # see interrupt_on_signals
+    with run_job(cfg, command, world_size, defer_stop=world_size > 1, trains=True) as job:  # see interrupt_on_signals
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, [StepLearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
         with srun_hint_only_when_useful(world_size_of(cfg)):
@@ -140,20 +191,27 @@ def fit(cfg: DictConfig, module: pl.LightningModule, datamodule: pl.LightningDat
         summary: dict = {}
         if job.run.is_rank_zero and trainer.is_global_zero:
             ckpt_cb = trainer.checkpoint_callback
-            summary = job.record.update_summary({
-                "global_step": trainer.global_step, "epoch": trainer.current_epoch,
-                "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
-                "best_model_score": getattr(ckpt_cb, "best_model_score", None),
-                "last_model_path": str(job.run.run_dir / "last.ckpt"),
-                **{k: float(v) for k, v in trainer.callback_metrics.items() if k not in (STEP_KEY, EPOCH_KEY)}})
+            summary = job.record.update_summary(
+                {
+                    "global_step": trainer.global_step,
+                    "epoch": trainer.current_epoch,
+                    "best_model_path": getattr(ckpt_cb, "best_model_path", None) or None,
+                    "best_model_score": getattr(ckpt_cb, "best_model_score", None),
+                    "last_model_path": str(job.run.run_dir / "last.ckpt"),
+                    **{k: float(v) for k, v in trainer.callback_metrics.items() if k not in (STEP_KEY, EPOCH_KEY)},
+                }
+            )
             log_run_files(job.run.run_dir)
-    if job.final_state == "interrupted":          # after run_job has recorded the state (and requeued on SIGUSR1)
+    if job.final_state == "interrupted":  # after run_job has recorded the state (and requeued on SIGUSR1)
         from qkvqa.utils.command_line import resume_command
 
         name = signal.Signals(job.received_signal).name if job.received_signal else "a signal"
-        raise RunInterrupted(f"run {job.run.run_id} stopped on {name} at step {trainer.global_step} and saved "
-                             f"{job.run.run_dir / 'last.ckpt'}; continue it with: "
-                             f"{resume_command(command, job.run.run_id, cfg.experiment)}", signum=job.received_signal)
+        raise RunInterrupted(
+            f"run {job.run.run_id} stopped on {name} at step {trainer.global_step} and saved "
+            f"{job.run.run_dir / 'last.ckpt'}; continue it with: "
+            f"{resume_command(command, job.run.run_id, cfg.experiment)}",
+            signum=job.received_signal,
+        )
     return summary
 
 

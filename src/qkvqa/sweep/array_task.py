@@ -1,4 +1,5 @@
 """Inside a SLURM array task: replace this process with the sweep trial whose index is SLURM_ARRAY_TASK_ID."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,10 @@ def trial_command(sweep_dir: Path, index: int) -> tuple[str, list[str]]:
     for trial_id, entry in manifest.trials.items():
         if entry["index"] == index and entry.get("argv"):
             return trial_id, list(entry["argv"])
-    raise SystemExit(f"{manifest.path}: no submitted trial has index {index}; the array and the manifest disagree "
-                     f"(was the sweep directory reused by another sweep?)")
+    raise SystemExit(
+        f"{manifest.path}: no submitted trial has index {index}; the array and the manifest disagree "
+        f"(was the sweep directory reused by another sweep?)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,10 +31,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: srun python -m qkvqa.sweep.array_task SWEEP_DIR  (inside a SLURM array task)")
     trial_id, command = trial_command(Path(args[0]), int(os.environ["SLURM_ARRAY_TASK_ID"]))
     if os.environ.get("SLURM_PROCID", "0") == "0":
-        print(f"=== {now()} trial {trial_id}, array task {os.environ.get('SLURM_ARRAY_JOB_ID')}_"
-              f"{os.environ['SLURM_ARRAY_TASK_ID']}, job name {os.environ.get('SLURM_JOB_NAME', '')}, "
-              f"restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
-              f"{shlex.join(command)}", flush=True)
+        print(
+            f"=== {now()} trial {trial_id}, array task {os.environ.get('SLURM_ARRAY_JOB_ID')}_"
+            f"{os.environ['SLURM_ARRAY_TASK_ID']}, job name {os.environ.get('SLURM_JOB_NAME', '')}, "
+            f"restart {os.environ.get('SLURM_RESTART_COUNT', '0')}: "
+            f"{shlex.join(command)}",
+            flush=True,
+        )
     os.execvpe(command[0], command, trial_env(os.environ))
 
 

@@ -4,6 +4,7 @@ The agent formats every parameter as Python's `f"{param}={value}"` (so `True`, `
 `[0.9, 0.98]`), replaces `${envvar:NAME}` inside tokens, and expands whole-token macros. We do the
 same, except that `${interpreter}` becomes the Python running the sweep (the agent writes `python`).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,15 @@ from typing import Any, Mapping, Optional, Sequence
 from qkvqa.errors import ConfigError
 
 ENVVAR_MACRO = re.compile(r"\$\{envvar:([A-Z0-9_]*)\}")
-ARG_MACROS = ("args", "args_no_equals", "args_no_hyphens", "args_no_boolean_flags", "args_json",
-              "args_append_hydra", "args_override_hydra")
+ARG_MACROS = (
+    "args",
+    "args_no_equals",
+    "args_no_hyphens",
+    "args_no_boolean_flags",
+    "args_json",
+    "args_append_hydra",
+    "args_override_hydra",
+)
 OTHER_MACROS = ("env", "interpreter", "program", "args_json_file")
 
 
@@ -30,11 +38,15 @@ def check_command(command: Sequence[Any], program: Optional[str]) -> list[str]:
     for token in tokens:
         name = macro_name(token)
         if name is not None and not token.startswith("${envvar:") and name not in ARG_MACROS + OTHER_MACROS:
-            raise ConfigError(f"sweep command: unknown macro {token}; W&B's agent would silently drop it. "
-                              f"Known: {', '.join('${%s}' % m for m in ARG_MACROS + OTHER_MACROS)}")
+            raise ConfigError(
+                f"sweep command: unknown macro {token}; W&B's agent would silently drop it. "
+                f"Known: {', '.join('${%s}' % m for m in ARG_MACROS + OTHER_MACROS)}"
+            )
     if "${args_no_hyphens}" not in tokens:
-        raise ConfigError("sweep command: pass the parameters with ${args_no_hyphens}; qkvqa commands take "
-                          "key=value overrides, not --key=value (W&B's default command uses ${args})")
+        raise ConfigError(
+            "sweep command: pass the parameters with ${args_no_hyphens}; qkvqa commands take "
+            "key=value overrides, not --key=value (W&B's default command uses ${args})"
+        )
     if "${program}" in tokens and not program:
         raise ConfigError("sweep command uses ${program} but the sweep file has no `program:`")
     return tokens
@@ -62,8 +74,15 @@ def render_args(params: Mapping[str, Any]) -> dict[str, list[str]]:
     }
 
 
-def render_command(command: Sequence[Any], params: Mapping[str, Any], *, program: Optional[str], interpreter: str,
-                   args_json_file: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+def render_command(
+    command: Sequence[Any],
+    params: Mapping[str, Any],
+    *,
+    program: Optional[str],
+    interpreter: str,
+    args_json_file: Optional[str] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> list[str]:
     """The argv of one trial: `${envvar:X}` substituted in every token, then whole-token macros expanded."""
     environ = os.environ if environ is None else environ
     expansions: dict[str, list[str]] = dict(render_args(params))

@@ -1,4 +1,5 @@
 """The offline sweep runner: every trial a subprocess, N at a time, recorded in a resumable manifest."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
 # A trial is one fresh run: nothing of the runner's own run identity or W&B sweep may reach it.
-LEAKED_ENV = ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_SWEEP_PARAM_PATH", "WANDB_SERVICE", "QKVQA_RUN_ID",
-              "QKVQA_RUN_DIR")
+LEAKED_ENV = (
+    "WANDB_RUN_ID",
+    "WANDB_SWEEP_ID",
+    "WANDB_RESUME",
+    "WANDB_SWEEP_PARAM_PATH",
+    "WANDB_SERVICE",
+    "QKVQA_RUN_ID",
+    "QKVQA_RUN_DIR",
+)
 
 
 @dataclass
@@ -33,7 +41,7 @@ class Trial:
     index: int
     params: dict[str, Any]
     run_id: str
-    injected: dict[str, Any] = field(default_factory=dict)   # run_id, resume, checkpoints root, W&B group
+    injected: dict[str, Any] = field(default_factory=dict)  # run_id, resume, checkpoints root, W&B group
 
     @property
     def overrides(self) -> list[str]:
@@ -79,8 +87,13 @@ def trial_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def trial_argv(spec: SweepSpec, trial: Trial, interpreter: str, args_json_file: Optional[Path] = None) -> list[str]:
     """The command line of one trial (swept values first, then the injected keys)."""
-    return render_command(spec.command, {**trial.params, **trial.injected}, program=spec.program,
-                          interpreter=interpreter, args_json_file=str(args_json_file) if args_json_file else None)
+    return render_command(
+        spec.command,
+        {**trial.params, **trial.injected},
+        program=spec.program,
+        interpreter=interpreter,
+        args_json_file=str(args_json_file) if args_json_file else None,
+    )
 
 
 def _same_params(recorded: Any, planned: Mapping[str, Any]) -> bool:
@@ -99,9 +112,9 @@ def _cli_tokens(argv: list[str]) -> Optional[list[str]]:
     """The tokens after `python -m qkvqa.cli` (or the `qkvqa` script) in a trial's argv, or None for another program."""
     for i, token in enumerate(argv):
         if token == "-m" and i + 1 < len(argv) and argv[i + 1] in ("qkvqa.cli", "qkvqa.cli.main"):
-            return argv[i + 2:]
+            return argv[i + 2 :]
         if Path(token).name == "qkvqa":
-            return argv[i + 1:]
+            return argv[i + 1 :]
     return None
 
 
@@ -113,7 +126,7 @@ def command_config(argv: list[str], cwd: Path, compose: Compose) -> Optional[Any
     if not tokens:
         return None
     here = Path.cwd()
-    os.chdir(cwd)                                  # experiments/ is found from the trial's working directory
+    os.chdir(cwd)  # experiments/ is found from the trial's working directory
     try:
         return compose(tokens)
     finally:
@@ -129,7 +142,7 @@ def trial_change(trial: Trial, entry: dict, argv: list[str], cwd: Path, compose:
         return f"was run with {entry['params']} but the sweep file now gives {trial.params}"
     saved = Path(entry["run_dir"]) / "config.yaml"
     if not saved.is_file():
-        return None                                # nothing ran under another config yet
+        return None  # nothing ran under another config yet
     try:
         current = command_config(argv, cwd, compose)
     except ConfigError as e:
@@ -149,8 +162,9 @@ def trial_change(trial: Trial, entry: dict, argv: list[str], cwd: Path, compose:
     return f"its config changed since it ran ({saved}): {shown}{more}"
 
 
-def changed_trials(trials: list[Trial], manifest: Optional[Manifest], argv: Callable[[Trial], list[str]],
-                   cwd: Path, compose: Compose) -> dict[str, str]:
+def changed_trials(
+    trials: list[Trial], manifest: Optional[Manifest], argv: Callable[[Trial], list[str]], cwd: Path, compose: Compose
+) -> dict[str, str]:
     """{trial id: why} for the trials whose recorded run is not the one now planned (`trial_change`)."""
     out = {}
     for trial in trials:
@@ -165,18 +179,36 @@ def changed_trials_error(spec: SweepSpec, changed: dict[str, str]) -> ConfigErro
     """The refusal of a sweep whose trials already ran as other runs than the ones it now plans."""
     tid, why = next(iter(changed.items()))
     others = f" (and {len(changed) - 1} other trial(s): {', '.join(list(changed)[1:])})" if len(changed) > 1 else ""
-    return ConfigError(f"sweep {spec.name}: trial {tid} {why}{others}; its results are not those of this sweep "
-                       f"file: give the changed sweep another name, or another --sweep-dir")
+    return ConfigError(
+        f"sweep {spec.name}: trial {tid} {why}{others}; its results are not those of this sweep "
+        f"file: give the changed sweep another name, or another --sweep-dir"
+    )
 
 
-def _open_manifest(spec: SweepSpec, sweep_dir: Path, trials: list[Trial], seed: int, root: Path,
-                   argv: Callable[[Trial], list[str]], cwd: Path, compose: Compose) -> Manifest:
+def _open_manifest(
+    spec: SweepSpec,
+    sweep_dir: Path,
+    trials: list[Trial],
+    seed: int,
+    root: Path,
+    argv: Callable[[Trial], list[str]],
+    cwd: Path,
+    compose: Compose,
+) -> Manifest:
     manifest = Manifest.load(sweep_dir)
     if manifest is None:
-        manifest = Manifest.create(sweep_dir, {
-            "sweep": spec.name, "sweep_file": str(spec.path) if spec.path else None, "method": spec.method,
-            "metric": {"name": spec.metric, "goal": spec.goal}, "seed": seed,
-            "checkpoints_root": str(root.resolve()), "command": spec.command})
+        manifest = Manifest.create(
+            sweep_dir,
+            {
+                "sweep": spec.name,
+                "sweep_file": str(spec.path) if spec.path else None,
+                "method": spec.method,
+                "metric": {"name": spec.metric, "goal": spec.goal},
+                "seed": seed,
+                "checkpoints_root": str(root.resolve()),
+                "command": spec.command,
+            },
+        )
     changed = changed_trials(trials, manifest, argv, cwd, compose)
     if changed:
         raise changed_trials_error(spec, changed)
@@ -184,10 +216,21 @@ def _open_manifest(spec: SweepSpec, sweep_dir: Path, trials: list[Trial], seed: 
         entry = manifest.trials.get(trial.trial_id)
         if entry is None:
             manifest.trials[trial.trial_id] = {
-                "trial": trial.trial_id, "index": trial.index, "params": trial.params, "overrides": trial.overrides,
-                "run_id": trial.run_id, "run_dir": str((root / trial.run_id).resolve()), "status": "pending",
-                "returncode": None, "attempts": 0, "log": f"logs/{trial.trial_id}.log",
-                "started_at": None, "finished_at": None, "run_state": None, "argv": None}
+                "trial": trial.trial_id,
+                "index": trial.index,
+                "params": trial.params,
+                "overrides": trial.overrides,
+                "run_id": trial.run_id,
+                "run_dir": str((root / trial.run_id).resolve()),
+                "status": "pending",
+                "returncode": None,
+                "attempts": 0,
+                "log": f"logs/{trial.trial_id}.log",
+                "started_at": None,
+                "finished_at": None,
+                "run_state": None,
+                "argv": None,
+            }
     return manifest
 
 
@@ -206,9 +249,11 @@ def gpu_pool(gpus: Optional[list[str]], per_trial: int, environ: Mapping[str, st
 
         pool = [str(i) for i in range(torch.cuda.device_count())]
     if len(pool) < per_trial:
-        raise ConfigError(f"--gpus-per-trial {per_trial} needs {per_trial} GPUs but {len(pool) or 'none'} "
-                          f"{'is' if len(pool) == 1 else 'are'} available ({','.join(pool) or 'no CUDA device'}); "
-                          f"give the devices with --gpus 0,1,... or lower --gpus-per-trial")
+        raise ConfigError(
+            f"--gpus-per-trial {per_trial} needs {per_trial} GPUs but {len(pool) or 'none'} "
+            f"{'is' if len(pool) == 1 else 'are'} available ({','.join(pool) or 'no CUDA device'}); "
+            f"give the devices with --gpus 0,1,... or lower --gpus-per-trial"
+        )
     return [g.strip() for g in pool]
 
 
@@ -222,11 +267,23 @@ class _Running:
 class LocalSweep:
     """Runs a sweep's trials as subprocesses and keeps `sweep_manifest.json` current."""
 
-    def __init__(self, spec: SweepSpec, *, compose: Compose, checkpoints_root: str | os.PathLike = "checkpoints",
-                 sweep_dir: Optional[str | os.PathLike] = None, parallel: Optional[int] = 1, count: Optional[int] = None,
-                 seed: Optional[int] = None, retry_failed: bool = False, cwd: Optional[str | os.PathLike] = None,
-                 interpreter: str = sys.executable, poll_s: float = 0.2, gpus_per_trial: int = 0,
-                 gpus: Optional[list[str]] = None):
+    def __init__(
+        self,
+        spec: SweepSpec,
+        *,
+        compose: Compose,
+        checkpoints_root: str | os.PathLike = "checkpoints",
+        sweep_dir: Optional[str | os.PathLike] = None,
+        parallel: Optional[int] = 1,
+        count: Optional[int] = None,
+        seed: Optional[int] = None,
+        retry_failed: bool = False,
+        cwd: Optional[str | os.PathLike] = None,
+        interpreter: str = sys.executable,
+        poll_s: float = 0.2,
+        gpus_per_trial: int = 0,
+        gpus: Optional[list[str]] = None,
+    ):
         # Each running trial holds `gpus_per_trial` devices of the pool (CUDA_VISIBLE_DEVICES), never another's;
         # without --parallel as many trials run as the pool has room for (1 without GPUs per trial).
         self.gpus_per_trial = gpus_per_trial
@@ -284,17 +341,25 @@ class LocalSweep:
     def run(self) -> SweepResult:
         """Run every trial that is not done yet, then write the comparison table."""
         if self.spec.controller_only_keys():
-            log.warning("sweep %s: %s need the W&B controller; the local runner runs every trial",
-                        self.spec.name, ", ".join(self.spec.controller_only_keys()))
+            log.warning(
+                "sweep %s: %s need the W&B controller; the local runner runs every trial",
+                self.spec.name,
+                ", ".join(self.spec.controller_only_keys()),
+            )
         with RunnerLock(self.sweep_dir):
-            manifest = _open_manifest(self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd,
-                                      self.compose)
+            manifest = _open_manifest(
+                self.spec, self.sweep_dir, self.trials, self.seed, self.root, self.argv, self.cwd, self.compose
+            )
             manifest.save()
             todo = [t for t in self.trials if _should_run(manifest.trials[t.trial_id], self.retry_failed)]
             skipped = [t.trial_id for t in self.trials if t not in todo]
             if skipped:
-                log.info("sweep %s: skipping %d trial(s) already done: %s", self.spec.name, len(skipped),
-                         ", ".join(f"{tid} ({manifest.trials[tid]['status']})" for tid in skipped))
+                log.info(
+                    "sweep %s: skipping %d trial(s) already done: %s",
+                    self.spec.name,
+                    len(skipped),
+                    ", ".join(f"{tid} ({manifest.trials[tid]['status']})" for tid in skipped),
+                )
             self._launch_all(manifest, todo)
             result = SweepResult(self.sweep_dir, manifest, [t.trial_id for t in todo], skipped)
             result.comparison = self.write_comparison(manifest)
@@ -312,8 +377,10 @@ class LocalSweep:
                     running.remove(item)
                     self._finish(manifest, item)
                     bar.update(1)
-                    bar.set_postfix(finished=sum(t["status"] == "finished" for t in manifest.trials.values()),
-                                    failed=sum(t["status"] == "failed" for t in manifest.trials.values()))
+                    bar.set_postfix(
+                        finished=sum(t["status"] == "finished" for t in manifest.trials.values()),
+                        failed=sum(t["status"] == "failed" for t in manifest.trials.values()),
+                    )
                 time.sleep(self.poll_s if running else 0)
         except BaseException:
             for item in running:
@@ -336,12 +403,27 @@ class LocalSweep:
         gpus = [self.free_gpus.pop(0) for _ in range(self.gpus_per_trial)]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        manifest.update_trial(trial.trial_id, status="running", attempts=attempt, argv=argv, started_at=now(),
-                              finished_at=None, returncode=None, pid=proc.pid, gpus=gpus or None)
-        log.info("trial %s started (pid %d%s): %s", trial.trial_id, proc.pid, f", GPUs {','.join(gpus)}" if gpus else "",
-                 " ".join(trial.overrides))
+        proc = subprocess.Popen(
+            argv, cwd=self.cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        manifest.update_trial(
+            trial.trial_id,
+            status="running",
+            attempts=attempt,
+            argv=argv,
+            started_at=now(),
+            finished_at=None,
+            returncode=None,
+            pid=proc.pid,
+            gpus=gpus or None,
+        )
+        log.info(
+            "trial %s started (pid %d%s): %s",
+            trial.trial_id,
+            proc.pid,
+            f", GPUs {','.join(gpus)}" if gpus else "",
+            " ".join(trial.overrides),
+        )
         return _Running(trial, proc, log_file, time.monotonic(), gpus)
 
     def _finish(self, manifest: Manifest, item: _Running) -> None:
@@ -352,12 +434,24 @@ class LocalSweep:
 
         status = "finished" if rc == 0 else "interrupted" if rc == EXIT_INTERRUPTED else "failed"
         run_state = RunRecord(manifest.trials[item.trial.trial_id]["run_dir"]).status().get("state")
-        manifest.update_trial(item.trial.trial_id, status=status, returncode=rc, finished_at=now(), run_state=run_state,
-                              duration_s=round(time.monotonic() - item.started, 3), pid=None)
+        manifest.update_trial(
+            item.trial.trial_id,
+            status=status,
+            returncode=rc,
+            finished_at=now(),
+            run_state=run_state,
+            duration_s=round(time.monotonic() - item.started, 3),
+            pid=None,
+        )
         level = log.info if status == "finished" else log.warning
-        level("trial %s %s (return code %d) in %.1fs%s", item.trial.trial_id, status, rc,
-              time.monotonic() - item.started,
-              "" if status == "finished" else f"; log: {self.sweep_dir / manifest.trials[item.trial.trial_id]['log']}")
+        level(
+            "trial %s %s (return code %d) in %.1fs%s",
+            item.trial.trial_id,
+            status,
+            rc,
+            time.monotonic() - item.started,
+            "" if status == "finished" else f"; log: {self.sweep_dir / manifest.trials[item.trial.trial_id]['log']}",
+        )
 
     def _stop(self, manifest: Manifest, item: _Running) -> None:
         """Terminate a trial when the runner itself is stopped; the rerun continues it (resume=auto)."""
@@ -368,24 +462,30 @@ class LocalSweep:
             item.proc.kill()
             item.proc.wait()
         item.log_file.close()
-        manifest.update_trial(item.trial.trial_id, status="interrupted", returncode=item.proc.returncode,
-                              finished_at=now(), pid=None)
+        manifest.update_trial(
+            item.trial.trial_id, status="interrupted", returncode=item.proc.returncode, finished_at=now(), pid=None
+        )
 
     def write_comparison(self, manifest: Manifest) -> Path:
         """comparison.csv and comparison.md of the finished trials, sorted by the sweep's metric goal."""
         from qkvqa.compare.rows import collect_local
         from qkvqa.compare.table import build_table, write_table
 
-        run_dirs = [Path(t["run_dir"]) for t in manifest.trials.values()
-                    if t["status"] == "finished" and Path(t["run_dir"]).is_dir()]
+        run_dirs = [
+            Path(t["run_dir"])
+            for t in manifest.trials.values()
+            if t["status"] == "finished" and Path(t["run_dir"]).is_dir()
+        ]
         table = build_table(collect_local(run_dirs), self.spec.metric, self.spec.goal)
         write_table(table, "csv", self.sweep_dir / "comparison.csv")
         write_table(table, "md", self.sweep_dir / "comparison.md")
         from qkvqa.loggers.wandb import log_sweep_run
 
-        counts = {s: sum(t["status"] == s for t in manifest.trials.values())
-                  for s in ("finished", "failed", "interrupted", "pending")}
-        try:                                       # where the trials log to W&B (None: not a qkvqa command)
+        counts = {
+            s: sum(t["status"] == s for t in manifest.trials.values())
+            for s in ("finished", "failed", "interrupted", "pending")
+        }
+        try:  # where the trials log to W&B (None: not a qkvqa command)
             trial_cfg = command_config(self.argv(self.trials[0]), self.cwd, self.compose) if self.trials else None
         except ConfigError:
             trial_cfg = None

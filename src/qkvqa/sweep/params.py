@@ -1,4 +1,5 @@
 """Sweep parameters: W&B's distributions, grid enumeration and seeded random sampling."""
+
 from __future__ import annotations
 
 import itertools
@@ -24,24 +25,40 @@ def _log_uniform_values(rng: random.Random, c: Mapping) -> float:
 DISTRIBUTIONS: dict[str, tuple[tuple[str, ...], dict, Callable[[random.Random, Mapping], Any]]] = {
     "constant": (("value",), {}, lambda rng, c: c["value"]),
     "categorical": (("values",), {}, lambda rng, c: rng.choice(c["values"])),
-    "categorical_w": (("values", "probabilities"), {},
-                      lambda rng, c: rng.choices(c["values"], weights=c["probabilities"])[0]),
+    "categorical_w": (
+        ("values", "probabilities"),
+        {},
+        lambda rng, c: rng.choices(c["values"], weights=c["probabilities"])[0],
+    ),
     "int_uniform": (("min", "max"), {}, lambda rng, c: rng.randint(c["min"], c["max"])),
     "uniform": (("min", "max"), {}, lambda rng, c: rng.uniform(c["min"], c["max"])),
     "q_uniform": (("min", "max"), {"q": 1}, lambda rng, c: _quantize(rng.uniform(c["min"], c["max"]), c["q"])),
     "log_uniform": (("min", "max"), {}, lambda rng, c: math.exp(rng.uniform(c["min"], c["max"]))),
     "log_uniform_values": (("min", "max"), {}, _log_uniform_values),
-    "q_log_uniform": (("min", "max"), {"q": 1},
-                      lambda rng, c: _quantize(math.exp(rng.uniform(c["min"], c["max"])), c["q"])),
+    "q_log_uniform": (
+        ("min", "max"),
+        {"q": 1},
+        lambda rng, c: _quantize(math.exp(rng.uniform(c["min"], c["max"])), c["q"]),
+    ),
     "q_log_uniform_values": (("min", "max"), {"q": 1}, lambda rng, c: _quantize(_log_uniform_values(rng, c), c["q"])),
     "inv_log_uniform": (("min", "max"), {}, lambda rng, c: math.exp(-rng.uniform(c["min"], c["max"]))),
-    "inv_log_uniform_values": (("min", "max"), {},
-                               lambda rng, c: 1.0 / _log_uniform_values(rng, {"min": 1 / c["max"], "max": 1 / c["min"]})),
+    "inv_log_uniform_values": (
+        ("min", "max"),
+        {},
+        lambda rng, c: 1.0 / _log_uniform_values(rng, {"min": 1 / c["max"], "max": 1 / c["min"]}),
+    ),
     "normal": ((), {"mu": 0.0, "sigma": 1.0}, lambda rng, c: rng.gauss(c["mu"], c["sigma"])),
-    "q_normal": ((), {"mu": 0.0, "sigma": 1.0, "q": 1}, lambda rng, c: _quantize(rng.gauss(c["mu"], c["sigma"]), c["q"])),
+    "q_normal": (
+        (),
+        {"mu": 0.0, "sigma": 1.0, "q": 1},
+        lambda rng, c: _quantize(rng.gauss(c["mu"], c["sigma"]), c["q"]),
+    ),
     "log_normal": ((), {"mu": 0.0, "sigma": 1.0}, lambda rng, c: math.exp(rng.gauss(c["mu"], c["sigma"]))),
-    "q_log_normal": ((), {"mu": 0.0, "sigma": 1.0, "q": 1},
-                     lambda rng, c: _quantize(math.exp(rng.gauss(c["mu"], c["sigma"])), c["q"])),
+    "q_log_normal": (
+        (),
+        {"mu": 0.0, "sigma": 1.0, "q": 1},
+        lambda rng, c: _quantize(math.exp(rng.gauss(c["mu"], c["sigma"])), c["q"]),
+    ),
     "beta": ((), {"a": 1.0, "b": 1.0}, lambda rng, c: rng.betavariate(c["a"], c["b"])),
     "q_beta": ((), {"a": 1.0, "b": 1.0, "q": 1}, lambda rng, c: _quantize(rng.betavariate(c["a"], c["b"]), c["q"])),
 }
@@ -71,8 +88,10 @@ class Parameter:
         if self.distribution == "q_uniform":
             n = int(math.floor((c["max"] - c["min"]) / c["q"] + 1e-9))
             return [_quantize(c["min"] + i * c["q"], c["q"]) for i in range(n + 1)]
-        raise ConfigError(f"parameter {self.name!r}: grid search needs `values`, `value`, int_uniform or q_uniform, "
-                          f"not distribution {self.distribution!r}; use method: random (or bayes on --backend wandb)")
+        raise ConfigError(
+            f"parameter {self.name!r}: grid search needs `values`, `value`, int_uniform or q_uniform, "
+            f"not distribution {self.distribution!r}; use method: random (or bayes on --backend wandb)"
+        )
 
 
 def parse_parameter(name: str, spec: Any) -> Parameter:
@@ -81,8 +100,10 @@ def parse_parameter(name: str, spec: Any) -> Parameter:
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}: expected a mapping such as {{values: [...]}}, got {spec!r}")
     if "parameters" in spec:
-        raise ConfigError(f"{where}: nested `parameters:` blocks render as dict reprs on the command line; "
-                          f"use flat dotted names instead (e.g. {name}.key: {{values: [...]}})")
+        raise ConfigError(
+            f"{where}: nested `parameters:` blocks render as dict reprs on the command line; "
+            f"use flat dotted names instead (e.g. {name}.key: {{values: [...]}})"
+        )
     distribution = spec.get("distribution")
     if distribution is None:
         if "value" in spec:

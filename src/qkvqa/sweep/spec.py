@@ -1,4 +1,5 @@
 """Sweep files (W&B sweep format): load and validate them, and check that swept values keep their type."""
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,7 @@ class SweepSpec:
     metric: Optional[str] = None
     goal: str = "minimize"
     run_cap: Optional[int] = None
-    raw: dict = field(default_factory=dict)      # the file as W&B would receive it
+    raw: dict = field(default_factory=dict)  # the file as W&B would receive it
     path: Optional[Path] = None
 
     def controller_only_keys(self) -> list[str]:
@@ -48,8 +49,10 @@ class SweepSpec:
             if n is None:
                 raise ConfigError(f"sweep {self.name}: random search needs --count N (or `run_cap:` in the file)")
             return [random_point(self.parameters, seed, i) for i in range(n)]
-        raise ConfigError(f"sweep {self.name}: method {self.method!r} needs the W&B controller; "
-                          "run it with --backend wandb, or use method: grid or random locally")
+        raise ConfigError(
+            f"sweep {self.name}: method {self.method!r} needs the W&B controller; "
+            "run it with --backend wandb, or use method: grid or random locally"
+        )
 
 
 def _sweep_name(raw: Mapping, path: Optional[Path]) -> str:
@@ -70,8 +73,10 @@ def parse_sweep(raw: Any, path: Optional[Path] = None) -> SweepSpec:
         raise ConfigError(f"{where}: `parameters:` must map dotted config keys to their values")
     reserved = [k for k in params_raw if k in RESERVED_KEYS]
     if reserved:
-        raise ConfigError(f"{where}: {', '.join(reserved)} may not be swept; the runner sets "
-                          f"{', '.join(RESERVED_KEYS)} for every trial")
+        raise ConfigError(
+            f"{where}: {', '.join(reserved)} may not be swept; the runner sets "
+            f"{', '.join(RESERVED_KEYS)} for every trial"
+        )
     parameters = {str(k): parse_parameter(str(k), v) for k, v in params_raw.items()}
     metric = raw.get("metric") or {}
     if not isinstance(metric, dict):
@@ -80,17 +85,28 @@ def parse_sweep(raw: Any, path: Optional[Path] = None) -> SweepSpec:
     if goal not in GOALS:
         raise ConfigError(f"{where}: metric.goal must be minimize or maximize, got {goal!r}")
     if "command" not in raw:
-        raise ConfigError(f"{where}: give a `command:`, e.g. [\"${{env}}\", \"${{interpreter}}\", -m, qkvqa.cli, "
-                          "train, experiment=NAME, \"${args_no_hyphens}\"] (W&B's default passes --key=value, which "
-                          "qkvqa rejects)")
+        raise ConfigError(
+            f'{where}: give a `command:`, e.g. ["${{env}}", "${{interpreter}}", -m, qkvqa.cli, '
+            'train, experiment=NAME, "${args_no_hyphens}"] (W&B\'s default passes --key=value, which '
+            "qkvqa rejects)"
+        )
     if not isinstance(raw["command"], list):
         raise ConfigError(f"{where}: `command:` must be a list of tokens")
     program = raw.get("program")
     command = check_command(raw["command"], program)
     run_cap = raw.get("run_cap")
-    return SweepSpec(name=_sweep_name(raw, path), method=method, parameters=parameters, command=command,
-                     program=str(program) if program else None, metric=metric.get("name"), goal=goal,
-                     run_cap=int(run_cap) if run_cap is not None else None, raw=raw, path=path)
+    return SweepSpec(
+        name=_sweep_name(raw, path),
+        method=method,
+        parameters=parameters,
+        command=command,
+        program=str(program) if program else None,
+        metric=metric.get("name"),
+        goal=goal,
+        run_cap=int(run_cap) if run_cap is not None else None,
+        raw=raw,
+        path=path,
+    )
 
 
 def read_sweep_yaml(text: str) -> Any:
@@ -154,9 +170,13 @@ def check_value_types(spec: SweepSpec, seed: int = 0) -> None:
             if OmegaConf.is_config(parsed):
                 parsed = OmegaConf.to_container(parsed)
             if not _same(parsed, value):
-                problems.append(f"{name}: sweep value {value!r} ({type(value).__name__}) reaches the run as "
-                                f"{parsed!r} ({type(parsed).__name__})")
+                problems.append(
+                    f"{name}: sweep value {value!r} ({type(value).__name__}) reaches the run as "
+                    f"{parsed!r} ({type(parsed).__name__})"
+                )
     if problems:
-        raise ConfigError(f"sweep {spec.name}: swept values would be logged differently from the sweep's values "
-                          f"(a W&B grid could repeat them forever): {'; '.join(problems)}. Write floats with a dot "
-                          "and an exponent sign or digits (1.0e-5), null for None, 1.0 for a float key")
+        raise ConfigError(
+            f"sweep {spec.name}: swept values would be logged differently from the sweep's values "
+            f"(a W&B grid could repeat them forever): {'; '.join(problems)}. Write floats with a dot "
+            "and an exponent sign or digits (1.0e-5), null for None, 1.0 for a float key"
+        )

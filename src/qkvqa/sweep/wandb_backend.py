@@ -1,4 +1,5 @@
 """The W&B backend: create the sweep on the server and run `wandb agent` subprocesses with a clean env."""
+
 from __future__ import annotations
 
 import copy
@@ -67,8 +68,9 @@ def agent_env(environ: Mapping[str, str], interpreter: str = sys.executable) -> 
     return env
 
 
-def agent_commands(sweep_path: str, parallel: int, count: Optional[int],
-                   interpreter: str = sys.executable) -> list[list[str]]:
+def agent_commands(
+    sweep_path: str, parallel: int, count: Optional[int], interpreter: str = sys.executable
+) -> list[list[str]]:
     """One `wandb agent` command per parallel agent; `count` (total trials) is split between them."""
     if parallel < 1:
         raise ConfigError(f"--parallel must be at least 1, got {parallel}")
@@ -84,15 +86,24 @@ def agent_commands(sweep_path: str, parallel: int, count: Optional[int],
     return commands
 
 
-def run_wandb_sweep(spec: SweepSpec, *, project: Optional[str], entity: Optional[str], parallel: int = 1,
-                    count: Optional[int] = None, sweep_id: Optional[str] = None,
-                    create: Callable[[dict, Optional[str], Optional[str]], str] = create_sweep,
-                    launch: Callable[..., subprocess.Popen] = subprocess.Popen) -> int:
+def run_wandb_sweep(
+    spec: SweepSpec,
+    *,
+    project: Optional[str],
+    entity: Optional[str],
+    parallel: int = 1,
+    count: Optional[int] = None,
+    sweep_id: Optional[str] = None,
+    create: Callable[[dict, Optional[str], Optional[str]], str] = create_sweep,
+    launch: Callable[..., subprocess.Popen] = subprocess.Popen,
+) -> int:
     """Create the sweep (unless `sweep_id` joins an existing one), run the agents, return the worst exit code."""
     mode = os.environ.get("WANDB_MODE", "")
     if mode in OFFLINE_MODES:
-        raise ConfigError(f"--backend wandb needs the W&B server, but WANDB_MODE={mode}; use --backend local "
-                          "(offline), or unset WANDB_MODE")
+        raise ConfigError(
+            f"--backend wandb needs the W&B server, but WANDB_MODE={mode}; use --backend local "
+            "(offline), or unset WANDB_MODE"
+        )
     project, entity = resolve_project(spec, project, entity)
     if sweep_id is None:
         sweep_id = create(wandb_sweep_config(spec, project, entity), project, entity)

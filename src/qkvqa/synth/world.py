@@ -29,6 +29,7 @@ listed under `deliberate_skips` in world.json. Three switches of `generate_world
 make harder worlds: several facts per generic section, multi-entity images of one category, and facts bound to
 the surveys that report them.
 """
+
 from __future__ import annotations
 
 import csv
@@ -43,11 +44,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from qkvqa.synth.render import PALETTE, PATTERNS, Signature, encode, render
 from qkvqa.errors import DataError
+from qkvqa.synth.render import PALETTE, PATTERNS, Signature, encode, render
 from qkvqa.utils.io import atomic_write_json, atomic_write_text
-from qkvqa.utils.owned_dir import OwnedDir
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.owned_dir import OwnedDir
 
 log = get_logger(__name__)
 
@@ -56,12 +57,12 @@ DEFAULT_SEED = 0
 WIKI = "https://en.wikipedia.org/wiki/"
 COMMONS = "https://upload.wikimedia.org/wikipedia/commons/"
 KB_IMAGE_PARTS = 3
-MULTI_ENTITY_SHARE = 0.4           # share of E-VQA questions whose image shows 2-3 entities
-TWO_HOP_SHARE = 0.35               # share of entities with a 2_hop question
-UNSEEN_EVQA_EVERY = 7              # every 7th entity (coprime to the 6 categories): no E-VQA training question
-INFOSEEK_SHARE = 0.67              # share of entities with InfoSeek questions
-KNOWN_MISSING_INFOSEEK_IMAGE = "oven_05001795"   # missing in the real release too (mKG-RAG)
-WORLD_MAX_MISSING = 0.34                          # data.images.max_missing_fraction of the world's configs
+MULTI_ENTITY_SHARE = 0.4  # share of E-VQA questions whose image shows 2-3 entities
+TWO_HOP_SHARE = 0.35  # share of entities with a 2_hop question
+UNSEEN_EVQA_EVERY = 7  # every 7th entity (coprime to the 6 categories): no E-VQA training question
+INFOSEEK_SHARE = 0.67  # share of entities with InfoSeek questions
+KNOWN_MISSING_INFOSEEK_IMAGE = "oven_05001795"  # missing in the real release too (mKG-RAG)
+WORLD_MAX_MISSING = 0.34  # data.images.max_missing_fraction of the world's configs
 # Image folders as the releases lay them out, relative to each release's folder in the world (evqa/, infoseek/):
 # OMGM's wiki images (README "Wiki Images": output/ holds the CSVs, full/wiki_image_split/ the images; img_path
 # `full/wiki_image_split/wiki_entity_image_N/FILE` is relative to the folder holding full/, utils/utils.py:77 and
@@ -69,7 +70,7 @@ WORLD_MAX_MISSING = 0.34                          # data.images.max_missing_frac
 # (EchoSight README: "put id2name file in the same folder"), InfoSeek's images per split.
 WIKI_IMAGE = "wiki_image"
 WIKI_IMAGE_CSVS = f"{WIKI_IMAGE}/output/wiki_image_url_part_*_processed.csv"
-URL_STORE = "kb_image_url_store"              # qkvqa's own fallback pixels (not a release): {host}/{path}
+URL_STORE = "kb_image_url_store"  # qkvqa's own fallback pixels (not a release): {host}/{path}
 INAT_ROOT = "images/inaturalist"
 INFOSEEK_IMAGES = {"val": "infoseek/images/val", "train": "infoseek/images/train"}
 # The release folders (data.root of preset evqa_data and infoseek_data, and of demo_world: evqa/) with the KB file each
@@ -77,29 +78,131 @@ INFOSEEK_IMAGES = {"val": "infoseek/images/val", "train": "infoseek/images/train
 RELEASES = {"evqa": "encyclopedic_kb_wiki.json", "infoseek": "wiki_100_dict_v4.json"}
 RELEASE_STORE = "kb_store"
 
-EVQA_COLUMNS = ("question", "answer", "dataset_image_ids", "dataset_category_id", "dataset_name",
-                "question_type", "wikipedia_url", "wikipedia_title", "evidence", "evidence_section_id",
-                "evidence_section_title", "encyclopedic_vqa_split", "question_original",
-                "wikipedia_url_used_in_train")
+EVQA_COLUMNS = (
+    "question",
+    "answer",
+    "dataset_image_ids",
+    "dataset_category_id",
+    "dataset_name",
+    "question_type",
+    "wikipedia_url",
+    "wikipedia_title",
+    "evidence",
+    "evidence_section_id",
+    "evidence_section_title",
+    "encyclopedic_vqa_split",
+    "question_original",
+    "wikipedia_url_used_in_train",
+)
 
-REGIONS = ["the Andes", "Borneo", "the Balkans", "Patagonia", "the Sahel", "Madagascar", "the Caucasus",
-           "Tasmania", "the Yucatán Peninsula", "Sumatra", "the Atlas Mountains", "Scandinavia",
-           "the Great Rift Valley", "New Caledonia", "the Pampas"]
-SEAS = ["the Red Sea", "the Coral Sea", "the Baltic Sea", "the Gulf of Guinea", "the Sea of Japan",
-        "the Caribbean Sea", "the Tasman Sea", "the Arabian Sea"]
-COUNTRIES = ["Chile", "Peru", "Kenya", "Norway", "Vietnam", "Morocco", "Brazil", "Finland", "Ghana", "Portugal",
-             "Nepal", "Mexico", "Romania", "Laos", "Oman", "Ecuador", "Iceland", "Japan"]
+REGIONS = [
+    "the Andes",
+    "Borneo",
+    "the Balkans",
+    "Patagonia",
+    "the Sahel",
+    "Madagascar",
+    "the Caucasus",
+    "Tasmania",
+    "the Yucatán Peninsula",
+    "Sumatra",
+    "the Atlas Mountains",
+    "Scandinavia",
+    "the Great Rift Valley",
+    "New Caledonia",
+    "the Pampas",
+]
+SEAS = [
+    "the Red Sea",
+    "the Coral Sea",
+    "the Baltic Sea",
+    "the Gulf of Guinea",
+    "the Sea of Japan",
+    "the Caribbean Sea",
+    "the Tasman Sea",
+    "the Arabian Sea",
+]
+COUNTRIES = [
+    "Chile",
+    "Peru",
+    "Kenya",
+    "Norway",
+    "Vietnam",
+    "Morocco",
+    "Brazil",
+    "Finland",
+    "Ghana",
+    "Portugal",
+    "Nepal",
+    "Mexico",
+    "Romania",
+    "Laos",
+    "Oman",
+    "Ecuador",
+    "Iceland",
+    "Japan",
+]
 STATUSES = ["Least Concern", "Near Threatened", "Vulnerable", "Endangered", "Critically Endangered"]
-PEOPLE = ["Amelia Hart", "Jonas Berg", "Lucía Ortega", "Kenji Mori", "Ada Okafor", "Pierre Lenoir", "Maja Novak",
-          "Samuel Reyes", "Ingrid Dahl", "Tomás Silva"]
-ARCHITECTS = ["Elena Varga", "Oskar Lind", "Hana Sato", "Rafael Duarte", "Grace Mbeki", "Louis Marchand",
-              "Vera Kovac", "Arjun Rao"]     # never used as distractor names, so the answer is only in "Design"
+PEOPLE = [
+    "Amelia Hart",
+    "Jonas Berg",
+    "Lucía Ortega",
+    "Kenji Mori",
+    "Ada Okafor",
+    "Pierre Lenoir",
+    "Maja Novak",
+    "Samuel Reyes",
+    "Ingrid Dahl",
+    "Tomás Silva",
+]
+ARCHITECTS = [
+    "Elena Varga",
+    "Oskar Lind",
+    "Hana Sato",
+    "Rafael Duarte",
+    "Grace Mbeki",
+    "Louis Marchand",
+    "Vera Kovac",
+    "Arjun Rao",
+]  # never used as distractor names, so the answer is only in "Design"
 CITIES = ["Velmora", "Ostrava", "Caldera", "Tessin", "Brava", "Korvik", "Lunden", "Arlés", "Mirabel", "Quillan"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 HERITAGE = ["a national monument", "a World Heritage Site", "a protected cultural property", "a Grade I building"]
-SYLLABLES = ["var", "nel", "tor", "mi", "sa", "kel", "dor", "lin", "bra", "fen", "qua", "ril", "ost", "mar", "ven",
-             "tal", "gro", "sen", "pa", "lum"]
+SYLLABLES = [
+    "var",
+    "nel",
+    "tor",
+    "mi",
+    "sa",
+    "kel",
+    "dor",
+    "lin",
+    "bra",
+    "fen",
+    "qua",
+    "ril",
+    "ost",
+    "mar",
+    "ven",
+    "tal",
+    "gro",
+    "sen",
+    "pa",
+    "lum",
+]
 UNICODE_STEMS = ["Ærø", "Ñandú", "Ōtaki", "Zürich", "Škofja", "Łódź", "Çatal", "Ísafjörð", "Sønder", "Kraków"]
 
 
@@ -108,12 +211,12 @@ class FactSpec:
     """One fact of a category: its section, the sentence that states it and the questions that ask it."""
 
     key: str
-    section: str                   # section title ("" = the lead section, titled with the article title)
-    kind: str                      # year | number | choice | list
-    sentence: str                  # "{name}" and "{value}" are filled in
-    templated: str                 # contains "this <category noun>" exactly once (2_hop rewrites it)
+    section: str  # section title ("" = the lead section, titled with the article title)
+    kind: str  # year | number | choice | list
+    sentence: str  # "{name}" and "{value}" are filled in
+    templated: str  # contains "this <category noun>" exactly once (2_hop rewrites it)
     automatic: str
-    pool: tuple = ()               # choice / list values, or (low, high, unit) for numbers
+    pool: tuple = ()  # choice / list values, or (low, high, unit) for numbers
 
 
 def _facts(specs: dict[str, tuple]) -> tuple[FactSpec, ...]:
@@ -145,136 +248,325 @@ def _surveyed(fact: FactSpec) -> tuple[FactSpec, ...]:
     """A non-lead fact as stated by each of SURVEYS (keys `diet_early`, `diet_recent`); the lead fact unchanged."""
     if not fact.section:
         return (fact,)
-    return tuple(FactSpec(f"{fact.key}_{survey}", fact.section, fact.kind,
-                          f"{survey.capitalize()} surveys report that {_lower_first(fact.sentence)}",
-                          f"According to {survey} surveys, {_lower_first(fact.templated)}",
-                          f"According to {survey} surveys, {_lower_first(fact.automatic)}", fact.pool)
-                 for survey in SURVEYS)
+    return tuple(
+        FactSpec(
+            f"{fact.key}_{survey}",
+            fact.section,
+            fact.kind,
+            f"{survey.capitalize()} surveys report that {_lower_first(fact.sentence)}",
+            f"According to {survey} surveys, {_lower_first(fact.templated)}",
+            f"According to {survey} surveys, {_lower_first(fact.automatic)}",
+            fact.pool,
+        )
+        for survey in SURVEYS
+    )
 
 
 # The facts several categories share, worded with the category's noun ("this bird", "this fish"), as the tuples
 # `_facts` takes; `_species` frames an iNaturalist category with the first and last of them.
 def _described(noun: str) -> tuple:
-    return ("", "year", "The {name} was first described by {person} in {value}.",
-            f"In which year was this {noun} first described?", f"When was this {noun} first described?")
+    return (
+        "",
+        "year",
+        "The {name} was first described by {person} in {value}.",
+        f"In which year was this {noun} first described?",
+        f"When was this {noun} first described?",
+    )
 
 
 def _native(noun: str, section: str, subject: str, place: str, places: list[str]) -> tuple:
-    return (section, "choice", f"{subject} is native to {{value}}.", f"Which {place} is this {noun} native to?",
-            f"Where is this {noun} native to?", tuple(places))
+    return (
+        section,
+        "choice",
+        f"{subject} is native to {{value}}.",
+        f"Which {place} is this {noun} native to?",
+        f"Where is this {noun} native to?",
+        tuple(places),
+    )
 
 
 def _diet(noun: str, foods: tuple) -> tuple:
-    return ("Diet", "choice", "Its diet consists mainly of {value}.",
-            f"What does the diet of this {noun} consist of mainly?", f"What is the main diet of this {noun}?", foods)
+    return (
+        "Diet",
+        "choice",
+        "Its diet consists mainly of {value}.",
+        f"What does the diet of this {noun} consist of mainly?",
+        f"What is the main diet of this {noun}?",
+        foods,
+    )
 
 
 def _depth(noun: str, low: int, high: int) -> tuple:
-    return ("Habitat", "number", "It lives at depths of up to {value}.", f"To what depths does this {noun} live?",
-            f"Up to what depths does this {noun} live?", (low, high, "metres"))
+    return (
+        "Habitat",
+        "number",
+        "It lives at depths of up to {value}.",
+        f"To what depths does this {noun} live?",
+        f"Up to what depths does this {noun} live?",
+        (low, high, "metres"),
+    )
 
 
 def _status(noun: str) -> tuple:
-    return ("Conservation", "choice", "The conservation status of the {name} is {value}.",
-            f"What is the conservation status of this {noun}?", f"Which conservation status does this {noun} have?",
-            tuple(STATUSES))
+    return (
+        "Conservation",
+        "choice",
+        "The conservation status of the {name} is {value}.",
+        f"What is the conservation status of this {noun}?",
+        f"Which conservation status does this {noun} have?",
+        tuple(STATUSES),
+    )
 
 
 def _species(noun: str, suffixes: list[str], fillers: list[str], facts: dict[str, tuple]) -> dict[str, Any]:
     """An iNaturalist category: the year it was first described (its lead fact), `facts`, its conservation status."""
-    return dict(noun=noun, dataset="inaturalist", suffixes=suffixes, fillers=fillers,
-                facts=_facts({"described": _described(noun), **facts, "status": _status(noun)}))
+    return dict(
+        noun=noun,
+        dataset="inaturalist",
+        suffixes=suffixes,
+        fillers=fillers,
+        facts=_facts({"described": _described(noun), **facts, "status": _status(noun)}),
+    )
 
 
 CATEGORIES: dict[str, dict[str, Any]] = {
-    "bird": _species("bird", ["warbler", "finch", "heron", "kestrel", "thrush"], ["Etymology", "Behaviour"], {
-        "wingspan": ("Description", "number", "The wingspan of the {name} measures {value}.",
-                     "What is the wingspan of this bird?", "How wide is the wingspan of this bird?", (18, 140, "cm")),
-        "native": _native("bird", "Distribution and habitat", "The species", "region", REGIONS),
-        "breeding_countries": ("Range", "list", "Breeding populations have been recorded in {value}.",
-                               "In which countries have breeding populations of this bird been recorded?",
-                               "Where have breeding populations of this bird been recorded?", tuple(COUNTRIES)),
-        "diet": _diet("bird", ("seeds", "insects", "small fish", "berries", "nectar", "snails", "earthworms")),
-        "clutch": ("Breeding", "number", "A typical clutch contains {value}.",
-                   "How many eggs does a typical clutch of this bird contain?",
-                   "What is the typical clutch size of this bird?", (2, 9, "eggs")),
-    }),
-    "plant": _species("plant", ["orchid", "fern", "sedge", "lily", "thistle"], ["Etymology", "Taxonomy"], {
-        "height": ("Description", "number", "The plant grows to a height of {value}.",
-                   "What height does this plant grow to?", "What height can this plant reach?",
-                   (1, 40, "metres")),
-        "native": _native("plant", "Distribution", "The species", "region", REGIONS),
-        "cultivated": ("Cultivation", "list", "It is cultivated in {value}.",
-                       "In which countries is this plant cultivated?", "Where is this plant cultivated?",
-                       tuple(COUNTRIES)),
-        "flowering": ("Flowering", "choice", "Its flowering season peaks in {value}.",
-                      "In which month does the flowering season of this plant peak?",
-                      "When is the flowering season of this plant?", tuple(MONTHS)),
-        "uses": ("Uses", "choice", "It is traditionally used for {value}.",
-                 "What is this plant traditionally used for?", "For what is this plant traditionally used?",
-                 ("dye", "medicine", "rope", "tea", "ornamental hedges", "basketry")),
-    }),
-    "fish": _species("fish", ["goby", "wrasse", "perch", "darter", "snapper"], ["Etymology", "Behaviour"], {
-        "length": ("Description", "number", "Adults reach a maximum length of {value}.",
-                   "What maximum length do adults of this fish reach?", "How long can adults of this fish grow?",
-                   (5, 180, "cm")),
-        "depth": _depth("fish", 2, 900),
-        "native": _native("fish", "Distribution", "The fish", "sea", SEAS),
-        "fished": ("Fisheries", "list", "It is commercially fished off {value}.",
-                   "Off which countries is this fish commercially fished?",
-                   "Where is this fish commercially fished?", tuple(COUNTRIES)),
-        "diet": _diet("fish", ("plankton", "crustaceans", "algae", "small squid", "worms")),
-    }),
-    "shell": _species("mollusc", ["cowrie", "whelk", "cone", "scallop", "nerite"], ["Etymology", "Taxonomy"], {
-        "shell_length": ("Description", "number", "The shell length ranges up to {value}.",
-                         "What is the shell length of this mollusc?",
-                         "How large is the shell length of this mollusc?", (4, 300, "mm")),
-        "depth": _depth("mollusc", 1, 600),
-        "native": _native("mollusc", "Distribution", "The mollusc", "sea", SEAS),
-        "collected": ("Shell collecting", "list", "Its shells are collected on the coasts of {value}.",
-                      "On the coasts of which countries are the shells of this mollusc collected?",
-                      "Where are the shells of this mollusc collected?", tuple(COUNTRIES)),
-        "predators": ("Predators", "choice", "It is preyed upon mainly by {value}.",
-                      "What is this mollusc preyed upon mainly by?", "Which animals prey upon this mollusc?",
-                      ("octopuses", "sea stars", "crabs", "shorebirds", "otters")),
-    }),
-    "insect": _species("insect", ["beetle", "moth", "hawker", "cicada", "skipper"], ["Etymology", "Behaviour"], {
-        "wingspan": ("Description", "number", "The wingspan of adults is {value}.",
-                     "What is the wingspan of this insect?", "How wide is the wingspan of this insect?",
-                     (8, 160, "mm")),
-        "native": _native("insect", "Distribution", "The species", "region", REGIONS),
-        "introduced": ("Introductions", "list", "It has been introduced to {value}.",
-                       "To which countries has this insect been introduced?",
-                       "Where has this insect been introduced?", tuple(COUNTRIES)),
-        "host": ("Host plants", "choice", "The larvae feed on {value}.", "What do the larvae of this insect feed on?",
-                 "Which plant do the larvae of this insect feed on?",
-                 ("oak", "willow", "nettle", "clover", "birch", "heather")),
-        "lifespan": ("Life cycle", "number", "Adults live for about {value}.",
-                     "How many days do adults of this insect live for?", "How long do adults of this insect live?",
-                     (3, 60, "days")),
-    }),
-    "landmark": dict(noun="landmark", dataset="landmarks", suffixes=["Tower", "Bridge", "Abbey", "Lighthouse", "Gate"],
-                     fillers=["Name", "Legends"], facts=_facts({
-        "completed": ("", "year", "The {name} was completed in {value}.",
-                      "In which year was this landmark completed?", "When was this landmark completed?"),
-        "height": ("Architecture", "number", "The structure rises to a height of {value}.",
-                   "What height does this landmark rise to?", "What is the height of this landmark?",
-                   (12, 320, "metres")),
-        "architect": ("Design", "choice", "It was designed by the architect {value}.",
-                      "Which architect designed this landmark?", "Who was the architect that designed this landmark?",
-                      tuple(ARCHITECTS)),
-        "city": ("Location", "choice", "It stands in the city of {value}.", "In which city does this landmark stand?",
-                 "Which city is this landmark in?", tuple(CITIES)),
-        "materials": ("Construction", "list", "It was built from {value}.", "What materials was this landmark built from?",
-                      "Which materials was this landmark built from?",
-                      ("granite", "limestone", "brick", "marble", "oak timber", "sandstone", "iron", "slate")),
-        "visitors": ("Tourism", "number", "It receives about {value} each year.",
-                     "How many visitors does this landmark receive each year?",
-                     "How many visitors come to this landmark each year?", (10, 900, "thousand visitors")),
-        "heritage": ("Heritage status", "choice", "It is designated as {value}.",
-                     "What is this landmark designated as?", "As what heritage status is this landmark designated?",
-                     tuple(HERITAGE)),
-    })),
+    "bird": _species(
+        "bird",
+        ["warbler", "finch", "heron", "kestrel", "thrush"],
+        ["Etymology", "Behaviour"],
+        {
+            "wingspan": (
+                "Description",
+                "number",
+                "The wingspan of the {name} measures {value}.",
+                "What is the wingspan of this bird?",
+                "How wide is the wingspan of this bird?",
+                (18, 140, "cm"),
+            ),
+            "native": _native("bird", "Distribution and habitat", "The species", "region", REGIONS),
+            "breeding_countries": (
+                "Range",
+                "list",
+                "Breeding populations have been recorded in {value}.",
+                "In which countries have breeding populations of this bird been recorded?",
+                "Where have breeding populations of this bird been recorded?",
+                tuple(COUNTRIES),
+            ),
+            "diet": _diet("bird", ("seeds", "insects", "small fish", "berries", "nectar", "snails", "earthworms")),
+            "clutch": (
+                "Breeding",
+                "number",
+                "A typical clutch contains {value}.",
+                "How many eggs does a typical clutch of this bird contain?",
+                "What is the typical clutch size of this bird?",
+                (2, 9, "eggs"),
+            ),
+        },
+    ),
+    "plant": _species(
+        "plant",
+        ["orchid", "fern", "sedge", "lily", "thistle"],
+        ["Etymology", "Taxonomy"],
+        {
+            "height": (
+                "Description",
+                "number",
+                "The plant grows to a height of {value}.",
+                "What height does this plant grow to?",
+                "What height can this plant reach?",
+                (1, 40, "metres"),
+            ),
+            "native": _native("plant", "Distribution", "The species", "region", REGIONS),
+            "cultivated": (
+                "Cultivation",
+                "list",
+                "It is cultivated in {value}.",
+                "In which countries is this plant cultivated?",
+                "Where is this plant cultivated?",
+                tuple(COUNTRIES),
+            ),
+            "flowering": (
+                "Flowering",
+                "choice",
+                "Its flowering season peaks in {value}.",
+                "In which month does the flowering season of this plant peak?",
+                "When is the flowering season of this plant?",
+                tuple(MONTHS),
+            ),
+            "uses": (
+                "Uses",
+                "choice",
+                "It is traditionally used for {value}.",
+                "What is this plant traditionally used for?",
+                "For what is this plant traditionally used?",
+                ("dye", "medicine", "rope", "tea", "ornamental hedges", "basketry"),
+            ),
+        },
+    ),
+    "fish": _species(
+        "fish",
+        ["goby", "wrasse", "perch", "darter", "snapper"],
+        ["Etymology", "Behaviour"],
+        {
+            "length": (
+                "Description",
+                "number",
+                "Adults reach a maximum length of {value}.",
+                "What maximum length do adults of this fish reach?",
+                "How long can adults of this fish grow?",
+                (5, 180, "cm"),
+            ),
+            "depth": _depth("fish", 2, 900),
+            "native": _native("fish", "Distribution", "The fish", "sea", SEAS),
+            "fished": (
+                "Fisheries",
+                "list",
+                "It is commercially fished off {value}.",
+                "Off which countries is this fish commercially fished?",
+                "Where is this fish commercially fished?",
+                tuple(COUNTRIES),
+            ),
+            "diet": _diet("fish", ("plankton", "crustaceans", "algae", "small squid", "worms")),
+        },
+    ),
+    "shell": _species(
+        "mollusc",
+        ["cowrie", "whelk", "cone", "scallop", "nerite"],
+        ["Etymology", "Taxonomy"],
+        {
+            "shell_length": (
+                "Description",
+                "number",
+                "The shell length ranges up to {value}.",
+                "What is the shell length of this mollusc?",
+                "How large is the shell length of this mollusc?",
+                (4, 300, "mm"),
+            ),
+            "depth": _depth("mollusc", 1, 600),
+            "native": _native("mollusc", "Distribution", "The mollusc", "sea", SEAS),
+            "collected": (
+                "Shell collecting",
+                "list",
+                "Its shells are collected on the coasts of {value}.",
+                "On the coasts of which countries are the shells of this mollusc collected?",
+                "Where are the shells of this mollusc collected?",
+                tuple(COUNTRIES),
+            ),
+            "predators": (
+                "Predators",
+                "choice",
+                "It is preyed upon mainly by {value}.",
+                "What is this mollusc preyed upon mainly by?",
+                "Which animals prey upon this mollusc?",
+                ("octopuses", "sea stars", "crabs", "shorebirds", "otters"),
+            ),
+        },
+    ),
+    "insect": _species(
+        "insect",
+        ["beetle", "moth", "hawker", "cicada", "skipper"],
+        ["Etymology", "Behaviour"],
+        {
+            "wingspan": (
+                "Description",
+                "number",
+                "The wingspan of adults is {value}.",
+                "What is the wingspan of this insect?",
+                "How wide is the wingspan of this insect?",
+                (8, 160, "mm"),
+            ),
+            "native": _native("insect", "Distribution", "The species", "region", REGIONS),
+            "introduced": (
+                "Introductions",
+                "list",
+                "It has been introduced to {value}.",
+                "To which countries has this insect been introduced?",
+                "Where has this insect been introduced?",
+                tuple(COUNTRIES),
+            ),
+            "host": (
+                "Host plants",
+                "choice",
+                "The larvae feed on {value}.",
+                "What do the larvae of this insect feed on?",
+                "Which plant do the larvae of this insect feed on?",
+                ("oak", "willow", "nettle", "clover", "birch", "heather"),
+            ),
+            "lifespan": (
+                "Life cycle",
+                "number",
+                "Adults live for about {value}.",
+                "How many days do adults of this insect live for?",
+                "How long do adults of this insect live?",
+                (3, 60, "days"),
+            ),
+        },
+    ),
+    "landmark": dict(
+        noun="landmark",
+        dataset="landmarks",
+        suffixes=["Tower", "Bridge", "Abbey", "Lighthouse", "Gate"],
+        fillers=["Name", "Legends"],
+        facts=_facts(
+            {
+                "completed": (
+                    "",
+                    "year",
+                    "The {name} was completed in {value}.",
+                    "In which year was this landmark completed?",
+                    "When was this landmark completed?",
+                ),
+                "height": (
+                    "Architecture",
+                    "number",
+                    "The structure rises to a height of {value}.",
+                    "What height does this landmark rise to?",
+                    "What is the height of this landmark?",
+                    (12, 320, "metres"),
+                ),
+                "architect": (
+                    "Design",
+                    "choice",
+                    "It was designed by the architect {value}.",
+                    "Which architect designed this landmark?",
+                    "Who was the architect that designed this landmark?",
+                    tuple(ARCHITECTS),
+                ),
+                "city": (
+                    "Location",
+                    "choice",
+                    "It stands in the city of {value}.",
+                    "In which city does this landmark stand?",
+                    "Which city is this landmark in?",
+                    tuple(CITIES),
+                ),
+                "materials": (
+                    "Construction",
+                    "list",
+                    "It was built from {value}.",
+                    "What materials was this landmark built from?",
+                    "Which materials was this landmark built from?",
+                    ("granite", "limestone", "brick", "marble", "oak timber", "sandstone", "iron", "slate"),
+                ),
+                "visitors": (
+                    "Tourism",
+                    "number",
+                    "It receives about {value} each year.",
+                    "How many visitors does this landmark receive each year?",
+                    "How many visitors come to this landmark each year?",
+                    (10, 900, "thousand visitors"),
+                ),
+                "heritage": (
+                    "Heritage status",
+                    "choice",
+                    "It is designated as {value}.",
+                    "What is this landmark designated as?",
+                    "As what heritage status is this landmark designated?",
+                    tuple(HERITAGE),
+                ),
+            }
+        ),
+    ),
 }
 
 DISTRACTORS = [
@@ -311,15 +603,15 @@ class _Entity:
     url: str
     category_id: int
     signature: Signature
-    facts: dict[str, Any] = field(default_factory=dict)         # key -> value (list for list facts)
-    answers: dict[str, str] = field(default_factory=dict)       # key -> E-VQA answer string
-    sentences: dict[str, str] = field(default_factory=dict)     # key -> evidence sentence
+    facts: dict[str, Any] = field(default_factory=dict)  # key -> value (list for list facts)
+    answers: dict[str, str] = field(default_factory=dict)  # key -> E-VQA answer string
+    sentences: dict[str, str] = field(default_factory=dict)  # key -> evidence sentence
     fact_section: dict[str, int] = field(default_factory=dict)  # key -> section index
     section_titles: list[str] = field(default_factory=list)
-    image_mode: str = "csv"                                     # csv | url_store | none
+    image_mode: str = "csv"  # csv | url_store | none
     image_urls: list[str] = field(default_factory=list)
-    related: Optional[int] = None                               # entity of the 2_hop question
-    bound: bool = False                                         # facts stated per survey (`bound_facts`)
+    related: Optional[int] = None  # entity of the 2_hop question
+    bound: bool = False  # facts stated per survey (`bound_facts`)
 
 
 def _facts_of(entity: _Entity) -> tuple[FactSpec, ...]:
@@ -359,15 +651,22 @@ def _make_entities(count: int, rng: random.Random, bound: bool = False) -> list[
                 break
         used_titles.add(title)
         colour, second, pattern = combo_order[category][index // len(categories)]
-        entity = _Entity(index=index, entity_id=f"e{index:04d}", category=category, title=title,
-                         url=WIKI + title.replace(" ", "_"), category_id=1000 + index,
-                         signature=Signature(category, colour, second, pattern), bound=bound)
+        entity = _Entity(
+            index=index,
+            entity_id=f"e{index:04d}",
+            category=category,
+            title=title,
+            url=WIKI + title.replace(" ", "_"),
+            category_id=1000 + index,
+            signature=Signature(category, colour, second, pattern),
+            bound=bound,
+        )
         entity.image_mode = "none" if index % 20 == 7 else "url_store" if index % 20 == 13 else "csv"
         for fact in _facts_of(entity):
             value, answer = _fact_value(fact, rng)
             earlier = other_survey(fact.key) if fact.key.endswith(f"_{SURVEYS[-1]}") else None
             while earlier is not None and _same_value(value, entity.facts[earlier]):
-                value, answer = _fact_value(fact, rng)      # the surveys disagree, so only one answers a question
+                value, answer = _fact_value(fact, rng)  # the surveys disagree, so only one answers a question
             entity.facts[fact.key], entity.answers[fact.key] = value, answer
         entities.append(entity)
     for entity in entities:
@@ -417,9 +716,17 @@ def _other_number(entity: _Entity, rng: random.Random, low: int, high: int) -> i
 
 def _distractors(entity: _Entity, entities: list[_Entity], rng: random.Random, count: int) -> list[str]:
     chosen = rng.sample(DISTRACTORS, count)
-    return [s.format(adj=rng.choice(ADJECTIVES), noun=_noun(entity), year=_other_number(entity, rng, 1850, 2015),
-                     num=_other_number(entity, rng, 12, 480), person=rng.choice(PEOPLE),
-                     other=rng.choice(entities).title) for s in chosen]
+    return [
+        s.format(
+            adj=rng.choice(ADJECTIVES),
+            noun=_noun(entity),
+            year=_other_number(entity, rng, 1850, 2015),
+            num=_other_number(entity, rng, 12, 480),
+            person=rng.choice(PEOPLE),
+            other=rng.choice(entities).title,
+        )
+        for s in chosen
+    ]
 
 
 def _paragraph(fact_sentences: list[str], distractors: list[str], rng: random.Random) -> str:
@@ -442,7 +749,7 @@ def _group_facts(facts: tuple[FactSpec, ...], facts_per_section: int, rng: rando
     content = [fact for fact in facts if fact.section]
     while True:
         rng.shuffle(content)
-        groups = [content[i:i + facts_per_section] for i in range(0, len(content), facts_per_section)]
+        groups = [content[i : i + facts_per_section] for i in range(0, len(content), facts_per_section)]
         if all(len({unsurveyed_key(fact.key) for fact in group}) == len(group) for group in groups):
             break
     return {"": lead, **dict(zip(rng.sample(DENSE_SECTION_TITLES, len(groups)), groups))}
@@ -452,19 +759,19 @@ def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random,
     """The KB entry of an entity; records in `entity` which section holds each fact."""
     spec = CATEGORIES[entity.category]
     sig = entity.signature
-    look = (f"The {entity.title} is easy to recognise by its {sig.colour} and {sig.second_colour} "
-            f"{sig.pattern}.")
+    look = f"The {entity.title} is easy to recognise by its {sig.colour} and {sig.second_colour} {sig.pattern}."
     sections: list[tuple[str, str]] = []
     facts_by_section = _group_facts(_facts_of(entity), facts_per_section, rng)
     content_titles = [s for s in facts_by_section if s] + list(spec["fillers"])
     rng.shuffle(content_titles)
     if entity.index % 11 == 3:
-        content_titles.insert(rng.randint(0, len(content_titles)), "Gallery")   # an empty section
+        content_titles.insert(rng.randint(0, len(content_titles)), "Gallery")  # an empty section
     for section_title in [""] + content_titles:
         sentences = []
         for fact in facts_by_section.get(section_title, []):
-            sentence = fact.sentence.format(name=entity.title, person=rng.choice(PEOPLE),
-                                            value=_render_value(entity, fact.key))
+            sentence = fact.sentence.format(
+                name=entity.title, person=rng.choice(PEOPLE), value=_render_value(entity, fact.key)
+            )
             entity.sentences[fact.key] = sentence
             entity.fact_section[fact.key] = len(sections)
             sentences.append(sentence)
@@ -480,10 +787,19 @@ def _build_article(entity: _Entity, entities: list[_Entity], rng: random.Random,
             text = f"{text} {look}"
         sections.append((section_title or entity.title, text))
     person, year = rng.choice(PEOPLE), _other_number(entity, rng, 1850, 2015)
-    sections.append(("References", f"{person} ({year}). Notes on the {entity.title}. Journal of Field Studies "
-                                   f"{_other_number(entity, rng, 1, 90)}: {_other_number(entity, rng, 1, 400)}."))
-    sections.append(("External links", f"{entity.title} at the Example Biodiversity Database. Media related to "
-                                       f"{entity.title} at Example Commons."))
+    sections.append(
+        (
+            "References",
+            f"{person} ({year}). Notes on the {entity.title}. Journal of Field Studies "
+            f"{_other_number(entity, rng, 1, 90)}: {_other_number(entity, rng, 1, 400)}.",
+        )
+    )
+    sections.append(
+        (
+            "External links",
+            f"{entity.title} at the Example Biodiversity Database. Media related to {entity.title} at Example Commons.",
+        )
+    )
     entity.section_titles = [title for title, _ in sections]
     image_count = 0 if entity.image_mode == "none" else rng.randint(1, 3)
     entity.image_urls = [_commons_url(f"{entity.title.replace(' ', '_')}_{k}.jpg") for k in range(image_count)]
@@ -515,13 +831,24 @@ class _ImageWriter:
         self.count = 0
         self.records: dict[str, dict] = {}
 
-    def write(self, key: str, rel_path: str, entities: list[_Entity], kind: str, status: str = "ok",
-              image_format: str = "JPEG") -> None:
+    def write(
+        self,
+        key: str,
+        rel_path: str,
+        entities: list[_Entity],
+        kind: str,
+        status: str = "ok",
+        image_format: str = "JPEG",
+    ) -> None:
         """Render `entities` (one, or several side by side) to `rel_path`; `status` missing/corrupt for skips."""
         if key in self.records:
             return
-        self.records[key] = {"path": rel_path, "entities": [e.entity_id for e in entities], "kind": kind,
-                             "status": status}
+        self.records[key] = {
+            "path": rel_path,
+            "entities": [e.entity_id for e in entities],
+            "kind": kind,
+            "status": status,
+        }
         if status == "missing":
             return
         self.count += 1
@@ -545,17 +872,23 @@ def _landmark_id(seed: int, counter: int) -> str:
 class _QueryImages:
     """Query image ids per dataset and pool (train / eval), with the multi-entity groups."""
 
-    def __init__(self, writer: _ImageWriter, entities: list[_Entity], rng: random.Random, seed: int,
-                 same_category_groups: bool = False):
+    def __init__(
+        self,
+        writer: _ImageWriter,
+        entities: list[_Entity],
+        rng: random.Random,
+        seed: int,
+        same_category_groups: bool = False,
+    ):
         self.writer = writer
         self.same_category_groups = same_category_groups
         self.entities = entities
         self.seed = seed
         self.counter = 0
         self.id2name: dict[str, dict[str, str]] = {"train": {}, "eval": {}}
-        self.single: dict[tuple[str, int], str] = {}          # (pool, entity) -> image id
+        self.single: dict[tuple[str, int], str] = {}  # (pool, entity) -> image id
         self.group_of: dict[tuple[str, int], list[int]] = {}  # (pool, entity) -> entities in its multi image
-        self.multi: dict[tuple[str, str, tuple], str] = {}    # (pool, dataset, group) -> image id
+        self.multi: dict[tuple[str, str, tuple], str] = {}  # (pool, dataset, group) -> image id
         for pool in ("train", "eval"):
             order = rng.sample(range(len(entities)), len(entities))
             while order:
@@ -575,8 +908,9 @@ class _QueryImages:
         """Whether `candidate` may join a multi-entity image: another category (mixed groups), or the same
         category with another kind word (same-category groups: only the question's kind word tells them apart)."""
         if self.same_category_groups:
-            return (candidate.category == group[0].category
-                    and _kind_word(candidate) not in {_kind_word(member) for member in group})
+            return candidate.category == group[0].category and _kind_word(candidate) not in {
+                _kind_word(member) for member in group
+            }
         return candidate.category not in {member.category for member in group}
 
     def new_id(self, dataset: str) -> str:
@@ -589,7 +923,7 @@ class _QueryImages:
             return f"evqa/images/landmarks/{image_id[0]}/{image_id[1]}/{image_id[2]}/{image_id}.jpg"
         folder = "train" if pool == "train" else "val"
         category_dir = f"{list(CATEGORIES).index(category):05d}_{category}"
-        digest = hashlib.md5(image_id.encode()).hexdigest()             # iNat 2021 names its files by UUID
+        digest = hashlib.md5(image_id.encode()).hexdigest()  # iNat 2021 names its files by UUID
         uuid = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:]}"
         name = f"{folder}/{category_dir}/{uuid}.jpg"
         self.id2name[pool][image_id] = name
@@ -600,8 +934,13 @@ class _QueryImages:
         if key not in self.single or status != "ok":
             dataset = CATEGORIES[entity.category]["dataset"]
             image_id = self.new_id(dataset)
-            self.writer.write(f"{dataset}/{image_id}", self.path_of(dataset, pool, image_id, entity.category),
-                              [entity], "single", status)
+            self.writer.write(
+                f"{dataset}/{image_id}",
+                self.path_of(dataset, pool, image_id, entity.category),
+                [entity],
+                "single",
+                status,
+            )
             if status != "ok":
                 return image_id
             self.single[key] = image_id
@@ -615,8 +954,12 @@ class _QueryImages:
         key = (pool, dataset, tuple(group))
         if key not in self.multi:
             image_id = self.new_id(dataset)
-            self.writer.write(f"{dataset}/{image_id}", self.path_of(dataset, pool, image_id, entity.category),
-                              [self.entities[g] for g in group], "multi")
+            self.writer.write(
+                f"{dataset}/{image_id}",
+                self.path_of(dataset, pool, image_id, entity.category),
+                [self.entities[g] for g in group],
+                "multi",
+            )
             self.multi[key] = image_id
         return self.multi[key]
 
@@ -636,25 +979,33 @@ def _evqa_questions(entities: list[_Entity], images: _QueryImages, rng: random.R
                 text = fact.templated if qtype == "templated" else fact.automatic
             split = rng.choices(("train", "val", "test"), weights=(70, 15, 15))[0]
             if split == "train" and entity.index % UNSEEN_EVQA_EVERY == 3:
-                split = ("val", "test")[len(rows["test"]) % 2]      # an unseen subject (the rng draws stay the same)
-            rows[split].append(_evqa_row(entity, fact.key, text, qtype, split, images,
-                                         rng, entities))
+                split = ("val", "test")[len(rows["test"]) % 2]  # an unseen subject (the rng draws stay the same)
+            rows[split].append(_evqa_row(entity, fact.key, text, qtype, split, images, rng, entities))
         if entity.related is not None:
             other = entities[entity.related]
             fact = rng.choice([f for f in _facts_of(other) if f.kind != "list"])
-            text = fact.templated.replace(f"this {_noun(other)}", f"the {_noun(other)} that this "
-                                                                f"{_noun(entity)} is frequently associated with")
+            text = fact.templated.replace(
+                f"this {_noun(other)}", f"the {_noun(other)} that this {_noun(entity)} is frequently associated with"
+            )
             split = rng.choices(("train", "val", "test"), weights=(50, 25, 25))[0]
-            row = _evqa_row(entity, fact.key, text, "2_hop", split, images, rng,
-                            entities, hop=other)
+            row = _evqa_row(entity, fact.key, text, "2_hop", split, images, rng, entities, hop=other)
             rows[split].append(row)
     for split_rows in rows.values():
         rng.shuffle(split_rows)
     return rows
 
 
-def _evqa_row(entity: _Entity, key: str, question: str, qtype: str, split: str, images: _QueryImages,
-              rng: random.Random, entities: list[_Entity], hop: Optional[_Entity] = None) -> dict:
+def _evqa_row(
+    entity: _Entity,
+    key: str,
+    question: str,
+    qtype: str,
+    split: str,
+    images: _QueryImages,
+    rng: random.Random,
+    entities: list[_Entity],
+    hop: Optional[_Entity] = None,
+) -> dict:
     pool = "train" if split == "train" else "eval"
     dataset = CATEGORIES[entity.category]["dataset"]
     single = images.single_view(pool, entity)
@@ -677,18 +1028,35 @@ def _evqa_row(entity: _Entity, key: str, question: str, qtype: str, split: str, 
         section_ids = f"{section}|{hop.fact_section[key]}"
         section_titles = f"{entity.section_titles[section]}|{hop.section_titles[hop.fact_section[key]]}"
     row = {
-        "question": question, "answer": answer_entity.answers[key], "dataset_image_ids": "|".join(image_ids),
-        "dataset_category_id": str(entity.category_id), "dataset_name": dataset, "question_type": qtype,
-        "wikipedia_url": urls, "wikipedia_title": titles, "evidence": evidence,
-        "evidence_section_id": section_ids, "evidence_section_title": section_titles,
-        "encyclopedic_vqa_split": split, "question_original": question, "wikipedia_url_used_in_train": "",
+        "question": question,
+        "answer": answer_entity.answers[key],
+        "dataset_image_ids": "|".join(image_ids),
+        "dataset_category_id": str(entity.category_id),
+        "dataset_name": dataset,
+        "question_type": qtype,
+        "wikipedia_url": urls,
+        "wikipedia_title": titles,
+        "evidence": evidence,
+        "evidence_section_id": section_ids,
+        "evidence_section_title": section_titles,
+        "encyclopedic_vqa_split": split,
+        "question_original": question,
+        "wikipedia_url_used_in_train": "",
     }
     image_key = f"{dataset}/{image_ids[0]}"
-    record = {"entity": entity.entity_id, "fact": key, "question_type": qtype, "gold_urls": urls.split("|"),
-              "evidence_section_id": section, "evidence_section_title": entity.section_titles[section],
-              "answer_entity": answer_entity.entity_id, "answer_section_id": answer_entity.fact_section[key],
-              "image_id": image_ids[0], "dataset_name": dataset,
-              "image_entities": images.writer.records[image_key]["entities"]}
+    record = {
+        "entity": entity.entity_id,
+        "fact": key,
+        "question_type": qtype,
+        "gold_urls": urls.split("|"),
+        "evidence_section_id": section,
+        "evidence_section_title": entity.section_titles[section],
+        "answer_entity": answer_entity.entity_id,
+        "answer_section_id": answer_entity.fact_section[key],
+        "image_id": image_ids[0],
+        "dataset_name": dataset,
+        "image_entities": images.writer.records[image_key]["entities"],
+    }
     return {"row": row, "record": record}
 
 
@@ -696,8 +1064,9 @@ def _mark_deliberate_skips(evqa: dict[str, list[dict]], images: _QueryImages) ->
     """Give one iNaturalist test question a missing image and one landmarks test question a corrupt one."""
     skips = []
     for dataset, status in (("inaturalist", "missing"), ("landmarks", "corrupt")):
-        item = next(q for q in evqa["test"] if q["row"]["dataset_name"] == dataset
-                    and q["row"]["question_type"] != "2_hop")
+        item = next(
+            q for q in evqa["test"] if q["row"]["dataset_name"] == dataset and q["row"]["question_type"] != "2_hop"
+        )
         entity = next(e for e in images.entities if e.entity_id == item["record"]["entity"])
         image_id = images.single_view("eval", entity, status=status)
         item["row"]["dataset_image_ids"] = image_id
@@ -726,22 +1095,24 @@ def _infoseek_questions(entities: list[_Entity], writer: _ImageWriter, rng: rand
             else:
                 status = "ok"
             extension = ".JPEG" if counter % 6 == 0 else ".jpg"
-            writer.write(f"infoseek/{image_id}", f"{INFOSEEK_IMAGES[split]}/{image_id}{extension}", [entity],
-                         "single", status)
+            writer.write(
+                f"infoseek/{image_id}", f"{INFOSEEK_IMAGES[split]}/{image_id}{extension}", [entity], "single", status
+            )
             data_id = f"infoseek_{split}_{counter:08d}"
             out[split].append(_infoseek_item(entity, fact, data_id, image_id, split, unseen_entity))
     return out
 
 
-def _infoseek_item(entity: _Entity, fact: FactSpec, data_id: str, image_id: str, split: str,
-                   unseen_entity: bool) -> dict:
+def _infoseek_item(
+    entity: _Entity, fact: FactSpec, data_id: str, image_id: str, split: str, unseen_entity: bool
+) -> dict:
     value = entity.facts[fact.key]
     question = fact.templated
     if fact.kind == "number":
         qtype, answer = "Numerical", [str(value)]
         answer_eval: Any = [{"wikidata": float(value), "range": [round(value * 0.9, 2), round(value * 1.1, 2)]}]
         if entity.index % 2:
-            answer_eval = answer_eval[0]          # the bare-dict shape also occurs in the release
+            answer_eval = answer_eval[0]  # the bare-dict shape also occurs in the release
     elif fact.kind == "year":
         qtype, answer, answer_eval = "Time", [str(value)], [str(value)]
     else:
@@ -749,17 +1120,42 @@ def _infoseek_item(entity: _Entity, fact: FactSpec, data_id: str, image_id: str,
         answer_eval = list(dict.fromkeys([value, value.lower(), value.removeprefix("the ")]))
     section = entity.fact_section[fact.key]
     csv_answer = "|".join(answer_eval) if qtype == "String" else answer[0]
-    row = {"data_id": data_id, "question": question, "answer": csv_answer, "dataset_image_ids": image_id,
-           "dataset_category_id": str(entity.category_id), "dataset_name": "infoseek", "question_type": "infoseek",
-           "wikipedia_url": entity.url, "wikipedia_title": entity.title, "evidence": entity.sentences[fact.key],
-           "evidence_section_id": str(section), "evidence_section_title": entity.section_titles[section],
-           "encyclopedic_vqa_split": split, "question_original": question, "wikipedia_url_used_in_train": ""}
-    reference = {"data_id": data_id, "image_id": image_id, "question": question, "answer": answer,
-                 "answer_eval": answer_eval,
-                 "data_split": "val_unseen_entity" if unseen_entity else "val_unseen_question"}
-    record = {"entity": entity.entity_id, "fact": fact.key, "infoseek_type": qtype, "gold_urls": [entity.url],
-              "evidence_section_id": section, "evidence_section_title": entity.section_titles[section],
-              "image_id": image_id, "image_entities": [entity.entity_id], "data_split": reference["data_split"]}
+    row = {
+        "data_id": data_id,
+        "question": question,
+        "answer": csv_answer,
+        "dataset_image_ids": image_id,
+        "dataset_category_id": str(entity.category_id),
+        "dataset_name": "infoseek",
+        "question_type": "infoseek",
+        "wikipedia_url": entity.url,
+        "wikipedia_title": entity.title,
+        "evidence": entity.sentences[fact.key],
+        "evidence_section_id": str(section),
+        "evidence_section_title": entity.section_titles[section],
+        "encyclopedic_vqa_split": split,
+        "question_original": question,
+        "wikipedia_url_used_in_train": "",
+    }
+    reference = {
+        "data_id": data_id,
+        "image_id": image_id,
+        "question": question,
+        "answer": answer,
+        "answer_eval": answer_eval,
+        "data_split": "val_unseen_entity" if unseen_entity else "val_unseen_question",
+    }
+    record = {
+        "entity": entity.entity_id,
+        "fact": fact.key,
+        "infoseek_type": qtype,
+        "gold_urls": [entity.url],
+        "evidence_section_id": section,
+        "evidence_section_title": entity.section_titles[section],
+        "image_id": image_id,
+        "image_entities": [entity.entity_id],
+        "data_split": reference["data_split"],
+    }
     return {"row": row, "reference": reference, "qtype": qtype, "record": record}
 
 
@@ -802,8 +1198,9 @@ def _write_kb_images(out: Path, entities: list[_Entity], writer: _ImageWriter) -
             img_path = f"full/wiki_image_split/wiki_entity_image_{part}/{file_name}"
             parts[part].append([entity.title, url, img_path, f"Photograph of the {entity.title}"])
             counts["csv_rows"] += 1
-            writer.write(f"article/{url}", f"evqa/{WIKI_IMAGE}/{img_path}", [entity], "article",
-                         image_format=image_format)
+            writer.write(
+                f"article/{url}", f"evqa/{WIKI_IMAGE}/{img_path}", [entity], "article", image_format=image_format
+            )
     for part, rows in parts.items():
         buffer = io.StringIO()
         csv_writer = csv.writer(buffer, lineterminator="\n")
@@ -811,36 +1208,54 @@ def _write_kb_images(out: Path, entities: list[_Entity], writer: _ImageWriter) -
         csv_writer.writerows(rows)
         _write(out, f"evqa/{WIKI_IMAGE_CSVS.replace('*', str(part))}", buffer.getvalue())
     for folder in (WIKI_IMAGE, URL_STORE):
-        if (out / "evqa" / folder).is_dir():                 # a world under 14 entities has no url-store entity
+        if (out / "evqa" / folder).is_dir():  # a world under 14 entities has no url-store entity
             shutil.copytree(out / "evqa" / folder, out / "infoseek" / folder, dirs_exist_ok=True)
     return counts
 
 
 def _data_configs(out: Path) -> dict[str, dict]:
     """DataConfig sections of the world (keys are exactly DataConfig / ImagesConfig fields)."""
+
     # The world leaves a few query images missing on purpose (counted skips); WORLD_MAX_MISSING keeps them
     # under the bound even in a 3-question subset, where the real-data default (2%) would stop the run.
     def kb_images(release: str) -> dict:
-        return {"kb_image_csvs": [f"{release}/{WIKI_IMAGE_CSVS}"], "kb_image_root": f"{release}/{WIKI_IMAGE}",
-                "kb_image_url_store": f"{release}/{URL_STORE}", "max_missing_fraction": WORLD_MAX_MISSING}
+        return {
+            "kb_image_csvs": [f"{release}/{WIKI_IMAGE_CSVS}"],
+            "kb_image_root": f"{release}/{WIKI_IMAGE}",
+            "kb_image_url_store": f"{release}/{URL_STORE}",
+            "max_missing_fraction": WORLD_MAX_MISSING,
+        }
 
     common = {"root": str(out.resolve()), "kb_source": "kb/encyclopedic_kb_wiki.json", "kb_store": "kb/store"}
-    evqa = {"dataset": "evqa", **common, "train_questions": "evqa/train.csv", "val_questions": "evqa/val.csv",
-            "test_questions": "evqa/test.csv",
-            "images": {"inaturalist_root": f"evqa/{INAT_ROOT}", "inaturalist_layout": "id2name",
-                       "inaturalist_id2name": f"evqa/{INAT_ROOT}/train_id2name.json",
-                       "inaturalist_id2name_extra": [f"evqa/{INAT_ROOT}/val_id2name.json"],
-                       "landmarks_root": "evqa/images/landmarks", "landmarks_layout": "abc_sharded",
-                       **kb_images("evqa")}}
-    infoseek = {"dataset": "infoseek", **common, "train_questions": "infoseek/infoseek_train_filtered.csv",
-                "test_questions": "infoseek/infoseek_test_filtered.csv",
-                "infoseek_references": "infoseek/infoseek_val.jsonl",
-                "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
-                "images": {"infoseek_root": INFOSEEK_IMAGES["val"], **kb_images("infoseek")}}
+    evqa = {
+        "dataset": "evqa",
+        **common,
+        "train_questions": "evqa/train.csv",
+        "val_questions": "evqa/val.csv",
+        "test_questions": "evqa/test.csv",
+        "images": {
+            "inaturalist_root": f"evqa/{INAT_ROOT}",
+            "inaturalist_layout": "id2name",
+            "inaturalist_id2name": f"evqa/{INAT_ROOT}/train_id2name.json",
+            "inaturalist_id2name_extra": [f"evqa/{INAT_ROOT}/val_id2name.json"],
+            "landmarks_root": "evqa/images/landmarks",
+            "landmarks_layout": "abc_sharded",
+            **kb_images("evqa"),
+        },
+    }
+    infoseek = {
+        "dataset": "infoseek",
+        **common,
+        "train_questions": "infoseek/infoseek_train_filtered.csv",
+        "test_questions": "infoseek/infoseek_test_filtered.csv",
+        "infoseek_references": "infoseek/infoseek_val.jsonl",
+        "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
+        "images": {"infoseek_root": INFOSEEK_IMAGES["val"], **kb_images("infoseek")},
+    }
     return {"evqa": evqa, "infoseek": infoseek}
 
 
-WORLD_MARKER = ".qkvqa-synth-world"     # in a world's folder: the files `qkvqa synth` wrote there
+WORLD_MARKER = ".qkvqa-synth-world"  # in a world's folder: the files `qkvqa synth` wrote there
 
 
 def _prepare_out_dir(owned: OwnedDir) -> set[str]:
@@ -855,13 +1270,22 @@ def _prepare_out_dir(owned: OwnedDir) -> set[str]:
 # generic sections, and multi-entity images of one category whose questions name the kind word.
 # `bound` is the world where the words of a question are in the evidence section and in its hard negatives alike, and
 # only how a section pairs them tells which one answers (docs/training.md, "A world with bound facts").
-WORLDS = {"default": {}, "focus": {"facts_per_section": 3, "same_category_groups": True},
-          "bound": {"facts_per_section": 3, "bound_facts": True}}
+WORLDS = {
+    "default": {},
+    "focus": {"facts_per_section": 3, "same_category_groups": True},
+    "bound": {"facts_per_section": 3, "bound_facts": True},
+}
 
 
-def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: int = DEFAULT_SEED,
-                   build_store: bool = True, facts_per_section: int = 1, same_category_groups: bool = False,
-                   bound_facts: bool = False) -> dict:
+def generate_world(
+    out_dir: str | Path,
+    entities: int = DEFAULT_ENTITIES,
+    seed: int = DEFAULT_SEED,
+    build_store: bool = True,
+    facts_per_section: int = 1,
+    same_category_groups: bool = False,
+    bound_facts: bool = False,
+) -> dict:
     """Write a synthetic world to `out_dir` (see the module docstring) and return its manifest (world.json).
 
     The same arguments give byte-identical KB, CSV, JSONL and image files.
@@ -882,8 +1306,10 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
     if facts_per_section < 1:
         raise DataError(f"facts_per_section must be at least 1, got {facts_per_section}")
     if bound_facts and not 2 <= facts_per_section <= 4:
-        raise DataError(f"bound_facts needs 2-4 facts per section (each survey's statement of a fact in its own "
-                        f"generic section), got facts_per_section={facts_per_section}")
+        raise DataError(
+            f"bound_facts needs 2-4 facts per section (each survey's statement of a fact in its own "
+            f"generic section), got facts_per_section={facts_per_section}"
+        )
     started = time.time()
     out = Path(out_dir)
     owned = OwnedDir(out, WORLD_MARKER, "qkvqa synth --out")
@@ -896,16 +1322,25 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
     evqa = _evqa_questions(world, images, rng)
     skips = _mark_deliberate_skips(evqa, images)
     infoseek = _infoseek_questions(world, writer, rng)
-    skips.append({"dataset_name": "infoseek", "image_id": KNOWN_MISSING_INFOSEEK_IMAGE, "reason": "missing",
-                  "file": "infoseek/infoseek_test_filtered.csv"})
+    skips.append(
+        {
+            "dataset_name": "infoseek",
+            "image_id": KNOWN_MISSING_INFOSEEK_IMAGE,
+            "reason": "missing",
+            "file": "infoseek/infoseek_test_filtered.csv",
+        }
+    )
     kb_image_counts = _write_kb_images(out, world, writer)
     train_urls = {u for item in evqa["train"] for u in item["row"]["wikipedia_url"].split("|")}
 
     _write(out, "kb/encyclopedic_kb_wiki.json", json.dumps(kb, ensure_ascii=False))
-    for release, kb_name in RELEASES.items():          # each release folder holds its KB as it downloads
+    for release, kb_name in RELEASES.items():  # each release folder holds its KB as it downloads
         _write(out, f"{release}/{kb_name}", json.dumps(kb, ensure_ascii=False))
-    _write(out, "kb/encyclopedic_kb_wiki.jsonl",
-           "".join(json.dumps({url: entry}, ensure_ascii=False) + "\n" for url, entry in kb.items()))
+    _write(
+        out,
+        "kb/encyclopedic_kb_wiki.jsonl",
+        "".join(json.dumps({url: entry}, ensure_ascii=False) + "\n" for url, entry in kb.items()),
+    )
     questions: dict[str, list[dict]] = {}
     for split, items in evqa.items():
         single_hop = two_hop = 0
@@ -919,29 +1354,45 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         _write(out, f"evqa/{split}.csv", _csv_text(EVQA_COLUMNS, [item["row"] for item in items]))
         questions[f"evqa/{split}.csv"] = [item["record"] for item in items]
     for pool, split in (("train", "train"), ("eval", "val")):
-        _write(out, f"evqa/{INAT_ROOT}/{split}_id2name.json", json.dumps(images.id2name[pool], indent=1, sort_keys=True))
+        _write(
+            out, f"evqa/{INAT_ROOT}/{split}_id2name.json", json.dumps(images.id2name[pool], indent=1, sort_keys=True)
+        )
     infoseek_columns = ("data_id",) + EVQA_COLUMNS
     _write(out, "infoseek/infoseek_test_filtered.csv", _csv_text(infoseek_columns, [i["row"] for i in infoseek["val"]]))
-    _write(out, "infoseek/infoseek_train_filtered.csv",
-           _csv_text(infoseek_columns, [i["row"] for i in infoseek["train"]]))
-    _write(out, "infoseek/infoseek_val.jsonl",
-           "".join(json.dumps(i["reference"], ensure_ascii=False) + "\n" for i in infoseek["val"]))
-    _write(out, "infoseek/infoseek_val_qtype.jsonl", "".join(
-        json.dumps({"data_id": i["reference"]["data_id"], "question_type": i["qtype"]}) + "\n"
-        for i in infoseek["val"]))
-    for split, name in (("val", "infoseek/infoseek_test_filtered.csv"), ("train", "infoseek/infoseek_train_filtered.csv")):
+    _write(
+        out, "infoseek/infoseek_train_filtered.csv", _csv_text(infoseek_columns, [i["row"] for i in infoseek["train"]])
+    )
+    _write(
+        out,
+        "infoseek/infoseek_val.jsonl",
+        "".join(json.dumps(i["reference"], ensure_ascii=False) + "\n" for i in infoseek["val"]),
+    )
+    _write(
+        out,
+        "infoseek/infoseek_val_qtype.jsonl",
+        "".join(
+            json.dumps({"data_id": i["reference"]["data_id"], "question_type": i["qtype"]}) + "\n"
+            for i in infoseek["val"]
+        ),
+    )
+    for split, name in (
+        ("val", "infoseek/infoseek_test_filtered.csv"),
+        ("train", "infoseek/infoseek_train_filtered.csv"),
+    ):
         questions[name] = [dict(i["record"], data_id=i["row"]["data_id"]) for i in infoseek[split]]
 
     configs = _data_configs(out)
     for name, config in configs.items():
-        atomic_write_text(out / f"data_{name}.yaml",
-                          f"# DataConfig of the synthetic world ({name}); generated by `qkvqa synth`\n"
-                          + yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        atomic_write_text(
+            out / f"data_{name}.yaml",
+            f"# DataConfig of the synthetic world ({name}); generated by `qkvqa synth`\n"
+            + yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
+        )
     if build_store:
         from qkvqa.data.kb import build_kb_store
 
         build_kb_store(out / "kb/encyclopedic_kb_wiki.json", out / "kb/store")
-        for release, kb_name in RELEASES.items():      # `qkvqa kb build --source R/KB --out R/kb_store`, as the presets say
+        for release, kb_name in RELEASES.items():  # `qkvqa kb build --source R/KB --out R/kb_store`, as the presets say
             build_kb_store(out / release / kb_name, out / release / RELEASE_STORE)
 
     manifest = {
@@ -950,33 +1401,58 @@ def generate_world(out_dir: str | Path, entities: int = DEFAULT_ENTITIES, seed: 
         "same_category_groups": same_category_groups,
         "bound_facts": bound_facts,
         "counts": {
-            "entities": len(world), "articles": len(kb),
+            "entities": len(world),
+            "articles": len(kb),
             "articles_without_images": sum(e.image_mode == "none" for e in world),
             "articles_with_url_store_image_only": sum(e.image_mode == "url_store" for e in world),
-            "images_written": writer.count, **kb_image_counts,
+            "images_written": writer.count,
+            **kb_image_counts,
             **{f"questions:{name}": len(records) for name, records in questions.items()},
             "multi_entity_questions": sum(len(r["image_entities"]) > 1 for rs in questions.values() for r in rs),
         },
-        "paths": {"kb_json": "kb/encyclopedic_kb_wiki.json", "kb_jsonl": "kb/encyclopedic_kb_wiki.jsonl",
-                  "kb_store": "kb/store" if build_store else None, "data_evqa": "data_evqa.yaml",
-                  "data_infoseek": "data_infoseek.yaml", **{f"questions:{n}": n for n in questions},
-                  "infoseek_references": "infoseek/infoseek_val.jsonl",
-                  "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
-                  "train_id2name": f"evqa/{INAT_ROOT}/train_id2name.json",
-                  "val_id2name": f"evqa/{INAT_ROOT}/val_id2name.json",
-                  **{f"release:{name}": name for name in RELEASES}},
+        "paths": {
+            "kb_json": "kb/encyclopedic_kb_wiki.json",
+            "kb_jsonl": "kb/encyclopedic_kb_wiki.jsonl",
+            "kb_store": "kb/store" if build_store else None,
+            "data_evqa": "data_evqa.yaml",
+            "data_infoseek": "data_infoseek.yaml",
+            **{f"questions:{n}": n for n in questions},
+            "infoseek_references": "infoseek/infoseek_val.jsonl",
+            "infoseek_qtypes": "infoseek/infoseek_val_qtype.jsonl",
+            "train_id2name": f"evqa/{INAT_ROOT}/train_id2name.json",
+            "val_id2name": f"evqa/{INAT_ROOT}/val_id2name.json",
+            **{f"release:{name}": name for name in RELEASES},
+        },
         "data_configs": configs,
         "deliberate_skips": skips,
-        "entities": [{"entity_id": e.entity_id, "category": e.category, "title": e.title, "url": e.url,
-                      "signature": vars(e.signature), "image_mode": e.image_mode, "section_titles": e.section_titles,
-                      "facts": {k: {"answer": e.answers[k], "section_id": e.fact_section[k],
-                                    "sentence": e.sentences[k]} for k in e.facts}} for e in world],
+        "entities": [
+            {
+                "entity_id": e.entity_id,
+                "category": e.category,
+                "title": e.title,
+                "url": e.url,
+                "signature": vars(e.signature),
+                "image_mode": e.image_mode,
+                "section_titles": e.section_titles,
+                "facts": {
+                    k: {"answer": e.answers[k], "section_id": e.fact_section[k], "sentence": e.sentences[k]}
+                    for k in e.facts
+                },
+            }
+            for e in world
+        ],
         "questions": questions,
         "images": writer.records,
         "generation_seconds": round(time.time() - started, 2),
     }
     atomic_write_json(out / "world.json", manifest)
     owned.record(owned.all_files() - users_files)
-    log.info("synthetic world %s: %d entities, %d images, %s (%.1fs)", out, len(world), writer.count,
-             ", ".join(f"{n} {len(r)}" for n, r in questions.items()), manifest["generation_seconds"])
+    log.info(
+        "synthetic world %s: %d entities, %d images, %s (%.1fs)",
+        out,
+        len(world),
+        writer.count,
+        ", ".join(f"{n} {len(r)}" for n, r in questions.items()),
+        manifest["generation_seconds"],
+    )
     return manifest

@@ -5,6 +5,7 @@ A suggested command used to name only `experiment=...`: the user's own overrides
 `remember` records the overrides of the running command (the CLI handlers call it; a `qkvqa` process started from a
 shell is also read from `sys.argv`), and `suggest` writes a command with those that matter for it.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def _from_argv() -> Optional[tuple[str, list[str]]]:
     """(command, override tokens) of a `qkvqa` process started from a shell, else None (a test, a notebook)."""
     argv = sys.argv
     name = os.path.basename(argv[0]) if argv else ""
-    if not argv or not (name == "qkvqa" or argv[0].replace(os.sep, "/").endswith(("qkvqa/cli/__main__.py",
-                                                                                  "qkvqa/__main__.py"))):
+    if not argv or not (
+        name == "qkvqa" or argv[0].replace(os.sep, "/").endswith(("qkvqa/cli/__main__.py", "qkvqa/__main__.py"))
+    ):
         return None
     words = [a for a in argv[1:] if not a.startswith("-") and "=" not in a and not a.startswith("~")]
     tokens = [a for a in argv[1:] if "=" in a or a.startswith("~")]
@@ -45,8 +47,13 @@ def _key(token: str) -> str:
     return token.lstrip("~+").split("=", 1)[0]
 
 
-def suggest(command: str, keep: Optional[Iterable[str]] = None, drop: Iterable[str] = (),
-            extra: Sequence[str] = (), fallback: Sequence[str] = ()) -> str:
+def suggest(
+    command: str,
+    keep: Optional[Iterable[str]] = None,
+    drop: Iterable[str] = (),
+    extra: Sequence[str] = (),
+    fallback: Sequence[str] = (),
+) -> str:
     """`qkvqa COMMAND ...`: the remembered overrides (only keys under one of the `keep` prefixes, when given; the
     `drop` keys left out), then `extra`. With nothing remembered, `fallback` stands for the user's overrides."""
     _, tokens = invocation()
@@ -59,16 +66,20 @@ def suggest(command: str, keep: Optional[Iterable[str]] = None, drop: Iterable[s
         key = _key(token)
         if key in drop:
             return False
-        return keep is None or key in ("experiment", "preset") or any(key == k or key.startswith(k + ".")
-                                                                      for k in keep)
+        return keep is None or key in ("experiment", "preset") or any(key == k or key.startswith(k + ".") for k in keep)
 
-    return " ".join(["qkvqa", command, *(shlex.quote(t) for t in tokens if wanted(t)),
-                     *(shlex.quote(t) for t in extra)])
+    return " ".join(
+        ["qkvqa", command, *(shlex.quote(t) for t in tokens if wanted(t)), *(shlex.quote(t) for t in extra)]
+    )
 
 
 def resume_command(command: str, run_id: str, experiment: Optional[str] = None) -> str:
     """The command that continues run `run_id`: the user's own command with run_id=RUN resume=auto (the remembered
     command's name first, `command` otherwise)."""
     remembered, _ = invocation()
-    return suggest(remembered or command, drop=("run_id", "resume"), extra=(f"run_id={run_id}", "resume=auto"),
-                   fallback=(f"experiment={experiment}",) if experiment and experiment != "base" else ())
+    return suggest(
+        remembered or command,
+        drop=("run_id", "resume"),
+        extra=(f"run_id={run_id}", "resume=auto"),
+        fallback=(f"experiment={experiment}",) if experiment and experiment != "base" else (),
+    )

@@ -1,4 +1,5 @@
 """Atomic writes and JSON helpers used by every stage that must never leave a half-written file."""
+
 from __future__ import annotations
 
 import errno
@@ -81,16 +82,17 @@ def human_bytes(n: Optional[float]) -> str:
     return f"{n:.1f} TiB"
 
 
-def disk_error_message(error: OSError, path: Optional[str | os.PathLike] = None,
-                       needed: Optional[int] = None) -> str:
+def disk_error_message(error: OSError, path: Optional[str | os.PathLike] = None, needed: Optional[int] = None) -> str:
     """One line for a write that failed on a full, read-only or forbidden filesystem: the path, the free space
     there and, when known, how much the write needs."""
     where = Path(path if path is not None else (error.filename or "."))
     reason = error.strerror or str(error)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         need = f", and this needs about {human_bytes(needed)}" if needed else ""
-        fix = (f"{human_bytes(free_space(where))} free there{need}: free space on that filesystem (or point the "
-               "output at another) and rerun; finished work is kept")
+        fix = (
+            f"{human_bytes(free_space(where))} free there{need}: free space on that filesystem (or point the "
+            "output at another) and rerun; finished work is kept"
+        )
     elif error.errno == errno.EROFS:
         fix = "that filesystem is mounted read-only: point the output (paths.*, --out) at a writable folder"
     elif error.errno in (errno.EACCES, errno.EPERM):
@@ -128,7 +130,7 @@ def make_shareable(path: str | os.PathLike) -> None:
         os.chmod(path, file_mode)
         return
     os.chmod(path, dir_mode)
-    for parent, dirs, files in os.walk(path):          # symlinks are left alone (their targets are not ours)
+    for parent, dirs, files in os.walk(path):  # symlinks are left alone (their targets are not ours)
         for names, mode in ((dirs, dir_mode), (files, file_mode)):
             for name in names:
                 if not os.path.islink(os.path.join(parent, name)):
@@ -193,8 +195,9 @@ def write_described(path: str | os.PathLike, text: str, description: Optional[di
     (`sidecar_path`); none: any old sidecar is removed. The sidecar goes first: a kill between the two writes leaves
     one that does not describe the old file, which `read_description` refuses (never a wrong description)."""
     if description is not None:
-        atomic_write_json(sidecar_path(path), {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                                               **description})
+        atomic_write_json(
+            sidecar_path(path), {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), **description}
+        )
     else:
         sidecar_path(path).unlink(missing_ok=True)
     atomic_write_text(path, text)
@@ -242,8 +245,10 @@ def not_utf8(path: str | os.PathLike, error: UnicodeDecodeError, line: int | Non
         except UnicodeDecodeError as whole:
             error, line = whole, data.count(b"\n", 0, whole.start) + 1
     where = f"line {line}: " if line is not None else ""
-    return (f"{path}: {where}not UTF-8 text (byte {error.object[error.start:error.start + 1]!r}); re-save it as "
-            f"UTF-8 (e.g. `iconv -f latin1 -t utf-8`)")
+    return (
+        f"{path}: {where}not UTF-8 text (byte {error.object[error.start : error.start + 1]!r}); re-save it as "
+        f"UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+    )
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
@@ -323,7 +328,7 @@ def mark_verified(path: str | os.PathLike, sha256: str) -> None:
             atomic_write_text(stamp, key)
             return
         except OSError:
-            continue                   # a read-only directory: the user's cache, else verified again next time
+            continue  # a read-only directory: the user's cache, else verified again next time
 
 
 def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:

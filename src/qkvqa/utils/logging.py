@@ -1,4 +1,5 @@
 """Python logging for qkvqa, filtered so that only global rank zero prints info messages."""
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ folder listing the files it wrote; a rebuild removes only files of that list tha
 user's own file in the folder survives, and a folder that is neither new, empty nor marked is refused
 (docs/security.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,10 @@ class OwnedDir:
         if self.path.is_symlink() or (self.path.exists() and not self.path.is_dir()):
             raise ConfigError(f"{self.what} {self.path}: not a folder; choose a new folder")
         if self.path.is_dir() and not self.marker_path.is_file() and any(self.path.iterdir()):
-            raise ConfigError(f"{self.what} {self.path}: this folder holds files that {self.what} did not write (no "
-                              f"{self.marker}), and they could be lost or served; choose a new or empty folder")
+            raise ConfigError(
+                f"{self.what} {self.path}: this folder holds files that {self.what} did not write (no "
+                f"{self.marker}), and they could be lost or served; choose a new or empty folder"
+            )
         previous = set(self.files())
         self.path.mkdir(parents=True, exist_ok=True)
         if not self.marker_path.is_file():
@@ -71,7 +74,7 @@ class OwnedDir:
             folders.update(p for p in path.parents if self.path.resolve() in p.parents)
         for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
             try:
-                folder.rmdir()                                  # only when empty
+                folder.rmdir()  # only when empty
             except OSError:
                 pass
 

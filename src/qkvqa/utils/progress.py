@@ -1,4 +1,5 @@
 """Progress of long loops: a tqdm bar on a terminal, plain timed lines in a file (SLURM log), rank zero only."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from qkvqa.utils.logging import get_logger, global_rank
 
 T = TypeVar("T")
 MODES = ("auto", "bar", "lines", "off")
-MIN_GAP_S = 1.0                 # lines mode: the least gap before a fraction-mark line
+MIN_GAP_S = 1.0  # lines mode: the least gap before a fraction-mark line
 ENV_ALIASES = {"0": "off", "false": "off", "no": "off", "1": "auto", "true": "auto", "yes": "auto"}
 # logger.progress (schema.ProgressConfig) as set by the running job; None fields follow the environment / defaults
 _SETTINGS: dict[str, Any] = {"mode": None, "every_s": 30.0, "every_fraction": 0.1}
@@ -52,7 +53,7 @@ def progress_mode() -> str:
 def _is_terminal(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):          # a closed or replaced stream
+    except (AttributeError, ValueError):  # a closed or replaced stream
         return False
 
 
@@ -66,8 +67,9 @@ def line_every_fraction() -> float:
     return float(_SETTINGS["every_fraction"])
 
 
-def progress(iterable: Optional[Iterable[T]] = None, *, desc: str = "", total: Optional[int] = None,
-             unit: str = "it", **kwargs):
+def progress(
+    iterable: Optional[Iterable[T]] = None, *, desc: str = "", total: Optional[int] = None, unit: str = "it", **kwargs
+):
     """Wrap a long loop: a tqdm bar, plain lines (`ProgressLines`) or nothing, by `progress_mode()`; silent off rank 0."""
     from tqdm.auto import tqdm
 
@@ -109,12 +111,22 @@ class ProgressLines:
 
     `fields` (a callable returning strings) adds loop-specific parts, evaluated only when a line is printed."""
 
-    def __init__(self, iterable: Optional[Iterable[T]] = None, desc: str = "", total: Optional[float] = None,
-                 unit: str = "it", initial: float = 0, unit_scale: bool = False, every_s: Optional[float] = None,
-                 every_fraction: Optional[float] = None, fields: Optional[Callable[[], list[str]]] = None,
-                 emit: Optional[Callable[[str], None]] = None, **_tqdm_only: Any):
+    def __init__(
+        self,
+        iterable: Optional[Iterable[T]] = None,
+        desc: str = "",
+        total: Optional[float] = None,
+        unit: str = "it",
+        initial: float = 0,
+        unit_scale: bool = False,
+        every_s: Optional[float] = None,
+        every_fraction: Optional[float] = None,
+        fields: Optional[Callable[[], list[str]]] = None,
+        emit: Optional[Callable[[str], None]] = None,
+        **_tqdm_only: Any,
+    ):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
-            total = len(iterable)            # type: ignore[arg-type]
+            total = len(iterable)  # type: ignore[arg-type]
         self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
         self.n = self.initial = initial
         self.unit_scale = unit_scale
@@ -181,7 +193,9 @@ class ProgressLines:
         elapsed = now - self.start
         count = format_count(self.n, self.unit_scale)
         if self.total:
-            head = f"{count}/{format_count(self.total, self.unit_scale)} {self.unit} ({100.0 * self.n / self.total:.0f}%)"
+            head = (
+                f"{count}/{format_count(self.total, self.unit_scale)} {self.unit} ({100.0 * self.n / self.total:.0f}%)"
+            )
         else:
             head = f"{count} {self.unit}"
         parts = [f"{self.desc}: {head}" if self.desc else head]

@@ -14,6 +14,7 @@ A SIGUSR1 after the command's work is done (a requeued attempt that finished jus
 signal) must not kill the process either: Python puts back the default handlers while it shuts down, so the
 process died of it after a finished run and SLURM marked the job FAILED. At exit the signal is ignored.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -22,7 +23,7 @@ import signal
 import threading
 from typing import Optional
 
-_received: list[int] = []      # the stop signals this process received (since the last `forget_stop_signals`)
+_received: list[int] = []  # the stop signals this process received (since the last `forget_stop_signals`)
 
 
 def note_stop_signal(signum: int) -> None:
@@ -34,8 +35,8 @@ def hold_stop_signal() -> None:
     """Remember a SIGUSR1 from now on (main thread only) instead of dying of it, up to the process's exit."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda signum, frame: note_stop_signal(signum))
-        atexit.unregister(_ignore_late_stop_signal)   # once, however often it is held
-        atexit.register(_ignore_late_stop_signal)     # (registered early: it runs after the later exit handlers)
+        atexit.unregister(_ignore_late_stop_signal)  # once, however often it is held
+        atexit.register(_ignore_late_stop_signal)  # (registered early: it runs after the later exit handlers)
 
 
 def release_stop_signal() -> None:
@@ -93,7 +94,8 @@ def interruptible_barrier(poll_s: float = 0.2, announce_s: float = 2.0) -> None:
     while not work.is_completed():
         if not announced and time.monotonic() - start > announce_s:
             announced = True
-            get_logger(__name__).info("rank %d: done; waiting for the other ranks (a stop signal is honoured here)",
-                                      dist.get_rank())
+            get_logger(__name__).info(
+                "rank %d: done; waiting for the other ranks (a stop signal is honoured here)", dist.get_rank()
+            )
         time.sleep(poll_s)
     work.wait()
