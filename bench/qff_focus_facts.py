@@ -8,6 +8,7 @@ lost") quotes it for a 240-entity study:
     python bench/qff_focus_facts.py /tmp/qff_focus_study/<name>/controlled none 0
     python bench/qff_focus_facts.py /tmp/qff_focus_study/<name>/controlled none 0 --split train   # memorised?
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,11 @@ def section_kind(entity: dict, index: int) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n", 2)[2])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 2)[2],
+    )
     parser.add_argument("work", type=Path, help="a study's world directory, e.g. /tmp/qff_focus_study/NAME/controlled")
     parser.add_argument("variant", choices=list(VARIANTS))
     parser.add_argument("seed", type=int)
@@ -47,10 +51,20 @@ def main(argv=None) -> int:
     world = json.loads((args.work / "world/world.json").read_text())
     entities = {e["entity_id"]: e for e in world["entities"]}
     splits = {"train": SPLIT_FILES["train"]} if args.split == "train" else EVAL_SPLITS
-    hits = score_splits(args.variant, args.work / "runs" / run_id(args.variant, args.seed) / "qff", overrides,
-                        args.work, args.seed, splits)
-    records = {f"{split}/{r['data_id']}": r for split, file in splits.items() for r in world["questions"][file]
-               if "data_id" in r}
+    hits = score_splits(
+        args.variant,
+        args.work / "runs" / run_id(args.variant, args.seed) / "qff",
+        overrides,
+        args.work,
+        args.seed,
+        splits,
+    )
+    records = {
+        f"{split}/{r['data_id']}": r
+        for split, file in splits.items()
+        for r in world["questions"][file]
+        if "data_id" in r
+    }
     losers, groups = Counter(), {}
     for key, hit in hits.items():
         scores = hit[4]
@@ -58,7 +72,7 @@ def main(argv=None) -> int:
         if sibling is None:
             continue
         record = records[key]
-        won = next(iter(scores.values())) > sibling[1]       # the positive comes first
+        won = next(iter(scores.values())) > sibling[1]  # the positive comes first
         if not won:
             losers[section_kind(entities[record["entity"]], sibling[0])] += 1
         fact = unsurveyed_key(record["fact"])
@@ -66,11 +80,15 @@ def main(argv=None) -> int:
         for group in (f"type {record['question_type']}", f"fact {fact}", where, "all"):
             groups.setdefault(group, []).append(won)
     if not groups:
-        raise SystemExit(f"no {args.split} sample under {args.work} holds another section of its gold article; "
-                         "study a world with qff.keep_gold_negatives=true")
-    print(f"{args.variant} seed {args.seed}, {args.split} questions with siblings in the sample: evidence tops them "
-          f"in {sum(groups['all'])} of {len(groups['all'])}; it loses to " +
-          ", ".join(f"{kind} {n}" for kind, n in losers.most_common()))
+        raise SystemExit(
+            f"no {args.split} sample under {args.work} holds another section of its gold article; "
+            "study a world with qff.keep_gold_negatives=true"
+        )
+    print(
+        f"{args.variant} seed {args.seed}, {args.split} questions with siblings in the sample: evidence tops them "
+        f"in {sum(groups['all'])} of {len(groups['all'])}; it loses to "
+        + ", ".join(f"{kind} {n}" for kind, n in losers.most_common())
+    )
     for group, wins in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         print(f"  {group:28s} {len(wins):4d} questions  {100 * sum(wins) / len(wins):5.1f} %")
     return 0

@@ -7,6 +7,7 @@ after fusion measures the QFF), the pools and the ViT cache. `train` runs `qkvqa
 seed) pairs as separate processes with one intra-op thread each, a few at a time. `evaluate` scores a
 model on the val + test questions; `evaluate_many` scores several in parallel processes.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,8 +24,8 @@ import torch
 
 from qkvqa.config.load import compose
 from qkvqa.data.benchmark import build_benchmark
-from qkvqa.qff.model import QFFModel, QuestionEncoding
 from qkvqa.qff.mining import mine_to_dir
+from qkvqa.qff.model import QFFModel, QuestionEncoding
 from qkvqa.retrieval.results import Retrieved, write_results
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,10 +36,10 @@ VARIANTS = {
     "per_layer": ("demo/qff_per_layer", []),
     "none": ("demo/qff_none", []),
     "input": ("demo/qff_per_layer", ["qff.focus=input"]),
-    "per_layer_gate_none": ("demo/qff_per_layer", ["qff.gate=none"]),                # the paper's plain residual
-    "per_layer_open": ("demo/qff_per_layer", ["qff.gate_init=0.5"]),                 # tanh 0.46 at step 0
-    "per_layer_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),         # new blocks and gates 10x lr
-    "per_layer_lr100": ("demo/qff_per_layer", ["qff.new_block_lr_scale=100"]),       # at the paper's lr 1e-5: 1e-3
+    "per_layer_gate_none": ("demo/qff_per_layer", ["qff.gate=none"]),  # the paper's plain residual
+    "per_layer_open": ("demo/qff_per_layer", ["qff.gate_init=0.5"]),  # tanh 0.46 at step 0
+    "per_layer_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),  # new blocks and gates 10x lr
+    "per_layer_lr100": ("demo/qff_per_layer", ["qff.new_block_lr_scale=100"]),  # at the paper's lr 1e-5: 1e-3
     # the Q-Former's text layers pretrained here first (masked-language modelling: qkvqa.qff.pretrain_here)
     "none_pt": ("demo/qff_none", [PRETRAINED_HERE]),
     "per_layer_lr10_pt": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
@@ -51,15 +52,19 @@ VARIANTS = {
     # so the focus path is handed, per (question, section), whether the section states the asked attribute: it must
     # help by construction where the attribute words tell the evidence from its siblings (the controlled world)
     "positive_control": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
-    "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),     # the same, random init
+    "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),  # the same, random init
 }
 ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random")
 # the oracle of each: the attribute words only (attribute), or those gated by their presence in the section (presence)
 ORACLE_KINDS = {"oracle_attribute": "attribute", "positive_control": "presence", "positive_control_random": "presence"}
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
-TRAINING = ["trainer.limit_val_batches=0", "checkpoint.monitor=null", "trainer.enable_progress_bar=false",
-            "trainer.deterministic=true"]
+TRAINING = [
+    "trainer.limit_val_batches=0",
+    "checkpoint.monitor=null",
+    "trainer.enable_progress_bar=false",
+    "trainer.deterministic=true",
+]
 
 
 def compose_run(experiment: str, tokens: Sequence[str]):
@@ -70,7 +75,9 @@ def compose_run(experiment: str, tokens: Sequence[str]):
     return compose(experiment, presets, rest)
 
 
-def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0, shuffled: bool = False) -> dict[str, Retrieved]:
+def world_stage1(
+    world: dict, split: str, top_k: int = 20, seed: int = 0, shuffled: bool = False
+) -> dict[str, Retrieved]:
     """A stand-in for stage 1, a function of the query image: the entities it shows and others in a seeded order
     fill the top-K; the shown ones come first, or (`shuffled`) anywhere, so that the order tells nothing."""
     entities = {e["entity_id"]: e for e in world["entities"]}
@@ -83,22 +90,29 @@ def world_stage1(world: dict, split: str, top_k: int = 20, seed: int = 0, shuffl
         if shuffled:
             random.Random(f"{seed}/order/{record['image_id']}").shuffle(ranked)
         # near-ties, as tiny encoders give them: with alpha = 0.9 the QFF decides the fused order
-        results[record["data_id"]] = Retrieved([e["url"] for e in ranked], [e["title"] for e in ranked],
-                                               [0.9 - 0.0005 * k for k in range(len(ranked))])
+        results[record["data_id"]] = Retrieved(
+            [e["url"] for e in ranked], [e["title"] for e in ranked], [0.9 - 0.0005 * k for k in range(len(ranked))]
+        )
     return results
 
 
 def mine_world(world: dict, work: Path, splits=("train", "val"), shuffled: bool = False) -> list[str]:
     """Write stage-1 stand-in results and mine the pools of `splits` for the demo experiment under `work`;
     returns the overrides that point a config at the train and val pools."""
-    base = [f"paths.world_dir={world['dir']}", f"paths.checkpoints_root={work / 'runs'}",
-            f"paths.cache_dir={work / 'cache'}"]
+    base = [
+        f"paths.world_dir={world['dir']}",
+        f"paths.checkpoints_root={work / 'runs'}",
+        f"paths.cache_dir={work / 'cache'}",
+    ]
     for split in splits:
         write_results(work / f"stage1_{split}.json", world_stage1(world, split, shuffled=shuffled))
         cfg = compose("demo/qff_per_layer", [], [*base, f"retrieval.results={work / f'stage1_{split}.json'}"])
         mine_to_dir(cfg, split, work / "pools", build_benchmark(cfg.data))
-    return [*base, f"qff.negatives={work / 'pools/hardneg_train.json'}",
-            f"qff.val_negatives={work / 'pools/hardneg_val.json'}"]
+    return [
+        *base,
+        f"qff.negatives={work / 'pools/hardneg_train.json'}",
+        f"qff.val_negatives={work / 'pools/hardneg_val.json'}",
+    ]
 
 
 def world_words(world: dict) -> str:
@@ -117,9 +131,12 @@ def reuse_world(out: Path, entities: int, world_options: dict) -> Optional[dict]
     if not manifest.exists():
         return None
     world = json.loads(manifest.read_text(encoding="utf-8"))
-    wanted = {"seed": 0, "facts_per_section": world_options.get("facts_per_section", 1),
-              "same_category_groups": world_options.get("same_category_groups", False),
-              "bound_facts": world_options.get("bound_facts", False)}
+    wanted = {
+        "seed": 0,
+        "facts_per_section": world_options.get("facts_per_section", 1),
+        "same_category_groups": world_options.get("same_category_groups", False),
+        "bound_facts": world_options.get("bound_facts", False),
+    }
     same = all(world.get(k) == v for k, v in wanted.items()) and world["counts"]["entities"] == entities
     return world if same else None
 
@@ -134,14 +151,22 @@ def prepare(work: Path, entities: int, extra: Sequence[str] = (), **world_option
     if world is None:
         world = generate_world(work / "world", entities=entities, seed=0, **world_options)
     world = dict(world, dir=str(work / "world"))
-    overrides = [*mine_world(world, work, splits=("train", "val", "test"), shuffled=True),
-                 f"components.qformer.options.vocab_texts=[{world_words(world)}]",
-                 f"qff.vit_cache={work / 'vit_cache'}", *extra]
+    overrides = [
+        *mine_world(world, work, splits=("train", "val", "test"), shuffled=True),
+        f"components.qformer.options.vocab_texts=[{world_words(world)}]",
+        f"qff.vit_cache={work / 'vit_cache'}",
+        *extra,
+    ]
     # every val image, so that each seed's validation subset (qff.max_val_samples) finds its features
     assert build_cache_from_config(compose_run(EXPERIMENTS["per_layer"], [*overrides, "qff.max_val_samples=null"]))[
-        "complete"]
-    multi = {f"{split}/{q['data_id']}" for split, file in EVAL_SPLITS.items() for q in world["questions"][file]
-             if len(q["image_entities"]) > 1}
+        "complete"
+    ]
+    multi = {
+        f"{split}/{q['data_id']}"
+        for split, file in EVAL_SPLITS.items()
+        for q in world["questions"][file]
+        if len(q["image_entities"]) > 1
+    }
     return overrides, multi
 
 
@@ -150,13 +175,24 @@ def run_id(focus: str, seed: int) -> str:
     return f"qff-{focus}-{seed}"
 
 
-def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]], epochs: int,
-          parallel: int = 2, threads: int = 1) -> dict[tuple[str, int], int]:
+def train(
+    work: Path,
+    overrides: Sequence[str],
+    jobs: Sequence[tuple[str, int]],
+    epochs: int,
+    parallel: int = 2,
+    threads: int = 1,
+) -> dict[tuple[str, int], int]:
     """`qkvqa train` for each (variant, seed) (VARIANTS), `parallel` processes of `threads` intra-op threads at a time;
     returns each job's exit code."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), WANDB_MODE="disabled",
-               HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        WANDB_MODE="disabled",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     for name in ("QKVQA_RUN_ID", "QKVQA_RUN_DIR"):
         env.pop(name, None)
     pending, running, codes = list(jobs), [], {}
@@ -165,11 +201,23 @@ def train(work: Path, overrides: Sequence[str], jobs: Sequence[tuple[str, int]],
             focus, seed = pending.pop(0)
             log = open(work / f"log_{focus}_{seed}.txt", "w")
             experiment, extra = VARIANTS[focus]
-            entry = (["tests.helpers.qff_study", "train-oracle", ORACLE_KINDS[focus]] if focus in ORACLE_VARIANTS
-                     else ["qkvqa.cli.main", "train"])
-            cmd = [sys.executable, "-m", *entry, f"experiment={experiment}",
-                   f"run_id={run_id(focus, seed)}", *overrides, *extra, f"seed={seed}", f"trainer.max_epochs={epochs}",
-                   *TRAINING]
+            entry = (
+                ["tests.helpers.qff_study", "train-oracle", ORACLE_KINDS[focus]]
+                if focus in ORACLE_VARIANTS
+                else ["qkvqa.cli.main", "train"]
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                *entry,
+                f"experiment={experiment}",
+                f"run_id={run_id(focus, seed)}",
+                *overrides,
+                *extra,
+                f"seed={seed}",
+                f"trainer.max_epochs={epochs}",
+                *TRAINING,
+            ]
             running.append(((focus, seed), subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         job, proc, log = running.pop(0)
         codes[job] = proc.wait()
@@ -198,8 +246,9 @@ def score(component, cfg) -> dict[str, tuple]:
     from qkvqa.qff.scoring import late_interaction, rerank_hits
 
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff)).eval()
-    dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), component.tokenizer,
-                            component.image_processor)
+    dm = QFFTrainDataModule(
+        cfg.data, settings_from_config(cfg, component), component.tokenizer, component.image_processor
+    )
     dm.setup("validate")
     focused = component.model.focus != "none"
     hits = {}
@@ -207,13 +256,24 @@ def score(component, cfg) -> dict[str, tuple]:
         for batch in dm.val_dataloader():
             question, sections, states = module.encode(batch)
             logits = module.logits(batch, question, sections, states)
-            articles, _ = rerank_hits(component.model, batch["rerank"], question, states,
-                                      module.settings.score_direction, module.settings.alpha)
+            articles, _ = rerank_hits(
+                component.model,
+                batch["rerank"],
+                question,
+                states,
+                module.settings.score_direction,
+                module.settings.alpha,
+            )
             off, change = [None] * len(batch["data_ids"]), [None] * len(batch["data_ids"])
             if focused:
                 plain = component.model.encode_sections(
-                    batch["sections"]["input_ids"], batch["sections"]["attention_mask"], states, question,
-                    image_index=batch["section_image_index"], focus="none").view(sections.shape)
+                    batch["sections"]["input_ids"],
+                    batch["sections"]["attention_mask"],
+                    states,
+                    question,
+                    image_index=batch["section_image_index"],
+                    focus="none",
+                ).view(sections.shape)
                 direction = module.settings.score_direction
                 off = (late_interaction(question.tokens[:, None], plain, direction).argmax(dim=1) == 0).tolist()
                 change = ((sections - plain).norm(dim=-1) / sections.norm(dim=-1)).mean(dim=(1, 2)).tolist()
@@ -267,12 +327,18 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
     out = {}
     for name, keys in (("all", list(hits)), ("multi", [k for k in hits if k in multi])):
         n = max(len(keys), 1)
-        out[name] = {"n": len(keys), "section_r1": 100 * sum(hits[k][0] for k in keys) / n,
-                     "article_r1": (None if keys and hits[keys[0]][1] is None    # the lexical reference ranks no article
-                                    else 100 * sum(hits[k][1] for k in keys) / n)}
+        out[name] = {
+            "n": len(keys),
+            "section_r1": 100 * sum(hits[k][0] for k in keys) / n,
+            "article_r1": (
+                None
+                if keys and hits[keys[0]][1] is None  # the lexical reference ranks no article
+                else 100 * sum(hits[k][1] for k in keys) / n
+            ),
+        }
         split = [within_article(hits[k][4]) for k in keys]
         out[name]["top_in_gold_article"] = 100 * sum(right for right, _ in split) / n
-        among = [best for _, best in split if best is not None]      # the samples that hold a sibling
+        among = [best for _, best in split if best is not None]  # the samples that hold a sibling
         out[name]["within_article_n"] = len(among)
         out[name]["within_article_r1"] = 100 * sum(among) / len(among) if among else None
         if keys and hits[keys[0]][2] is not None:
@@ -280,42 +346,64 @@ def figures(hits: dict, multi: set, rivals: Optional[dict] = None) -> dict:
             out[name]["focus_change"] = sum(hits[k][3] for k in keys) / n
     if rivals:
         samples = [(hits[k][4], rivals[k]) for k in hits if k in rivals and rivals[k] in hits[k][4]]
-        wins = [list(scores.values())[0] > scores[rival] for scores, rival in samples]   # the positive comes first
+        wins = [list(scores.values())[0] > scores[rival] for scores, rival in samples]  # the positive comes first
         out["all"]["pair_accuracy"] = 100 * sum(wins) / max(len(wins), 1)
         out["all"]["pair_n"] = len(wins)
     return out
 
 
-def score_splits(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, seed: int = 0,
-                 splits: Optional[dict] = None) -> dict:
+def score_splits(
+    focus: str,
+    checkpoint: Optional[Path],
+    overrides: Sequence[str],
+    work: Path,
+    seed: int = 0,
+    splits: Optional[dict] = None,
+) -> dict:
     """`score` of one model (checkpoint None: untrained) over every question of `splits` (split -> E-VQA file; default
     the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`), keyed "split/data_id"."""
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.pretrain_here import resolve_qformer_spec
 
     hits, component = {}, None
-    lexical = focus == "bm25"                  # the lexical reference: BM25 on the same samples (bm25_score)
+    lexical = focus == "bm25"  # the lexical reference: BM25 on the same samples (bm25_score)
     experiment, extra = VARIANTS["none" if lexical else focus]
     for split, file in (splits or EVAL_SPLITS).items():
         # world.json keys the files from the world's folder; data.root is its evqa/ release folder (preset demo_world)
-        cfg = compose_run(experiment, [*overrides, *extra, f"seed={seed}",
-                                       f"data.val_questions={Path(file).relative_to('evqa')}",
-                                       f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
-                                       f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
-                                       "qff.max_val_samples=null",   # every question, whatever the seed
-                                       "qff.vit_cache=null"])        # the cache holds train + val images
-        if component is None:                  # the model is the same for every split: build it once
+        cfg = compose_run(
+            experiment,
+            [
+                *overrides,
+                *extra,
+                f"seed={seed}",
+                f"data.val_questions={Path(file).relative_to('evqa')}",
+                f"qff.val_negatives={work / f'pools/hardneg_{split}.json'}",
+                f"qff.checkpoint={checkpoint}" if checkpoint else "qff.checkpoint=null",
+                "qff.max_val_samples=null",  # every question, whatever the seed
+                "qff.vit_cache=null",
+            ],
+        )  # the cache holds train + val images
+        if component is None:  # the model is the same for every split: build it once
             # untrained with init pretrained_here: the pretrained-here weights (the study builds them before training)
-            component = build_qff_component(resolve_qformer_spec(cfg) if checkpoint is None else cfg.components.qformer,
-                                            cfg.qff)
+            component = build_qff_component(
+                resolve_qformer_spec(cfg) if checkpoint is None else cfg.components.qformer, cfg.qff
+            )
             if focus in ORACLE_VARIANTS:
                 make_oracle(component.model, component.tokenizer, ORACLE_KINDS[focus])
         hits.update({f"{split}/{k}": v for k, v in (bm25_score if lexical else score)(component, cfg).items()})
     return hits
 
 
-def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], work: Path, multi: set,
-             seed: int = 0, rivals: Optional[dict] = None, splits: Optional[dict] = None) -> dict:
+def evaluate(
+    focus: str,
+    checkpoint: Optional[Path],
+    overrides: Sequence[str],
+    work: Path,
+    multi: set,
+    seed: int = 0,
+    rivals: Optional[dict] = None,
+    splits: Optional[dict] = None,
+) -> dict:
     """Section / article R@1 of one model (None: untrained) over every question of `splits` (`score_splits`), on one
     intra-op thread."""
     threads = torch.get_num_threads()
@@ -326,25 +414,79 @@ def evaluate(focus: str, checkpoint: Optional[Path], overrides: Sequence[str], w
         torch.set_num_threads(threads)
 
 
-def evaluate_many(jobs: dict, overrides: Sequence[str], work: Path, multi: set, parallel: int = 2,
-                  rivals: Optional[dict] = None, splits: Optional[dict] = None) -> dict:
+def evaluate_many(
+    jobs: dict,
+    overrides: Sequence[str],
+    work: Path,
+    multi: set,
+    parallel: int = 2,
+    rivals: Optional[dict] = None,
+    splits: Optional[dict] = None,
+) -> dict:
     """`evaluate` for each `name: (focus, checkpoint, seed)`, `parallel` spawned processes at a time (each one
     intra-op thread, as `evaluate` sets, so the figures equal a one-by-one run); returns `name: figures`."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     with ProcessPoolExecutor(max_workers=parallel, mp_context=get_context("spawn")) as pool:
-        futures = {name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals, splits)
-                   for name, (focus, checkpoint, seed) in jobs.items()}
+        futures = {
+            name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals, splits)
+            for name, (focus, checkpoint, seed) in jobs.items()
+        }
         return {name: future.result() for name, future in futures.items()}
 
 
 # ---------------------------------------------------------------------- the positive control: an oracle focus signal
 # Words too common across the questions to name an attribute (they stand in several facts' questions and sentences).
-GENERIC_WORDS = {"the", "a", "an", "of", "and", "or", "in", "on", "at", "to", "for", "from", "by", "with", "is", "are",
-                 "was", "were", "be", "been", "has", "have", "as", "off", "upon", "it", "its", "this", "that", "what",
-                 "which", "who", "how", "many", "much", "does", "do", "did", "can", "into", "up", "about", "each",
-                 "year", "name", "value", "person"}
+GENERIC_WORDS = {
+    "the",
+    "a",
+    "an",
+    "of",
+    "and",
+    "or",
+    "in",
+    "on",
+    "at",
+    "to",
+    "for",
+    "from",
+    "by",
+    "with",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "has",
+    "have",
+    "as",
+    "off",
+    "upon",
+    "it",
+    "its",
+    "this",
+    "that",
+    "what",
+    "which",
+    "who",
+    "how",
+    "many",
+    "much",
+    "does",
+    "do",
+    "did",
+    "can",
+    "into",
+    "up",
+    "about",
+    "each",
+    "year",
+    "name",
+    "value",
+    "person",
+}
 
 
 def attribute_words() -> list[str]:
@@ -397,7 +539,7 @@ class OracleFocusModel(QFFModel):
     are the whole question's, as in every variant. Made from a built QFFModel by `make_oracle` (no new weights)."""
 
     oracle_ids: torch.Tensor
-    oracle_kind: str = "attribute"          # attribute | presence (ORACLE_KINDS)
+    oracle_kind: str = "attribute"  # attribute | presence (ORACLE_KINDS)
 
     def encode_question(self, input_ids, attention_mask, image_states):
         whole = super().encode_question(input_ids, attention_mask, image_states)
@@ -414,10 +556,18 @@ class OracleFocusModel(QFFModel):
                 n = input_ids.shape[0]
                 index = kwargs.get("question_index")
                 ids = question.attribute_ids
-                ids = ids.expand(n, -1) if ids.shape[0] == 1 else ids.index_select(0, index) if index is not None else ids
+                ids = (
+                    ids.expand(n, -1) if ids.shape[0] == 1 else ids.index_select(0, index) if index is not None else ids
+                )
                 share = attribute_presence(input_ids * attention_mask, ids)[:, None, None]
-                rows = [s.expand(n, *s.shape[1:]) if s.shape[0] == 1 else
-                        s.index_select(0, index) if index is not None else s for s in states]
+                rows = [
+                    s.expand(n, *s.shape[1:])
+                    if s.shape[0] == 1
+                    else s.index_select(0, index)
+                    if index is not None
+                    else s
+                    for s in states
+                ]
                 states = tuple(share.to(s.dtype) * s for s in rows)
                 kwargs = {**kwargs, "question_index": None}
             question = QuestionEncoding(tuple(states))
@@ -486,8 +636,11 @@ class BM25:
         for t in doc:
             counts[t] = counts.get(t, 0) + 1
         norm = self.k1 * (1 - self.b + self.b * len(doc) / max(self.avgdl, 1e-9))
-        return sum(self.idf.get(t, 0.0) * counts[t] * (self.k1 + 1) / (counts[t] + norm)
-                   for t in set(query) if t not in self.ignore and t in counts)
+        return sum(
+            self.idf.get(t, 0.0) * counts[t] * (self.k1 + 1) / (counts[t] + norm)
+            for t in set(query)
+            if t not in self.ignore and t in counts
+        )
 
 
 def bm25_score(component, cfg) -> dict[str, tuple]:
@@ -499,8 +652,9 @@ def bm25_score(component, cfg) -> dict[str, tuple]:
 
     tokenizer = component.tokenizer
     sections = [t for t in corpus_texts(cfg, corpus_files(cfg))]
-    corpus = tokenizer([component.prepare_text(t) for t in sections], truncation=True,
-                       max_length=component.max_text_tokens)["input_ids"]
+    corpus = tokenizer(
+        [component.prepare_text(t) for t in sections], truncation=True, max_length=component.max_text_tokens
+    )["input_ids"]
     bm25 = BM25(corpus, ignore=tokenizer.all_special_ids)
     dm = QFFTrainDataModule(cfg.data, settings_from_config(cfg, component), tokenizer, component.image_processor)
     dm.setup("validate")

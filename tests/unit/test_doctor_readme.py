@@ -64,11 +64,14 @@ def test_the_gpu_extra_installs_faiss_gpu_without_faiss_cpu():
     config.read(REPO / "setup.cfg")
     requires = config["options"]["install_requires"]
     extras = config["options.extras_require"]
-    names = lambda text: {
-        re.split(r"[<>=!~ ]", line.strip())[0]
-        for line in text.splitlines()  # noqa: E731
-        if line.strip() and not line.strip().startswith("#")
-    }
+
+    def names(text):
+        return {
+            re.split(r"[<>=!~ ]", line.strip())[0]
+            for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        }
+
     assert not any(n.startswith("faiss") for n in names(requires))  # the base set installs no faiss at all
     assert {n for n in names(extras["gpu"]) if n.startswith("faiss")} == {"faiss-gpu"}
     assert {n for n in names(extras["cpu"]) if n.startswith("faiss")} == {"faiss-cpu"}

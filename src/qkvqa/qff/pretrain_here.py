@@ -16,6 +16,7 @@ preprocessing), `qff.text_pretrain` and the code (this file, the builder and the
 versions). Any change gives another key, so another directory, built when first asked for. A reused one is checked:
 its record holds the same inputs and the weights' sha256.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,25 @@ log = get_logger(__name__)
 RECORD = "pretrain_here.json"
 FORMAT = "qkvqa-qformer-pretrained-here"
 # the options of blip2_qff that change the base weights (the rest are runtime settings: qkvqa.qff.builder)
-WEIGHT_OPTIONS = ("image_size", "patch_size", "vision_hidden_size", "vision_layers", "hidden_size", "num_layers",
-                  "num_heads", "cross_attention_frequency", "num_query_tokens", "max_position_embeddings",
-                  "embed_dim", "mlp_ratio", "vocab_texts", "seed", "base_config", "tokenizer", "vision_checkpoint")
+WEIGHT_OPTIONS = (
+    "image_size",
+    "patch_size",
+    "vision_hidden_size",
+    "vision_layers",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "cross_attention_frequency",
+    "num_query_tokens",
+    "max_position_embeddings",
+    "embed_dim",
+    "mlp_ratio",
+    "vocab_texts",
+    "seed",
+    "base_config",
+    "tokenizer",
+    "vision_checkpoint",
+)
 
 
 def _plain(value: Any) -> Any:
@@ -58,22 +75,34 @@ def _code_version() -> dict:
     import transformers
 
     here = Path(__file__).parent
-    return {"files": {name: hashlib.sha256((here / name).read_bytes()).hexdigest()[:16]
-                      for name in ("pretrain_here.py", "builder.py", "model.py")},
-            "torch": torch.__version__, "transformers": transformers.__version__}
+    return {
+        "files": {
+            name: hashlib.sha256((here / name).read_bytes()).hexdigest()[:16]
+            for name in ("pretrain_here.py", "builder.py", "model.py")
+        },
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def _base_identity(spec: Mapping[str, Any]) -> dict:
     """What names the base weights: kind, tiny or the pretrained reference (a local directory by its files)."""
     options = spec.get("options") or {}
-    identity = {"kind": spec.get("kind"), "tiny": bool(spec.get("tiny")), "revision": spec.get("revision"),
-                "options": {k: options[k] for k in WEIGHT_OPTIONS if k in options}}
+    identity = {
+        "kind": spec.get("kind"),
+        "tiny": bool(spec.get("tiny")),
+        "revision": spec.get("revision"),
+        "options": {k: options[k] for k in WEIGHT_OPTIONS if k in options},
+    }
     if not spec.get("tiny"):
         ref = os.path.expanduser(str(spec.get("pretrained") or ""))
         identity["pretrained"] = ref
         if os.path.isdir(ref):
-            identity["files"] = {str(p.relative_to(ref)): [p.stat().st_size, p.stat().st_mtime_ns]
-                                 for p in sorted(Path(ref).rglob("*")) if p.is_file()}
+            identity["files"] = {
+                str(p.relative_to(ref)): [p.stat().st_size, p.stat().st_mtime_ns]
+                for p in sorted(Path(ref).rglob("*"))
+                if p.is_file()
+            }
         elif os.path.isfile(ref):
             identity["files"] = {os.path.basename(ref): [os.path.getsize(ref), os.stat(ref).st_mtime_ns]}
     return identity
@@ -81,11 +110,14 @@ def _base_identity(spec: Mapping[str, Any]) -> dict:
 
 def corpus_files(cfg: Any) -> dict[str, Path]:
     """The KB file and the training-question file of `cfg.data` (relative paths read against `data.root`)."""
+
     def under_root(name: str) -> Path:
         value = getattr(cfg.data, name)
         if not value:
-            raise ConfigError(f"components.qformer.init=pretrained_here pretrains on data.kb_source and "
-                              f"data.train_questions; data.{name} is not set")
+            raise ConfigError(
+                f"components.qformer.init=pretrained_here pretrains on data.kb_source and "
+                f"data.train_questions; data.{name} is not set"
+            )
         path = Path(os.path.expanduser(str(value)))
         if not path.is_absolute() and cfg.data.root:
             path = Path(os.path.expanduser(str(cfg.data.root))) / path
@@ -102,11 +134,17 @@ def init_inputs(cfg: Any) -> dict:
 
     spec = _plain(cfg.components.qformer)
     files = corpus_files(cfg)
-    return {"format": FORMAT, "base": _base_identity(spec),
-            "corpus": {name: {"sha256": sha256_file(path), "name": path.name} for name, path in files.items()},
-            "dataset": cfg.data.dataset, "reflectiva_passages": cfg.data.reflectiva_passages,
-            "blip_text_preprocess": bool(cfg.qff.blip_text_preprocess), "max_text_tokens": int(cfg.qff.max_text_tokens),
-            "settings": _plain(cfg.qff.text_pretrain), "code": _code_version()}
+    return {
+        "format": FORMAT,
+        "base": _base_identity(spec),
+        "corpus": {name: {"sha256": sha256_file(path), "name": path.name} for name, path in files.items()},
+        "dataset": cfg.data.dataset,
+        "reflectiva_passages": cfg.data.reflectiva_passages,
+        "blip_text_preprocess": bool(cfg.qff.blip_text_preprocess),
+        "max_text_tokens": int(cfg.qff.max_text_tokens),
+        "settings": _plain(cfg.qff.text_pretrain),
+        "code": _code_version(),
+    }
 
 
 def cache_key(inputs: Mapping[str, Any]) -> str:
@@ -216,15 +254,15 @@ def pretrain(component, texts: list[str], settings: Mapping[str, Any], max_text_
     tokenizer = component.tokenizer
     encoded = tokenizer([component.prepare_text(t) for t in texts], truncation=True, max_length=max_tokens)["input_ids"]
     order = torch.randperm(len(encoded), generator=generator).tolist()
-    probe_rows, train_rows = order[:min(256, len(order) // 10)], order[min(256, len(order) // 10):] or order
+    probe_rows, train_rows = order[: min(256, len(order) // 10)], order[min(256, len(order) // 10) :] or order
 
     def batch_of(rows):
         length = max(len(encoded[r]) for r in rows)
         ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, :len(encoded[r])] = torch.tensor(encoded[r])
-            mask[i, :len(encoded[r])] = 1
+            ids[i, : len(encoded[r])] = torch.tensor(encoded[r])
+            mask[i, : len(encoded[r])] = 1
         return ids.to(component.device), mask.to(component.device)
 
     head = MLMHead(model.hidden_size, len(tokenizer), model.base.embeddings.word_embeddings)
@@ -233,15 +271,19 @@ def pretrain(component, texts: list[str], settings: Mapping[str, Any], max_text_
     params = text_parameters(model)
     for p in params:
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW([{"params": params, "weight_decay": 0.01},
-                                   {"params": head.parameters(), "weight_decay": 0.0}], lr=float(settings["lr"]))
+    optimizer = torch.optim.AdamW(
+        [{"params": params, "weight_decay": 0.01}, {"params": head.parameters(), "weight_decay": 0.0}],
+        lr=float(settings["lr"]),
+    )
     warmup = max(1, steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup)))
+    )
     probe_generator = torch.Generator().manual_seed(int(settings["seed"]) + 1)
     probe_ids, probe_mask = batch_of(probe_rows) if probe_rows else batch_of(train_rows[:batch_size])
-    probe_inputs, probe_labels = mask_tokens(probe_ids.cpu(), probe_mask.cpu(), tokenizer, float(settings["mask_prob"]),
-                                             probe_generator)
+    probe_inputs, probe_labels = mask_tokens(
+        probe_ids.cpu(), probe_mask.cpu(), tokenizer, float(settings["mask_prob"]), probe_generator
+    )
     probe_inputs, probe_labels = probe_inputs.to(component.device), probe_labels.to(component.device)
 
     def probe() -> float:
@@ -259,7 +301,7 @@ def pretrain(component, texts: list[str], settings: Mapping[str, Any], max_text_
             perm = torch.randperm(len(train_rows), generator=generator).tolist()
             train_rows = [train_rows[i] for i in perm]
             cursor = 0
-        ids, mask = batch_of(train_rows[cursor:cursor + batch_size])
+        ids, mask = batch_of(train_rows[cursor : cursor + batch_size])
         cursor += batch_size
         inputs, labels = mask_tokens(ids.cpu(), mask.cpu(), tokenizer, float(settings["mask_prob"]), generator)
         loss = mlm_loss(model, head, inputs.to(ids.device), mask, labels.to(ids.device))
@@ -272,11 +314,17 @@ def pretrain(component, texts: list[str], settings: Mapping[str, Any], max_text_
     after = probe()
     model.eval()
     tenth = max(1, len(losses) // 10)
-    return {"probe_loss_before": round(before, 4), "probe_loss_after": round(after, 4),
-            "chance_loss": round(math.log(len(tokenizer)), 4),
-            "train_loss_first_tenth": round(sum(losses[:tenth]) / tenth, 4),
-            "train_loss_last_tenth": round(sum(losses[-tenth:]) / tenth, 4), "texts": len(texts),
-            "probe_texts": len(probe_rows), "steps": steps, "seconds": round(time.time() - started, 1)}
+    return {
+        "probe_loss_before": round(before, 4),
+        "probe_loss_after": round(after, 4),
+        "chance_loss": round(math.log(len(tokenizer)), 4),
+        "train_loss_first_tenth": round(sum(losses[:tenth]) / tenth, 4),
+        "train_loss_last_tenth": round(sum(losses[-tenth:]) / tenth, 4),
+        "texts": len(texts),
+        "probe_texts": len(probe_rows),
+        "steps": steps,
+        "seconds": round(time.time() - started, 1),
+    }
 
 
 def base_spec(cfg: Any) -> dict:
@@ -295,21 +343,42 @@ def build(cfg: Any, force: bool = False) -> tuple[Path, dict]:
     if out.is_dir() and not force:
         found = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
         if found and found.get("inputs") == json.loads(json.dumps(inputs, default=str)):
-            verify_sha256_once(out / "model.safetensors", found["weights_sha256"], "pretrained-here Q-Former",
-                               f"delete {out} and run `qkvqa pretrain-qformer` again")
+            verify_sha256_once(
+                out / "model.safetensors",
+                found["weights_sha256"],
+                "pretrained-here Q-Former",
+                f"delete {out} and run `qkvqa pretrain-qformer` again",
+            )
             log.info("Q-Former text layers pretrained here: reusing %s", out)
             return out, found
         log.warning("%s holds other or unrecorded inputs; building it again", out)
     files = corpus_files(cfg)
     texts = corpus_texts(cfg, files)
-    log.info("pretraining the Q-Former's text layers on %d texts (%s, %s), %d steps of %d", len(texts),
-             files["kb"], files["train_questions"], cfg.qff.text_pretrain.steps, cfg.qff.text_pretrain.batch_size)
-    component = build_qff_component(base_spec(cfg), {"focus": "none", "blip_text_preprocess": cfg.qff.blip_text_preprocess,
-                                                      "max_text_tokens": cfg.qff.max_text_tokens})
+    log.info(
+        "pretraining the Q-Former's text layers on %d texts (%s, %s), %d steps of %d",
+        len(texts),
+        files["kb"],
+        files["train_questions"],
+        cfg.qff.text_pretrain.steps,
+        cfg.qff.text_pretrain.batch_size,
+    )
+    component = build_qff_component(
+        base_spec(cfg),
+        {
+            "focus": "none",
+            "blip_text_preprocess": cfg.qff.blip_text_preprocess,
+            "max_text_tokens": cfg.qff.max_text_tokens,
+        },
+    )
     figures = pretrain(component, texts, _plain(cfg.qff.text_pretrain), int(cfg.qff.max_text_tokens))
-    log.info("MLM loss on %d held-aside texts: %.3f before, %.3f after (chance %.3f), in %.0f s",
-             figures["probe_texts"], figures["probe_loss_before"], figures["probe_loss_after"],
-             figures["chance_loss"], figures["seconds"])
+    log.info(
+        "MLM loss on %d held-aside texts: %.3f before, %.3f after (chance %.3f), in %.0f s",
+        figures["probe_texts"],
+        figures["probe_loss_before"],
+        figures["probe_loss_after"],
+        figures["chance_loss"],
+        figures["seconds"],
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -317,9 +386,13 @@ def build(cfg: Any, force: bool = False) -> tuple[Path, dict]:
     component.tokenizer.save_pretrained(str(partial))
     for path in partial.iterdir():
         make_shareable(path)
-    found = {"format": FORMAT, "inputs": json.loads(json.dumps(inputs, default=str)), "figures": figures,
-             "weights_sha256": sha256_file(partial / "model.safetensors"),
-             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    found = {
+        "format": FORMAT,
+        "inputs": json.loads(json.dumps(inputs, default=str)),
+        "figures": figures,
+        "weights_sha256": sha256_file(partial / "model.safetensors"),
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     atomic_write_json(partial / RECORD, found)
     if out.exists():
         shutil.rmtree(out)
