@@ -75,40 +75,42 @@ def test_the_mlm_loss_falls_by_a_wide_margin(world, tmp_path):
 
 def test_the_cache_is_reused_and_rebuilt_when_an_input_changes(world, tmp_path):
     cache = tmp_path / "cache"
-    first, _ = build(config(world, cache))
+    few = "qff.text_pretrain.steps=2"  # what is checked is the key, not the training: two steps are enough
+    first, _ = build(config(world, cache, few))
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    again, _ = build(config(world, cache))
+    again, _ = build(config(world, cache, few))
     assert again == first and (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
     # another setting, another seed, another base or another corpus: another directory
-    assert build(config(world, cache, "qff.text_pretrain.steps=41"))[0] != first
-    assert build(config(world, cache, "qff.text_pretrain.seed=1"))[0] != first
-    assert build(config(world, cache, "components.qformer.options.seed=1"))[0] != first
+    assert build(config(world, cache, "qff.text_pretrain.steps=3"))[0] != first
+    assert build(config(world, cache, few, "qff.text_pretrain.seed=1"))[0] != first
+    assert build(config(world, cache, few, "components.qformer.options.seed=1"))[0] != first
     kb = Path(world["dir"]) / "evqa" / "encyclopedic_kb_wiki.json"
     edited = json.loads(kb.read_text(encoding="utf-8"))
     url = next(iter(edited))
     edited[url]["section_texts"][0] += " A newly written sentence."
     copy = tmp_path / "kb_edited.json"
     copy.write_text(json.dumps(edited), encoding="utf-8")
-    other, record = build(config(world, cache, f"data.kb_source={copy}"))
+    other, record = build(config(world, cache, few, f"data.kb_source={copy}"))
     assert other != first and record["inputs"]["corpus"]["kb"]["name"] == "kb_edited.json"
     assert len(list((cache / "qformer_init").iterdir())) == 5
 
 
 def test_a_damaged_cache_is_refused(world, tmp_path):
     cache = tmp_path / "cache"
-    out, _ = build(config(world, cache))
+    few = "qff.text_pretrain.steps=2"
+    out, _ = build(config(world, cache, few))
     weights = out / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(DataError, match="corrupt"):
-        build(config(world, cache))
+        build(config(world, cache, few))
     # an edited record (other inputs) is not reused either: built again in place
     record = json.loads((out / RECORD).read_text())
     record["inputs"]["settings"]["steps"] = 1
     (out / RECORD).write_text(json.dumps(record))
-    rebuilt, found = build(config(world, cache))
-    assert rebuilt == out and found["inputs"]["settings"]["steps"] == 40
+    rebuilt, found = build(config(world, cache, few))
+    assert rebuilt == out and found["inputs"]["settings"]["steps"] == 2
 
 
 def test_an_unresolved_init_is_refused_and_a_trained_checkpoint_ignores_it(world, tmp_path):
@@ -138,10 +140,10 @@ def test_the_command_builds_it_and_says_where(world, tmp_path):
         "experiment=demo/qff_per_layer",
         f"paths.world_dir={world['dir']}",
         f"paths.cache_dir={tmp_path / 'cache'}",
-        "qff.text_pretrain.steps=20",
+        "qff.text_pretrain.steps=2",
     ]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     printed = json.loads(done.stdout.strip().splitlines()[-1])
-    assert Path(printed["pretrained"]).is_dir() and printed["steps"] == 20
+    assert Path(printed["pretrained"]).is_dir() and printed["steps"] == 2
     assert "pretrain the Q-Former's text layers" in done.stderr  # progress lines in a log
