@@ -84,3 +84,47 @@ def test_every_schema_filter_has_its_kind_and_an_unknown_one_is_named():
 
     with pytest.raises(ConfigError, match="eval.filter must be one of retrieval, qff, precomputed, got 'nope'"):
         filters.filter_kind("nope")
+
+
+@pytest.fixture
+def learned_kind(monkeypatch):
+    """A kind with trained weights and settings of its own (say a QFF variant): its class says which config keys it
+    reads and which trained weights an evaluation needs."""
+    monkeypatch.setitem(schema.CHOICES, "eval.filter", (*schema.EVAL_FILTERS, "learned"))
+
+    @register_filter_kind
+    class LearnedKind(FilterKind):
+        name = "learned"
+        config_keys = ("qff.", "components.qformer.")
+
+        def trained_weights(self, cfg):
+            return ("qff.checkpoint", cfg.qff.checkpoint or None, "a trainer of its own writes it")
+
+    yield
+    FILTER_KINDS.pop("learned", None)
+
+
+def test_compare_and_doctor_ask_the_kind_not_its_name(learned_kind, tmp_path):
+    """`qkvqa compare` shows a kind's own settings only for its runs, and `qkvqa doctor` checks the trained weights
+    it names (both compared `eval.filter` with "qff" / "precomputed" before): nothing outside its class changes."""
+    from qkvqa.compare.rows import RunRow
+    from qkvqa.compare.table import applies
+    from qkvqa.config.load import compose
+    from qkvqa.doctor.data import path_checks
+
+    def row(kind):
+        return RunRow("r", "finished", None, {"eval.filter": kind}, {}, None, "", task="evaluate")
+
+    assert applies(row("learned"), "qff.focus") and applies(row("learned"), "components.qformer.pretrained")
+    assert not applies(row("learned"), "eval.reranked_results")  # the precomputed kind's own key
+    assert not applies(row("retrieval"), "qff.focus") and applies(row("precomputed"), "qff.alpha")
+    assert applies(row("learned"), "cda.K1")  # not a filter's key: the other rules decide
+
+    cfg = compose("demo/evaluate", [], ["eval.filter=learned", f"paths.world_dir={tmp_path}"])
+    todo = [c for c in path_checks(cfg, ["test"]) if c.item == "qff.checkpoint"]
+    assert len(todo) == 1 and todo[0].status == "todo" and "a trainer of its own writes it" in todo[0].detail
+    given = compose("demo/evaluate", [], ["eval.filter=learned", f"qff.checkpoint={tmp_path / 'trained'}"])
+    rows = [c for c in path_checks(given, ["test"]) if c.item == "qff.checkpoint"]
+    assert len(rows) == 1 and str(tmp_path / "trained") in rows[0].detail
+    none = compose("demo/evaluate", [], ["eval.filter=retrieval"])
+    assert not [c for c in path_checks(none, ["test"]) if c.item == "qff.checkpoint"]

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 
 from qkvqa.compare.rows import RunRow, goal_sign
 from qkvqa.errors import ConfigError
+from qkvqa.pipeline.filters import reads_filter_key
 from qkvqa.utils.io import atomic_write_text
 
 IDENTITY_COLUMNS = ["run_id", "task", "state"]
@@ -87,10 +88,9 @@ def applies(row: RunRow, key: str) -> bool:
         )
     if task != "evaluate":
         return True
-    qff_used = cfg.get("eval.filter", "qff") == "qff"
-    if key.startswith(("qff.", "components.qformer.", "trained.")) and not qff_used:
-        return key in ("qff.alpha",) and cfg.get("eval.filter") == "precomputed"
-    if key == "eval.reranked_results" and cfg.get("eval.filter") != "precomputed":
+    kind = cfg.get("eval.filter", "qff")
+    read = reads_filter_key(kind, key)  # a key only some filter kinds read (qkvqa.pipeline.filters)
+    if read is False:
         return False
     if cfg.get("eval.stop_after") == "filter" and key.startswith(
         (
@@ -105,7 +105,7 @@ def applies(row: RunRow, key: str) -> bool:
         )
     ):
         return False
-    if key.startswith("qff.") and qff_used and key.split(".", 1)[1] in TRAINING_ONLY_QFF:
+    if key.startswith("qff.") and read and key.split(".", 1)[1] in TRAINING_ONLY_QFF:
         return False
     return True
 

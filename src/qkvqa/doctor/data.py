@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from qkvqa.doctor.report import Check
 from qkvqa.errors import QkvqaError
+from qkvqa.pipeline.filters import filter_kind
 
 # what a query image header read costs is small, but InfoSeek's train split has ~1M; beyond this many per split the
 # images opened are a seeded sample (existence is checked for every one)
@@ -78,19 +79,18 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
         if value:
             later.append((key, Path(value).expanduser(), hint))
     untrained = []
-    if cfg.eval.filter == "qff" and cfg.task == "evaluate":
-        if cfg.qff.checkpoint:
-            later.append(
-                ("qff.checkpoint", Path(cfg.qff.checkpoint).expanduser(), "qkvqa train experiment=evqa_qff writes it")
-            )
-        elif not OmegaConf.select(cfg, "qff.allow_untrained", default=False):
+    weights = filter_kind(cfg.eval.filter).trained_weights(cfg) if cfg.task == "evaluate" else None
+    if weights:  # the trained weights the filter kind evaluates (the QFF's RUN/qff)
+        key, value, hint = weights
+        if value:
+            later.append((key, Path(value).expanduser(), hint))
+        else:
             untrained.append(
                 Check(
                     "paths",
-                    "qff.checkpoint",
+                    key,
                     "todo",
-                    "not set: eval.filter=qff evaluates a trained QFF "
-                    "(qkvqa train writes RUN/qff; pass qff.checkpoint=RUN/qff)",
+                    f"not set: eval.filter={cfg.eval.filter} evaluates trained weights ({hint}; pass {key}=...)",
                 )
             )
     for key in ("retrieval.results", "eval.reranked_results"):
@@ -338,7 +338,7 @@ def index_checks(cfg: Any, dm: Any, store: Optional[Any]) -> list[Check]:
     from qkvqa.retrieval.index import MANIFEST_FILE, index_differences, load_index, verify_index_files
     from qkvqa.retrieval.retrieve import expected_encoders, index_dir_for, rebuild_hint
 
-    if cfg.retrieval.results or cfg.eval.filter == "precomputed" and cfg.task == "evaluate":
+    if cfg.retrieval.results or filter_kind(cfg.eval.filter).stage1_from_file and cfg.task == "evaluate":
         return (
             [Check("index", cfg.retrieval.mode, "ok", "not read: stage 1 comes from retrieval.results")]
             if cfg.retrieval.results

@@ -203,6 +203,10 @@ class FilterKind:
     components: tuple[str, ...] = ()  # the components it loads (`protocol.used_components`, preflight)
     section_scores: bool = False  # its ranking carries per-section scores (CDA's top-1 section by qff/fused)
     reads_article_images: bool = False  # it scores the articles' images (articles without one are counted)
+    stage1_from_file: bool = False  # its candidates come from a file it reads, not from stage 1's index
+    # the config keys (a trailing "." for a prefix) that only this kind reads in an evaluation: `qkvqa compare` shows
+    # them for its runs and leaves them empty for the others' (FILTER_CONFIG_KEYS)
+    config_keys: tuple[str, ...] = ()
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         """The filter of this run."""
@@ -224,8 +228,26 @@ class FilterKind:
         """Notes for the report (an untrained filter, ...)."""
         return []
 
+    def trained_weights(self, cfg: Any) -> Optional[tuple[str, Optional[str], str]]:
+        """(config key, its value or None, what writes it) of the trained weights an evaluation with this kind reads;
+        None when it reads none (`qkvqa doctor` checks the path, or says the weights are not set)."""
+        return None
+
+    def reads_key(self, key: str) -> bool:
+        """Whether config `key` is one that only this kind reads (`config_keys`)."""
+        return any(key == k or (k.endswith(".") and key.startswith(k)) for k in self.config_keys)
+
 
 FILTER_KINDS: dict[str, FilterKind] = {}
+
+
+def reads_filter_key(name: Optional[str], key: str) -> Optional[bool]:
+    """For a run with `eval.filter` = `name`: whether `key` is read, when it is a key that only some kinds read
+    (`FilterKind.config_keys`); None when `key` is no kind's own (it applies, or not, by other rules)."""
+    if not any(kind.reads_key(key) for kind in FILTER_KINDS.values()):
+        return None
+    kind = FILTER_KINDS.get(name or "")
+    return kind is not None and kind.reads_key(key)
 
 
 def register_filter_kind(cls: type) -> type:
@@ -283,6 +305,7 @@ class QFFKind(FilterKind):
     components = ("qformer",)
     section_scores = True
     reads_article_images = True
+    config_keys = ("qff.", "components.qformer.", "trained.")
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         from qkvqa.qff.rerank import QFFReranker
@@ -312,6 +335,11 @@ class QFFKind(FilterKind):
 
     def alpha(self, cfg: Any) -> Optional[float]:
         return float(cfg.qff.alpha)
+
+    def trained_weights(self, cfg: Any) -> Optional[tuple[str, Optional[str], str]]:
+        if not cfg.qff.checkpoint and cfg.qff.allow_untrained:
+            return None  # an untrained QFF, on purpose
+        return ("qff.checkpoint", cfg.qff.checkpoint or None, "qkvqa train experiment=evqa_qff writes RUN/qff")
 
     def caveats(self, cfg: Any) -> list[str]:
         if cfg.qff.checkpoint:
@@ -364,6 +392,8 @@ class PrecomputedKind(FilterKind):
 
     name = "precomputed"
     section_scores = True
+    stage1_from_file = True
+    config_keys = ("qff.alpha", "eval.reranked_results")  # the alpha it must have been reranked with
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         from qkvqa.errors import ConfigError
