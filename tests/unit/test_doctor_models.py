@@ -200,3 +200,64 @@ def test_doctor_reads_a_hub_id_from_the_cache_with_its_commit(hub_cache):
     assert row.status == "ok" and f"revision {COMMIT_A[:12]}" in row.detail, row.detail
     row = model_checks(_cfg(*base, f"components.judge.revision={COMMIT_B}"), ["judge"])[0]
     assert row.status == "fail" and f"at revision {COMMIT_B}" in row.detail
+
+
+def test_the_card_records_the_commit_and_fingerprint_a_hub_id_was_read_at(hub_cache):
+    """A hub id's weights were fingerprinted as None, so a `main` that moved on the hub went unrecorded (issue 33
+    item 2): the card now names the cache snapshot's commit and fingerprints its files; another snapshot is another
+    commit and another fingerprint, and a hub id the cache does not hold stays None."""
+    from qkvqa.pipeline.protocol import component_card
+
+    def spec_of(pretrained, revision):  # a component's config section, as the card reads it
+        return OmegaConf.create(
+            {"kind": "bem", "pretrained": pretrained, "revision": revision, "tiny": False, "dtype": "fp32"}
+        )
+
+    repo = hub_cache / "models--kortukov--answer-equivalence-bem"
+    card = component_card(spec_of("kortukov/answer-equivalence-bem", "main"))
+    assert card["revision"] == "main" and card["resolved_revision"] == COMMIT_A
+    assert card["fingerprint"] == weights_fingerprint_of(repo / "snapshots" / COMMIT_A) is not None
+    shutil.copytree(repo / "snapshots" / COMMIT_A, repo / "snapshots" / COMMIT_B)
+    weights = next((repo / "snapshots" / COMMIT_B).glob("*.safetensors"))
+    weights.write_bytes(b"\1" + weights.read_bytes()[1:])  # the hub's main moved on: other weights
+    (repo / "refs" / "main").write_text(COMMIT_B, encoding="utf-8")
+    moved = component_card(spec_of("kortukov/answer-equivalence-bem", "main"))
+    assert moved["resolved_revision"] == COMMIT_B and moved["fingerprint"] != card["fingerprint"]
+    pinned = component_card(spec_of("kortukov/answer-equivalence-bem", COMMIT_A))
+    assert pinned["resolved_revision"] == COMMIT_A and pinned["fingerprint"] == card["fingerprint"]
+    absent = component_card(spec_of("kortukov/not-in-the-cache", "main"))
+    assert absent["resolved_revision"] is None and absent["fingerprint"] is None
+
+
+def weights_fingerprint_of(path: Path):
+    from qkvqa.pipeline.protocol import weights_fingerprint
+
+    return weights_fingerprint(str(path))
+
+
+def test_a_real_model_on_device_auto_without_a_gpu_warns_once_when_built(tmp_path, caplog):
+    """`qkvqa embed` / `retrieve` / `summarize` with EVA-CLIP-8B on a node without a usable GPU fell back to the CPU in
+    silence (only evaluation warned): the build of any real model on `device: auto` now says so, once (issue 33
+    item 3); a small local model (a tiny one saved to disk) and `device: cpu` say nothing."""
+    import logging
+
+    import torch
+
+    from qkvqa.components import hardware
+    from qkvqa.components.registry import ComponentSpec
+
+    if torch.cuda.is_available():
+        pytest.skip("a usable GPU is here: device auto picks it")
+    hardware._WARNED_ON_CPU.clear()
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "model.safetensors").write_bytes(b"\0" * 1024)
+    with caplog.at_level(logging.WARNING, logger=hardware.log.name):
+        for _ in range(2):
+            assert ComponentSpec(kind="evaclip_hf", pretrained="BAAI/EVA-CLIP-8B").torch_device().type == "cpu"
+        ComponentSpec(kind="bem", pretrained=str(small)).torch_device()
+        ComponentSpec(kind="llama3", pretrained="meta-llama/Meta-Llama-3-8B-Instruct", device="cpu").torch_device()
+        ComponentSpec(kind="bem", tiny=True).torch_device()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1 and "BAAI/EVA-CLIP-8B" in lines[0] and "device: auto" in lines[0], lines
+    assert "device: cpu" in lines[0]  # the fix: a GPU node, or say cpu on purpose

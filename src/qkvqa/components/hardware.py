@@ -122,9 +122,52 @@ def cpu_fallback_warning(cfg: Any, names: Iterable[str], status: Optional[dict] 
     )
 
 
+# the weights already warned about in this process (an evaluation warns for all its models at start-up; the build of
+# each then says nothing more)
+_WARNED_ON_CPU: set[str] = set()
+
+
 def warn_cpu_fallback(cfg: Any, names: Iterable[str]) -> Optional[str]:
     """Log `cpu_fallback_warning` once, at start-up (evaluation; training refuses a missing GPU in check_hardware)."""
+    names = list(names)
     line = cpu_fallback_warning(cfg, names)
     if line:
         log.warning(line)
+        _WARNED_ON_CPU.update(str(cfg.components[n].pretrained) for n in names)
+    return line
+
+
+SMALL_WEIGHTS_BYTES = 200 << 20  # local weights below this run on a CPU in reasonable time (tiny models saved to disk)
+
+
+def _small_local_weights(pretrained: str) -> bool:
+    """Whether `pretrained` is a local file or folder whose weight files add up to less than SMALL_WEIGHTS_BYTES."""
+    path = os.path.expanduser(pretrained)
+    if os.path.isfile(path):
+        return os.path.getsize(path) < SMALL_WEIGHTS_BYTES
+    if not os.path.isdir(path):
+        return False  # a hub id: a released, real-size model
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(_WEIGHT_FILES))
+        if total >= SMALL_WEIGHTS_BYTES:
+            return False
+    return True
+
+
+_WEIGHT_FILES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt")
+
+
+def warn_auto_on_cpu(kind: str, pretrained: str) -> Optional[str]:
+    """The warning of a real model whose `device: auto` found no usable GPU, when it is built (embed, retrieve,
+    summarize, rerank, mine, cache-vit: every command that loads one); once per weights and process."""
+    if str(pretrained) in _WARNED_ON_CPU or _small_local_weights(str(pretrained)):
+        return None
+    _WARNED_ON_CPU.add(str(pretrained))
+    line = (
+        f"component {kind!r} ({pretrained}) has device: auto and no usable GPU is here ({gpu_status()['reason']}): it "
+        f"runs on the CPU, where a real-size model takes hours per thousand items; run on a GPU node, or set its "
+        f"device: cpu (or preset=cpu) to mean it"
+    )
+    log.warning(line)
     return line

@@ -92,6 +92,15 @@ def downloaded_revision(directory: str | os.PathLike) -> Optional[str]:
     return None
 
 
+def cached_snapshot(hub_id: str, revision: Optional[str] = None) -> Optional[Path]:
+    """The local HF cache's snapshot folder of `hub_id` at `revision` (a branch through refs/, or a commit), found
+    without the network; None when the cache does not hold it."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(ALIASES.get(hub_id, hub_id), "config.json", revision=revision)
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
 def under_weights_dir(cfg: Any) -> None:
     """With paths.weights_dir set, every component's hub id (`pretrained`, `options.tokenizer`) becomes its folder in
     the README's download layout, `{weights_dir}/{hub id}` (preset=local_weights); paths are left as they are."""

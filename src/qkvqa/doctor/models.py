@@ -10,7 +10,14 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from qkvqa.components.hub import ARCHITECTURES, HUB_FILES, download_command, downloaded_revision, is_hub_id
+from qkvqa.components.hub import (
+    ARCHITECTURES,
+    HUB_FILES,
+    cached_snapshot,
+    download_command,
+    downloaded_revision,
+    is_hub_id,
+)
 from qkvqa.doctor.report import Check
 from qkvqa.errors import QkvqaError
 
@@ -54,11 +61,9 @@ def model_directory(spec: Any, weights_dir: Optional[str] = None) -> tuple[Optio
     if os.path.isdir(ref):
         return Path(ref), "local directory"
     if is_hub_id(spec.pretrained) and not ref.startswith("/"):
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(ref, "config.json", revision=spec.revision)
-        if isinstance(cached, str):
-            return Path(cached).parent, "HF cache"
+        snapshot = cached_snapshot(ref, spec.revision)
+        if snapshot is not None:
+            return snapshot, "HF cache"
         at = f" at revision {spec.revision}" if spec.revision else ""
         return None, (
             f"hub id {ref}{at} is not in the local HF cache and there is no directory of that name; "

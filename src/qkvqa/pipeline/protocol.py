@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from qkvqa.components.hub import cached_snapshot, downloaded_revision, is_hub_id
 from qkvqa.config.paper_rows import (
     LLAMA3_SUMMARIES,
     paper_row,
@@ -55,6 +56,17 @@ def weights_fingerprint(ref: Optional[str]) -> Optional[str]:
     return digest.hexdigest()[:16]
 
 
+def weights_read_from(spec: Any) -> Optional[Path]:
+    """Where a component's weights are read: its local path, or for a hub id the local HF cache's snapshot of its
+    revision (None when neither is here: nothing local to fingerprint)."""
+    if not spec.pretrained:
+        return None
+    path = Path(os.path.expanduser(str(spec.pretrained)))
+    if path.exists():
+        return path
+    return cached_snapshot(str(spec.pretrained), spec.get("revision")) if is_hub_id(spec.pretrained) else None
+
+
 def used_components(cfg: Any) -> list[str]:
     """The components an evaluation of `cfg` actually runs (stage 1 runs only without retrieval.results)."""
     from qkvqa.cda.select import needs_reranker
@@ -91,12 +103,16 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
         }
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
+    read_from = weights_read_from(spec)
     card = {
         "kind": spec.kind,
         "weights": str(spec.pretrained),
         "revision": revision,
+        # the hub commit the files read came from (an HF cache snapshot, or a --local-dir download's record), so a
+        # branch such as `main` that moved on the hub shows as another commit and another fingerprint
+        "resolved_revision": downloaded_revision(read_from) if read_from and read_from.is_dir() else None,
         "dtype": spec.dtype,
-        "fingerprint": weights_fingerprint(spec.pretrained),
+        "fingerprint": weights_fingerprint(str(read_from)) if read_from else None,
     }
     conversion = conversion_of(spec)
     if conversion:  # `qkvqa convert-llava` output: what it was converted from, and by which converter
