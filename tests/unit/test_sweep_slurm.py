@@ -158,3 +158,75 @@ def test_the_sweep_names_its_arrays_itself(tmp_path, monkeypatch):
     sweep.sbatch_args = ["--job-name=mine"]
     with pytest.raises(ConfigError, match="names each array itself"):
         sweep.run()
+
+
+def _hanging_sbatch(tmp_path, monkeypatch, submits: bool) -> Path:
+    """`sbatch` that hangs past the runner's timeout after submitting (`submits`: it records the script's job name,
+    and `squeue --name=THAT` then answers job 5151) or before; `sacct` off. Returns the record of what it submitted."""
+    import os
+
+    from qkvqa.sweep import slurm_array
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    submitted = tmp_path / "submitted"
+    record = f"sed -n 's/^#SBATCH --job-name=//p' \"${{@: -1}}\" >> {submitted}" if submits else ":"
+    scripts = {
+        "sbatch": f"{record}\nsleep 30",
+        # answers 5151 for a name sbatch recorded (the runner asks by its token), and lists its two tasks as pending
+        "squeue": f'for a in "$@"; do case "$a" in --name=*) grep -qx "${{a#--name=}}" {submitted} 2>/dev/null '
+        f"&& echo 5151;; '%F|%K|%T') [ -e {submitted} ] && printf '5151|0|PENDING\\n5151|1|PENDING\\n';; esac; "
+        "done; exit 0",
+        "sacct": "echo 'accounting storage is disabled' >&2; exit 1",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_array, "SBATCH_TIMEOUT_S", 1.0)
+    return submitted
+
+
+def _fresh_sweep(tmp_path):
+    sweep, _ = _half_submitted(tmp_path)  # the sweep's spec and trials; its manifest is started anew
+    import shutil
+
+    shutil.rmtree(tmp_path / "sweep")
+    return sweep
+
+
+@pytest.mark.parametrize("submits", [True, False], ids=["submitted-then-hung", "hung-before-submitting"])
+def test_an_sbatch_that_times_out_is_settled_by_its_token_and_never_submitted_twice(tmp_path, monkeypatch, submits):
+    """A timeout during `sbatch` (issue 37 item 6): sbatch may or may not have submitted. The runner asks SLURM by the
+    submission's token: a submitted array is adopted (recorded, nothing submitted again); one SLURM never got is
+    released by the next run and submitted once."""
+    import subprocess
+
+    from qkvqa.run.sweep_manifest import Manifest
+
+    submitted = _hanging_sbatch(tmp_path, monkeypatch, submits)
+    sweep = _fresh_sweep(tmp_path)
+    if submits:
+        sweep.run()  # adopted: the runner goes on
+        manifest = Manifest.load(tmp_path / "sweep")
+        (sub,) = manifest.data["submissions"]
+        assert sub["job"] == "5151" and submitted.read_text().split() == [sub["token"]]
+        assert [(e["status"], e["slurm_job"]) for e in manifest.trials.values()] == [("queued", "5151")] * 2
+    else:
+        with pytest.raises(subprocess.TimeoutExpired):
+            sweep.run()
+        manifest = Manifest.load(tmp_path / "sweep")
+        (sub,) = manifest.data["submissions"]
+        assert sub["job"] is None and [e["status"] for e in manifest.trials.values()] == ["submitting"] * 2
+        assert not submitted.exists()
+    # the next run: nothing is submitted twice (a submitted array stays adopted; a lost one is submitted once more)
+    calls = tmp_path / "calls"
+    (tmp_path / "bin" / "sbatch").write_text(f"#!/bin/bash\necho x >> {calls}\necho 6262\n")
+    sweep.run()
+    manifest = Manifest.load(tmp_path / "sweep")
+    jobs = [s["job"] for s in manifest.data["submissions"] if s.get("job")]
+    if submits:
+        assert not calls.exists() and jobs == ["5151"]
+    else:
+        assert calls.read_text().split() == ["x"] and jobs == ["6262"]
+        assert manifest.data["submissions"][0].get("outcome") == "not submitted"

@@ -96,6 +96,9 @@ def live_tasks(job_ids: set[str], timeout_s: float = 60.0) -> dict[tuple[str, in
     return live
 
 
+SBATCH_TIMEOUT_S = 120.0  # an sbatch that has not answered by then may or may not have submitted: ask by the token
+
+
 def job_named(token: str, timeout_s: float = 30.0) -> Optional[str]:
     """The id of the (array) job whose job name is `token`, as the controller (`squeue`, every state it still holds)
     or accounting (`sacct`) knows it, else None. A controller that does not answer raises: the caller must not
@@ -352,7 +355,7 @@ class SlurmSweep(LocalSweep):
         script_path.write_text(self.script([t.index for t in todo], job_name=token))
         manifest.save()
         try:
-            done = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=120)
+            done = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S)
         except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:
             # sbatch may or may not have submitted: ask the controller by the token instead of guessing
             try:
