@@ -103,3 +103,29 @@ def test_a_protocol_name_is_checked_against_the_known_ones_and_the_dataset():
         compose("eval/evqa_qwen", [], ["data.protocol=reflectiva_wiki100k"])
     cfg = compose("eval/infoseek_qwen", ["infoseek_reflectiva_data"], [])
     assert cfg.data.protocol == "reflectiva_wiki100k" and cfg.retrieval.index_dir == "data/infoseek_reflectiva/index"
+
+
+def test_the_rendered_card_rounds_its_numbers_and_writes_no_raw_python_values(tmp_path):
+    """The card in report.md said `data.protocol is None` and wrote floats with their binary noise (issue 34 item 2):
+    every value goes through one rendering (null, true/false, 6 significant figures)."""
+    import re
+
+    from qkvqa.pipeline.protocol import protocol_card, render_card
+
+    class KB:
+        store_dir, url_checksum = tmp_path / "kb", "sha256:0"
+
+        def __len__(self):
+            return 3
+
+    trained = tmp_path / "run" / "qff"
+    trained.mkdir(parents=True)
+    (trained / "model.safetensors").write_bytes(b"\0" * 64)
+    noisy = 0.1 + 0.2  # 0.30000000000000004
+    cfg = compose("demo/evaluate", [], [f"qff.checkpoint={trained}", f"qff.alpha={noisy!r}", "cda.theta=0.15"])
+    card = protocol_card(cfg, paper_scores(n_questions=38), KB())
+    text = render_card(card)
+    assert card["filter"]["alpha"] == noisy and "| filter | kind qff, focus per_layer, alpha 0.3 |" in text
+    assert repr(noisy) not in text and "theta 0.15" in text
+    assert not re.search(r"\b(None|True|False)\b", text), text
+    assert not re.search(r"\d\.\d{7,}", text), text  # no float written with its binary noise

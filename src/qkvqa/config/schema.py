@@ -117,7 +117,7 @@ class QFFConfig:
     max_text_tokens: int = 512
     question_max_tokens: int = 64
     blip_text_preprocess: bool = True  # LAVIS blip_caption cleaning of questions and sections (OMGM)
-    image_transform: str = "targetpad"  # targetpad (OMGM: pad wide images to a square, resize, centre crop) | squash
+    image_transform: str = "targetpad"  # targetpad (OMGM: pad to a 1.25:1 ratio, resize, centre crop) | squash
     lr: float = 1.0e-5
     weight_decay: float = 0.05
     betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
