@@ -43,12 +43,16 @@ def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, caps
     summary = json.loads((run_dir / "summary.json").read_text())
     retrieval, qff = summary["demo/retrieval only/R@20"], summary["demo/QFF focus: per_layer + CDA/R@20"]
     assert qff == pytest.approx(retrieval)  # the QFF reorders stage 1's top 20, it adds none
-    # the inspect site compares focus none with per_layer question by question (docs/inspect.md)
+    # the inspect site compares retrieval only with the QFF (per_layer + CDA) question by question (docs/inspect.md)
     site = run_dir / "inspect"
     assert (site / "index.html").exists() and (site / "data" / "index.js").exists()
     assert sorted((site / "data" / "b").glob("*.js")) and "inspect/index.html" in report
     meta = (site / "data" / "meta.js").read_text(encoding="utf-8")
-    assert '"run_id":"demo-eval-1"' in meta and '"run_id":"demo-eval-2"' in meta
+    assert '"run_id":"demo-eval-0"' in meta and '"run_id":"demo-eval-2"' in meta
+    # it shows flips (issue 34 item 4): the trained QFF puts the answer's article in the context where a random stage 1
+    # does not, and the extractive reader answers from it
+    flips = json.loads(meta.split("=", 1)[1].rstrip().rstrip(";"))["flips"]
+    assert flips["wrong_to_right"] + flips["right_to_wrong"] >= 1, flips
 
 
 def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):

@@ -16,8 +16,10 @@ from qkvqa.utils.logging import get_logger
 log = get_logger(__name__)
 
 TRAINING = {"per_layer": "demo/qff_per_layer", "none": "demo/qff_none"}
-# The settings `qkvqa inspect` compares question by question in the demo's site (A, then B).
-INSPECT = ("QFF focus: none + CDA", "QFF focus: per_layer + CDA")
+# The settings `qkvqa inspect` compares question by question in the demo's site (A, then B): stage 1's order against
+# the trained QFF with CDA, the change that moves answers at this scale (focus none against per_layer is one seed each,
+# a difference within seed noise, and at the demo's size their contexts often hold the same answers: 0 flips).
+INSPECT = ("retrieval only", "QFF focus: per_layer + CDA")
 # label -> (QFF training run or None, overrides of demo/evaluate)
 SETTINGS = {
     "retrieval only": (None, ["eval.filter=retrieval"]),
