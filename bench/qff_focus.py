@@ -284,14 +284,14 @@ def focus_off(entry: dict) -> str:
 
 
 def markdown(study: dict) -> str:
-    meta = study["meta"]
-    lines = [
-        f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}; "
-        f"paired difference against focus none, mean [95 % CI] over seeds, in points.",
-        "",
-    ]
+    lines = []
     for world, section in study["worlds"].items():
+        meta = section.get("meta", study["meta"])  # each world's own settings (an older file: the study's)
         lines += [
+            f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}"
+            f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}; paired difference against focus "
+            f"{meta.get('baseline', 'none')}, mean [95 % CI] over seeds, in points.",
+            "",
             f"**{world}** world ({section['questions']} val + test questions, {section['multi_entity_questions']}"
             f" multi-entity; untrained section R@1 {section['untrained']['all']['section_r1']:.1f}, article R@1 "
             f"{section['untrained']['all']['article_r1']:.1f})",
@@ -430,17 +430,18 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.json"
-    # Worlds studied by an earlier call with the same settings stay in the file (one world per call is fine).
+    # Worlds studied by an earlier call stay in the file, each with the settings it was run with (worlds.<w>.meta),
+    # so the worlds of one study may take different calls and settings (the bound world fewer epochs, say).
     previous = json.loads(path.read_text()) if path.exists() else {}
-    same = {k: v for k, v in previous.get("meta", {}).items() if k in meta} == meta
+    kept = {w: s for w, s in previous.get("worlds", {}).items() if w not in args.worlds and "meta" in s}
     study = {
         "meta": meta,
-        "worlds": dict(previous.get("worlds", {})) if same else {},
-        "wall_seconds": dict(previous.get("wall_seconds", {})) if same else {},
+        "worlds": kept,
+        "wall_seconds": {w: t for w, t in previous.get("wall_seconds", {}).items() if w in kept},
     }
     for world in args.worlds:
         started = time.time()
-        study["worlds"][world] = study_world(world, args)
+        study["worlds"][world] = {**study_world(world, args), "meta": meta}
         study["wall_seconds"][world] = round(time.time() - started)
         text = markdown(study)
         path.write_text(json.dumps(study, indent=1))  # after every world: a stopped study keeps its part
