@@ -228,4 +228,7 @@ def test_load_builds_every_model_of_the_run(world, doctor):
     assert set(loads) == {"load image_encoder", "load qformer", "load reranker", "load generator"}
     assert all(c["status"] == "ok" for c in loads.values())
     assert "one image embedded" in loads["load image_encoder"]["detail"]
+    # EVA-CLIP's model-card example: a diagram against its three captions (a real model must pick "a diagram")
+    assert "a drawn diagram against 'a diagram'" in loads["load image_encoder"]["detail"]
+    assert "'a dog'" in loads["load image_encoder"]["detail"] and "'a cat'" in loads["load image_encoder"]["detail"]
     assert "model card pairs scored" in loads["load reranker"]["detail"]

@@ -14,7 +14,8 @@ off is obvious) and the KB's main images found; the index manifest against the K
 directory (architecture, dtype, revision, files); the torch build's CUDA against the driver and faiss; the free disk
 against the caches the run writes. One table (or --json); exit status 1 when a row is FAIL.
 --load also instantiates each model on the meta device (no weights read); --load --device cuda builds each on the
-GPU and runs one forward on a fixed example (the BEM and BGE-Reranker model cards' examples are checked)."""
+GPU and runs one forward on a fixed example (the BEM, BGE-Reranker and EVA-CLIP model cards' examples are checked;
+EVA-CLIP's on a drawn diagram, its card's picture not being shipped)."""
 
 
 def register(subparsers) -> None:

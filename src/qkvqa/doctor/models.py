@@ -29,6 +29,9 @@ BEM_CARD_EXAMPLE = (
     "infrequent rain",
     "rain",
 )  # kortukov/answer-equivalence-bem: ~0
+# BAAI/EVA-CLIP-8B's model card classifies its CLIP.png, a diagram, with these captions: "a diagram" first. The
+# picture is not shipped here; `card_diagram` draws one of the same kind (labelled boxes joined by arrows).
+EVACLIP_CARD_CAPTIONS = ("a diagram", "a dog", "a cat")
 # BAAI/bge-reranker-v2-m3's model card scores these two pairs: the panda passage above the greeting
 RERANKER_CARD_PAIRS = [
     ("what is panda?", "hi"),
@@ -352,6 +355,27 @@ def _checkpoint_keys(directory: Path) -> Optional[set[str]]:
     return keys
 
 
+def card_diagram():
+    """A diagram as EVA-CLIP's model card example is one: three labelled boxes joined by arrows, black on white."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (336, 224), "white")
+    draw = ImageDraw.Draw(image)
+    boxes = [(16, 80, 96, 140), (128, 20, 208, 80), (128, 144, 208, 204), (240, 80, 320, 140)]
+    for (x0, y0, x1, y1), label in zip(boxes, ("Input", "Encoder", "Decoder", "Output")):
+        draw.rectangle((x0, y0, x1, y1), outline="black", width=3)
+        draw.text((x0 + 10, (y0 + y1) // 2 - 5), label, fill="black")
+    for (ax, ay), (bx, by) in (
+        ((96, 110), (128, 50)),
+        ((96, 110), (128, 174)),
+        ((208, 50), (240, 110)),
+        ((208, 174), (240, 110)),
+    ):
+        draw.line((ax, ay, bx, by), fill="black", width=3)
+        draw.polygon([(bx, by), (bx - 10, by - 5), (bx - 10, by + 5)], fill="black")
+    return image
+
+
 def _forward(item: str, spec: Any, real: bool) -> Check:
     """Build the component (its real loading path) and run one forward on a fixed example."""
     import math
@@ -371,13 +395,21 @@ def _forward(item: str, spec: Any, real: bool) -> Check:
         if real and not spec.tiny and score >= 0.5:
             return Check("models", item, "fail", f"{spec.kind}: {what}; its model card says ~0 (not equivalent)")
     elif hasattr(component, "embed_images"):
-        from PIL import Image
-
-        vectors = component.embed_images([Image.new("RGB", (64, 48), (200, 120, 40))])
+        vectors = component.embed_images([card_diagram()])
         norm = float((vectors[0] ** 2).sum()) ** 0.5
         what = f"one image embedded, {vectors.shape[1]}-d, norm {norm:.3f}"
         if not math.isfinite(norm):
             return Check("models", item, "fail", f"{spec.kind}: {what} (not finite)")
+        if getattr(component, "has_text", False):  # a CLIP: the model card's zero-shot example
+            sims = [float(x) for x in component.embed_texts(list(EVACLIP_CARD_CAPTIONS)) @ vectors[0]]
+            best = EVACLIP_CARD_CAPTIONS[max(range(len(sims)), key=sims.__getitem__)]
+            what += "; a drawn diagram against " + ", ".join(
+                f"'{c}' {s:.3f}" for c, s in zip(EVACLIP_CARD_CAPTIONS, sims)
+            )
+            if real and not spec.tiny and best != EVACLIP_CARD_CAPTIONS[0]:
+                return Check(
+                    "models", item, "fail", f"{spec.kind}: {what}; its model card picks '{EVACLIP_CARD_CAPTIONS[0]}'"
+                )
     elif hasattr(component, "score"):
         low, high = (float(x) for x in component.score(RERANKER_CARD_PAIRS))
         what = f"model card pairs scored {low:.3f} (greeting) and {high:.3f} (panda passage)"
