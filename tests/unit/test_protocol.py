@@ -75,7 +75,8 @@ def test_the_weights_fingerprint_follows_content_not_place(tmp_path):
     assert weights_fingerprint("Salesforce/blip2-itm-vit-g") is None  # a hub id: nothing local to read
 
 
-def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):
+def _card_of_trained_qff(tmp_path, *overrides: str) -> tuple[dict, object]:
+    """The protocol card of a demo evaluation with a trained QFF (a weights file under tmp_path) and `overrides`."""
     from qkvqa.pipeline.protocol import protocol_card
 
     class KB:
@@ -87,8 +88,12 @@ def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):
     trained = tmp_path / "run" / "qff"
     trained.mkdir(parents=True)
     (trained / "model.safetensors").write_bytes(b"\0" * 64)
-    cfg = compose("demo/evaluate", [], [f"qff.checkpoint={trained}"])
-    card = protocol_card(cfg, paper_scores(n_questions=38), KB())
+    cfg = compose("demo/evaluate", [], [f"qff.checkpoint={trained}", *overrides])
+    return protocol_card(cfg, paper_scores(n_questions=38), KB()), trained
+
+
+def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):
+    card, trained = _card_of_trained_qff(tmp_path)
     qff = card["models"]["qformer"]
     assert qff["weights"] == str(trained) and qff["base"] == "tiny (random)" and qff["fingerprint"]
     assert card["models"]["generator"]["weights"] == "tiny (random)"
@@ -110,20 +115,10 @@ def test_the_rendered_card_rounds_its_numbers_and_writes_no_raw_python_values(tm
     every value goes through one rendering (null, true/false, 6 significant figures)."""
     import re
 
-    from qkvqa.pipeline.protocol import protocol_card, render_card
+    from qkvqa.pipeline.protocol import render_card
 
-    class KB:
-        store_dir, url_checksum = tmp_path / "kb", "sha256:0"
-
-        def __len__(self):
-            return 3
-
-    trained = tmp_path / "run" / "qff"
-    trained.mkdir(parents=True)
-    (trained / "model.safetensors").write_bytes(b"\0" * 64)
     noisy = 0.1 + 0.2  # 0.30000000000000004
-    cfg = compose("demo/evaluate", [], [f"qff.checkpoint={trained}", f"qff.alpha={noisy!r}", "cda.theta=0.15"])
-    card = protocol_card(cfg, paper_scores(n_questions=38), KB())
+    card, _ = _card_of_trained_qff(tmp_path, f"qff.alpha={noisy!r}", "cda.theta=0.15")
     text = render_card(card)
     assert card["filter"]["alpha"] == noisy and "| filter | kind qff, focus per_layer, alpha 0.3 |" in text
     assert repr(noisy) not in text and "theta 0.15" in text
