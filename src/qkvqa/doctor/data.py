@@ -90,7 +90,7 @@ def path_checks(cfg: Any, splits: list[str]) -> list[Check]:
                     "paths",
                     key,
                     "todo",
-                    f"not set: eval.filter={cfg.eval.filter} evaluates trained weights ({hint}; pass {key}=...)",
+                    f"not set: eval.filter={cfg.eval.filter} evaluates trained weights ({hint}); pass {key}=PATH",
                 )
             )
     for key in ("retrieval.results", "eval.reranked_results"):

@@ -339,7 +339,7 @@ class QFFKind(FilterKind):
     def trained_weights(self, cfg: Any) -> Optional[tuple[str, Optional[str], str]]:
         if not cfg.qff.checkpoint and cfg.qff.allow_untrained:
             return None  # an untrained QFF, on purpose
-        return ("qff.checkpoint", cfg.qff.checkpoint or None, "qkvqa train experiment=evqa_qff writes RUN/qff")
+        return ("qff.checkpoint", cfg.qff.checkpoint or None, "qkvqa train experiment=evqa_qff writes it as RUN/qff")
 
     def caveats(self, cfg: Any) -> list[str]:
         if cfg.qff.checkpoint:
