@@ -4,11 +4,11 @@
 # (tests/slurm/cluster.py); nothing here starts a service.
 set -euo pipefail
 if command -v sbatch >/dev/null && command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
-   && command -v munged >/dev/null; then
+   && command -v munged >/dev/null && command -v setfacl >/dev/null; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "SLURM is not installed and this is not root: apt-get install slurmctld slurmd slurm-client munge" >&2
+  echo "SLURM is not installed and this is not root: apt-get install slurmctld slurmd slurm-client munge acl" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -17,6 +17,7 @@ policy=/usr/sbin/policy-rc.d
 created=0
 if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; created=1; fi
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+# acl: setfacl lets the unprivileged job user traverse to an interpreter under /root (tests/slurm/cluster.py)
+apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge acl >/dev/null
 if [ "$created" = 1 ]; then rm -f "$policy"; fi
 echo "installed: slurm $(dpkg-query -W -f='${Version}' slurmctld)"

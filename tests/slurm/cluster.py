@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+REPO = Path(__file__).resolve().parents[2]
 LAUNCH_VARS = {
     "RANK",
     "LOCAL_RANK",
@@ -70,6 +71,7 @@ class SlurmCluster:
         entry = pwd.getpwnam(self.unprivileged)
         self.uid, self.gid = entry.pw_uid, entry.pw_gid
         self.user, self.python_user_note = self.unprivileged, ""
+        self.granted: list[Path] = []  # folders given a traverse-only ACL entry for that user (`_grant_traversal`)
 
     # ------------------------------------------------------------------ set-up
     def _write_config(self) -> None:
@@ -177,8 +179,32 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         )
         self._wait(lambda: self.node_state() in ("idle", "mixed", "allocated"), timeout_s, "the node to come up")
         if os.geteuid() == 0:
+            self._grant_traversal()
             self._check_python_as_user()
         return self
+
+    def _grant_traversal(self) -> None:
+        """As root, let the job user reach this Python and the checkout: pyenv's interpreter under /root (mode 0700,
+        as here) is out of its reach. A traverse-only ACL entry for that user (`setfacl -m u:USER:x`, no read, so it
+        cannot list them) on each folder above them that others cannot traverse; `stop` removes the entries."""
+        setfacl = shutil.which("setfacl")
+        if setfacl is None:
+            return  # no acl package: the probe job tells, and the Python jobs run as root (python_user_note)
+        targets = {Path(os.path.realpath(sys.executable)), Path(sys.base_prefix).resolve(), REPO}
+        folders = {f for t in targets for f in (t, *t.parents) if f.is_dir() and not f.stat().st_mode & 0o001}
+        for folder in sorted(folders):
+            done = subprocess.run(
+                [setfacl, "-m", f"u:{self.unprivileged}:x", str(folder)], capture_output=True, text=True, timeout=10
+            )
+            if done.returncode == 0:
+                self.granted.append(folder)
+
+    def _revoke_traversal(self) -> None:
+        for folder in self.granted:
+            subprocess.run(
+                ["setfacl", "-x", f"u:{self.unprivileged}", str(folder)], capture_output=True, text=True, timeout=10
+            )
+        self.granted = []
 
     def _check_python_as_user(self) -> None:
         """A job of the unprivileged user that starts this Python; if it cannot, Python jobs run as root."""
@@ -291,3 +317,4 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        self._revoke_traversal()

@@ -66,10 +66,12 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
         for path in [work, *work.rglob("*")]:
             os.chown(path, slurm.uid, slurm.gid, follow_symlinks=False)
     env = {**env, "OMP_NUM_THREADS": "1"}  # the same kernels in every run: identical floats
+    # the single-process reference runs as the jobs' user too: the tiny models' cache is that user's (qkvqa refuses a
+    # cache root another uid owns), and so are the run directories
     whole = subprocess.run(
-        [sys.executable, "-m", "qkvqa.cli", "evaluate", *ARGS.split(), "run_id=whole"],
+        slurm.as_user([sys.executable, "-m", "qkvqa.cli", "evaluate", *ARGS.split(), "run_id=whole"]),
         cwd=REPO,
-        env=env,
+        env={**env, "HOME": slurm.user_env()["HOME"], "PYTHONDONTWRITEBYTECODE": "1"},
         capture_output=True,
         text=True,
         timeout=600,
@@ -78,7 +80,9 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
     reference = {r["data_id"]: r.get("ranking") for r in _lines(work / "runs" / "whole" / "predictions.jsonl")}
     print(f"single-process reference done at {time.monotonic() - t0:.0f} s")
 
-    program = f"{sys.executable} -m qkvqa.cli evaluate {ARGS}"
+    # two forked DataLoader workers per rank (the gpu preset's kind of loader): the job-wide SIGUSR1 and SIGTERM reach
+    # them too, and the ranks must still stop, keep their answers and requeue (issue 37 item 1)
+    program = f"{sys.executable} -m qkvqa.cli evaluate {ARGS} data.num_workers=2"
     job_env = {k: env[k] for k in ("QKVQA_EXPERIMENTS", "QKVQA_TINY_DIR")}
     job = recipes.submit(slurm, "evaluate-sbatch", work, program=program, **job_env)
     run_dir = work / "runs" / RUN_ID
