@@ -71,7 +71,8 @@ class SlurmCluster:
         entry = pwd.getpwnam(self.unprivileged)
         self.uid, self.gid = entry.pw_uid, entry.pw_gid
         self.user, self.python_user_note = self.unprivileged, ""
-        self.granted: list[Path] = []  # folders given a traverse-only ACL entry for that user (`_grant_traversal`)
+        # folders given a traverse-only ACL entry for that user, with whether they had an ACL before (`_grant_traversal`)
+        self.granted: list[tuple[Path, bool]] = []
 
     # ------------------------------------------------------------------ set-up
     def _write_config(self) -> None:
@@ -193,17 +194,22 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         targets = {Path(os.path.realpath(sys.executable)), Path(sys.base_prefix).resolve(), REPO}
         folders = {f for t in targets for f in (t, *t.parents) if f.is_dir() and not f.stat().st_mode & 0o001}
         for folder in sorted(folders):
+            had_acl = bool(
+                subprocess.run(
+                    ["getfacl", "--skip-base", "-p", str(folder)], capture_output=True, text=True, timeout=10
+                ).stdout.strip()
+            )
             done = subprocess.run(
                 [setfacl, "-m", f"u:{self.unprivileged}:x", str(folder)], capture_output=True, text=True, timeout=10
             )
             if done.returncode == 0:
-                self.granted.append(folder)
+                self.granted.append((folder, had_acl))
 
     def _revoke_traversal(self) -> None:
-        for folder in self.granted:
-            subprocess.run(
-                ["setfacl", "-x", f"u:{self.unprivileged}", str(folder)], capture_output=True, text=True, timeout=10
-            )
+        """Take the entries back: a folder that had no ACL before gets none (`-b`, not a leftover mask entry)."""
+        for folder, had_acl in self.granted:
+            undo = ["-x", f"u:{self.unprivileged}"] if had_acl else ["-b"]
+            subprocess.run(["setfacl", *undo, str(folder)], capture_output=True, text=True, timeout=10)
         self.granted = []
 
     def _check_python_as_user(self) -> None:
