@@ -157,8 +157,29 @@ def main(argv: list[str]) -> None:
     fit(cfg, module, datamodule, command="toy-train", batch_size=8, callbacks=callbacks)
 
 
+def report_threads_at_exit() -> None:
+    """TOY_THREADS_AT_EXIT: print the names of this process's threads when Python starts its shutdown (Linux): a
+    gloo worker still alive there can die taking the GIL and abort the process (qkvqa.run.trainer.close_process_group)."""
+    import atexit
+
+    def report() -> None:
+        names = []
+        for tid in sorted(os.listdir("/proc/self/task")):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass
+        print(f"toy: threads at exit: {','.join(names)}", file=sys.stderr, flush=True)
+
+    atexit.register(report)
+
+
 if __name__ == "__main__":
     from qkvqa.errors import RunInterrupted
+
+    if os.environ.get("TOY_THREADS_AT_EXIT"):
+        report_threads_at_exit()
 
     try:
         main(sys.argv[1:])

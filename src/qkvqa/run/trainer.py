@@ -183,9 +183,17 @@ def fit(
     with run_job(cfg, command, world_size, defer_stop=world_size > 1, trains=True) as job:  # see interrupt_on_signals
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, [StepLearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
-        with srun_hint_only_when_useful(world_size_of(cfg)):
-            trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
         last = next(cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint))
+        opens_group = not process_group_initialized()  # Lightning opens it in fit (several ranks); ours to close
+        ended_together = False
+        try:
+            with srun_hint_only_when_useful(world_size_of(cfg)):
+                trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
+            ended_together = True
+        finally:
+            # Every rank has left its last collective (a stop during a validation too: decided and saved together)
+            if opens_group and (ended_together or last.preempted):
+                close_process_group()
         if last.preempted:
             job.final_state, job.received_signal = "interrupted", last.received
         summary: dict = {}
@@ -213,6 +221,31 @@ def fit(
             signum=job.received_signal,
         )
     return summary
+
+
+def process_group_initialized() -> bool:
+    """Whether this process has a torch.distributed process group open."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def close_process_group() -> None:
+    """Close the process group of a fit that every rank has left together, before the process moves on to exit.
+
+    A gloo worker thread finishes each collective after handing its result over: it drops the last reference to
+    the op's tensors, which Python owns and whose release takes the GIL. A rank that exits right after its last
+    collective (rank 1, with nothing to write after fit, a few ms; sooner under a loaded CPU) could reach
+    Python's shutdown first: the thread's GIL request then ends the thread from within a noexcept C++ frame,
+    `terminate called without an active exception`, and the rank died of SIGABRT after a finished run. Under
+    torchrun the other agent then waited in its exit barrier (300 s) for an agent that had already failed: the
+    relaunch of test_killed_torchrun_agents_... hung. Closing the group joins those threads here, with the GIL
+    free (torch releases it to destroy a process group); Lightning only does it at exit for NCCL, never for gloo.
+    Only after every rank has left fit together: a rank still inside a collective would wait for the others."""
+    import torch.distributed as dist
+
+    if process_group_initialized():
+        dist.destroy_process_group()
 
 
 def finished_run_summary(cfg: DictConfig) -> Optional[dict]:
