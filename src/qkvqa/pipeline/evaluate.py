@@ -358,7 +358,7 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
     from qkvqa.data_modules.evaluation import EvaluationDataModule
     from qkvqa.pipeline.evaluator import PipelineEvaluator
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
-    from qkvqa.run.trainer import world_size_of
+    from qkvqa.run.trainer import close_process_group, process_group_initialized, world_size_of
 
     cfg, done = prep.cfg, store.done_ids()
     if done:
@@ -369,6 +369,7 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
         return
     pipeline = build_pipeline(cfg, prep.benchmark, meta["seconds_per_question"])
     data = EvaluationDataModule(prep.benchmark, prep.split, done, batch_size=cfg.generation.batch_size)
+    opens_group = not process_group_initialized()  # Lightning opens it in predict (several ranks); ours to close
     with srun_hint_only_when_useful(world_size_of(cfg)):
         trainer.predict(
             PipelineEvaluator(pipeline, store, retrieved, prep.dataset, done), datamodule=data, return_predictions=False
@@ -378,6 +379,8 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
     # end of a resumed run), and the other ranks would wait for it forever. A barrier a stop signal interrupts:
     # rank zero may wait here for hours of the others' answers.
     interruptible_barrier()
+    if opens_group:  # every rank is past the barrier: no collective follows, and ranks >= 1 exit at once
+        close_process_group()
 
 
 def score(prep: Prepared, rows: list[dict], retrieved: dict, meta: dict, store: Any) -> tuple[dict, Any, list]:
