@@ -96,6 +96,12 @@ def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
             or f"({words}{diff['ci95_low']:.1f} to {diff['ci95_high']:+.1f}" in text
         ), diff
     readme = " ".join((repo / "README.md").read_text(encoding="utf-8").split()).replace("−", "-")
+    control = again["positive_control"]["diff_vs_none"]["section_r1"]
+    assert (
+        f"{control['mean']:+.1f} points ({control['n_seeds']} seeds, interval {control['ci95_low']:+.1f} to "
+        f"{control['ci95_high']:+.1f})"
+    ) in readme
+    assert f"{control['n_seeds']} seeds;" in text  # the demo report says how many seeds
     assert (
         f"section R@1 {controlled['mean']:.1f} points, 95 % interval {controlled['ci95_low']:.1f} to "
         f"{controlled['ci95_high']:+.1f}"
