@@ -138,6 +138,7 @@ def warn_cpu_fallback(cfg: Any, names: Iterable[str]) -> Optional[str]:
 
 
 SMALL_WEIGHTS_BYTES = 200 << 20  # local weights below this run on a CPU in reasonable time (tiny models saved to disk)
+_WEIGHT_FILES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt")
 
 
 def _small_local_weights(pretrained: str) -> bool:
@@ -154,8 +155,6 @@ def _small_local_weights(pretrained: str) -> bool:
             return False
     return True
 
-
-_WEIGHT_FILES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt")
 
 
 def warn_auto_on_cpu(kind: str, pretrained: str) -> Optional[str]:

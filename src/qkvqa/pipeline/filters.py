@@ -205,7 +205,7 @@ class FilterKind:
     reads_article_images: bool = False  # it scores the articles' images (articles without one are counted)
     stage1_from_file: bool = False  # its candidates come from a file it reads, not from stage 1's index
     # the config keys (a trailing "." for a prefix) that only this kind reads in an evaluation: `qkvqa compare` shows
-    # them for its runs and leaves them empty for the others' (FILTER_CONFIG_KEYS)
+    # them for its runs and leaves them empty for the others' (`reads_filter_key`)
     config_keys: tuple[str, ...] = ()
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
