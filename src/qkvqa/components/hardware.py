@@ -156,7 +156,6 @@ def _small_local_weights(pretrained: str) -> bool:
     return True
 
 
-
 def warn_auto_on_cpu(kind: str, pretrained: str) -> Optional[str]:
     """The warning of a real model whose `device: auto` found no usable GPU, when it is built (embed, retrieve,
     summarize, rerank, mine, cache-vit: every command that loads one); once per weights and process."""
