@@ -44,3 +44,14 @@ def reference(slurm):
     assert ckpt["global_step"] == recipes.STEPS
     fields = {name: slurm.job_field(job, name) for name in ("TresPerNode", "UserId", "Requeue")}
     return ckpt, recipes.order(seen), job, fields
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_behind(request):
+    """After each test, cancel whatever jobs it left (a failed test's job would hold the node's CPUs, and every later
+    test's jobs would wait behind it until they time out: one failure became six)."""
+    yield
+    if "slurm" in request.fixturenames:
+        cluster = request.getfixturevalue("slurm")
+        for user in {"root", cluster.unprivileged}:
+            cluster.run("scancel", "--user", user, check=False)
