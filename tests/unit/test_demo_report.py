@@ -102,6 +102,8 @@ def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
         f"{control['ci95_high']:+.1f})"
     ) in readme
     assert f"{control['n_seeds']} seeds;" in text  # the demo report says how many seeds
+    best = again["variants"]["per_layer_lr10_pt"]["diff_vs_none"]["section_r1"]
+    assert f"leave focus at {best['mean']:+.1f} ({best['ci95_low']:.1f} to {best['ci95_high']:+.1f})" in readme
     assert (
         f"section R@1 {controlled['mean']:.1f} points, 95 % interval {controlled['ci95_low']:.1f} to "
         f"{controlled['ci95_high']:+.1f}"

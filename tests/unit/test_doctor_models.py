@@ -248,7 +248,7 @@ def test_a_real_model_on_device_auto_without_a_gpu_warns_once_when_built(tmp_pat
 
     if torch.cuda.is_available():
         pytest.skip("a usable GPU is here: device auto picks it")
-    hardware._WARNED_ON_CPU.clear()
+    hardware._JUDGED_ON_CPU.clear()
     small = tmp_path / "small"
     small.mkdir()
     (small / "model.safetensors").write_bytes(b"\0" * 1024)

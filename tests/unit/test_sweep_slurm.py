@@ -172,7 +172,7 @@ def _hanging_sbatch(tmp_path, monkeypatch, submits: bool) -> Path:
     submitted = tmp_path / "submitted"
     record = f"sed -n 's/^#SBATCH --job-name=//p' \"${{@: -1}}\" >> {submitted}" if submits else ":"
     scripts = {
-        "sbatch": f"{record}\nsleep 30",
+        "sbatch": f"{record}\nexec sleep 30",  # exec: the timeout kills the sleep itself, no orphan holds the pipe
         # answers 5151 for a name sbatch recorded (the runner asks by its token), and lists its two tasks as pending
         "squeue": f'for a in "$@"; do case "$a" in --name=*) grep -qx "${{a#--name=}}" {submitted} 2>/dev/null '
         f"&& echo 5151;; '%F|%K|%T') [ -e {submitted} ] && printf '5151|0|PENDING\\n5151|1|PENDING\\n';; esac; "

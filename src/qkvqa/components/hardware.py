@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from typing import Any, Iterable, Optional
 
+from qkvqa.components.hub import WEIGHT_FILE_SUFFIXES
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -102,13 +103,7 @@ def gpu_status() -> dict[str, Any]:
 def cpu_fallback_warning(cfg: Any, names: Iterable[str], status: Optional[dict] = None) -> Optional[str]:
     """The one line to warn with when components of `names` with `device: auto` load real weights (not tiny) and no
     usable GPU is here, so they would run on the CPU (None when a GPU is usable or nothing real is on auto)."""
-    real = [
-        n
-        for n in names
-        if not cfg.components[n].tiny
-        and str(cfg.components[n].device or "auto") == "auto"
-        and cfg.components[n].pretrained
-    ]
+    real = [n for n in names if runs_real_size_on_auto(cfg.components[n])]
     if not real:
         return None
     status = status or gpu_status()
@@ -122,23 +117,21 @@ def cpu_fallback_warning(cfg: Any, names: Iterable[str], status: Optional[dict] 
     )
 
 
-# the weights already warned about in this process (an evaluation warns for all its models at start-up; the build of
-# each then says nothing more)
-_WARNED_ON_CPU: set[str] = set()
-
-
-def warn_cpu_fallback(cfg: Any, names: Iterable[str]) -> Optional[str]:
-    """Log `cpu_fallback_warning` once, at start-up (evaluation; training refuses a missing GPU in check_hardware)."""
-    names = list(names)
-    line = cpu_fallback_warning(cfg, names)
-    if line:
-        log.warning(line)
-        _WARNED_ON_CPU.update(str(cfg.components[n].pretrained) for n in names)
-    return line
-
-
 SMALL_WEIGHTS_BYTES = 200 << 20  # local weights below this run on a CPU in reasonable time (tiny models saved to disk)
-_WEIGHT_FILES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt")
+# the weights judged in this process, once each: warned about (at an evaluation's start-up, or when first built), or
+# found small; a later build of the same weights says nothing and walks no folder again
+_JUDGED_ON_CPU: set[str] = set()
+
+
+def runs_real_size_on_auto(spec: Any) -> bool:
+    """Whether a component (its spec or config section) would run a real-size model wherever `device: auto` puts it:
+    real weights (not tiny), device auto, and not a small local file or folder (a tiny model saved to disk)."""
+    return (
+        not spec.tiny
+        and str(spec.device or "auto") == "auto"
+        and bool(spec.pretrained)
+        and not _small_local_weights(str(spec.pretrained))
+    )
 
 
 def _small_local_weights(pretrained: str) -> bool:
@@ -150,22 +143,37 @@ def _small_local_weights(pretrained: str) -> bool:
         return False  # a hub id: a released, real-size model
     total = 0
     for root, _, files in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(_WEIGHT_FILES))
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(WEIGHT_FILE_SUFFIXES))
         if total >= SMALL_WEIGHTS_BYTES:
             return False
     return True
 
 
-def warn_auto_on_cpu(kind: str, pretrained: str) -> Optional[str]:
+def warn_cpu_fallback(cfg: Any, names: Iterable[str]) -> Optional[str]:
+    """Log `cpu_fallback_warning` once, at start-up (evaluation; training refuses a missing GPU in check_hardware)."""
+    names = list(names)
+    line = cpu_fallback_warning(cfg, names)
+    if line:
+        log.warning(line)
+        _JUDGED_ON_CPU.update(str(cfg.components[n].pretrained) for n in names if cfg.components[n].pretrained)
+    return line
+
+
+def warn_auto_on_cpu(spec: Any) -> Optional[str]:
     """The warning of a real model whose `device: auto` found no usable GPU, when it is built (embed, retrieve,
     summarize, rerank, mine, cache-vit: every command that loads one); once per weights and process."""
-    if str(pretrained) in _WARNED_ON_CPU or _small_local_weights(str(pretrained)):
+    if spec.tiny or not spec.pretrained or str(spec.device or "auto") != "auto":
         return None
-    _WARNED_ON_CPU.add(str(pretrained))
+    key = str(spec.pretrained)
+    if key in _JUDGED_ON_CPU:
+        return None
+    _JUDGED_ON_CPU.add(key)
+    if _small_local_weights(key):
+        return None
     line = (
-        f"component {kind!r} ({pretrained}) has device: auto and no usable GPU is here ({gpu_status()['reason']}): it "
-        f"runs on the CPU, where a real-size model takes hours per thousand items; run on a GPU node, or set its "
-        f"device: cpu (or preset=cpu) to mean it"
+        f"component {spec.kind!r} ({spec.pretrained}) has device: auto and no usable GPU is here "
+        f"({gpu_status()['reason']}): it runs on the CPU, where a real-size model takes hours per thousand items; "
+        f"run on a GPU node, or set its device: cpu (or preset=cpu) to mean it"
     )
     log.warning(line)
     return line

@@ -44,7 +44,7 @@ ARCHITECTURES = {
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # first path parts that name the usual local folders, not a hub owner (`weights/reflectiva-llava-hf` is a folder)
 LOCAL_FOLDERS = ("weights", "checkpoints", "data", "cache", "models")
-_WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
+WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")  # files that hold weights
 
 
 def is_hub_id(ref: Any) -> bool:
@@ -55,7 +55,7 @@ def is_hub_id(ref: Any) -> bool:
         return True
     return (
         bool(_HUB_ID.match(ref))
-        and not ref.endswith(_WEIGHT_SUFFIXES)
+        and not ref.endswith(WEIGHT_FILE_SUFFIXES)
         and not ref.startswith((".", "~"))
         and ref.split("/")[0] not in LOCAL_FOLDERS
         and not os.path.exists(ref)

@@ -72,10 +72,9 @@ class ComponentSpec:
 
         if self.device == "auto":
             if not torch.cuda.is_available():
-                if not self.tiny and self.pretrained:  # a real model on the CPU by default: say so, once
-                    from qkvqa.components.hardware import warn_auto_on_cpu
+                from qkvqa.components.hardware import warn_auto_on_cpu
 
-                    warn_auto_on_cpu(self.kind, self.pretrained)
+                warn_auto_on_cpu(self)  # a real-size model on the CPU by default: say so, once
                 return torch.device("cpu")
             local_rank = os.environ.get("LOCAL_RANK")
             return torch.device(f"cuda:{int(local_rank) % torch.cuda.device_count()}" if local_rank else "cuda")

@@ -358,7 +358,7 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
     from qkvqa.data_modules.evaluation import EvaluationDataModule
     from qkvqa.pipeline.evaluator import PipelineEvaluator
     from qkvqa.run.lightning_noise import srun_hint_only_when_useful
-    from qkvqa.run.trainer import close_process_group, process_group_initialized, world_size_of
+    from qkvqa.run.trainer import closes_its_process_group, world_size_of
 
     cfg, done = prep.cfg, store.done_ids()
     if done:
@@ -369,18 +369,20 @@ def predict(prep: Prepared, trainer: Any, store: Any, retrieved: dict, meta: dic
         return
     pipeline = build_pipeline(cfg, prep.benchmark, meta["seconds_per_question"])
     data = EvaluationDataModule(prep.benchmark, prep.split, done, batch_size=cfg.generation.batch_size)
-    opens_group = not process_group_initialized()  # Lightning opens it in predict (several ranks); ours to close
-    with srun_hint_only_when_useful(world_size_of(cfg)):
-        trainer.predict(
-            PipelineEvaluator(pipeline, store, retrieved, prep.dataset, done), datamodule=data, return_predictions=False
-        )
-    # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's predict
-    # loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than ranks, as near the
-    # end of a resumed run), and the other ranks would wait for it forever. A barrier a stop signal interrupts:
-    # rank zero may wait here for hours of the others' answers.
-    interruptible_barrier()
-    if opens_group:  # every rank is past the barrier: no collective follows, and ranks >= 1 exit at once
-        close_process_group()
+    # every rank past the barrier: no collective follows, ranks >= 1 exit at once, and the group predict opened is
+    # closed first (qkvqa.run.trainer.close_process_group)
+    with closes_its_process_group():
+        with srun_hint_only_when_useful(world_size_of(cfg)):
+            trainer.predict(
+                PipelineEvaluator(pipeline, store, retrieved, prep.dataset, done),
+                datamodule=data,
+                return_predictions=False,
+            )
+        # Every rank's part is written before rank zero merges them. Here, not in a predict hook: Lightning's predict
+        # loop returns before its epoch hooks on a rank with no batch (fewer remaining batches than ranks, as near
+        # the end of a resumed run), and the other ranks would wait for it forever. A barrier a stop signal
+        # interrupts: rank zero may wait here for hours of the others' answers.
+        interruptible_barrier()
 
 
 def score(prep: Prepared, rows: list[dict], retrieved: dict, meta: dict, store: Any) -> tuple[dict, Any, list]:

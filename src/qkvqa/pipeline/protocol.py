@@ -56,15 +56,15 @@ def weights_fingerprint(ref: Optional[str]) -> Optional[str]:
     return digest.hexdigest()[:16]
 
 
-def weights_read_from(spec: Any) -> Optional[Path]:
+def weights_read_from(pretrained: Optional[str], revision: Optional[str]) -> Optional[Path]:
     """Where a component's weights are read: its local path, or for a hub id the local HF cache's snapshot of its
     revision (None when neither is here: nothing local to fingerprint)."""
-    if not spec.pretrained:
+    if not pretrained:
         return None
-    path = Path(os.path.expanduser(str(spec.pretrained)))
+    path = Path(os.path.expanduser(str(pretrained)))
     if path.exists():
         return path
-    return cached_snapshot(str(spec.pretrained), spec.get("revision")) if is_hub_id(spec.pretrained) else None
+    return cached_snapshot(str(pretrained), revision) if is_hub_id(pretrained) else None
 
 
 def used_components(cfg: Any) -> list[str]:
@@ -103,7 +103,7 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
         }
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
-    read_from = weights_read_from(spec)
+    read_from = weights_read_from(spec.pretrained, revision)
     card = {
         "kind": spec.kind,
         "weights": str(spec.pretrained),

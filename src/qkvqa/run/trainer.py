@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import signal
-from typing import Any, Iterable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import lightning.pytorch as pl
 from omegaconf import DictConfig
@@ -184,16 +185,10 @@ def fit(
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         trainer = build_trainer(job, [StepLearningRateMonitor(logging_interval="step"), *callbacks], batch_size)
         last = next(cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint))
-        opens_group = not process_group_initialized()  # Lightning opens it in fit (several ranks); ours to close
-        ended_together = False
-        try:
+        # a stop during a validation is decided and saved by every rank together: they leave fit together too
+        with closes_its_process_group(ended_together_on_error=lambda: last.preempted):
             with srun_hint_only_when_useful(world_size_of(cfg)):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=job.ckpt_path, weights_only=True)
-            ended_together = True
-        finally:
-            # Every rank has left its last collective (a stop during a validation too: decided and saved together)
-            if opens_group and (ended_together or last.preempted):
-                close_process_group()
         if last.preempted:
             job.final_state, job.received_signal = "interrupted", last.received
         summary: dict = {}
@@ -228,6 +223,22 @@ def process_group_initialized() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+@contextmanager
+def closes_its_process_group(ended_together_on_error: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """Around a Lightning `fit` or `predict` (and whatever ends it on every rank): the process group that Lightning
+    opens inside is closed on the way out (`close_process_group`), when the block ended normally on every rank, or
+    raised where `ended_together_on_error()` says every rank stopped together. A group open before the block is not
+    ours to close; nor is one a rank leaves alone (the others may still wait in a collective)."""
+    opens = not process_group_initialized()
+    together = False
+    try:
+        yield
+        together = True
+    finally:
+        if opens and (together or ended_together_on_error()):
+            close_process_group()
 
 
 def close_process_group() -> None:
