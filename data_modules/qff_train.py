@@ -341,6 +341,18 @@ class QFFCollator:
         return {"questions": questions, "chunks": chunks}
 
 
+class FactsSourceOf:
+    """A pool file's fallback facts (`ArticleFactsSource`) over a benchmark's KB store and article images, built when
+    first asked for; picklable without the DataModule (its bound method took the DataModule, and through it the
+    trainer, into what a fork-server DataLoader worker unpickles: data_modules.samplers.worker_start_context)."""
+
+    def __init__(self, benchmark: Benchmark, image_paths):
+        self.benchmark, self.image_paths = benchmark, image_paths
+
+    def __call__(self) -> ArticleFactsSource:
+        return ArticleFactsSource(self.benchmark.kb_store(), self.benchmark.article_images(), self.image_paths)
+
+
 class QFFTrainDataModule(KBVQADataModule):
     """Training and validation samples of the QFF (see the module docstring); sharded per rank, resumable mid-epoch."""
 
@@ -366,9 +378,6 @@ class QFFTrainDataModule(KBVQADataModule):
         self._feature_cache = None
 
     # ------------------------------------------------------------------ samples
-    def _facts_source(self) -> ArticleFactsSource:
-        return ArticleFactsSource(self.kb_store(), self.article_images(), self.image_paths)
-
     def splits(self) -> list[str]:
         """The splits this DataModule serves: train, and val when it has val pools or can mine them."""
         has_val = self.settings.val_negatives is not None or (
@@ -415,7 +424,9 @@ class QFFTrainDataModule(KBVQADataModule):
         """The pools of `split`, read once."""
         if split not in self.pool_files:
             self.pool_files[split] = PoolFile(
-                self.pools_path(split), fallback=self._facts_source, kb_checksum=self.kb_store().url_checksum
+                self.pools_path(split),
+                fallback=FactsSourceOf(self.benchmark, self.image_paths),
+                kb_checksum=self.kb_store().url_checksum,
             )
         return self.pool_files[split]
 

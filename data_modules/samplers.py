@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import signal
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
@@ -92,6 +94,7 @@ class ResumableDataLoader(DataLoader):
         kwargs.setdefault("generator", private_generator(sampler.seed + 10_007 * sampler.rank))
         if kwargs.get("num_workers"):
             kwargs["worker_init_fn"] = stop_signal_safe(kwargs.get("worker_init_fn"))
+            kwargs.setdefault("multiprocessing_context", worker_start_context())
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.resumable_sampler = sampler
         self.batches_done = batches_done
@@ -134,29 +137,75 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def ignore_stop_signals(worker_id: int, then: Optional[Callable[[int], None]] = None) -> None:
-    """A DataLoader `worker_init_fn`: ignore SIGTERM, SIGUSR1 and SIGINT in this worker, then run `then` (or, as
-    Lightning's `seed_everything(workers=True)` would have added, its per-worker seeding)."""
+    """A DataLoader `worker_init_fn`: ignore SIGTERM, SIGUSR1 and SIGINT in this worker, then run `then`. (A worker of
+    the fork server inherits them blocked as well, `worker_start_context`: unblocked, as a forked worker has them.)"""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     if then is not None:
         then(worker_id)
-    else:
-        import os
-
-        if os.environ.get("PL_SEED_WORKERS") == "1":
-            from lightning.fabric.utilities.seed import pl_worker_init_function
-
-            pl_worker_init_function(worker_id)
 
 
 def stop_signal_safe(worker_init_fn: Optional[Callable[[int], None]] = None) -> Callable[[int], None]:
-    """`worker_init_fn` wrapped so that the worker first ignores the stop signals (`ignore_stop_signals`); picklable."""
+    """`worker_init_fn` wrapped so that the worker first ignores the stop signals (`ignore_stop_signals`); picklable.
+
+    Without one of its own, the worker runs the per-worker seeding that Lightning's `seed_everything(workers=True)`
+    would have added (Lightning adds it only to a loader without a `worker_init_fn`), with this process's rank: both
+    are read here, in the main process, because a worker started by the fork server sees the server's environment
+    and module state, not this process's."""
+    if worker_init_fn is None and os.environ.get("PL_SEED_WORKERS") == "1":
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        worker_init_fn = partial(pl_worker_init_function, rank=int(getattr(rank_zero_only, "rank", 0) or 0))
     return partial(ignore_stop_signals, then=worker_init_fn)
 
 
+# A DataLoader forks its workers from the process that iterates it. In a DDP rank that process runs gloo's (or NCCL's)
+# threads, and CPython 3.11 runs code in a forked child (PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept) that
+# takes the interpreter's thread-state lock: a worker forked while a gloo thread held that lock, as it took the GIL to
+# drop a tensor, waited for it for ever, and its rank with it (a 2-rank evaluation under srun hung so, once in three).
+# While a process group is live, the workers are started by a fork server instead: a fresh interpreter started by
+# fork+exec (no Python runs in between), single-threaded, whose forked children inherit no held lock. The server first
+# imports WORKER_SERVER_MODULE, which makes it ignore the stop signals: a group SIGUSR1 would otherwise kill it, and its
+# workers, whose parent it is, then exit (torch's worker watchdog). It also preloads what the workers import.
+WORKER_SERVER_MODULE = "qkvqa.data_modules.worker_server"
+
+
+def worker_start_context() -> Optional[multiprocessing.context.BaseContext]:
+    """How DataLoader workers start: the fork server while a torch.distributed process group is live (see above),
+    else None (the platform's default: fork)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    context = multiprocessing.get_context("forkserver")
+    # Read when the server starts (the first loader of this process that needs it); '__main__' is Python's default.
+    context.set_forkserver_preload(["__main__", WORKER_SERVER_MODULE])
+    # Start the server, and the resource tracker it starts first (the queues' named semaphores), with the stop signals
+    # blocked: a process inherits the blocked set through fork+exec, so a group SIGUSR1 neither kills the tracker (which
+    # ignores SIGINT and SIGTERM only: "resource_tracker: process died unexpectedly, relaunching") nor the server
+    # before its preload ignores the signals. Here they stay pending, and are delivered when the mask is restored.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return context
+
+
 def worker_options(num_workers: int) -> dict:
-    """DataLoader keyword arguments for `num_workers` workers that leave stop signals to the main process."""
-    return {"num_workers": int(num_workers), **({"worker_init_fn": stop_signal_safe()} if num_workers else {})}
+    """DataLoader keyword arguments for `num_workers` workers that leave stop signals to the main process and, beside
+    a live process group, start from the fork server (`worker_start_context`)."""
+    if not num_workers:
+        return {"num_workers": 0}
+    return {
+        "num_workers": int(num_workers),
+        "worker_init_fn": stop_signal_safe(),
+        "multiprocessing_context": worker_start_context(),
+    }
 
 
 def private_generator(seed: int = 0) -> torch.Generator:

@@ -34,6 +34,9 @@ def test_qff_training_runs_on_two_cpu_ranks_as_one_run(world, tmp_path):
         "trainer.val_check_interval=3",
         "qff.max_val_samples=7",
         "trainer.num_sanity_val_steps=0",
+        # as the gpu and ddp presets: DataLoader workers, which beside gloo's threads start from the fork server
+        # (data_modules.samplers.worker_start_context), so the datasets and collator travel pickled
+        "data.num_workers=2",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "QKVQA_PROGRESS": "lines"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -80,11 +80,11 @@ def test_a_two_rank_evaluation_killed_in_predict_and_in_the_barrier_resumes_on_o
     reference = {r["data_id"]: r.get("ranking") for r in _lines(work / "runs" / "whole" / "predictions.jsonl")}
     print(f"single-process reference done at {time.monotonic() - t0:.0f} s")
 
-    # No DataLoader workers here (test_workers_resume.py stops a two-worker evaluation, in one process): forking them
-    # in a rank whose gloo threads are live can deadlock the child in CPython 3.11's after-fork code (a gloo thread
-    # holding the interpreter's thread-state lock as it drops a tensor, _PyThreadState_DeleteExcept); seen once in
-    # three runs here, it hung rank 1 before its first answer (docs/training.md, "Stops on a cluster").
-    program = f"{sys.executable} -m qkvqa.cli evaluate {ARGS}"
+    # two DataLoader workers per rank (the gpu preset's kind of loader): the job-wide SIGUSR1 and SIGTERM reach them
+    # too, and the ranks must still stop, keep their answers and requeue (issue 37 item 1). Beside gloo's threads
+    # they start from qkvqa's fork server: forked from the rank itself, one hung in CPython 3.11's after-fork code
+    # (once in three runs here; tests/ddp/test_workers_beside_gloo.py makes that hang certain).
+    program = f"{sys.executable} -m qkvqa.cli evaluate {ARGS} data.num_workers=2"
     job_env = {k: env[k] for k in ("QKVQA_EXPERIMENTS", "QKVQA_TINY_DIR")}
     job = recipes.submit(slurm, "evaluate-sbatch", work, program=program, **job_env)
     run_dir = work / "runs" / RUN_ID

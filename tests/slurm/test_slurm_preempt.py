@@ -3,7 +3,7 @@
 preempts), qkvqa saves and exits 143 without requeueing itself (on SIGTERM the scheduler requeues), and the test
 then requeues the job as the scheduler does under `PreemptMode=REQUEUE` (`scontrol requeue`, which JobRequeue=0
 allows only because the script says `--requeue`). Each run ends bitwise equal to the uninterrupted reference:
-- two successive preemptions mid-training, with two DataLoader workers (fork) per rank (QKVQA_TEST_PREEMPT_WORKERS,
+- two successive preemptions mid-training, with two DataLoader workers per rank (QKVQA_TEST_PREEMPT_WORKERS,
   default 2; it ended with other weights until a resumed epoch was made current before the workers prefetch);
 - a preemption before the first checkpoint (in a slow data preparation): the next attempt trains from scratch and
   says so; then a SIGTERM during a validation (the toy has a validation set): the third attempt resumes from it."""

@@ -93,7 +93,10 @@ def test_readme_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
     reference, ref_order = reference[:2]
     work = slurm.workdir("preempted")
     seen = work / "seen.jsonl"
-    job = recipes.submit(slurm, "readme-sbatch", work, TOY_SEEN_FILE=str(seen), TOY_STEP_SLEEP="0.25")
+    # two DataLoader workers per rank, as the gpu and ddp presets have them: the SIGUSR1 that scancel sends to every
+    # process of the job reaches them (and the fork server they start from) too, and must still end in a save and a
+    # requeue (issue 37 item 1)
+    job = recipes.submit(slurm, "readme-sbatch", work, TOY_SEEN_FILE=str(seen), TOY_STEP_SLEEP="0.25", TOY_WORKERS="2")
     run_dir = recipes.run_dir(work, job)
     assert recipes.wait_for(lambda: recipes.rows(seen) >= 2 * 6, 240), recipes.told(slurm, work, run_dir)
     print(f"preempting at {time.monotonic() - t0:.0f} s")  # both ranks past step 6: mid-epoch 2

@@ -216,3 +216,33 @@ def test_focus_blocks_and_gates_get_their_own_learning_rate_and_gates_no_weight_
     ids = [id(p) for g in groups.values() for p in g["params"]]
     trainable = [p for p in comp.model.parameters() if p.requires_grad]
     assert len(ids) == len(set(ids)) == len(trainable)  # every trainable parameter in exactly one group
+
+
+def test_the_datasets_and_collator_travel_pickled_without_the_datamodule(setting):
+    """Beside a live process group, DataLoader workers start from the fork server and unpickle what they load
+    (data_modules.samplers.worker_start_context). A pool file's fallback was the DataModule's bound method, which took
+    the DataModule, and with it the fitting trainer (locks, lambdas), into that pickle: every worker failed to start."""
+    import io
+    import pickle
+
+    _, _, dm = setting
+
+    class NoDataModule(pickle.Pickler):
+        def persistent_id(self, obj):
+            assert obj is not dm, "the DataModule travels with what the workers load"
+            return None
+
+    def copied(obj):
+        buffer = io.BytesIO()
+        NoDataModule(buffer).dump(obj)
+        return pickle.loads(buffer.getvalue())
+
+    collate = dm.collator()
+    for split in ("train", "val"):
+        dataset = dm.dataset(split)
+        copy = copied(dataset)
+        # the copy, collated by a copy of the collator, gives the same batch
+        a = collate([dataset[(1, 0)], dataset[(1, 1)]])
+        b = copied(collate)([copy[(1, 0)], copy[(1, 1)]])
+        assert a["data_ids"] == b["data_ids"]
+        assert torch.equal(a["sections"]["input_ids"], b["sections"]["input_ids"])
