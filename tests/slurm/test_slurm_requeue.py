@@ -5,6 +5,7 @@ every rank to the uninterrupted result (issues 16, 37)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -113,11 +114,13 @@ def test_readme_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
     recipes.assert_resumed_like(reference, ref_order, run_dir, seen, attempts=2)
 
 
-def test_time_limit_signal_with_wandb_on_saves_mid_run_requeues_and_resumes(slurm, reference):
+def test_time_limit_signals_twice_with_wandb_on_save_mid_run_requeue_and_resume(slurm, reference):
     """The README's script with `--time=3 --signal=USR1@90` on sbatch's command line: slurmctld checks time limits
-    every 30 s, so every task (W&B's service too) gets the signal 90-120 s into the first attempt; that attempt
-    trains slowly (8 s a step, 128 s for the whole run, after a start of 20-40 s), so the signal lands mid-run and
-    the saved step is > 0; the requeued attempt runs at full speed. W&B offline is on, as by default."""
+    every 30 s, so every task (W&B's service too) gets the signal 90-120 s into an attempt. The first attempt trains
+    slowly (8 s a step, 128 s for the whole run, after a start of 20-40 s), so the signal lands mid-run and the saved
+    step is > 0 (at most 13). The second keeps the 3-minute limit and trains slower still (45 s a step, at least 3
+    steps left: over 155 s), so a second time-limit signal stops it too (issue 37 item 3: repeated time-limit
+    requeues). The third gets a longer limit and runs at full speed. W&B offline is on, as by default."""
     t0 = time.monotonic()
     reference, ref_order = reference[:2]
     work = slurm.workdir("timed")
@@ -131,22 +134,39 @@ def test_time_limit_signal_with_wandb_on_saves_mid_run_requeues_and_resumes(slur
         wandb=True,
         TOY_SEEN_FILE=str(seen),
         TOY_ATTEMPT_0_ENV="TOY_STEP_SLEEP=8",
+        TOY_ATTEMPT_1_ENV="TOY_STEP_SLEEP=45",
     )
     run_dir = recipes.run_dir(work, job)
-    assert recipes.wait_for(lambda: (run_dir / "status.json").exists(), 120), recipes.told(slurm, work, run_dir)
-    assert recipes.wait_state(run_dir, "running", 200) == "interrupted", recipes.told(slurm, work, run_dir)
-    waited = time.monotonic() - t0
+
+    def told() -> str:
+        return recipes.told(slurm, work, run_dir)
+
     saved = run_dir / "last.ckpt"
-    stopped_at = torch.load(saved, weights_only=True)["global_step"] if saved.exists() else 0
-    assert 0 < stopped_at < STEPS, (stopped_at, recipes.told(slurm, work, run_dir))  # a mid-run resume
-    # The continuation gets a longer limit: a second time-limit signal would otherwise stop a requeued attempt
-    # that starts slowly on a loaded machine, and this test checks one requeue.
-    slurm.requeue_now(job, time_limit="10")
+    steps = []
+    for attempt in (1, 2):
+        assert recipes.wait_for(lambda: _attempt_running(run_dir, attempt), 180), told()
+        assert recipes.wait_state(run_dir, "running", 240) == "interrupted", told()
+        steps.append(torch.load(saved, weights_only=True)["global_step"] if saved.exists() else 0)
+        print(
+            f"attempt {attempt} stopped by the time limit's signal at step {steps[-1]}, {time.monotonic() - t0:.0f} s"
+        )
+        # the requeued attempt: eligible now; the third with a longer limit, so that a slow start cannot be stopped
+        slurm.requeue_now(job, time_limit="10" if attempt == 2 else None)
+    assert 0 < steps[0] <= steps[1] < STEPS, (steps, told())  # mid-run both times; the second no earlier
     state = slurm.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED"), 300)
-    assert state == "COMPLETED", recipes.told(slurm, work, run_dir)
-    print(f"interrupted at {waited:.0f} s (step {stopped_at}), requeued job done at {time.monotonic() - t0:.0f} s")
-    assert int(slurm.job_field(job, "Restarts") or 0) == 1
-    status = recipes.assert_resumed_like(reference, ref_order, run_dir, seen, attempts=2)
+    assert state == "COMPLETED", told()
+    print(f"requeued twice, done at {time.monotonic() - t0:.0f} s")
+    assert int(slurm.job_field(job, "Restarts") or 0) == 2
+    status = recipes.assert_resumed_like(reference, ref_order, run_dir, seen, attempts=3)
     assert (status.get("resumed_from") or "").endswith("last.ckpt")
     offline = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
-    assert len(offline) == 2 and len({name.rsplit("-", 1)[1] for name in offline}) == 1, offline  # one W&B run, resumed
+    assert len(offline) == 3 and len({name.rsplit("-", 1)[1] for name in offline}) == 1, offline  # one W&B run, resumed
+
+
+def _attempt_running(run_dir, attempts: int) -> bool:
+    """The run record says `running`, in its `attempts`-th attempt."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return status.get("state") == "running" and len(status.get("attempts") or []) == attempts
