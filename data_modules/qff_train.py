@@ -344,7 +344,8 @@ class QFFCollator:
 class FactsSourceOf:
     """A pool file's fallback facts (`ArticleFactsSource`) over a benchmark's KB store and article images, built when
     first asked for; picklable without the DataModule (its bound method took the DataModule, and through it the
-    trainer, into what a fork-server DataLoader worker unpickles: data_modules.samplers.worker_start_context)."""
+    trainer, into what a fork-server DataLoader worker unpickles: data_modules.samplers.worker_start_context), and
+    without the questions the benchmark read (`Benchmark.__getstate__`)."""
 
     def __init__(self, benchmark: Benchmark, image_paths):
         self.benchmark, self.image_paths = benchmark, image_paths

@@ -94,7 +94,8 @@ class ResumableDataLoader(DataLoader):
         kwargs.setdefault("generator", private_generator(sampler.seed + 10_007 * sampler.rank))
         if kwargs.get("num_workers"):
             kwargs["worker_init_fn"] = stop_signal_safe(kwargs.get("worker_init_fn"))
-            kwargs.setdefault("multiprocessing_context", worker_start_context())
+            if "multiprocessing_context" not in kwargs:
+                kwargs["multiprocessing_context"] = worker_start_context()
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.resumable_sampler = sampler
         self.batches_done = batches_done
@@ -138,12 +139,32 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 def ignore_stop_signals(worker_id: int, then: Optional[Callable[[int], None]] = None) -> None:
     """A DataLoader `worker_init_fn`: ignore SIGTERM, SIGUSR1 and SIGINT in this worker, then run `then`. (A worker of
-    the fork server inherits them blocked as well, `worker_start_context`: unblocked, as a forked worker has them.)"""
+    the fork server inherits them blocked as well, `worker_start_context`: unblocked, as a forked worker has them.)
+    It also lets the fork server go (`release_fork_server`)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    release_fork_server()
     if then is not None:
         then(worker_id)
+
+
+def release_fork_server() -> None:
+    """In a DataLoader worker: close its copy of the write end of the fork server's "alive" pipe. The server exits
+    once every holder has closed that pipe, and each process it starts is handed a copy (multiprocessing's
+    forkserver). So the workers kept the server alive, and the server kept the workers alive: their parent, it
+    satisfies torch's worker watchdog. A rank killed outright (SIGKILL, the OOM killer) left both running for ever.
+    Now its death ends the server, and then the workers."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        server._forkserver_alive_fd = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def stop_signal_safe(worker_init_fn: Optional[Callable[[int], None]] = None) -> Callable[[int], None]:
@@ -166,9 +187,11 @@ def stop_signal_safe(worker_init_fn: Optional[Callable[[int], None]] = None) -> 
 # takes the interpreter's thread-state lock: a worker forked while a gloo thread held that lock, as it took the GIL to
 # drop a tensor, waited for it for ever, and its rank with it (a 2-rank evaluation under srun hung so, once in three).
 # While a process group is live, the workers are started by a fork server instead: a fresh interpreter started by
-# fork+exec (no Python runs in between), single-threaded, whose forked children inherit no held lock. The server first
-# imports WORKER_SERVER_MODULE, which makes it ignore the stop signals: a group SIGUSR1 would otherwise kill it, and its
-# workers, whose parent it is, then exit (torch's worker watchdog). It also preloads what the workers import.
+# fork+exec (no Python runs in between), single-threaded, whose forked children inherit no held lock. The server starts
+# with the stop signals blocked, and first imports WORKER_SERVER_MODULE, which ignores them too: a group SIGUSR1 or
+# SIGTERM would otherwise kill it, and its workers, whose parent it is, then exit (torch's worker watchdog). That module
+# also preloads what the workers import; should its import fail (the server says nothing), the blocked signals still
+# hold. (CPython 3.11's server preloads no '__main__': each worker imports it.)
 WORKER_SERVER_MODULE = "qkvqa.data_modules.worker_server"
 
 
@@ -179,17 +202,19 @@ def worker_start_context() -> Optional[multiprocessing.context.BaseContext]:
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
+    from multiprocessing import forkserver, resource_tracker
+
     context = multiprocessing.get_context("forkserver")
-    # Read when the server starts (the first loader of this process that needs it); '__main__' is Python's default.
-    context.set_forkserver_preload(["__main__", WORKER_SERVER_MODULE])
-    # Start the server, and the resource tracker it starts first (the queues' named semaphores), with the stop signals
-    # blocked: a process inherits the blocked set through fork+exec, so a group SIGUSR1 neither kills the tracker (which
-    # ignores SIGINT and SIGTERM only: "resource_tracker: process died unexpectedly, relaunching") nor the server
-    # before its preload ignores the signals. Here they stay pending, and are delivered when the mask is restored.
+    context.set_forkserver_preload([WORKER_SERVER_MODULE])  # read when the server starts
+    # Start the resource tracker (the queues' named semaphores) and the server with the stop signals blocked: a process
+    # inherits the blocked set through fork+exec, so a group SIGUSR1 neither kills the tracker (which ignores SIGINT and
+    # SIGTERM only: "resource_tracker: process died unexpectedly, relaunching") nor the server, before or after its
+    # preload. Here they stay pending (or another thread takes them), and are delivered when the mask is restored.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        from multiprocessing import forkserver
-
+        resource_tracker.ensure_running()
+        # the tracker's start unblocks SIGINT and SIGTERM in this thread as it ends: block them again for the server's
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,52 @@ def test_workers_beside_a_live_group_start_from_a_fork_server_that_a_held_lock_d
     assert out["stops"] == 1 and out["servers"] == [out["servers"][0]] * 2, out
     # and the resource tracker the server's queues use (their named semaphores) was not killed by it either
     assert "resource_tracker" not in done.stderr, done.stderr[-3000:]
+    # the server was started with every stop signal blocked (not only by its preload's SIG_IGN): the tracker's own
+    # start unblocks SIGINT and SIGTERM on its way out, and a SIGTERM during the server's imports would have killed it
+    assert {"SIGINT", "SIGTERM", "SIGUSR1"} <= set(out["server"]["SigBlk"]), out["server"]
+    assert {"SIGINT", "SIGTERM", "SIGUSR1"} <= set(out["server"]["SigIgn"]), out["server"]
+
+
+def _alive(pid: int) -> bool:
+    """`pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_rank_killed_outright_takes_the_fork_server_and_its_workers_with_it(tmp_path):
+    """Each child of the fork server holds a copy of the server's "alive" pipe, and the server is the workers' parent
+    (what torch's worker watchdog checks): a SIGKILLed rank left both running for ever, until its workers let go of
+    the pipe (samplers.release_fork_server)."""
+    rank = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.fork_hazard", str(tmp_path / "store"), "killed"],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    pids: dict = {}
+    try:
+        ready, _, _ = select.select([rank.stdout], [], [], 120)
+        assert ready, "the rank printed nothing in 120 s"
+        pids = json.loads(rank.stdout.readline())
+        assert len(pids["workers"]) == 2 and all(_alive(pid) for pid in [pids["server"], *pids["workers"]]), pids
+        rank.kill()
+        rank.wait(30)
+        # torch's watchdog looks every 5 s once the server, the workers' parent, is gone
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in [pids["server"], *pids["workers"]]):
+            time.sleep(0.2)
+        left = [pid for pid in [pids.get("server"), *pids.get("workers", [])] if _alive(pid)]
+        assert not left, f"still running 30 s after the rank was killed: {left} of {pids}"
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait(30)
+        for pid in [pids.get("server"), *pids.get("workers", [])]:
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)  # by the pid it printed

@@ -1,4 +1,5 @@
-"""The deadlock of a DataLoader worker forked beside gloo's threads, made certain instead of rare.
+"""The deadlock of a DataLoader worker forked beside gloo's threads, made certain instead of rare; and a rank killed
+outright beside its fork-server workers (`rank_to_kill`).
 
 In CPython 3.11 a forked child runs `PyOS_AfterFork_Child -> _PyEval_ReInitThreads -> _PyThreadState_DeleteExcept`,
 which takes the interpreter's thread-state lock (`HEAD_LOCK`, `_PyRuntime.interpreters.mutex`) before it re-creates
@@ -87,9 +88,54 @@ def main(store: str, start: str, timeout_s: float) -> None:
                 os.killpg(os.getpgrp(), signal.SIGUSR1)
         passes.append(rows)
     servers.append(multiprocessing.forkserver._forkserver._forkserver_pid)
+    server_signals = signal_masks(servers[-1])
     dist.destroy_process_group()
-    print(json.dumps({"passes": passes, "pid": os.getpid(), "servers": servers, "stops": len(stops)}))
+    print(
+        json.dumps(
+            {"passes": passes, "pid": os.getpid(), "servers": servers, "stops": len(stops), "server": server_signals}
+        )
+    )
+
+
+def signal_masks(pid: int) -> dict[str, list[str]]:
+    """The signals process `pid` blocks and ignores (`/proc/PID/status`), by name."""
+    import signal
+
+    masks = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("SigBlk", "SigIgn"):
+            bits = int(value.strip(), 16)
+            masks[key] = sorted(signal.Signals(n).name for n in range(1, 65) if bits >> (n - 1) & 1 and n < 32)
+    return masks
+
+
+def rank_to_kill(store: str) -> None:
+    """A gloo rank of one iterating a DataLoader with 2 workers: prints its pid, the fork server's and the workers'
+    after the first batch, then waits to be killed."""
+    import json
+    import multiprocessing.forkserver
+    import time
+
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from qkvqa.data_modules.samplers import worker_options
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    batches = iter(DataLoader(ParentPids(100_000), batch_size=2, **worker_options(2)))
+    next(batches)
+    pids = {
+        "pid": os.getpid(),
+        "server": multiprocessing.forkserver._forkserver._forkserver_pid,
+        "workers": [worker.pid for worker in batches._workers],
+    }
+    print(json.dumps(pids), flush=True)
+    time.sleep(600)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    if sys.argv[2] == "killed":
+        rank_to_kill(sys.argv[1])
+    else:
+        main(sys.argv[1], sys.argv[2], float(sys.argv[3]))

@@ -116,11 +116,12 @@ def test_readme_recipe_preempted_with_sigusr1_requeues_and_resumes_on_every_rank
 
 def test_time_limit_signals_twice_with_wandb_on_save_mid_run_requeue_and_resume(slurm, reference):
     """The README's script with `--time=3 --signal=USR1@90` on sbatch's command line: slurmctld checks time limits
-    every 30 s, so every task (W&B's service too) gets the signal 90-120 s into an attempt. The first attempt trains
-    slowly (8 s a step, 128 s for the whole run, after a start of 20-40 s), so the signal lands mid-run and the saved
-    step is > 0 (at most 13). The second keeps the 3-minute limit and trains slower still (45 s a step, at least 3
-    steps left: over 155 s), so a second time-limit signal stops it too (issue 37 item 3: repeated time-limit
-    requeues). The third gets a longer limit and runs at full speed. W&B offline is on, as by default."""
+    every 30 s, so every task (W&B's service too) gets the signal 90-120 s into an attempt, and the attempt saves at
+    the end of the step in flight. The first trains slowly (12 s a step, after a start of 0-40 s), so it saves a step
+    from 5 to 11: mid-run. The second keeps the 3-minute limit and trains slower still (45 s a step): with 5 steps or
+    more left, the signal comes before its last step starts, whatever its start, so a second time-limit signal stops
+    it too, at most 3 steps later (issue 37 item 3: repeated time-limit requeues). The third gets a longer limit and
+    runs at full speed. W&B offline is on, as by default."""
     t0 = time.monotonic()
     reference, ref_order = reference[:2]
     work = slurm.workdir("timed")
@@ -133,7 +134,7 @@ def test_time_limit_signals_twice_with_wandb_on_save_mid_run_requeue_and_resume(
         "--signal=USR1@90",
         wandb=True,
         TOY_SEEN_FILE=str(seen),
-        TOY_ATTEMPT_0_ENV="TOY_STEP_SLEEP=8",
+        TOY_ATTEMPT_0_ENV="TOY_STEP_SLEEP=12",
         TOY_ATTEMPT_1_ENV="TOY_STEP_SLEEP=45",
     )
     run_dir = recipes.run_dir(work, job)

@@ -238,6 +238,11 @@ def test_the_datasets_and_collator_travel_pickled_without_the_datamodule(setting
         return pickle.loads(buffer.getvalue())
 
     collate = dm.collator()
+    # nor the questions the benchmark read (every split's, unpickled by each worker at every epoch): read again if asked
+    assert dm.benchmark._questions and copied(dm.benchmark)._questions == {}
+    assert [q.data_id for q in copied(dm.benchmark).questions("train")] == [
+        q.data_id for q in dm.benchmark.questions("train")
+    ]
     for split in ("train", "val"):
         dataset = dm.dataset(split)
         copy = copied(dataset)

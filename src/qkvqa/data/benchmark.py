@@ -51,6 +51,11 @@ class Benchmark:
         self._kb_store: Optional[KBStore] = None
         self._article_images: Optional[ArticleImageIndex] = None
 
+    def __getstate__(self) -> dict:
+        """A pickled copy (what a DataLoader worker started by the fork server unpickles, at every epoch) leaves the
+        questions read behind: the copy reads them again if asked, and the workers do not ask."""
+        return {**self.__dict__, "_questions": {}}
+
     def path(self, name: str) -> Optional[Path]:
         """A config path (`kb_source`, `test_questions`, ...) resolved against `data.root`."""
         return resolve_data_path(self.config, getattr(self.config, name))
@@ -173,6 +178,9 @@ class InfoSeekBenchmark(Benchmark):
         super().__init__(config)
         self._references: Optional[dict[str, InfoSeekReference]] = None
         self.reference_overlap: dict[str, dict[str, int]] = {}
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_references": None}  # read again if asked, as the questions
 
     def references(self) -> Optional[dict[str, InfoSeekReference]]:
         """The official references with question types, or None when `data.infoseek_references` is not set."""
