@@ -92,10 +92,13 @@ class ResumableDataLoader(DataLoader):
         # A private generator: creating an iterator must not draw from the global RNG, or a resumed
         # run's dropout/noise would shift by one draw against the uninterrupted run.
         kwargs.setdefault("generator", private_generator(sampler.seed + 10_007 * sampler.rank))
-        if kwargs.get("num_workers"):
-            kwargs["worker_init_fn"] = stop_signal_safe(kwargs.get("worker_init_fn"))
-            if "multiprocessing_context" not in kwargs:
-                kwargs["multiprocessing_context"] = worker_start_context()
+        kwargs.update(
+            worker_options(
+                kwargs.pop("num_workers", 0),
+                kwargs.pop("worker_init_fn", None),
+                kwargs.pop("multiprocessing_context", None),
+            )
+        )
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.resumable_sampler = sampler
         self.batches_done = batches_done
@@ -198,11 +201,12 @@ WORKER_SERVER_MODULE = "qkvqa.data_modules.worker_server"
 def worker_start_context() -> Optional[multiprocessing.context.BaseContext]:
     """How DataLoader workers start: the fork server while a torch.distributed process group is live (see above),
     else None (the platform's default: fork)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
     from multiprocessing import forkserver, resource_tracker
+
+    from qkvqa.run.trainer import process_group_initialized
+
+    if not process_group_initialized():
+        return None
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([WORKER_SERVER_MODULE])  # read when the server starts
@@ -221,15 +225,20 @@ def worker_start_context() -> Optional[multiprocessing.context.BaseContext]:
     return context
 
 
-def worker_options(num_workers: int) -> dict:
-    """DataLoader keyword arguments for `num_workers` workers that leave stop signals to the main process and, beside
-    a live process group, start from the fork server (`worker_start_context`)."""
+def worker_options(
+    num_workers: int,
+    worker_init_fn: Optional[Callable[[int], None]] = None,
+    multiprocessing_context: Any = None,
+) -> dict:
+    """DataLoader keyword arguments for `num_workers` workers that leave stop signals to the main process (around
+    `worker_init_fn`: `stop_signal_safe`) and, unless `multiprocessing_context` is given, beside a live process group
+    start from the fork server (`worker_start_context`)."""
     if not num_workers:
         return {"num_workers": 0}
     return {
         "num_workers": int(num_workers),
-        "worker_init_fn": stop_signal_safe(),
-        "multiprocessing_context": worker_start_context(),
+        "worker_init_fn": stop_signal_safe(worker_init_fn),
+        "multiprocessing_context": multiprocessing_context or worker_start_context(),
     }
 
 

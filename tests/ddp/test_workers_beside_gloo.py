@@ -18,14 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [
-    pytest.mark.ddp,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        sys.version_info[:2] != (3, 11),
-        reason="the lock held at fork is CPython 3.11's (_PyRuntime.interpreters.mutex: tests/helpers/fork_hazard.py)",
-    ),
-]
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
 
 def _run(tmp_path: Path, start: str, timeout_s: float) -> subprocess.CompletedProcess:
@@ -41,6 +34,10 @@ def _run(tmp_path: Path, start: str, timeout_s: float) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11),
+    reason="the lock held at fork is CPython 3.11's (_PyRuntime.interpreters.mutex: tests/helpers/fork_hazard.py)",
+)
 def test_workers_beside_a_live_group_start_from_a_fork_server_that_a_held_lock_does_not_reach(tmp_path):
     # the control: the same loaders with workers forked from this process hang, so the lock is really held at fork
     forked = _run(tmp_path, "fork", 5)

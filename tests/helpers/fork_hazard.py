@@ -53,12 +53,25 @@ class ParentPids(Dataset):
         return [index, os.getppid()]
 
 
+def gloo_group_of_one(store: str) -> None:
+    """A gloo process group of this process alone (its threads are what the hazard is about)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+
+
+def server_pid() -> int:
+    """The pid of this process's multiprocessing fork server."""
+    import multiprocessing.forkserver
+
+    return multiprocessing.forkserver._forkserver._forkserver_pid
+
+
 def main(store: str, start: str, timeout_s: float) -> None:
     """In a gloo group of one, with the lock held at every fork: two passes of a DataLoader with 2 workers
     (`samplers.worker_options`) and one of a ResumableDataLoader; a SIGUSR1 to the whole process group after the first
     batch. Prints one JSON line: the rows of each pass, this pid, the fork server's pid before and after the signal."""
     import json
-    import multiprocessing.forkserver
     import signal
 
     import torch
@@ -67,7 +80,7 @@ def main(store: str, start: str, timeout_s: float) -> None:
 
     from qkvqa.data_modules.samplers import ResumableDataLoader, ResumableSampler, worker_options
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    gloo_group_of_one(store)
     hold_thread_state_lock_at_fork()
     stops = []
     signal.signal(signal.SIGUSR1, lambda sig, frame: stops.append(sig))  # as qkvqa's handler: noted, honoured later
@@ -84,10 +97,10 @@ def main(store: str, start: str, timeout_s: float) -> None:
         for batch in loader:
             rows += torch.stack(batch, 1).tolist()
             if number == 0 and len(rows) == 2:
-                servers.append(multiprocessing.forkserver._forkserver._forkserver_pid)
+                servers.append(server_pid())
                 os.killpg(os.getpgrp(), signal.SIGUSR1)
         passes.append(rows)
-    servers.append(multiprocessing.forkserver._forkserver._forkserver_pid)
+    servers.append(server_pid())
     server_signals = signal_masks(servers[-1])
     dist.destroy_process_group()
     print(
@@ -102,11 +115,12 @@ def signal_masks(pid: int) -> dict[str, list[str]]:
     import signal
 
     masks = {}
-    for line in open(f"/proc/{pid}/status"):
-        key, _, value = line.partition(":")
-        if key in ("SigBlk", "SigIgn"):
-            bits = int(value.strip(), 16)
-            masks[key] = sorted(signal.Signals(n).name for n in range(1, 65) if bits >> (n - 1) & 1 and n < 32)
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("SigBlk", "SigIgn"):  # bit n-1 is signal n; the standard signals are 1-31
+                bits = int(value, 16)
+                masks[key] = sorted(signal.Signals(n).name for n in range(1, 32) if bits >> (n - 1) & 1)
     return masks
 
 
@@ -114,22 +128,16 @@ def rank_to_kill(store: str) -> None:
     """A gloo rank of one iterating a DataLoader with 2 workers: prints its pid, the fork server's and the workers'
     after the first batch, then waits to be killed."""
     import json
-    import multiprocessing.forkserver
     import time
 
-    import torch.distributed as dist
     from torch.utils.data import DataLoader
 
     from qkvqa.data_modules.samplers import worker_options
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    gloo_group_of_one(store)
     batches = iter(DataLoader(ParentPids(100_000), batch_size=2, **worker_options(2)))
     next(batches)
-    pids = {
-        "pid": os.getpid(),
-        "server": multiprocessing.forkserver._forkserver._forkserver_pid,
-        "workers": [worker.pid for worker in batches._workers],
-    }
+    pids = {"pid": os.getpid(), "server": server_pid(), "workers": [worker.pid for worker in batches._workers]}
     print(json.dumps(pids), flush=True)
     time.sleep(600)
 
