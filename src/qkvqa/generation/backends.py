@@ -1,4 +1,4 @@
-"""Generator backends (kinds `llama3`, `qwen2_5_vl`, `reflectiva`): chat formatting, batched greedy transformers generation, token counting."""
+"""Generator backends (kinds `llama3`, `chat_lm`, `qwen2_5_vl`, `reflectiva`, each one class): chat formatting, batched greedy generation, token counting."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from qkvqa.components.registry import ComponentSpec, register_component, resolve
 from qkvqa.errors import ConfigError
 from qkvqa.generation.llava_convert import RECORD, read_record
 from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt, reflectiva_prompt
-from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, write_tiny_llama3, write_tiny_qwen2_5_vl
+from qkvqa.generation.tiny import LLAMA3_CHAT_TEMPLATE, write_tiny_chatml_lm, write_tiny_llama3, write_tiny_qwen2_5_vl
 from qkvqa.generation.tiny_llava import write_tiny_reflectiva
 from qkvqa.utils.logging import get_logger
 
@@ -18,19 +18,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 BACKENDS = ("hf", "vllm")
-OPTION_KEYS = {
-    "seed",  # tiny: the random init seed
-    "attn_implementation",  # transformers attention (default sdpa)
-    "min_pixels",
-    "max_pixels",  # Qwen2.5-VL image processor limits (default: the checkpoint's)
-    "python",
-    "engine_args",
-    "work_dir",  # vLLM backend (qkvqa.generation.vllm_client)
-    "short_prompt",  # reflectiva: end the passages with ". Give a short answer." (default true, as
-    # ReflectiVA's release scripts run with --short_prompt)
-    "prompt_style",  # reflectiva, with generation.prompt auto: reflectiva (ReflectiVA's conversation,
-    # default) | appendix (the paper's VLM prompt, appendix 6.2 / 6.4)
-}
 PROMPT_STYLES = ("reflectiva", "appendix")
 
 
@@ -353,25 +340,248 @@ class Generator:
         return self.runner.run(texts, images, max_new_tokens or self.settings.max_new_tokens, self.settings.batch_size)
 
 
-# Kind -> writer of its tiny random checkpoint.
-WRITERS = {"llama3": write_tiny_llama3, "qwen2_5_vl": write_tiny_qwen2_5_vl, "reflectiva": write_tiny_reflectiva}
+class ChatTemplateFormat(ChatFormat):
+    """Any causal LM with a chat template of its own (kind `chat_lm`): messages as plain strings, images never shown.
 
+    Generation stops on the template's end-of-turn token (the special token the template writes right after an
+    assistant message) and on `generation_config.json`'s eos ids, never on the tokenizer's `eos_token` alone: a
+    tokenizer may mislabel it (SmolLM2's, as transformers converts it from GGUF, says `<|im_start|>`, the token that
+    opens a turn, while its generation_config says `<|im_end|>`).
+    """
 
-def _check_options(spec: ComponentSpec) -> None:
-    unknown = set(spec.options) - OPTION_KEYS
-    if unknown:
-        raise ConfigError(
-            f"components.generator.options: unknown key(s) {sorted(unknown)}; valid: {sorted(OPTION_KEYS)}"
+    generator_type = "llm"
+    PROBE = "qkvqa-end-of-turn-probe"
+
+    def __init__(self, tokenizer, generation_eos: Sequence[int] = (), where: str = "components.generator"):
+        if not tokenizer.chat_template:
+            raise ConfigError(
+                f"{where}: kind chat_lm needs a tokenizer with a chat template and this one has none; use a chat "
+                "(instruct) checkpoint, or add its chat_template.jinja beside tokenizer_config.json"
+            )
+        super().__init__(tokenizer)
+        self.end_of_turn = end_of_turn_token(tokenizer, self.PROBE, where)
+        eot_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
+        self._stop = list(dict.fromkeys([eot_id, *generation_eos]))
+        if tokenizer.eos_token_id not in self._stop:
+            log.info(
+                "generator tokenizer's eos_token %r is not where a turn ends; generation stops on %s (the chat "
+                "template's end of turn and generation_config's eos)",
+                tokenizer.eos_token,
+                tokenizer.convert_ids_to_tokens(self._stop),
+            )
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The chat template's end-of-turn token, then generation_config's eos ids."""
+        return list(self._stop)
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt through the tokenizer's own chat template."""
+        messages = self.messages(prompt, lambda parts: "".join(p for p in parts if isinstance(p, str)))
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, texts, images):
+        """Tokenise rendered texts (the template already holds whatever special tokens it wants)."""
+        return self.tokenizer(
+            list(texts), add_special_tokens=False, padding=True, return_token_type_ids=False, return_tensors="pt"
         )
 
 
-def _model_path(spec: ComponentSpec, write_tiny) -> str:
-    if spec.tiny:
-        return str(tiny_model(spec, write_tiny, seed=int(spec.options.get("seed", 0))))
-    path = resolve_pretrained(spec)
-    if spec.kind == "reflectiva":
-        _check_converted(path)
-    return path
+def end_of_turn_token(tokenizer, probe: str, where: str) -> str:
+    """The special token a chat template writes right after an assistant message's text (ChatML's `<|im_end|>`,
+    Llama 3's `<|eot_id|>`), found by rendering a probe conversation; ConfigError when it writes none."""
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": probe}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    after = text[text.rindex(probe) + len(probe) :] if probe in text else ""
+    specials = set(tokenizer.all_special_tokens) | {
+        t.content for t in tokenizer.added_tokens_decoder.values() if getattr(t, "special", False)
+    }
+    for token in tokenizer.convert_ids_to_tokens(tokenizer(after, add_special_tokens=False)["input_ids"]):
+        if token in specials:
+            return token
+        if token.strip("\u0120\u010a\u2581 \n"):  # text before any special token: the turn has no end token
+            break
+    raise ConfigError(
+        f"{where}: the tokenizer's chat template writes no special token after an assistant message "
+        f"({after[:40]!r}), so qkvqa cannot tell where an answer ends; use a chat checkpoint whose template ends "
+        "each turn with one (ChatML's <|im_end|>, Llama 3's <|eot_id|>)"
+    )
+
+
+def generation_config_eos(path: str) -> list[int]:
+    """The eos ids of a checkpoint's generation_config.json (none without one)."""
+    import os
+
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    if not os.path.exists(os.path.join(path, "generation_config.json")):
+        return []
+    eos_id = HFGenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+    return list(eos_id) if isinstance(eos_id, (list, tuple)) else ([eos_id] if eos_id is not None else [])
+
+
+def check_causal_lm_head(path: str, where: str = "components.generator") -> None:
+    """Refuse a checkpoint whose config declares an architecture that is not a causal LM with its text head (an
+    encoder, a sequence classifier, a bare `LlamaModel` without lm_head): its answers would be noise."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+            architectures = json.load(handle).get("architectures") or []
+    except (OSError, ValueError):
+        return
+    wrong = [a for a in architectures if not a.endswith(("ForCausalLM", "ForConditionalGeneration", "LMHeadModel"))]
+    if wrong:
+        raise ConfigError(
+            f"{where}.pretrained: {path} is a {wrong[0]}, not a language model with a generation head "
+            "(…ForCausalLM / …ForConditionalGeneration); point it at a chat LM checkpoint"
+        )
+
+
+class GeneratorKind:
+    """One generator kind: how its checkpoint is checked and loaded, and the tiny random one its tests build.
+
+    `build_generator` asks only this class; a new kind is a subclass registered in `GENERATOR_KINDS` (the component
+    registry builds it by name). `tiny_writer` is the writer of `tiny: true` (None: the kind runs real weights only).
+    """
+
+    name: str = ""
+    tiny_writer: Any = None
+    model_class: str = "AutoModelForCausalLM"  # transformers class that loads the weights
+    option_keys: frozenset = frozenset({"seed", "attn_implementation", "python", "engine_args", "work_dir"})
+    vllm: bool = True  # whether the vLLM backend runs it
+
+    def check_options(self, spec: ComponentSpec) -> None:
+        """Refuse an option this kind does not read."""
+        unknown = set(spec.options) - self.option_keys
+        if unknown:
+            raise ConfigError(
+                f"components.generator.options: unknown key(s) {sorted(unknown)} for kind {self.name}; "
+                f"valid: {sorted(self.option_keys)}"
+            )
+
+    def model_path(self, spec: ComponentSpec) -> str:
+        """The checkpoint folder (or hub id) to load: the tiny one, or `pretrained` resolved and checked."""
+        if spec.tiny:
+            if self.tiny_writer is None:
+                raise ConfigError(f"components.generator: kind {self.name} has no tiny model; set pretrained:")
+            return str(tiny_model(spec, self.tiny_writer, seed=int(spec.options.get("seed", 0))))
+        path = resolve_pretrained(spec)
+        check_causal_lm_head(path)
+        return path
+
+    def load_chat(self, spec: ComponentSpec, path: str) -> ChatFormat:
+        """The tokenizer side."""
+        raise NotImplementedError
+
+    def load_model(self, spec: ComponentSpec, path: str):
+        """The weights, with the spec's dtype and attention implementation."""
+        import transformers
+
+        return getattr(transformers, self.model_class).from_pretrained(
+            path,
+            dtype=spec.torch_dtype(),
+            local_files_only=spec.tiny or not spec.allow_download,
+            attn_implementation=spec.options.get("attn_implementation", "sdpa"),
+        )
+
+
+class Llama3Kind(GeneratorKind):
+    """Llama-3(.1)-8B(-Instruct); a tokenizer without a chat template gets the Llama 3 format."""
+
+    name = "llama3"
+    tiny_writer = staticmethod(write_tiny_llama3)
+
+    def load_chat(self, spec, path):
+        from transformers import AutoTokenizer
+
+        return Llama3Format(AutoTokenizer.from_pretrained(path, local_files_only=spec.tiny or not spec.allow_download))
+
+
+class ChatLMKind(GeneratorKind):
+    """Any transformers causal LM with a chat template of its own (SmolLM2-135M-Instruct, Qwen2.5-Instruct, ...):
+    the paper's LLM prompts (appendix 6.1 / 6.3) through its template, stopping where its template ends a turn."""
+
+    name = "chat_lm"
+    tiny_writer = staticmethod(write_tiny_chatml_lm)
+
+    def load_chat(self, spec, path):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=spec.tiny or not spec.allow_download)
+        return ChatTemplateFormat(tokenizer, generation_config_eos(path))
+
+
+class QwenVLKind(GeneratorKind):
+    """Qwen2.5-VL-7B-Instruct through its processor (min_pixels / max_pixels: the image processor's limits)."""
+
+    name = "qwen2_5_vl"
+    tiny_writer = staticmethod(write_tiny_qwen2_5_vl)
+    model_class = "Qwen2_5_VLForConditionalGeneration"
+    option_keys = GeneratorKind.option_keys | {"min_pixels", "max_pixels"}
+
+    def load_chat(self, spec, path):
+        from transformers import AutoProcessor
+
+        pixels = {k: int(spec.options[k]) for k in ("min_pixels", "max_pixels") if k in spec.options}
+        local_only = spec.tiny or not spec.allow_download
+        return QwenVLFormat(AutoProcessor.from_pretrained(path, local_files_only=local_only, use_fast=True, **pixels))
+
+
+class ReflectivaKind(GeneratorKind):
+    """ReflectiVA's LLaVA generator, from a folder `qkvqa convert-llava` wrote (transformers' Llava layout).
+
+    Options: short_prompt (end the passages with ". Give a short answer.", default true, as ReflectiVA's release
+    scripts run with --short_prompt); prompt_style (with generation.prompt auto: reflectiva, its conversation, the
+    default; appendix, the paper's VLM prompt, appendix 6.2 / 6.4). The vLLM backend does not run it (its worker
+    renders no LLaVA image placeholders).
+    """
+
+    name = "reflectiva"
+    tiny_writer = staticmethod(write_tiny_reflectiva)
+    model_class = "LlavaForConditionalGeneration"
+    option_keys = GeneratorKind.option_keys | {"short_prompt", "prompt_style"}
+    vllm = False
+
+    def model_path(self, spec):
+        path = super().model_path(spec)
+        if not spec.tiny:
+            _check_converted(path)
+        return path
+
+    def load_chat(self, spec, path):
+        import json
+        import os
+
+        from transformers import AutoTokenizer, LlavaImageProcessor, LlavaProcessor
+
+        # The slow LlavaImageProcessor: its PIL resize is the one CLIPImageProcessor ran in ReflectiVA's process_images
+        # (the fast one resizes with torch, other pixels); do_pad is expand2square.
+        with open(os.path.join(path, "processor_config.json"), encoding="utf-8") as handle:
+            settings = {k: v for k, v in json.load(handle).items() if k != "processor_class"}
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, use_fast=True)
+        processor = LlavaProcessor(
+            image_processor=LlavaImageProcessor.from_pretrained(path, local_files_only=True),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+            **settings,
+        )
+        short = spec.options.get("short_prompt", True)
+        if not isinstance(short, bool):
+            raise ConfigError(f"components.generator.options.short_prompt: expected true or false, got {short!r}")
+        style = spec.options.get("prompt_style", "reflectiva")
+        if style not in PROMPT_STYLES:
+            raise ConfigError(
+                f"components.generator.options.prompt_style: {style!r} is not one of {', '.join(PROMPT_STYLES)}"
+            )
+        eos = generation_config_eos(path)
+        return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short, prompt_style=style)
+
+
+GENERATOR_KINDS: dict[str, GeneratorKind] = {
+    k.name: k for k in (Llama3Kind(), ChatLMKind(), QwenVLKind(), ReflectivaKind())
+}
 
 
 def _check_converted(path: str) -> None:
@@ -402,69 +612,6 @@ def _check_converted(path: str) -> None:
         raise ConfigError(f"components.generator.pretrained: {path} {what}; {fix}")
 
 
-def _load_chat(spec: ComponentSpec, path: str) -> ChatFormat:
-    local_only = spec.tiny or not spec.allow_download
-    if spec.kind == "llama3":
-        from transformers import AutoTokenizer
-
-        return Llama3Format(AutoTokenizer.from_pretrained(path, local_files_only=local_only))
-    if spec.kind == "reflectiva":
-        import json
-        import os
-
-        from transformers import AutoTokenizer, LlavaImageProcessor, LlavaProcessor
-        from transformers import GenerationConfig as HFGenerationConfig
-
-        # The slow LlavaImageProcessor: its PIL resize is the one CLIPImageProcessor ran in ReflectiVA's process_images
-        # (the fast one resizes with torch, other pixels); do_pad is expand2square.
-        with open(os.path.join(path, "processor_config.json"), encoding="utf-8") as handle:
-            settings = {k: v for k, v in json.load(handle).items() if k != "processor_class"}
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, use_fast=True)
-        processor = LlavaProcessor(
-            image_processor=LlavaImageProcessor.from_pretrained(path, local_files_only=True),
-            tokenizer=tokenizer,
-            chat_template=tokenizer.chat_template,
-            **settings,
-        )
-        eos = []
-        if os.path.exists(os.path.join(path, "generation_config.json")):
-            eos_id = HFGenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
-            eos = list(eos_id) if isinstance(eos_id, (list, tuple)) else ([eos_id] if eos_id is not None else [])
-        short = spec.options.get("short_prompt", True)
-        if not isinstance(short, bool):
-            raise ConfigError(f"components.generator.options.short_prompt: expected true or false, got {short!r}")
-        style = spec.options.get("prompt_style", "reflectiva")
-        if style not in PROMPT_STYLES:
-            raise ConfigError(
-                f"components.generator.options.prompt_style: {style!r} is not one of {', '.join(PROMPT_STYLES)}"
-            )
-        return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short, prompt_style=style)
-    from transformers import AutoProcessor
-
-    pixels = {k: int(spec.options[k]) for k in ("min_pixels", "max_pixels") if k in spec.options}
-    return QwenVLFormat(AutoProcessor.from_pretrained(path, local_files_only=local_only, use_fast=True, **pixels))
-
-
-def _load_model(spec: ComponentSpec, path: str):
-    local_only = spec.tiny or not spec.allow_download
-    kwargs = dict(
-        dtype=spec.torch_dtype(),
-        local_files_only=local_only,
-        attn_implementation=spec.options.get("attn_implementation", "sdpa"),
-    )
-    if spec.kind == "llama3":
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    if spec.kind == "reflectiva":
-        from transformers import LlavaForConditionalGeneration
-
-        return LlavaForConditionalGeneration.from_pretrained(path, **kwargs)
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(path, **kwargs)
-
-
 def build_generator(spec: ComponentSpec | dict, generation: Optional["GenerationConfig"] = None) -> Generator:
     """The generator of `components.generator` with the `generation:` settings (backend hf or vllm)."""
     from qkvqa.components.registry import spec_from_mapping
@@ -473,40 +620,34 @@ def build_generator(spec: ComponentSpec | dict, generation: Optional["Generation
     if not isinstance(spec, ComponentSpec):
         spec = spec_from_mapping(spec)
     settings = generation if generation is not None else GenerationConfig()
-    if spec.kind not in WRITERS:
-        raise ConfigError(f"components.generator.kind: {spec.kind!r} is not one of {', '.join(sorted(WRITERS))}")
+    kind = GENERATOR_KINDS.get(spec.kind)
+    if kind is None:
+        raise ConfigError(
+            f"components.generator.kind: {spec.kind!r} is not one of {', '.join(sorted(GENERATOR_KINDS))}"
+        )
     if not spec.tiny and not spec.pretrained:
         raise ConfigError("components.generator: set `pretrained: <local dir or hub id>` or `tiny: true`")
     if settings.backend not in BACKENDS:
         raise ConfigError(f"generation.backend: {settings.backend!r} is not one of {', '.join(BACKENDS)}")
-    _check_options(spec)
-    if spec.kind == "reflectiva" and settings.backend == "vllm":
-        raise ConfigError(
-            "generation.backend: vllm does not run kind reflectiva here (its worker renders no LLaVA "
-            "image placeholders); use backend: hf"
-        )
-    path = _model_path(spec, WRITERS[spec.kind])
-    chat = _load_chat(spec, path)
+    kind.check_options(spec)
+    if settings.backend == "vllm" and not kind.vllm:
+        raise ConfigError(f"generation.backend: vllm does not run kind {kind.name} here; use backend: hf")
+    path = kind.model_path(spec)
+    chat = kind.load_chat(spec, path)
     if settings.backend == "vllm":
         from qkvqa.generation.vllm_client import VLLMRunner
 
         return Generator(chat, VLLMRunner.from_spec(spec, path, chat), settings)
-    return Generator(chat, HFRunner(_load_model(spec, path), chat, spec.torch_device()), settings)
+    return Generator(chat, HFRunner(kind.load_model(spec, path), chat, spec.torch_device()), settings)
 
 
-@register_component("llama3")
-def build_llama3(spec: ComponentSpec) -> Generator:
-    """Llama-3(.1)-8B(-Instruct) with transformers and the default `generation:` settings (see build_generator)."""
-    return build_generator(spec)
+def _register(kind: GeneratorKind) -> None:
+    def build(spec: ComponentSpec) -> Generator:
+        return build_generator(spec)
+
+    build.__doc__ = f"{type(kind).__doc__.splitlines()[0]} With the default `generation:` settings (build_generator)."
+    register_component(kind.name)(build)
 
 
-@register_component("qwen2_5_vl")
-def build_qwen2_5_vl(spec: ComponentSpec) -> Generator:
-    """Qwen2.5-VL-7B-Instruct with transformers and the default `generation:` settings (see build_generator)."""
-    return build_generator(spec)
-
-
-@register_component("reflectiva")
-def build_reflectiva(spec: ComponentSpec) -> Generator:
-    """ReflectiVA's LLaVA generator (a `qkvqa convert-llava` directory) with the default `generation:` settings."""
-    return build_generator(spec)
+for _kind in GENERATOR_KINDS.values():
+    _register(_kind)

@@ -100,6 +100,38 @@ def write_tiny_llama3(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+# ChatML in SmolLM2-135M-Instruct's own words (its chat_template: a default system turn when none is given).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_tiny_chatml_lm(out_dir: Path, seed: int = 0) -> Path:
+    """Write a random tiny Llama with a ChatML template whose tokenizer, like SmolLM2's as transformers converts it from
+    GGUF, says eos = `<|im_start|>` while its generation_config says `<|im_end|>` (kind chat_lm must stop on the
+    latter)."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    eot_text, start, end = CHATML_SPECIALS
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(), bos_token=start, eos_token=start)
+    tokenizer.add_special_tokens({"additional_special_tokens": CHATML_SPECIALS})
+    ids = _special_ids(tokenizer, CHATML_SPECIALS)
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.save_pretrained(str(out_dir))
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=ids[start], eos_token_id=ids[end], **TINY_TEXT)
+    LlamaForCausalLM(config).save_pretrained(str(out_dir))
+    GenerationConfig(bos_token_id=ids[start], eos_token_id=ids[end], pad_token_id=ids[end]).save_pretrained(out_dir)
+    return out_dir
+
+
 def write_tiny_qwen2_5_vl(out_dir: Path, seed: int = 0) -> Path:
     """Write a random tiny Qwen2.5-VL and its processor (byte-level Qwen2 tokenizer, 56x56 images) to `out_dir`."""
     import torch
