@@ -184,7 +184,7 @@ def test_configuration_errors(tmp_path, monkeypatch_module):
     with pytest.raises(MissingWeightsError, match="not in the local cache"):
         build_component(ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem"))
     three_labels = write_tiny_bem(tmp_path / "three", num_labels=3)
-    with pytest.raises(ConfigError, match="3 labels"):
+    with pytest.raises(ConfigError, match="3 output labels"):
         build_component(ComponentSpec(kind="bem", pretrained=str(three_labels)))
     no_tokenizer = tmp_path / "no_tokenizer"
     write_tiny_bem(no_tokenizer)

@@ -119,3 +119,31 @@ def under_weights_dir(cfg: Any) -> None:
         options = spec.get("options") or {}
         if is_hub_id(options.get("tokenizer")):
             spec.options.tokenizer = str(local_dir(weights_dir, options["tokenizer"]))
+
+
+def check_head(path: str | os.PathLike, where: str, heads: tuple[str, ...], num_labels: Optional[int] = None) -> None:
+    """Refuse, before loading, a checkpoint whose config.json declares another kind of head than `heads` (class-name
+    endings such as "ForSequenceClassification") or another number of labels than `num_labels`: a two-label
+    cross-encoder read as BGE's one-logit reranker, or an encoder read as a generator, gives numbers and no error."""
+    import json
+
+    from qkvqa.errors import ConfigError
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no readable config.json: the loader's own error says so
+    architectures = config.get("architectures") or []
+    wrong = [a for a in architectures if not a.endswith(heads)]
+    if wrong:
+        raise ConfigError(
+            f"{where}.pretrained: {path} is a {wrong[0]}, not a model with a {' / '.join('…' + h for h in heads)} "
+            "head; point it at a checkpoint of that kind"
+        )
+    if num_labels is not None:
+        labels = len(config["id2label"]) if isinstance(config.get("id2label"), dict) else config.get("num_labels", 2)
+        if labels != num_labels:
+            raise ConfigError(
+                f"{where}.pretrained: {path} has {labels} output labels (config.json id2label), and this kind reads "
+                f"{num_labels}; its scores would be another model's. Point it at a checkpoint with {num_labels}"
+            )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
+from qkvqa.components.private_cache import cache_lock, check_private_dir, discard
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.utils.logging import get_logger
 
@@ -20,6 +21,7 @@ _BUILDER_MODULES = [
     "qkvqa.retrieval.encoders",
     "qkvqa.qff.builder",
     "qkvqa.cda.reranker",
+    "qkvqa.cda.sentence_scorer",
     "qkvqa.cda.splitter",
     "qkvqa.generation.backends",
 ]
@@ -237,25 +239,6 @@ def default_tiny_root() -> Path:
     return Path(cache) / "qkvqa" / "tiny"
 
 
-def check_private_dir(path: Path, what: str, fix: str) -> None:
-    """Refuse `path` unless it is a real directory owned by this user with no group or world write bit."""
-    import stat
-
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        raise ConfigError(f"{what} {path}: {exc.strerror}; {fix}") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        problem = "is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory"
-    elif info.st_uid != os.geteuid():
-        problem = f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
-    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem = f"is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o})"
-    else:
-        return
-    raise ConfigError(f"{what} {path} {problem}, so code in it could be someone else's; {fix}")
-
-
 def tiny_root() -> Path:
     """The directory that holds the tiny models: created 0700 on demand, refused unless it is the user's own."""
     root = default_tiny_root()
@@ -305,7 +288,7 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
     root = tiny_root()
     key = _tiny_key(spec.kind, write, args, kwargs)
     final = root / f"{spec.kind}-{key[:20]}"
-    with _tiny_lock(root, shared=True):
+    with cache_lock(root, shared=True):
         record = _read_record(final, key, read_json)
         if record is not None:
             os.utime(final)  # the least recently used go first
@@ -327,7 +310,7 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
             atomic_write_json(partial / TINY_RECORD, record)
             make_shareable(partial)  # safetensors writes 0600
             # Exclusive: two builders that found the same damaged directory must not discard each other's copy.
-            with _tiny_lock(root, shared=False):
+            with cache_lock(root, shared=False):
                 for _ in range(3):
                     try:
                         os.rename(partial, final)
@@ -336,7 +319,7 @@ def tiny_model(spec: ComponentSpec, write: Callable[..., Any], *args: Any, **kwa
                         if _read_record(final, key, read_json) is not None:
                             shutil.rmtree(partial, ignore_errors=True)  # another process wrote it first
                             break
-                        _discard(final)  # damaged (a file gone or cut): replaced
+                        discard(final)  # damaged (a file gone or cut): replaced
                 else:
                     raise OSError(f"could not move the tiny model {partial} to {final}")
                 os.utime(final)
@@ -375,19 +358,6 @@ def _file_sizes(directory: Path) -> dict[str, int]:
     }
 
 
-def _discard(directory: Path) -> None:
-    """Rename `directory` away (atomic: nobody sees half of it), then delete it."""
-    import secrets
-    import shutil
-
-    trash = directory.with_name(f".trash-{directory.name.lstrip('.')}-{secrets.token_hex(4)}")
-    try:
-        os.rename(directory, trash)
-    except OSError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
-
-
 def _tiny_key(kind: str, write: Callable, args: tuple, kwargs: dict) -> str:
     import hashlib
     import json
@@ -419,30 +389,6 @@ def _tiny_key(kind: str, write: Callable, args: tuple, kwargs: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-class _tiny_lock:
-    """flock on `root/.lock`: shared while looking a model up, exclusive while renaming one in or cleaning."""
-
-    def __init__(self, root: Path, shared: bool, wait: bool = True):
-        self.path, self.shared, self.wait, self.fd = root / ".lock", shared, wait, None
-
-    def __enter__(self) -> bool:
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        flags = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
-        try:
-            fcntl.flock(self.fd, flags)
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
-            return False
-        return True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases the flock
-
-
 def _clean_tiny_root(root: Path, now: Optional[float] = None) -> list[str]:
     """Remove tiny-model directories unused for TINY_MAX_AGE_S, those beyond the TINY_KEEP most recently used (once
     unused for TINY_IN_USE_S), and partial ones older than TINY_IN_USE_S; returns the names removed. Skipped while
@@ -451,7 +397,7 @@ def _clean_tiny_root(root: Path, now: Optional[float] = None) -> list[str]:
 
     now = time.time() if now is None else now
     removed: list[str] = []
-    with _tiny_lock(root, shared=False, wait=False) as held:
+    with cache_lock(root, shared=False, wait=False) as held:
         if not held:
             return removed
         entries = []
@@ -468,5 +414,5 @@ def _clean_tiny_root(root: Path, now: Optional[float] = None) -> list[str]:
                 removed.append(entry.name)
         removed += [e.name for mtime, e in entries if e.name.startswith(".") and now - mtime > TINY_IN_USE_S]
         for name in removed:
-            _discard(root / name)
+            discard(root / name)
     return removed

@@ -84,7 +84,7 @@ def wheel_for(ref: str) -> Optional[WheelWeights]:
 def weights_cache_root() -> Path:
     """$QKVQA_WEIGHTS_CACHE, else $XDG_CACHE_HOME/qkvqa/weights, else ~/.cache/qkvqa/weights: created 0700, and
     refused unless it is a directory of the user's own that nobody else can write."""
-    from qkvqa.components.registry import check_private_dir
+    from qkvqa.components.private_cache import check_private_dir
 
     if os.environ.get("QKVQA_WEIGHTS_CACHE"):
         root = Path(os.environ["QKVQA_WEIGHTS_CACHE"]).expanduser()
@@ -143,27 +143,27 @@ def wheel_weights_dir(entry: WheelWeights) -> Path:
         return source
     from importlib import metadata
 
-    from qkvqa.components.registry import _discard, _tiny_lock
+    from qkvqa.components.private_cache import cache_lock, discard
 
     root = weights_cache_root()
     key = f"{entry.sha256[:16]}-c{CONVERTER_VERSION}-t{metadata.version('transformers')}"
     final = root / f"{entry.hub_id.replace('/', '--')}-{key}"
-    with _tiny_lock(root, shared=True):
+    with cache_lock(root, shared=True):
         if _converted(final, entry):
             return final
-    with _tiny_lock(root, shared=False):  # one converter at a time; a second finds the first one's folder
+    with cache_lock(root, shared=False):  # one converter at a time; a second finds the first one's folder
         if _converted(final, entry):
             return final
         if os.path.lexists(final):
             log.warning("%s: damaged or from another converter; converted again", final)
-            _discard(final)
+            discard(final)
         partial = root / f".{final.name}.partial-{os.getpid()}"
-        _discard(partial)
+        discard(partial)
         try:
             _convert_gguf(entry, source, partial)
             os.rename(partial, final)
         except BaseException:
-            _discard(partial)
+            discard(partial)
             raise
     return final
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from qkvqa.components.hub import check_head
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError
 from qkvqa.generation.llava_convert import RECORD, read_record
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 BACKENDS = ("hf", "vllm")
 PROMPT_STYLES = ("reflectiva", "appendix")
+# heads of a model that generates text (an encoder, a classifier or a bare LlamaModel would answer noise)
+CAUSAL_LM_HEADS = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
 
 
 class ChatFormat(ABC):
@@ -420,25 +424,6 @@ def generation_config_eos(path: str) -> list[int]:
     return list(eos_id) if isinstance(eos_id, (list, tuple)) else ([eos_id] if eos_id is not None else [])
 
 
-def check_causal_lm_head(path: str, where: str = "components.generator") -> None:
-    """Refuse a checkpoint whose config declares an architecture that is not a causal LM with its text head (an
-    encoder, a sequence classifier, a bare `LlamaModel` without lm_head): its answers would be noise."""
-    import json
-    import os
-
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
-            architectures = json.load(handle).get("architectures") or []
-    except (OSError, ValueError):
-        return
-    wrong = [a for a in architectures if not a.endswith(("ForCausalLM", "ForConditionalGeneration", "LMHeadModel"))]
-    if wrong:
-        raise ConfigError(
-            f"{where}.pretrained: {path} is a {wrong[0]}, not a language model with a generation head "
-            "(…ForCausalLM / …ForConditionalGeneration); point it at a chat LM checkpoint"
-        )
-
-
 class GeneratorKind:
     """One generator kind: how its checkpoint is checked and loaded, and the tiny random one its tests build.
 
@@ -468,7 +453,8 @@ class GeneratorKind:
                 raise ConfigError(f"components.generator: kind {self.name} has no tiny model; set pretrained:")
             return str(tiny_model(spec, self.tiny_writer, seed=int(spec.options.get("seed", 0))))
         path = resolve_pretrained(spec)
-        check_causal_lm_head(path)
+        if os.path.isdir(path):
+            check_head(path, "components.generator", CAUSAL_LM_HEADS)
         return path
 
     def load_chat(self, spec: ComponentSpec, path: str) -> ChatFormat:

@@ -15,9 +15,11 @@ Every result is a "BEM (PyTorch reproduction)": no public PyTorch checkpoint rep
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
+from qkvqa.components.hub import check_head
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import write_bert_vocab
 from qkvqa.errors import ConfigError, DataError, MissingWeightsError
@@ -216,6 +218,8 @@ def build_bem(spec: ComponentSpec) -> BemJudge:
         path = resolve_pretrained(spec)
         local_only = not spec.allow_download
         _check_tokenizer_files(path)
+        if os.path.isdir(path):  # BEM reads softmax(logits)[:, 1] of a two-label classifier: another head is refused
+            check_head(path, "components.judge", ("ForSequenceClassification",), num_labels=2)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     model = AutoModelForSequenceClassification.from_pretrained(
         path, dtype=spec.torch_dtype(), local_files_only=local_only

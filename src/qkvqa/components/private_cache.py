@@ -1,0 +1,65 @@
+"""User-private cache folders (tiny models, converted wheel weights): the owner check, a flock, an atomic discard."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from qkvqa.errors import ConfigError
+
+
+def check_private_dir(path: Path, what: str, fix: str) -> None:
+    """Refuse `path` unless it is a real directory owned by this user with no group or world write bit."""
+    import stat
+
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: {exc.strerror}; {fix}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        problem = "is a symlink" if stat.S_ISLNK(info.st_mode) else "is not a directory"
+    elif info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not by you (uid {os.geteuid()})"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o})"
+    else:
+        return
+    raise ConfigError(f"{what} {path} {problem}, so code in it could be someone else's; {fix}")
+
+
+def discard(directory: Path) -> None:
+    """Rename `directory` away (atomic: nobody sees half of it), then delete it."""
+    import secrets
+    import shutil
+
+    trash = directory.with_name(f".trash-{directory.name.lstrip('.')}-{secrets.token_hex(4)}")
+    try:
+        os.rename(directory, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+class cache_lock:
+    """flock on `root/.lock`: shared while looking an entry up, exclusive while renaming one in or cleaning."""
+
+    def __init__(self, root: Path, shared: bool, wait: bool = True):
+        self.path, self.shared, self.wait, self.fd = root / ".lock", shared, wait, None
+
+    def __enter__(self) -> bool:
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        flags = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self.fd, flags)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            return False
+        return True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock
