@@ -84,3 +84,12 @@ def world(tmp_path_factory) -> dict:
     from tests.fixtures_world import make_world
 
     return make_world(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture(scope="session")
+def eval_env(world, tmp_path_factory):
+    """experiments/ with `world_eval.yaml` (tiny components on the synthetic world) and a built stage-1 index (the
+    integration tests and the real tier)."""
+    from tests.helpers.eval_env import build_eval_env
+
+    return build_eval_env(tmp_path_factory.mktemp("evaluate"), world)
