@@ -9,6 +9,26 @@ from typing import Any
 from qkvqa.errors import ConfigError
 
 
+def private_root(env: str, name: str, what: str) -> Path:
+    """$ENV, else $XDG_CACHE_HOME/qkvqa/NAME, else ~/.cache/qkvqa/NAME: created 0700 on demand, and refused (one line
+    naming `what` and the fix) unless it is a directory of the user's own that nobody else can write."""
+    if os.environ.get(env):
+        root = Path(os.environ[env]).expanduser()
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = Path(cache) / "qkvqa" / name
+    if not os.path.lexists(root):
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+    check_private_dir(
+        root, what, f"remove it or set {env} to a new folder of your own (qkvqa creates it with mode 0700)"
+    )
+    return root
+
+
 def check_private_dir(path: Path, what: str, fix: str) -> None:
     """Refuse `path` unless it is a real directory owned by this user with no group or world write bit."""
     import stat

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
-from qkvqa.components.private_cache import cache_lock, check_private_dir, discard
+from qkvqa.components.private_cache import cache_lock, discard, private_root
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.utils.logging import get_logger
 
@@ -231,29 +231,9 @@ def register_tiny_code(name: str, text: str) -> None:
     _TINY_CODE[name] = hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def default_tiny_root() -> Path:
-    """$QKVQA_TINY_DIR, else $XDG_CACHE_HOME/qkvqa/tiny, else ~/.cache/qkvqa/tiny."""
-    if os.environ.get("QKVQA_TINY_DIR"):
-        return Path(os.environ["QKVQA_TINY_DIR"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "qkvqa" / "tiny"
-
-
 def tiny_root() -> Path:
     """The directory that holds the tiny models: created 0700 on demand, refused unless it is the user's own."""
-    root = default_tiny_root()
-    if not os.path.lexists(root):
-        root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(root, 0o700)
-        except FileExistsError:
-            pass
-    check_private_dir(
-        root,
-        "tiny-model cache",
-        "remove it or set QKVQA_TINY_DIR to a new folder of your own (qkvqa creates it with mode 0700)",
-    )
-    return root
+    return private_root("QKVQA_TINY_DIR", "tiny", "tiny-model cache")
 
 
 def _code_files_match(directory: Path) -> bool:

@@ -94,27 +94,10 @@ def wheel_for(ref: str) -> Optional[WheelWeights]:
 
 
 def weights_cache_root() -> Path:
-    """$QKVQA_WEIGHTS_CACHE, else $XDG_CACHE_HOME/qkvqa/weights, else ~/.cache/qkvqa/weights: created 0700, and
-    refused unless it is a directory of the user's own that nobody else can write."""
-    from qkvqa.components.private_cache import check_private_dir
+    """$QKVQA_WEIGHTS_CACHE, else ~/.cache/qkvqa/weights: created 0700, refused unless it is the user's own."""
+    from qkvqa.components.private_cache import private_root
 
-    if os.environ.get("QKVQA_WEIGHTS_CACHE"):
-        root = Path(os.environ["QKVQA_WEIGHTS_CACHE"]).expanduser()
-    else:
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = Path(cache) / "qkvqa" / "weights"
-    if not os.path.lexists(root):
-        root.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(root, 0o700)
-        except FileExistsError:
-            pass
-    check_private_dir(
-        root,
-        "converted-weights cache",
-        "remove it or set QKVQA_WEIGHTS_CACHE to a new folder of your own (qkvqa creates it with mode 0700)",
-    )
-    return root
+    return private_root("QKVQA_WEIGHTS_CACHE", "weights", "converted-weights cache")
 
 
 def wheel_source(entry: WheelWeights) -> Path:

@@ -91,14 +91,29 @@ class ChatFormat(ABC):
         """Model inputs for rendered texts and their images, left-padded, as a BatchEncoding of tensors."""
 
 
-class Llama3Format(ChatFormat):
+class TextChatFormat(ChatFormat):
+    """A text-only LLM's chat: messages as plain strings through the tokenizer's chat template; images never shown."""
+
+    generator_type = "llm"
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt through the tokenizer's chat template."""
+        messages = self.messages(prompt, lambda parts: "".join(p for p in parts if isinstance(p, str)))
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, texts, images):
+        """Tokenise rendered texts (the template already holds whatever special tokens it wants, bos included)."""
+        return self.tokenizer(
+            list(texts), add_special_tokens=False, padding=True, return_token_type_ids=False, return_tensors="pt"
+        )
+
+
+class Llama3Format(TextChatFormat):
     """Llama 3 chat: system and user messages as plain strings; images are never shown.
 
     A tokenizer without a chat template (a base or fine-tuned checkpoint that ships none) gets the
     Llama 3 format (`LLAMA3_CHAT_TEMPLATE`).
     """
-
-    generator_type = "llm"
 
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
@@ -112,17 +127,6 @@ class Llama3Format(ChatFormat):
         eot = self.tokenizer.convert_tokens_to_ids("<|eot_id|>")
         ids = [self.tokenizer.eos_token_id] + ([eot] if eot != self.tokenizer.unk_token_id and eot is not None else [])
         return list(dict.fromkeys(ids))
-
-    def render(self, prompt: Prompt) -> str:
-        """The prompt through the tokenizer's chat template."""
-        messages = self.messages(prompt, lambda parts: "".join(p for p in parts if isinstance(p, str)))
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    def encode(self, texts, images):
-        """Tokenise rendered texts (the template already holds the bos token)."""
-        return self.tokenizer(
-            list(texts), add_special_tokens=False, padding=True, return_token_type_ids=False, return_tensors="pt"
-        )
 
 
 class QwenVLFormat(ChatFormat):
@@ -344,7 +348,7 @@ class Generator:
         return self.runner.run(texts, images, max_new_tokens or self.settings.max_new_tokens, self.settings.batch_size)
 
 
-class ChatTemplateFormat(ChatFormat):
+class ChatTemplateFormat(TextChatFormat):
     """Any causal LM with a chat template of its own (kind `chat_lm`): messages as plain strings, images never shown.
 
     Generation stops on the template's end-of-turn token (the special token the template writes right after an
@@ -353,7 +357,6 @@ class ChatTemplateFormat(ChatFormat):
     opens a turn, while its generation_config says `<|im_end|>`).
     """
 
-    generator_type = "llm"
     PROBE = "qkvqa-end-of-turn-probe"
 
     def __init__(self, tokenizer, generation_eos: Sequence[int] = (), where: str = "components.generator"):
@@ -378,17 +381,6 @@ class ChatTemplateFormat(ChatFormat):
     def stop_token_ids(self) -> list[int]:
         """The chat template's end-of-turn token, then generation_config's eos ids."""
         return list(self._stop)
-
-    def render(self, prompt: Prompt) -> str:
-        """The prompt through the tokenizer's own chat template."""
-        messages = self.messages(prompt, lambda parts: "".join(p for p in parts if isinstance(p, str)))
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    def encode(self, texts, images):
-        """Tokenise rendered texts (the template already holds whatever special tokens it wants)."""
-        return self.tokenizer(
-            list(texts), add_special_tokens=False, padding=True, return_token_type_ids=False, return_tensors="pt"
-        )
 
 
 def end_of_turn_token(tokenizer, probe: str, where: str) -> str:
