@@ -367,3 +367,21 @@ def test_compare_counts_qff_temperature_as_an_evaluation_setting_under_the_softm
     assert not applies(row(**{"eval.filter": "qff", "cda.theta_on": "fused"}), "qff.temperature")
     assert applies(row(**{"eval.filter": "qff", "cda.theta_on": "softmax"}), "qff.temperature")
     assert applies(row(**{"eval.filter": "retrieval", "cda.theta_on": "softmax"}), "qff.temperature")
+
+
+def test_the_alpha_sweep_under_both_norms_is_figure_5_twice_and_every_trial_is_comparable():
+    from qkvqa.config.paper_rows import PAPER_ROWS
+    from qkvqa.sweep.spec import load_sweep
+    from tests.unit.test_paper_rows import EXPERIMENTS, scores_of, verdict
+
+    spec = load_sweep(EXPERIMENTS / "sweeps" / "alpha_sweep_norms.yaml")
+    trials = spec.trial_params(None, 0)
+    assert {(t["qff.alpha"], t["qff.question_norm"]) for t in trials} == {
+        (round(0.1 * i, 1), norm) for i in range(11) for norm in ("per_token", "across_tokens")
+    }
+    row = PAPER_ROWS["figure5/alpha"]
+    for params in trials[::5]:
+        cfg = compose(
+            "eval/evqa_qwen", [], [f"{k}={v}" for k, v in params.items()] + ["qff.checkpoint=checkpoints/evqa_qff/qff"]
+        )
+        assert cfg.qff.question_norm == params["qff.question_norm"] and verdict(cfg, scores_of(row)) == []
