@@ -1,8 +1,8 @@
 """How far each reading of the paper moves a row (issue 47): qff.question_norm, cda.theta_on and
 cda.chunk_length_counts on the synthetic world, and Figure 5's alpha grid under both question norms.
 
-    python bench/paper_readings.py                       # world of 120 entities, one tiny QFF trained (~5 min, 2 cores)
-    python bench/paper_readings.py --entities 60 --epochs 2 --name paper_readings_quick
+    python bench/paper_readings.py                  # 60 entities, a tiny QFF trained 3 epochs: 9 min on 2 busy cores
+    python bench/paper_readings.py --entities 36 --epochs 1 --name paper_readings_quick      # a quick look
 
 What runs, and what is a stand-in (the real models are not on this machine):
 
@@ -12,7 +12,7 @@ What runs, and what is a stand-in (the real models are not on this machine):
   across-token scores are about sqrt(64 / 8) = 2.8 times a cosine, where BLIP-2's are sqrt(768 / 32) = 4.9 times;
 - stage 1: a seeded stand-in with the spread of a dense retriever (the gold article first for 45 % of the questions,
   in the top 5 for about 70 %, in the top 20 for 85 %; cosine-like similarities from about 0.25 down, gaps of
-  0.004 on average), so that alpha decides how far the QFF may move an article. These are assumptions;
+  `--gap` 0.004 on average), so that alpha decides how far the QFF may move an article. These are assumptions;
 - the filter: `QFFReranker` (the code `qkvqa rerank` and `qkvqa evaluate` run) with the switch; each alpha of the
   grid re-fuses the same section scores with `qkvqa.qff.scoring.rerank`;
 - CDA: `ContextSelector` (U 2, theta 0.01, K1 4, K2 2, L 60 on E-VQA and 90 on InfoSeek) with spaCy sentences; the
