@@ -385,3 +385,18 @@ def test_the_alpha_sweep_under_both_norms_is_figure_5_twice_and_every_trial_is_c
             "eval/evqa_qwen", [], [f"{k}={v}" for k, v in params.items()] + ["qff.checkpoint=checkpoints/evqa_qff/qff"]
         )
         assert cfg.qff.question_norm == params["qff.question_norm"] and verdict(cfg, scores_of(row)) == []
+
+
+def test_an_evaluation_reports_how_often_a_second_article_passes_theta():
+    """What cda.theta_on moves, in every evaluation's scores (`second_article_kept`, `eval/second_article_kept`):
+    over the full-CDA contexts only."""
+    from qkvqa.pipeline.scoring import second_article_kept
+
+    rows = [
+        {"context": {"mode": "full", "kept_articles": [0, 1]}},
+        {"context": {"mode": "full", "kept_articles": [0]}},
+        {"context": {"mode": "first_chunk", "kept_articles": [0]}},
+        {"prediction": "", "skipped": "query image missing"},
+    ]
+    assert second_article_kept(rows) == 50.0
+    assert second_article_kept(rows[2:]) is None

@@ -319,8 +319,8 @@ READINGS = {
         ),
         Reading(
             "candidate sections",
-            "sections with text only",
-            ("empty sections scored as header-only strings",),
+            "with text only",
+            ("also empty ones, scored as header-only strings",),
             "OMGM scores a section without text as its '# Wiki Article / ## Section Title' string",
             switch=False,
         ),
