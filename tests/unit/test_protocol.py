@@ -120,7 +120,10 @@ def test_the_rendered_card_rounds_its_numbers_and_writes_no_raw_python_values(tm
     noisy = 0.1 + 0.2  # 0.30000000000000004
     card, _ = _card_of_trained_qff(tmp_path, f"qff.alpha={noisy!r}", "cda.theta=0.15")
     text = render_card(card)
-    assert card["filter"]["alpha"] == noisy and "| filter | kind qff, focus per_layer, alpha 0.3 |" in text
+    assert (
+        card["filter"]["alpha"] == noisy
+        and "| filter | kind qff, focus per_layer, alpha 0.3, question_norm per_token |" in text
+    )
     assert repr(noisy) not in text and "theta 0.15" in text
     assert not re.search(r"\b(None|True|False)\b", text), text
     assert not re.search(r"\d\.\d{7,}", text), text  # no float written with its binary noise

@@ -6,7 +6,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
+from qkvqa.config.schema import CHUNK_LENGTH_COUNTS  # declared with the config
 from qkvqa.data.sections import is_candidate_section, section_string
+from qkvqa.errors import ConfigError
 
 # Sentences inside one chunk are joined by this; token counts add up across it (see SentenceLengths).
 SENTENCE_JOINER = " "
@@ -113,27 +115,54 @@ class Chunker:
 
     `count_tokens(text) -> int` must count the generator tokenizer's tokens without special tokens
     (`Generator.count_tokens`). "References" / "External links" sections are skipped, as are
-    sections without text.
+    sections without text. `counts` is what `max_tokens` (L) counts: `body` (the sentences; the header is
+    added on top when the chunk is rendered) or `with_header` (a section's bodies get L minus the tokens of its
+    header `# Wiki Article: ...\n## Section Title: ...\n`, at least 1, so that header and body stay within L
+    where the sentences allow).
     """
 
-    def __init__(self, splitter: Splitter, count_tokens: Callable[[str], int], max_tokens: int):
+    def __init__(self, splitter: Splitter, count_tokens: Callable[[str], int], max_tokens: int, counts: str = "body"):
         if max_tokens < 1:
             raise ValueError(f"cda.chunk_tokens (L) must be at least 1, got {max_tokens}")
+        if counts not in CHUNK_LENGTH_COUNTS:
+            raise ConfigError(f"cda.chunk_length_counts={counts!r} is not one of {', '.join(CHUNK_LENGTH_COUNTS)}")
         self.splitter = splitter
+        self.count_tokens = count_tokens
         self.lengths = SentenceLengths(count_tokens)
         self.max_tokens = max_tokens
+        self.counts = counts
 
-    def chunk_texts(self, texts: Sequence[str]) -> list[list[tuple[str, int]]]:
-        """(text, token count) chunks of each text."""
+    def header_tokens(self, title: str, section_title: str) -> int:
+        """Generator tokens of a chunk's section-string header (what `Chunk.render` puts before its body)."""
+        return self.count_tokens(section_string(title, section_title, ""))
+
+    def body_budget(self, title: str, section_title: str) -> int:
+        """The most tokens a chunk body of this section may have: L, or under `with_header` L minus the header's
+        tokens (at least 1: a header of L tokens or more leaves one sentence per chunk)."""
+        if self.counts == "body":
+            return self.max_tokens
+        return max(1, self.max_tokens - self.header_tokens(title, section_title))
+
+    def chunk_texts(self, texts: Sequence[str], budgets: Optional[Sequence[int]] = None) -> list[list[tuple[str, int]]]:
+        """(text, token count) chunks of each text, within `budgets[i]` tokens (default: L for every text)."""
+        budgets = [self.max_tokens] * len(texts) if budgets is None else list(budgets)
+        if len(budgets) != len(texts):
+            raise ValueError(f"{len(budgets)} budgets for {len(texts)} texts")
         return [
-            pack_sentences(sentences, self.max_tokens, self.lengths) for sentences in self.splitter.split_many(texts)
+            pack_sentences(sentences, budget, self.lengths)
+            for sentences, budget in zip(self.splitter.split_many(texts), budgets)
         ]
 
     def chunk_article(self, article: ArticleLike) -> list[Chunk]:
         """Every chunk of the article's candidate sections, in section order then chunk order."""
         count = min(len(article.section_titles), len(article.section_texts))
         indexes = [i for i in range(count) if is_candidate_section(article.section_titles[i], article.section_texts[i])]
-        packed = self.chunk_texts([article.section_texts[i] for i in indexes])
+        budgets = (
+            None
+            if self.counts == "body"
+            else [self.body_budget(article.title, article.section_titles[i]) for i in indexes]
+        )
+        packed = self.chunk_texts([article.section_texts[i] for i in indexes], budgets)
         return [
             Chunk(
                 url=article.url,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Protocol, Sequence
 
 from qkvqa.cda.chunker import ArticleLike, Chunk, Chunker, Splitter
 from qkvqa.config.schema import CDA_MODES as MODES  # declared with the config
-from qkvqa.config.schema import TOP1_SECTION_BY
+from qkvqa.config.schema import THETA_ON, TOP1_SECTION_BY
 from qkvqa.data.sections import is_candidate_section
 from qkvqa.errors import ConfigError
 
@@ -88,11 +89,15 @@ class Context:
         }
 
 
-def select_articles(scores: Sequence[float], U: Optional[int], theta: Optional[float]) -> list[int]:
+def select_articles(
+    scores: Sequence[float], U: Optional[int], theta: Optional[float], compared: Optional[Sequence[float]] = None
+) -> list[int]:
     """Ranks of the articles kept by Eq. 11: among the top U, those with S_1 - S_i <= theta; article 1 always.
 
     `scores` are the fused scores in ranking order (non-increasing); `U: None` / `theta: None` lift
-    the corresponding limit.
+    the corresponding limit. `compared` (default `scores`) are the values theta compares, in the same order
+    (`theta_scores`: the QFF scores, or a softmax of the fused scores): article i is kept when
+    `compared[0] - compared[i] <= theta`.
     """
     if not scores:
         return []
@@ -106,9 +111,40 @@ def select_articles(scores: Sequence[float], U: Optional[int], theta: Optional[f
                 f"ranked articles must come in non-increasing fused-score order; rank {i} has "
                 f"{scores[i]} after {scores[i - 1]}"
             )
+    compared = scores if compared is None else compared
+    if len(compared) != len(scores):
+        raise ValueError(f"{len(compared)} compared values for {len(scores)} ranked articles")
     limit = len(scores) if U is None else min(U, len(scores))
-    best = scores[0]
-    return [0] + [i for i in range(1, limit) if theta is None or best - scores[i] <= theta + THETA_TOLERANCE]
+    best = compared[0]
+    return [0] + [i for i in range(1, limit) if theta is None or best - compared[i] <= theta + THETA_TOLERANCE]
+
+
+def theta_scores(
+    ranked: Sequence[RankedArticle], theta_on: str = "fused", temperature: Optional[float] = None
+) -> list[float]:
+    """The value theta compares for each ranked article (`cda.theta_on`, docs/protocol.md "Readings"), in ranking order:
+    `fused` its fused score S; `qff` its QFF score (the filter must have computed one); `softmax` the softmax of
+    S / `temperature` (`qff.temperature`, the paper's tau) over every ranked article, which keeps the order."""
+    if theta_on not in THETA_ON:
+        raise ConfigError(f"cda.theta_on={theta_on!r} is not one of {', '.join(THETA_ON)}")
+    if theta_on == "fused":
+        return [a.score for a in ranked]
+    if theta_on == "qff":
+        if any(a.qff is None for a in ranked):
+            raise ConfigError(
+                "cda.theta_on=qff compares the articles' QFF scores, which this ranking does not carry (eval.filter="
+                "retrieval, or reranked results without qff_scores); set cda.theta_on=fused or eval.filter=qff"
+            )
+        return [float(a.qff) for a in ranked]
+    if temperature is None or temperature <= 0:
+        raise ConfigError(f"cda.theta_on=softmax needs a positive temperature (qff.temperature), got {temperature}")
+    if not ranked:
+        return []
+    logits = [a.score / temperature for a in ranked]
+    top = max(logits)
+    weights = [math.exp(x - top) for x in logits]
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def apply_quotas(ranked: Sequence[Sequence[Chunk]], k_first: int, k_other: int) -> list[Chunk]:
@@ -145,7 +181,8 @@ class ContextSelector:
       not needed in `top1_section` mode with `top1_section_by=qff`.
 
     Chunks are scored as (question, rendered chunk), the rendered chunk carrying its section-string
-    header. With U or theta lifted, every kept article after the first gets the K2 quota.
+    header. With U or theta lifted, every kept article after the first gets the K2 quota. Theta compares
+    what `cfg.theta_on` names (`theta_scores`); `temperature` (`qff.temperature`) is the softmax's.
     """
 
     def __init__(
@@ -154,6 +191,7 @@ class ContextSelector:
         splitter: Splitter,
         count_tokens: Callable[[str], int],
         reranker: Optional[PairScorer] = None,
+        temperature: Optional[float] = None,
     ):
         if cfg.mode not in MODES:
             raise ConfigError(f"cda.mode: {cfg.mode!r} is not one of {', '.join(MODES)}")
@@ -169,10 +207,15 @@ class ContextSelector:
         for key in ("K1", "K2"):
             if getattr(cfg, key) < 0:
                 raise ConfigError(f"cda.{key} must be non-negative, got {getattr(cfg, key)}")
+        if cfg.theta_on not in THETA_ON:
+            raise ConfigError(f"cda.theta_on={cfg.theta_on!r} is not one of {', '.join(THETA_ON)}")
+        if cfg.mode == "full" and cfg.theta_on == "softmax" and (temperature is None or temperature <= 0):
+            raise ConfigError(f"cda.theta_on=softmax needs a positive qff.temperature, got {temperature}")
         self.cfg = cfg
         self.count_tokens = count_tokens
         self.reranker = reranker
-        self.chunker = Chunker(splitter, count_tokens, cfg.chunk_tokens)
+        self.temperature = temperature
+        self.chunker = Chunker(splitter, count_tokens, cfg.chunk_tokens, cfg.chunk_length_counts)
 
     def select(
         self, question: str, ranked_articles: Sequence[RankedArticle], image: Optional[object] = None
@@ -195,7 +238,12 @@ class ContextSelector:
                 plans.append(None)
                 continue
             if mode == "full":
-                kept = select_articles([a.score for a in ranked_articles], self.cfg.U, self.cfg.theta)
+                compared = (
+                    None
+                    if self.cfg.theta is None or self.cfg.theta_on == "fused"
+                    else theta_scores(ranked_articles, self.cfg.theta_on, self.temperature)
+                )
+                kept = select_articles([a.score for a in ranked_articles], self.cfg.U, self.cfg.theta, compared)
             else:
                 kept = [0]
             per_article = [(rank, self.chunker.chunk_article(ranked_articles[rank].article)) for rank in kept]
@@ -293,6 +341,8 @@ def select_context(
     reranker: Optional[PairScorer],
     count_tokens: Callable[[str], int],
     splitter: Splitter,
+    temperature: Optional[float] = None,
 ) -> Context:
-    """One-shot form of `ContextSelector(cfg, splitter, count_tokens, reranker).select(question, ranked_articles)`."""
-    return ContextSelector(cfg, splitter, count_tokens, reranker).select(question, ranked_articles)
+    """One-shot form of `ContextSelector(cfg, splitter, count_tokens, reranker, temperature).select(question,
+    ranked_articles)`."""
+    return ContextSelector(cfg, splitter, count_tokens, reranker, temperature).select(question, ranked_articles)

@@ -88,6 +88,8 @@ def applies(row: RunRow, key: str) -> bool:
         )
     if task != "evaluate":
         return True
+    if key == "qff.temperature" and cfg.get("cda.theta_on") == "softmax" and cfg.get("eval.stop_after") != "filter":
+        return True  # theta compares a softmax of S / qff.temperature (qkvqa.cda.select.theta_scores)
     kind = cfg.get("eval.filter", "qff")
     read = reads_filter_key(kind, key)  # a key only some filter kinds read (qkvqa.pipeline.filters)
     if read is False:

@@ -2,7 +2,9 @@
 
 An experiment names its row (`paper: table2/evqa_qwen`); the protocol card compares the run's config with the
 row's settings and lists each difference as a reason ("cda.K1 = 8 where the row uses 4"). A row's `varies` are
-the axes its table sweeps (Figure 5's alpha, Table 6's CDA grid): they are named on the card, not reasons.
+the axes its table sweeps (Figure 5's alpha, Table 6's CDA grid): they are named on the card, not reasons. Its
+readings (`READINGS`) are the settings where the paper's text and its owners' code differ, so that
+the row's number may have been made either way: named on the card with the run's value, not reasons either.
 Settings follow the paper and method.md; where the paper leaves a choice to OMGM's code (the top-1 section mix,
 the reranker length, the image geometry), the row holds OMGM's value (docs/protocol.md).
 """
@@ -277,6 +279,60 @@ PAPER_ROWS = _rows(
     ),
 )
 TITLES = {row.title: row for row in PAPER_ROWS.values()}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A setting where the paper's text and its owners' code read differently, so that a row's number may have been
+    made either way: named on the protocol card with the run's value, never a reason (docs/protocol.md "Readings").
+    `key` is the config key of a switch, or the name of a behaviour qkvqa keeps one way (`switch` False)."""
+
+    key: str
+    text: str  # the reading of the paper's text: qkvqa's default
+    others: tuple[str, ...]  # the other readings (the owners' code)
+    evidence: str  # where the other reading comes from
+    switch: bool = True
+
+
+READINGS = {
+    r.key: r
+    for r in (
+        Reading(
+            "qff.question_norm",
+            "per_token",
+            ("across_tokens",),
+            "OMGM's released step 2b normalises the question's query tokens with F.normalize's default dim=1, each "
+            "channel across the 32 tokens (lavis/models/blip2_models/qformer_IT2IT_reranker.py, multimodal_query), "
+            "about 4.9 times a cosine, so alpha 0.9 weighs the QFF about 5 times more",
+        ),
+        Reading(
+            "cda.theta_on",
+            "fused",
+            ("qff", "softmax"),
+            "the paper lists tau = 0.07 among its inference settings and selects articles 'based on QFF scores'",
+        ),
+        Reading(
+            "cda.chunk_length_counts",
+            "body",
+            ("with_header",),
+            "Table 5's first-chunk context lengths (55 tokens on E-VQA, 86 on InfoSeek) are below L (60, 90)",
+        ),
+        Reading(
+            "candidate sections",
+            "with text only",
+            ("also empty ones, scored as header-only strings",),
+            "OMGM scores a section without text as its '# Wiki Article / ## Section Title' string",
+            switch=False,
+        ),
+        Reading(
+            "decoding",
+            "greedy",
+            ("sampling at temperature 0.2, one question at a time",),
+            "ReflectiVA's release scripts (--temperature 0.2, do_sample when above 0)",
+            switch=False,
+        ),
+    )
+}
 
 
 def paper_row(name: Optional[str]) -> Optional[PaperRow]:

@@ -110,6 +110,11 @@ class QFFConfig:
     score_direction: str = (
         "question_to_section"  # late-interaction direction: question_to_section | section_to_question
     )
+    # how the question's query tokens are unit-normalised before late interaction at inference (rerank, evaluate,
+    # the validation article R@1): per_token (the paper's cosine, qkvqa's default) | across_tokens (OMGM's released
+    # step 2b: F.normalize(tokens) with its default dim=1, each hidden channel across the query tokens, about
+    # sqrt(hidden / queries) times a cosine: docs/protocol.md "Readings"). The training loss is per_token either way.
+    question_norm: str = "per_token"
     num_negatives: int = 15
     temperature: float = 0.07
     learnable_temperature: bool = False
@@ -165,7 +170,13 @@ class CDAConfig:
     top1_section_max_length: int = 6000  # BGE reads (question, section) up to this many tokens (OMGM: 6000)
     U: Optional[int] = 2  # at most U articles; null lifts the limit
     theta: Optional[float] = 0.01  # keep article i when S_1 - S_i <= theta; null lifts it
+    # the score theta compares (docs/protocol.md "Readings"): fused (S, the paper's Eq. 11 as qkvqa reads it) |
+    # qff (the articles' QFF scores, "based on QFF scores") | softmax (of S / qff.temperature over the ranked articles)
+    theta_on: str = "fused"
     chunk_tokens: int = 60  # L, in generator tokens (60 E-VQA, 90 InfoSeek)
+    # what L counts: body (the chunk's sentences; the "# Wiki Article / ## Section Title" header comes on top) |
+    # with_header (header and body together stay within L, where the sentences allow)
+    chunk_length_counts: str = "body"
     K1: int = 4
     K2: int = 2
     reranker_batch_size: int = 64
@@ -323,6 +334,9 @@ FOCUS_GATES = ("tanh", "none")
 IMAGE_TRANSFORMS = ("targetpad", "squash")
 CDA_MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
 TOP1_SECTION_BY = ("qff", "bge", "fused")
+QUESTION_NORMS = ("per_token", "across_tokens")  # qff.question_norm (qkvqa.qff.scoring.late_interaction)
+THETA_ON = ("fused", "qff", "softmax")  # cda.theta_on (qkvqa.cda.select.theta_scores)
+CHUNK_LENGTH_COUNTS = ("body", "with_header")  # cda.chunk_length_counts (qkvqa.cda.chunker.Chunker)
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # qkvqa.qff.attention
 QFORMER_INITS = ("checkpoint", "pretrained_here")  # components.qformer.init (qkvqa.qff.pretrain_here)
@@ -350,8 +364,11 @@ CHOICES = {
         for name in ("image_encoder", "text_encoder", "reranker", "generator", "judge", "splitter")
     },
     "qff.score_direction": ("question_to_section", "section_to_question"),
+    "qff.question_norm": QUESTION_NORMS,
     "cda.mode": CDA_MODES,
     "cda.top1_section_by": TOP1_SECTION_BY,
+    "cda.theta_on": THETA_ON,
+    "cda.chunk_length_counts": CHUNK_LENGTH_COUNTS,
     "eval.filter": EVAL_FILTERS,
     "eval.judge": ("bem", "em_only"),
     "eval.context": ("cda", "mllm_filter"),

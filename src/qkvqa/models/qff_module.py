@@ -54,6 +54,9 @@ class QFFTrainSettings:
     new_block_lr_scale: float = 1.0  # lr multiplier of the new focus blocks and gates
     alpha: float = 0.9
     score_direction: str = "question_to_section"
+    # inference's question normalisation, used by the validation article R@1 (its rerank is inference's); the loss
+    # and val/section_r1 normalise per token whatever it says, as OMGM trains (docs/protocol.md "Readings")
+    question_norm: str = "per_token"
     schedule_steps: Optional[int] = None  # OneCycle length; None: trainer.estimated_stepping_batches
     dropout: Optional[float] = None  # probability of every Dropout layer; None keeps the model's
     vision_fingerprint: Optional[str] = None  # set when the frozen ViT is left out of checkpoints
@@ -74,6 +77,7 @@ class QFFTrainSettings:
             new_block_lr_scale=float(qff.new_block_lr_scale),
             alpha=float(qff.alpha),
             score_direction=str(qff.score_direction),
+            question_norm=str(qff.question_norm),
             schedule_steps=qff.schedule_steps,
             dropout=qff.dropout,
             vision_fingerprint=vision_fingerprint,
@@ -372,7 +376,13 @@ class QFFTrainer(pl.LightningModule):
         self.val_section_r1.update(batch["data_ids"], (logits.argmax(dim=1) == 0).double())
         if "rerank" in batch:
             fused_hits, stage1_hits = rerank_hits(
-                self.model, batch["rerank"], question, states, self.settings.score_direction, self.settings.alpha
+                self.model,
+                batch["rerank"],
+                question,
+                states,
+                self.settings.score_direction,
+                self.settings.alpha,
+                self.settings.question_norm,
             )
             self.val_article_r1.update(batch["data_ids"], fused_hits)
             self.val_stage1_r1.update(batch["data_ids"], stage1_hits)

@@ -15,7 +15,8 @@ from qkvqa.pipeline.filters import filter_kind
 def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
     """Before stage 1: the KB opens and every model the run will load has its weights (qff.checkpoint included),
     so a missing judge or generator stops the run in seconds, not after hours of generation; precomputed reranked
-    results were made with this run's qff.alpha, over its KB, for its questions. Returns what produced them (for
+    results were made with this run's qff.alpha and qff.question_norm, over its KB, for its questions; cda.theta_on
+    has the scores it compares. Returns what produced them (for
     the report's filter card; None for other filters and for a file of unknown origin)."""
     import os
 
@@ -23,6 +24,7 @@ def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
     from qkvqa.errors import MissingWeightsError
     from qkvqa.pipeline.protocol import used_components
 
+    check_theta_on(cfg)
     benchmark.kb_store()
     for name in used_components(cfg):
         spec = spec_from_mapping(OmegaConf.to_container(cfg.components[name], resolve=True))
@@ -32,6 +34,22 @@ def preflight(cfg: DictConfig, benchmark: Any) -> Optional[dict]:
             except MissingWeightsError as e:
                 raise MissingWeightsError(f"components.{name}: {e}") from None
     return filter_kind(cfg.eval.filter).preflight(cfg, benchmark)  # the filter's own inputs (checkpoint, file)
+
+
+def check_theta_on(cfg: DictConfig) -> None:
+    """Refuse `cda.theta_on=qff` with a filter that computes no QFF scores (theta would have nothing to compare)."""
+    if (
+        cfg.eval.stop_after != "filter"
+        and cfg.eval.context == "cda"
+        and cfg.cda.mode == "full"
+        and cfg.cda.theta is not None
+        and cfg.cda.theta_on == "qff"
+        and not filter_kind(cfg.eval.filter).qff_scores
+    ):
+        raise ConfigError(
+            f"cda.theta_on=qff compares the articles' QFF scores, which eval.filter={cfg.eval.filter} does not "
+            "compute; set cda.theta_on=fused or softmax, or eval.filter=qff"
+        )
 
 
 def build_filter(cfg: DictConfig, benchmark: Any):
@@ -66,9 +84,12 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
                 f"which eval.filter={cfg.eval.filter} does not compute; set cda.top1_section_by=bge or "
                 "eval.filter=qff"
             )
+        check_theta_on(cfg)
         splitter = build_component(cfg.components.splitter)
         reranker = build_component(cfg.components.reranker) if needs_reranker(cfg.cda) else None
-        selector = ContextSelector(OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker)
+        selector = ContextSelector(
+            OmegaConf.to_object(cfg.cda), splitter, generator.count_tokens, reranker, float(cfg.qff.temperature)
+        )
     else:
         raise ConfigError(f"eval.context must be cda or mllm_filter, got {cfg.eval.context!r}")
     return KBVQAPipeline(build_filter(cfg, benchmark), selector, generator, retrieval_seconds)

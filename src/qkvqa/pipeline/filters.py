@@ -202,6 +202,7 @@ class FilterKind:
     name: str = ""
     components: tuple[str, ...] = ()  # the components it loads (`protocol.used_components`, preflight)
     section_scores: bool = False  # its ranking carries per-section scores (CDA's top-1 section by qff/fused)
+    qff_scores: bool = False  # its ranking may carry each article's QFF score (cda.theta_on=qff)
     reads_article_images: bool = False  # it scores the articles' images (articles without one are counted)
     stage1_from_file: bool = False  # its candidates come from a file it reads, not from stage 1's index
     # the config keys (a trailing "." for a prefix) that only this kind reads in an evaluation: `qkvqa compare` shows
@@ -304,6 +305,7 @@ class QFFKind(FilterKind):
     name = "qff"
     components = ("qformer",)
     section_scores = True
+    qff_scores = True
     reads_article_images = True
     config_keys = ("qff.", "components.qformer.", "trained.")
 
@@ -326,7 +328,12 @@ class QFFKind(FilterKind):
         return None
 
     def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
-        card = {"kind": self.name, "focus": cfg.qff.focus, "alpha": cfg.qff.alpha}
+        card = {
+            "kind": self.name,
+            "focus": cfg.qff.focus,
+            "alpha": cfg.qff.alpha,
+            "question_norm": cfg.qff.question_norm,
+        }
         if not cfg.qff.checkpoint:
             card["weights"] = (
                 "untrained, on purpose (qff.allow_untrained=true)" if cfg.qff.allow_untrained else "untrained"
@@ -351,8 +358,8 @@ class QFFKind(FilterKind):
 
 
 def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: Any, benchmark: Any) -> None:
-    """Refuse reranked results (`made`: what produced them) made with another qff.alpha than this run's config
-    records (its config.yaml, summary and report would show a weight that did not produce them), over another KB,
+    """Refuse reranked results (`made`: what produced them) made with another qff.alpha or qff.question_norm than this
+    run's config records (its config.yaml, summary and report would show a weight that did not produce them), over another KB,
     or for other questions (another split or question file: E-VQA ids repeat per file, so coverage cannot tell)."""
     from qkvqa.errors import ConfigError
     from qkvqa.qff.rerank import reranked_meta_path
@@ -378,6 +385,14 @@ def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: Any, ben
             f"{path} was reranked with qff.alpha={alpha} ({meta}) but this evaluation has "
             f"qff.alpha={cfg.qff.alpha}: set qff.alpha={alpha}, or rerank with qff.alpha={cfg.qff.alpha}"
         )
+    # a sidecar written before qff.question_norm existed was scored per token (the only normalisation then)
+    norm = made.get("qff.question_norm", "per_token")
+    if norm != cfg.qff.question_norm:
+        raise ConfigError(
+            f"{path} was reranked with qff.question_norm={norm} ({meta}) but this evaluation has "
+            f"qff.question_norm={cfg.qff.question_norm}: set qff.question_norm={norm}, or rerank with "
+            f"qff.question_norm={cfg.qff.question_norm}"
+        )
     made_for, evaluated = made.get("questions"), benchmark.questions_identity(cfg.eval.split)
     if made_for is not None and evaluated is not None and made_for != evaluated:
         raise DataError(
@@ -392,8 +407,10 @@ class PrecomputedKind(FilterKind):
 
     name = "precomputed"
     section_scores = True
+    qff_scores = True  # when the file records them (`qkvqa rerank` does; OMGM's step 2b does not)
     stage1_from_file = True
-    config_keys = ("qff.alpha", "eval.reranked_results")  # the alpha it must have been reranked with
+    # the alpha and question normalisation it must have been reranked with
+    config_keys = ("qff.alpha", "qff.question_norm", "eval.reranked_results")
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         from qkvqa.errors import ConfigError
@@ -437,6 +454,7 @@ class PrecomputedKind(FilterKind):
                 "kind": self.name,
                 "file": str(path),
                 "alpha": None,
+                "question_norm": None,
                 "focus": None,
                 "produced_by": f"unknown (no {reranked_meta_path(path).name}: not written by `qkvqa rerank`)",
             }
@@ -444,6 +462,7 @@ class PrecomputedKind(FilterKind):
             "kind": self.name,
             "file": str(path),
             "alpha": made.get("qff.alpha"),
+            "question_norm": made.get("qff.question_norm", "per_token"),
             "focus": made.get("qff.focus"),
             "top_k": made.get("retrieval.top_k"),
             "qformer": made.get("qformer"),

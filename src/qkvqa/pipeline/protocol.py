@@ -15,10 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
 from qkvqa.components.hub import cached_snapshot, downloaded_revision, is_hub_id
 from qkvqa.components.wheel_weights import wheel_for, wheel_weights_dir
 from qkvqa.config.paper_rows import (
     LLAMA3_SUMMARIES,
+    READINGS,
     paper_row,
     row_differences,
     row_weights,
@@ -291,6 +294,48 @@ def trained_record(cfg: Any) -> dict:
     return {key: meta.get(key) for key in ("focus", "gate", "vit_dtype")}
 
 
+def run_readings(cfg: Any) -> dict:
+    """The readings (`qkvqa.config.paper_rows.READINGS`) this run's number depends on, each with the run's value: the
+    QFF's question normalisation and candidate sections where a QFF filtered, theta's score under full CDA, what L
+    counts where CDA chunks, the decoding of ReflectiVA's generator. The card names them: a paper row's number may
+    have been made with another reading (docs/protocol.md "Readings")."""
+    kind = filter_kind(cfg.eval.filter)
+    generated = cfg.eval.stop_after != "filter"
+    cda = generated and cfg.eval.context == "cda"
+    keys = []
+    if kind.qff_scores:  # the QFF scored the sections (here, or in the `qkvqa rerank` run that wrote the file)
+        keys += ["qff.question_norm", "candidate sections"]
+    if cda and cfg.cda.mode == "full" and cfg.cda.theta is not None:
+        keys.append("cda.theta_on")
+    if cda and cfg.cda.mode != "top1_section":
+        keys.append("cda.chunk_length_counts")
+    if generated and cfg.components.generator.kind == "reflectiva":
+        keys.append("decoding")
+    out = {}
+    for key in keys:
+        reading = READINGS[key]
+        out[key] = {
+            "value": OmegaConf.select(cfg, key) if reading.switch else reading.text,
+            "paper_text": reading.text,
+            "other": list(reading.others),
+            "evidence": reading.evidence,
+        }
+    return out
+
+
+def readings_line(card: dict) -> Optional[str]:
+    """The line under the verdict naming the settings where the row's number may have been made the other way."""
+    readings = card.get("readings")
+    if not readings:
+        return None
+    whom = "the row's number" if card.get("paper") else "a paper row's number"
+    parts = [
+        f"{key} ({' or '.join(x for x in [r['paper_text'], *r['other']] if x != r['value'])})"
+        for key, r in readings.items()
+    ]
+    return f"Where {whom} may have been made the other way (docs/protocol.md, Readings): " + "; ".join(parts)
+
+
 def filter_card(cfg: Any, produced_by: Optional[dict] = None) -> dict:
     """What filtered the articles, as its kind describes it (`qkvqa.pipeline.filters.FilterKind.card`): the QFF with
     the config's focus and alpha; for precomputed results what produced them (their `qkvqa rerank` sidecar, alpha
@@ -385,6 +430,7 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
             "K2": cfg.cda.K2,
             "top1_section_by": cfg.cda.top1_section_by,
         }
+    card["readings"] = run_readings(cfg)
     card["paper"] = row.title if row else None
     card["paper_row"] = row.key if row else None
     card["paper_varies"] = varied_values(cfg, row) if row and row.varies else None
@@ -435,4 +481,16 @@ def render_card(card: dict) -> str:
     for key in ("generation", "judge", "context"):
         if key in card:
             lines.append(f"| {key} | {cell(card[key])} |")
-    return "\n".join(lines + ["", f"**{comparability_line(card)}**", ""])
+    if card.get("readings"):
+        lines.append(
+            "| readings | "
+            + "; ".join(
+                f"{key} {show(r['value'])}"
+                + ("" if r["value"] == r["paper_text"] else f" (the paper's text: {r['paper_text']})")
+                for key, r in card["readings"].items()
+            )
+            + " |"
+        )
+    footer = ["", f"**{comparability_line(card)}**", ""]
+    line = readings_line(card)
+    return "\n".join(lines + footer + ([line, ""] if line else []))

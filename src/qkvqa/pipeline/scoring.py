@@ -1,5 +1,6 @@
 """Score a merged prediction set with the metrics package: accuracy, Recall@K before/after the filter,
-Table 3 error analysis, evidence-section recall, answer-in-context rate, context length and stage times."""
+Table 3 error analysis, evidence-section recall, answer-in-context rate, second-article rate, context length and stage
+times."""
 
 from __future__ import annotations
 
@@ -150,6 +151,7 @@ def score_run(
         if analysed and generated
         else None,
         "answer_in_context": 100.0 * sum(in_context) / len(in_context) if in_context else None,
+        "second_article_kept": second_article_kept(answered),
         "context_length": analysis.context_length_stats([r["context_tokens"] for r in answered if generated]),
         "seconds_per_question": {s: _mean([r["seconds"].get(s, 0.0) for r in answered]) for s in STAGES},
     }
@@ -184,6 +186,13 @@ def score_run(
     return out
 
 
+def second_article_kept(rows: Sequence[dict]) -> Optional[float]:
+    """The share (percent) of the answered questions whose full-CDA context kept a second article (theta passed it:
+    what `cda.theta_on` moves); None when no row has a full-CDA context."""
+    full = [r["context"] for r in rows if (r.get("context") or {}).get("mode") == "full"]
+    return 100.0 * sum(len(c.get("kept_articles", [])) > 1 for c in full) / len(full) if full else None
+
+
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -201,6 +210,7 @@ def flat_metrics(scores: dict) -> dict[str, float]:
     for name in ("seen", "unseen"):
         put(f"eval/accuracy_{name}", (seen_unseen.get(name) or {}).get("accuracy"))
     put("eval/answer_in_context", scores.get("answer_in_context"))
+    put("eval/second_article_kept", scores.get("second_article_kept"))
     put("eval/n_skipped", scores.get("n_skipped"))
     for when in ("before_filter", "after_filter"):
         for key, value in (scores.get(f"recall_{when}") or {}).items():

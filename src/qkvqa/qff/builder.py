@@ -47,6 +47,7 @@ RUNTIME_DEFAULTS = {
     "question_max_tokens": 64,
     "blip_text_preprocess": True,
     "score_direction": "question_to_section",
+    "question_norm": "per_token",
     "section_batch_size": 64,
     "image_transform": "targetpad",
     "gate": "tanh",
@@ -112,10 +113,12 @@ class QFFComponent:
         question_max_tokens: int = 64,
         blip_text_preprocess: bool = True,
         score_direction: str = "question_to_section",
+        question_norm: str = "per_token",
         section_batch_size: int = 64,
         image_transform: Optional[str] = None,
         vit_lru_size: int = 256,
     ):
+        from qkvqa.config.schema import QUESTION_NORMS
         from qkvqa.qff.scoring import SCORE_DIRECTIONS
 
         self.model = model
@@ -129,10 +132,13 @@ class QFFComponent:
             )
         if score_direction not in SCORE_DIRECTIONS:
             raise ConfigError(f"qff.score_direction must be one of {SCORE_DIRECTIONS}, got {score_direction!r}")
+        if question_norm not in QUESTION_NORMS:
+            raise ConfigError(f"qff.question_norm must be one of {', '.join(QUESTION_NORMS)}, got {question_norm!r}")
         self.max_text_tokens = min(int(max_text_tokens), model.max_text_tokens)
         self.question_max_tokens = min(int(question_max_tokens), model.max_text_tokens)
         self.blip_text_preprocess = bool(blip_text_preprocess)
         self.score_direction = score_direction
+        self.question_norm = question_norm  # how the question tokens are normalised (qff.question_norm)
         self.section_batch_size = int(section_batch_size)
         self.image_transform = image_transform
         self.vit_lru_size = int(vit_lru_size)
@@ -301,7 +307,8 @@ class QFFComponent:
                     focus=focus,
                 )
                 tokens = question_enc.tokens.index_select(0, question_index)
-                for n, value in zip(batch, late_interaction(tokens, states, self.score_direction).tolist()):
+                values = late_interaction(tokens, states, self.score_direction, self.question_norm)
+                for n, value in zip(batch, values.tolist()):
                     r, _, i, j, _ = flat[n]
                     results[r][i][j] = value
         return results
@@ -566,6 +573,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
         question_max_tokens=options["question_max_tokens"],
         blip_text_preprocess=options["blip_text_preprocess"],
         score_direction=options["score_direction"],
+        question_norm=options["question_norm"],
         section_batch_size=options["section_batch_size"],
         image_transform=options["image_transform"],
         vit_lru_size=options["vit_lru_size"],

@@ -10,7 +10,8 @@ Questions go in micro-batches of `qff.question_batch_size`: each article's main 
 (and stays in an LRU of `qff.vit_lru_size` articles across questions), and the candidate sections of every
 question of the batch (no "references" / "external links"; original KB indices kept in `section_indices`) are
 encoded together in length-sorted batches of `qff.section_batch_size`; the article score is its best section's, fused
-as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or sections get QFF 0 (OMGM).
+as `S = alpha * sim_ret + (1 - alpha) * QFF`; articles without an image or sections get QFF 0 (OMGM). The section
+scores normalise the question tokens as `qff.question_norm` says (the component's `question_norm`).
 """
 
 from __future__ import annotations
@@ -240,11 +241,13 @@ def rerank_split(cfg, split: Optional[str] = None, *, benchmark, reranker: Optio
 
 
 def reranked_provenance(cfg, reranker: QFFReranker, split: str, benchmark) -> dict:
-    """What determines a reranked-results file: the fusion weight and top-K the reranker used, the QFF's focus, the
+    """What determines a reranked-results file: the fusion weight, question normalisation and top-K the reranker used,
+    the QFF's focus, the
     KB, the questions (dataset, split, file) and the stage-1 results (`qkvqa rerank` adds the QFF's weights and
     fingerprint and its run id); recorded beside the file (`write_reranked`)."""
     return {
         "qff.alpha": reranker.alpha,
+        "qff.question_norm": getattr(reranker.component, "question_norm", "per_token"),
         "retrieval.top_k": reranker.top_k,
         "qff.focus": getattr(reranker.component.model, "focus", None),
         "kb_url_checksum": reranker.store.url_checksum,

@@ -8,13 +8,17 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from qkvqa.config.schema import QUESTION_NORMS  # declared with the config
 from qkvqa.errors import ConfigError
 
 SCORE_DIRECTIONS = ("question_to_section", "section_to_question")
 
 
 def late_interaction(
-    question_tokens: torch.Tensor, section_tokens: torch.Tensor, direction: str = "question_to_section"
+    question_tokens: torch.Tensor,
+    section_tokens: torch.Tensor,
+    direction: str = "question_to_section",
+    question_norm: str = "per_token",
 ) -> torch.Tensor:
     """ColBERT-style score of `[..., A, D]` question tokens against `[..., B, D]` section tokens -> `[...]`.
 
@@ -22,10 +26,17 @@ def late_interaction(
     reverse average, `(1/B) Σ_b max_a cos(q_a, h_b)`. Leading dimensions broadcast, so `[1, A, D]`
     against `[N, B, D]` scores one question against N sections, and `[Bq, 1, A, D]` against
     `[Bq, M, B, D]` gives the `[Bq, M]` logits of a contrastive batch. Computed in fp32.
+
+    `question_norm`: `per_token` (the paper's cosine) makes each question token a unit vector; `across_tokens` is
+    OMGM's released step 2b (`F.normalize(fusion_output.last_hidden_state[:, :32, :])`, default `dim=1`), which
+    makes each hidden channel a unit vector across the A tokens, so a token's norm is about sqrt(D / A) and the
+    score that many times a cosine (docs/protocol.md "Readings"). Section tokens are unit vectors either way.
     """
     if direction not in SCORE_DIRECTIONS:
         raise ConfigError(f"qff.score_direction must be one of {SCORE_DIRECTIONS}, got {direction!r}")
-    q = F.normalize(question_tokens.float(), dim=-1)
+    if question_norm not in QUESTION_NORMS:
+        raise ConfigError(f"qff.question_norm must be one of {', '.join(QUESTION_NORMS)}, got {question_norm!r}")
+    q = F.normalize(question_tokens.float(), dim=-1 if question_norm == "per_token" else -2)
     s = F.normalize(section_tokens.float(), dim=-1)
     cosine = q @ s.transpose(-1, -2)  # [..., A, B]
     if direction == "question_to_section":
@@ -89,7 +100,7 @@ def per_section_loop(
             states = comp.model.encode_sections(
                 tokens["input_ids"], tokens["attention_mask"], image_states, question_enc
             )
-            row.append(late_interaction(question_enc.tokens, states, comp.score_direction).item())
+            row.append(late_interaction(question_enc.tokens, states, comp.score_direction, comp.question_norm).item())
         scores.append(row)
     return scores
 
@@ -129,9 +140,11 @@ def rerank_hits(
     states: torch.Tensor,
     direction: str = "question_to_section",
     alpha: float = 0.9,
+    question_norm: str = "per_token",
 ) -> tuple[list[float], list[float]]:
     """Per question of a validation batch's `rerank` part: is the gold article first after alpha fusion with the QFF
-    scores of its candidate sections (every section of a stage-1 article, encoded in `chunks`), and before (stage 1)?"""
+    scores of its candidate sections (every section of a stage-1 article, encoded in `chunks`), and before (stage 1)?
+    The section scores use inference's `question_norm` (`qff.question_norm`), as `qkvqa rerank` does."""
     questions = rerank_batch["questions"]
     scores = [[[0.0] * len(a["sections"]) for a in q["articles"]] for q in questions]
     for chunk in rerank_batch["chunks"]:
@@ -143,7 +156,9 @@ def rerank_hits(
             image_index=chunk["image_index"],
             question_index=chunk["question_index"],
         )
-        values = late_interaction(question.tokens.index_select(0, chunk["question_index"]), states_out, direction)
+        values = late_interaction(
+            question.tokens.index_select(0, chunk["question_index"]), states_out, direction, question_norm
+        )
         for (q, a, j), value in zip(chunk["slot"].tolist(), values.tolist()):
             scores[q][a][j] = value
     fused_hits, stage1_hits = [], []
