@@ -33,6 +33,7 @@ import numpy as np
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
 from qkvqa.utils.io import atomic_write_json, read_json, sha256_file
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import check_own_dir, refuse_link
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
@@ -299,7 +300,7 @@ class EmbeddingSet:
     def open(cls, path: str | os.PathLike) -> "EmbeddingSet":
         """Open an existing set; DataError when it has no manifest."""
         path = Path(path)
-        if not (path / "manifest.json").is_file():
+        if not refuse_link(path / "manifest.json").is_file():  # a link planted in a shared cache is never followed
             raise DataError(f"{path}: not an embedding set (no manifest.json); write it with `qkvqa embed`")
         return cls(path, read_json(path / "manifest.json"))
 
@@ -649,7 +650,8 @@ class Embedder:
     def open_or_create(self) -> EmbeddingSet:
         """The set of this config, with its manifest written if it is new."""
         path = self.set_path()
-        if (path / "manifest.json").is_file():
+        check_own_dir(path, "embedding set", "remove it, or use a retrieval.embed_dir / paths.cache_dir of your own")
+        if refuse_link(path / "manifest.json").is_file():
             return EmbeddingSet.open(path)
         return EmbeddingSet.create(path, self.description(), self.source.rows)
 

@@ -22,6 +22,7 @@ from qkvqa.errors import ConfigError, DataError, StaleArtifactError
 from qkvqa.retrieval.embed import EmbeddingSet, check_mode, non_finite_rows
 from qkvqa.utils.io import atomic_write_json, read_json
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import refuse_link
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
@@ -658,7 +659,7 @@ def load_index(
     import faiss
 
     path = Path(index_dir)
-    if not (path / MANIFEST_FILE).is_file():
+    if not refuse_link(path / MANIFEST_FILE).is_file():  # a link planted in a shared cache is never followed
         raise StaleArtifactError(f"no complete index at {path} (manifest.json missing); build it with `{rebuild_hint}`")
     manifest = read_json(path / MANIFEST_FILE)
     if mode is not None:

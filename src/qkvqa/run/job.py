@@ -22,6 +22,7 @@ from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.run.slurm import requeue
 from qkvqa.utils.command_line import resume_command
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import check_own_dir
 from qkvqa.utils.progress import progress_settings
 from qkvqa.utils.stop_signals import forget_stop_signals, note_stop_signal, stop_signal_received
 
@@ -78,6 +79,11 @@ def run_job(
     if run.is_rank_zero:  # one job per run directory (qkvqa.run.lock)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            check_own_dir(  # another user's folder in a shared (1777) root, pre-created with links in it
+                run.run_dir,
+                "run directory",
+                "choose another run_id, or paths.checkpoints_root a folder of your own (docs/security.md)",
+            )
             lock = RunLock.acquire(run.run_dir)
             ckpt, changes = prepare_resume(cfg, run, trains)
         except BaseException:

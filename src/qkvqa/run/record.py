@@ -20,6 +20,7 @@ from qkvqa.config.load import to_yaml
 from qkvqa.errors import DataError
 from qkvqa.utils.io import atomic_write_json, atomic_write_text, cut_torn_tail, read_json
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import fopen_no_follow
 
 log = get_logger(__name__)
 
@@ -135,7 +136,7 @@ class RunRecord:
             log.warning("%s: %s; rewriting it in place", self.status_path, e.strerror or e)
             status["error"] = (error or "")[:300] or None
             text = json.dumps(status, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-            with open(self.status_path, "r+b") as f:
+            with fopen_no_follow(self.status_path, "r+b") as f:
                 f.write(text)
                 f.truncate()
 
@@ -144,7 +145,7 @@ class RunRecord:
         new = not self.metrics_path.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cut_torn_tail(self.metrics_path)  # a row a kill tore would glue onto the next one
-        with open(self.metrics_path, "a", newline="", encoding="utf-8") as f:
+        with fopen_no_follow(self.metrics_path, "a", newline="", encoding="utf-8") as f:  # never through a link
             writer = csv.writer(f)
             if new:
                 writer.writerow(METRICS_COLUMNS)

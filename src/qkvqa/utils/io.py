@@ -269,7 +269,9 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
 
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Append rows to a JSONL file and flush them to disk (used for resumable outputs)."""
-    with open(path, "a", encoding="utf-8") as f:
+    from qkvqa.utils.own_files import fopen_no_follow
+
+    with fopen_no_follow(path, "a", encoding="utf-8") as f:  # a planted link is refused, never appended through
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
         f.flush()
@@ -336,7 +338,9 @@ def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:
     that the next append does not glue onto it; returns the bytes cut."""
     if not path.is_file():
         return 0
-    with open(path, "r+b") as f:
+    from qkvqa.utils.own_files import fopen_no_follow
+
+    with fopen_no_follow(path, "r+b") as f:
         size = f.seek(0, 2)
         end = size
         while end > 0:
