@@ -47,6 +47,30 @@ def git_commit() -> Optional[str]:
         return None
 
 
+_SOURCE: list = []
+
+
+def qkvqa_version() -> dict:
+    """The installed qkvqa: its package version and the sha256 (16 hex) of its source files, recorded in every run
+    attempt, so that a resume under another qkvqa is seen (`git_commit` is null outside a checkout)."""
+    import hashlib
+    from importlib import metadata
+
+    import qkvqa
+
+    try:
+        version = metadata.version("qkvqa")
+    except metadata.PackageNotFoundError:
+        version = getattr(qkvqa, "__version__", None)
+    if not _SOURCE:
+        digest = hashlib.sha256()
+        package = Path(qkvqa.__file__).resolve().parent
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _SOURCE.append(digest.hexdigest()[:16])
+    return {"version": version, "source_sha256": _SOURCE[0]}
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
@@ -93,12 +117,26 @@ class RunRecord:
         """Mark the run as running; a restart appends to `attempts` instead of starting over."""
         status = self.status()
         attempts = status.get("attempts", [])
+        installed = qkvqa_version()
+        before = status.get("qkvqa")
+        if before and before != installed:  # the attempts before this one ran another qkvqa: said and recorded
+            log.warning(
+                "run %s was run so far by qkvqa %s (source %s); this attempt runs qkvqa %s (source %s): its results "
+                "may mix the two versions (status.json `qkvqa_changes`); start a new run_id for one version's numbers",
+                run_id,
+                before.get("version"),
+                before.get("source_sha256"),
+                installed["version"],
+                installed["source_sha256"],
+            )
+            status.setdefault("qkvqa_changes", []).append({"at": _now(), "from": before, "to": installed})
         attempts.append(
             {
                 "started_at": _now(),
                 "host": socket.gethostname(),
                 "world_size": world_size,
                 "git_commit": git_commit(),
+                "qkvqa": installed,
                 "pid": os.getpid(),
                 "argv": sys.argv,
                 "cwd": os.getcwd(),
@@ -115,6 +153,7 @@ class RunRecord:
                 "host": socket.gethostname(),
                 "world_size": world_size,
                 "git_commit": git_commit(),
+                "qkvqa": installed,
                 "attempts": attempts,
                 "error": None,
             }
