@@ -59,6 +59,13 @@ def kb_set_kind(mode: str) -> str:
     return "kb_text" if check_mode(mode) == "image_to_summary" else "kb_images"
 
 
+def kb_content(store) -> Optional[str]:
+    """The KB's content fingerprint: its source file's sha256 (the store's manifest, computed at build), else the store
+    file's; the URL checksum alone kept vectors of edited text under the same URLs (issue 44)."""
+    manifest = getattr(store, "manifest", None) or {}
+    return (manifest.get("source") or {}).get("sha256") or manifest.get("store_sha256")
+
+
 def embed_root(cfg) -> Path:
     """Root directory of the embedding sets: retrieval.embed_dir, else {paths.cache_dir}/embeddings."""
     return Path(cfg.retrieval.embed_dir or Path(cfg.paths.cache_dir) / "embeddings").expanduser()
@@ -104,6 +111,7 @@ class KBTextSource:
         out = {
             "kb_url_checksum": self.store.url_checksum,
             "kb_articles": len(self.store),
+            "kb_content": kb_content(self.store),  # text edited under the same URLs: other vectors (issue 44)
             "summary_source": self.summary_source,
         }
         if self.summary_source == "summaries":
@@ -175,18 +183,39 @@ class KBImageSource:
         self.url_store = url_store
         self.max_per_article = max_per_article
         self.images_config = images_config
+        self._files: Optional[str] = None
 
     @property
     def rows(self) -> int:
         return len(self.store)
 
     def identity(self) -> dict:
+        if self._files is None:
+            self._files = self.image_files_checksum()
         return {
             "kb_url_checksum": self.store.url_checksum,
             "kb_articles": len(self.store),
+            "kb_content": kb_content(self.store),
             "max_images_per_article": self.max_per_article,
             "images": self.images_config,
+            "image_files": self._files,  # an image replaced in place: other vectors (issue 44)
         }
+
+    def image_files_checksum(self, block: int = 4096) -> str:
+        """sha256 over every article image's candidate files with their size and mtime (one stat per file, once per
+        process): a KB image replaced in place changes it, so its set is not reused."""
+        digest = hashlib.sha256()
+        counts: dict = {}
+        for start in range(0, self.rows, block):
+            for item in self.items(start, min(start + block, self.rows), counts):
+                digest.update(json.dumps(item.id, ensure_ascii=False).encode() + b"\0")
+                for path in item.candidates:
+                    try:
+                        st = os.stat(path)
+                        digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                    except OSError:
+                        digest.update(f"{path}\0missing\n".encode())
+        return "sha256:" + digest.hexdigest()
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
         from qkvqa.data.images import inside_root, url_store_path

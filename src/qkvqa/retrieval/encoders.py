@@ -66,11 +66,36 @@ def encoder_identity(spec: ComponentSpec | Any) -> dict:
 
     spec = spec if isinstance(spec, ComponentSpec) else spec_from_mapping(spec)
     options = {k: spec.options[k] for k in VECTOR_OPTIONS if k in spec.options}
-    return {
+    out = {
         "kind": spec.kind,
         "weights": weights_identity(spec),
         "options": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in sorted(options.items())},
     }
+    content = weights_content(spec)
+    if content is not None:
+        out["weights_sha256"] = content
+    return out
+
+
+def weights_content(spec: ComponentSpec) -> Optional[str]:
+    """The content fingerprint of the weights a spec loads (`tree_fingerprint` of the local folder, or of the hub
+    cache's snapshot of a hub id), None for tiny weights (their seed is their identity) or weights not found here.
+    The name alone (`weights_identity`) once keyed embedding sets and indexes: two checkpoints under `a/x/clip` and
+    `b/x/clip`, or new weights downloaded into the same `weights/BAAI/EVA-CLIP-8B`, shared one cache (issue 44)."""
+    from qkvqa.utils.io import tree_fingerprint
+
+    if spec.tiny or spec.pretrained is None:
+        return None
+    ref = os.path.expanduser(str(spec.pretrained).rstrip("/"))
+    folder: Optional[Path] = Path(ref) if os.path.isdir(ref) else None
+    if folder is None:
+        from qkvqa.components.hub import cached_snapshot, is_hub_id
+
+        try:
+            folder = cached_snapshot(ref) if is_hub_id(ref) else None
+        except Exception:  # noqa: BLE001 (no hub cache here: the name is all there is)
+            folder = None
+    return tree_fingerprint(folder) if folder is not None else None
 
 
 def _runtime(spec: ComponentSpec):
