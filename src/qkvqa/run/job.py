@@ -238,7 +238,16 @@ def interrupt_on_signals(
 
 
 # What a run directory holds before its job has produced anything (the run record and logger scaffolding).
-RECORD_ONLY = {"config.yaml", "status.json", "summary.json", "metrics.csv", "hparams.yaml", "wandb", "events"}
+RECORD_ONLY = {
+    "config.yaml",
+    "status.json",
+    "summary.json",
+    "metrics.csv",
+    "hparams.yaml",
+    "wandb",
+    "events",
+    "inputs.json",  # the training input files' sha256 (qkvqa.run.resume.check_training_inputs)
+}
 
 
 def _is_user_error(error: BaseException) -> bool:
