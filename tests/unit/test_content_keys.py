@@ -21,7 +21,7 @@ from qkvqa.retrieval import embed
 from qkvqa.retrieval.encoders import encoder_identity
 from qkvqa.retrieval.tiny import write_tiny_evaclip
 
-TINY = {"kind": "evaclip_hf", "tiny": True, "device": "cpu", "options": {"image_size": 32}}
+TINY = {"kind": "evaclip_hf", "tiny": True, "device": "cpu"}
 
 
 def _spec(path: Path) -> ComponentSpec:
