@@ -91,6 +91,15 @@ class ChatFormat(ABC):
         """Model inputs for rendered texts and their images, left-padded, as a BatchEncoding of tensors."""
 
 
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+
+def _single_token(tokenizer, token: str) -> bool:
+    """Whether `token` is one token of `tokenizer` (a special token it knows), not split into pieces of text."""
+    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+    return len(ids) == 1 and ids[0] != tokenizer.unk_token_id
+
+
 class Llama3Format(ChatFormat):
     """Llama 3 chat: system and user messages as plain strings; images are never shown.
 
@@ -103,6 +112,14 @@ class Llama3Format(ChatFormat):
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
         if not tokenizer.chat_template:
+            missing = [t for t in LLAMA3_SPECIAL_TOKENS if not _single_token(tokenizer, t)]
+            if missing:  # the markers would be plain text: 193 prompt tokens against 73 (issue 44)
+                raise ConfigError(
+                    f"components.generator: kind llama3, but its tokenizer ({tokenizer.name_or_path}) has no chat "
+                    f"template and lacks Llama 3's special tokens {missing}, so the Llama 3 chat markers would be "
+                    "tokenized as plain text; point pretrained at a Llama 3 checkpoint, or use kind chat_lm for a "
+                    "model with a chat template of its own"
+                )
             log.info("generator tokenizer has no chat template; using the Llama 3 format")
             tokenizer.chat_template = LLAMA3_CHAT_TEMPLATE
 
