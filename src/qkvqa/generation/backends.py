@@ -150,6 +150,12 @@ class QwenVLFormat(ChatFormat):
     def __init__(self, processor):
         super().__init__(processor.tokenizer)
         self.processor = processor
+        if not (getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)):
+            where = getattr(processor.tokenizer, "name_or_path", "") or "its folder"
+            raise ConfigError(  # a traceback at the first prompt, after stage 1 and the filter had run (issue 44)
+                f"components.generator: kind qwen2_5_vl, but {where} has no chat template (chat_template.json or "
+                "chat_template in tokenizer_config.json); copy Qwen2.5-VL-7B-Instruct's chat_template.json into it"
+            )
 
     def render(self, prompt: Prompt) -> str:
         """The prompt through the processor's chat template (one vision placeholder per image)."""
