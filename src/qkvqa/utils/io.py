@@ -166,11 +166,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], dur
         os.replace(tmp, path)
         if durable:
             fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as e:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        if isinstance(e, OSError) and not e.filename and e.errno in DISK_ERRNOS:
+            # a write through a file object (np.save, json.dump) names no file: the one-line message then named the
+            # working directory ("`.`: 65.0 GiB free") instead of the full disk (issue 44)
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
         raise
 
 
@@ -271,11 +275,16 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Append rows to a JSONL file and flush them to disk (used for resumable outputs)."""
     from qkvqa.utils.own_files import fopen_no_follow
 
-    with fopen_no_follow(path, "a", encoding="utf-8") as f:  # a planted link is refused, never appended through
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with fopen_no_follow(path, "a", encoding="utf-8") as f:  # a planted link is refused, never appended through
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if not e.filename and e.errno in DISK_ERRNOS:  # name the file on the full disk, not the working directory
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
+        raise
 
 
 def sha256_file(path: str | os.PathLike, block: int = 8 << 20) -> str:
