@@ -43,3 +43,18 @@ def test_a_qff_checkpoint_file_is_fingerprinted_by_its_bytes(tmp_path):
     before = answering_weights(cfg)["qff.checkpoint"]
     ckpt.write_bytes(b"weights two")
     assert answering_weights(cfg)["qff.checkpoint"] != before
+
+
+def test_stage1_results_of_a_resumed_evaluation_are_refused_after_the_kb_text_changed(tmp_path):
+    """The run's stage-1 results were keyed on the KB's URL checksum alone: text edited under the same URLs passed."""
+    from types import SimpleNamespace
+
+    from qkvqa.pipeline.evaluate import RETRIEVAL_FILE, RETRIEVAL_META, stage1
+
+    store = SimpleNamespace(url_checksum="sha256:urls", manifest={"source": {"sha256": "new-content"}})
+    benchmark = SimpleNamespace(kb_store=lambda: store)
+    (tmp_path / RETRIEVAL_FILE).write_text("{}")
+    meta = {"kb_url_checksum": "sha256:urls", "kb_content": "old-content", "metrics": {}}
+    (tmp_path / RETRIEVAL_META).write_text(json.dumps(meta))
+    with pytest.raises(StaleArtifactError, match="made over another KB"):
+        stage1(compose(), benchmark, "test", tmp_path, rank_zero=True)

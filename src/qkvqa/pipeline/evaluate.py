@@ -81,8 +81,11 @@ def stage1(
 ) -> tuple[dict[str, Retrieved], dict]:
     """The split's stage-1 results and their metrics, computed once by rank zero and reused on restart (the answers
     already written used them), refused when the KB store changed since."""
+    from qkvqa.retrieval.embed import kb_content
+
     path, meta_path = run_dir / RETRIEVAL_FILE, run_dir / RETRIEVAL_META
     kb = benchmark.kb_store().url_checksum
+    content = kb_content(benchmark.kb_store())  # text edited under the same URLs is another KB (issue 44)
     if rank_zero and not (path.exists() and meta_path.exists()):
         from qkvqa.retrieval.retrieve import retrieve_split
 
@@ -97,16 +100,18 @@ def stage1(
                 "metrics": result.metrics,
                 "source": cfg.retrieval.results or "in-process",
                 "kb_url_checksum": kb,
+                "kb_content": content,
                 "stage1_text": result.stage1_text,
             },
         )
     if not rank_zero:
         _wait_for_rank_zero(meta_path, run_dir, float(cfg.eval.stage1_wait_s))
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("kb_url_checksum", kb) != kb:
+    if meta.get("kb_url_checksum", kb) != kb or (meta.get("kb_content") or content) != content:
         raise StaleArtifactError(
             f"{meta_path}: this run's stage-1 results and answers were made over another KB "
-            f"(URL checksum {meta['kb_url_checksum']}, the KB store now has {kb}); evaluate "
+            f"(URL checksum {meta['kb_url_checksum']}, content {str(meta.get('kb_content'))[:12]}; the KB store now has "
+            f"{kb}, {str(content)[:12]}); evaluate "
             "again as a new run (another run_id)"
         )
     return read_results(path), meta
