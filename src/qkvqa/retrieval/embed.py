@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from qkvqa.data.kb import kb_content  # noqa: F401 (re-exported: the index and the evaluation read it here too)
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
 from qkvqa.utils.io import atomic_write_json, read_json, sha256_file
 from qkvqa.utils.logging import get_logger
@@ -57,13 +58,6 @@ def check_mode(mode: str) -> str:
 def kb_set_kind(mode: str) -> str:
     """The KB embedding set a mode indexes: kb_text (image_to_summary) or kb_images (image_to_image)."""
     return "kb_text" if check_mode(mode) == "image_to_summary" else "kb_images"
-
-
-def kb_content(store) -> Optional[str]:
-    """The KB's content fingerprint: its source file's sha256 (the store's manifest, computed at build), else the store
-    file's; the URL checksum alone kept vectors of edited text under the same URLs (issue 44)."""
-    manifest = getattr(store, "manifest", None) or {}
-    return (manifest.get("source") or {}).get("sha256") or manifest.get("store_sha256")
 
 
 def embed_root(cfg) -> Path:
