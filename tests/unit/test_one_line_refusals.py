@@ -3,6 +3,8 @@ and the fix, before the expensive work; a 1 MB KB section is split in pieces ins
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from qkvqa.components import build_component
@@ -58,3 +60,57 @@ def test_a_one_megabyte_section_is_split_in_pieces_as_spacy_would_split_it_whole
     assert "".join(_pieces(text, PIECE_CHARS)) == text
     short = paragraph * 50
     assert splitter.split_many([short, text[:500]]) == [splitter.split(short), splitter.split(text[:500])]
+
+
+def test_the_preflight_checks_each_component_before_stage_1(tmp_path):
+    """Build-time checks made before stage 1, without loading a model: a reranker folder without tokenizer files, an
+    encoder option typo, a Qwen2.5-VL folder without a chat template."""
+    from types import SimpleNamespace
+
+    from qkvqa.cda.reranker import write_tiny_xlmr_reranker
+    from qkvqa.components.hub import TOKENIZER_FILES
+    from qkvqa.config.load import compose
+    from qkvqa.generation.tiny import write_tiny_qwen2_5_vl
+    from qkvqa.pipeline.build import preflight
+
+    base = [f"components.{role}={{kind: {kind}, tiny: true, device: cpu}}" for role, kind in (
+        ("image_encoder", "evaclip_hf"), ("text_encoder", "evaclip_hf"), ("qformer", "blip2_qff"),
+        ("reranker", "bge_reranker"), ("generator", "llama3"), ("judge", "bem"))]  # fmt: skip
+    benchmark = SimpleNamespace(kb_store=lambda: None, article_images=lambda: None)
+    cfg = compose(None, [], [*base, "eval.filter=retrieval", "eval.judge=em_only"])
+    assert preflight(cfg, benchmark) is None  # every component fine: nothing said
+
+    folder = write_tiny_xlmr_reranker(tmp_path / "rr")
+    for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    cfg = compose(
+        None,
+        [],
+        [
+            *base,
+            "eval.filter=retrieval",
+            f"components.reranker={{kind: bge_reranker, tiny: false, pretrained: {folder}}}",
+        ],
+    )
+    with pytest.raises(MissingWeightsError, match=r"^components.reranker.pretrained: .* has no tokenizer files"):
+        preflight(cfg, benchmark)
+
+    cfg = compose(None, [], [*base, "eval.filter=retrieval", "components.image_encoder.options.preproces=targetpad"])
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \{'preproces'"):
+        preflight(cfg, benchmark)
+
+    qwen = write_tiny_qwen2_5_vl(tmp_path / "qwen")
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (qwen / name).unlink(missing_ok=True)
+    for name in ("tokenizer_config.json", "processor_config.json"):
+        if (qwen / name).is_file():
+            data = json.loads((qwen / name).read_text())
+            data.pop("chat_template", None)
+            (qwen / name).write_text(json.dumps(data))
+    cfg = compose(
+        None,
+        [],
+        [*base, "eval.filter=retrieval", f"components.generator={{kind: qwen2_5_vl, tiny: false, pretrained: {qwen}}}"],
+    )
+    with pytest.raises(ConfigError, match=r"^components.generator: kind qwen2_5_vl, but .* has no chat template"):
+        preflight(cfg, benchmark)
