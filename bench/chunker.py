@@ -63,7 +63,7 @@ def realistic_counter(paragraphs: list[str]):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from qkvqa.generation.backends import Llama3Format
+    from qkvqa.generation.backends import LLAMA3_SPECIAL_TOKENS, Llama3Format
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -80,6 +80,7 @@ def realistic_counter(paragraphs: list[str]):
         ),
     )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end_of_text|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(LLAMA3_SPECIAL_TOKENS)})  # kind llama3 needs them
     return Llama3Format(tokenizer).count_tokens, backend.get_vocab_size()
 
 

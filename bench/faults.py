@@ -379,7 +379,95 @@ def faults() -> list[Fault]:
             retrieve + ["data.kb_store={index_dir}"],
             "refused",
         ),
+        # issue 44 (the fourth round): keys on content, shared roots, one line before the expensive work
+        Fault(
+            "kb_text_edited_same_urls",
+            "the KB's lead sections edited under the same URLs and its store rebuilt (stale vectors reused before)",
+            _edit_kb_text_and_rebuild,
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "index_manifest_symlink",
+            "the cached index's manifest.json replaced by a symlink to a copy (a shared cache)",
+            _symlink_index_manifest,
+            retrieve,
+            "refused",
+        ),
+        Fault(
+            "encoder_option_typo",
+            "components.image_encoder.options.preproces=targetpad (a typo, ignored before)",
+            lambda r: None,
+            retrieve + ["components.image_encoder.options.preproces=targetpad"],
+            "refused",
+        ),
+        Fault(
+            "reranker_slot_holds_bem",
+            "components.reranker.kind=bem (a judge in the reranker's slot)",
+            lambda r: None,
+            evaluate_filter + ["components.reranker.kind=bem"],
+            "refused",
+        ),
+        Fault(
+            "qff_without_safetensors",
+            "the trained QFF folder copied without model.safetensors",
+            lambda r: (r / "runs/trained/qff/model.safetensors").unlink(),
+            qff,
+            "refused",
+        ),
+        Fault(
+            "run_dir_planted_by_another_user",
+            "ROOT/RUN_ID pre-created by another user with .lock and metrics.csv linked to the victim's file",
+            _planted_run_dir,
+            evaluate_filter + ["run_id=victim"],
+            "refused",
+        ),
+        Fault(
+            "compare_malformed_config",
+            "one run directory of the runs root holds a malformed config.yaml",
+            lambda r: ((r / "runs/broken").mkdir(), (r / "runs/broken/config.yaml").write_text("a: [unclosed\n")),
+            ["compare", "{root}/runs"],
+            "same",
+        ),
     ]
+
+
+def _edit_kb_text_and_rebuild(root: Path) -> None:
+    """Prefix every lead section with the same words (the URLs stay), then rebuild the KB store as a user would."""
+    path = root / "world/kb/encyclopedic_kb_wiki.json"
+    kb = json.loads(path.read_text(encoding="utf-8"))
+    for entry in kb.values():
+        entry["section_texts"][0] = "Edited lead section. " + entry["section_texts"][0]
+    path.write_text(json.dumps(kb), encoding="utf-8")
+    shutil.rmtree(root / "world/kb/store")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    subprocess.run(
+        QKVQA + ["kb", "build", "--source", str(path), "--out", str(root / "world/kb/store")],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+def _symlink_index_manifest(root: Path) -> None:
+    manifest = next((root / "cache/indexes").glob("kb_text*/*/manifest.json"))
+    copy = root / "planted_manifest.json"
+    shutil.copy(manifest, copy)
+    manifest.unlink()
+    manifest.symlink_to(copy)
+
+
+def _planted_run_dir(root: Path) -> None:
+    """Another user's ROOT/RUN_ID in a 1777 run root, with links to a file of the victim's (needs root to chown)."""
+    victim = root / "victim_file.txt"
+    victim.write_text("keep me\n")
+    run_dir = root / "runs/victim"
+    run_dir.mkdir(parents=True)
+    (run_dir / ".lock").symlink_to(victim)
+    (run_dir / "metrics.csv").symlink_to(victim)
+    os.chmod(root / "runs", 0o1777)
+    if os.geteuid() == 0:
+        os.chown(run_dir, 65534, 65534)
 
 
 def _shuffle_rows(path: Path) -> None:

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from qkvqa.data.benchmark import Benchmark, build_benchmark
+from qkvqa.data.kb import kb_content
 from qkvqa.data.questions import Question, is_training_question
 from qkvqa.data_modules.base import KBVQADataModule
 from qkvqa.data_modules.samplers import (
@@ -428,6 +429,7 @@ class QFFTrainDataModule(KBVQADataModule):
                 self.pools_path(split),
                 fallback=FactsSourceOf(self.benchmark, self.image_paths),
                 kb_checksum=self.kb_store().url_checksum,
+                kb_content=kb_content(self.kb_store()),  # text edited under the same URLs (issue 44)
             )
         return self.pool_files[split]
 

@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from qkvqa.utils.stop_signals import STOP_SIGNALS
+
 
 class ResumableSampler(Sampler[int]):
     """Indices of one rank for one epoch: seeded shuffle (or file order), strided sharding.
@@ -137,11 +139,11 @@ def batches_per_epoch(num_samples: int, batch_size: int, world_size: int = 1, pa
 # included. A forked worker inherits the main process's handlers (qkvqa's, Lightning's), and a stop raised inside a
 # worker reached the main process as a worker failure with the signal number lost (no requeue). Workers ignore the
 # stop signals: the main process alone honours them, at the next batch boundary (callbacks.last_checkpoint).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# STOP_SIGNALS (qkvqa.utils.stop_signals): SIGTERM, SIGUSR1, SIGINT and SIGHUP; re-exported for worker_server.py.
 
 
 def ignore_stop_signals(worker_id: int, then: Optional[Callable[[int], None]] = None) -> None:
-    """A DataLoader `worker_init_fn`: ignore SIGTERM, SIGUSR1 and SIGINT in this worker, then run `then`. (A worker of
+    """A DataLoader `worker_init_fn`: ignore SIGTERM, SIGUSR1, SIGINT and SIGHUP in this worker, then run `then`. (A worker of
     the fork server inherits them blocked as well, `worker_start_context`: unblocked, as a forked worker has them.)
     It also lets the fork server go (`release_fork_server`)."""
     for sig in STOP_SIGNALS:

@@ -28,6 +28,7 @@ class StaleArtifactError(QkvqaError, RuntimeError):
 # script can requeue on it (docs/training.md).
 EXIT_INTERRUPTED = 143
 EXIT_CTRL_C = 130  # the same stop on Ctrl-C (SIGINT): 128 + SIGINT
+EXIT_HANGUP = 129  # the same stop on SIGHUP (the terminal closed): 128 + SIGHUP
 
 
 class RunInterrupted(QkvqaError):
@@ -42,3 +43,5 @@ class RunInterrupted(QkvqaError):
         self.signum = signum  # the signal that stopped the run (SIGUSR1 requeues a SLURM job)
         if signum == signal.SIGINT:  # Ctrl-C: 128 + SIGINT, as a shell reports it
             self.exit_code = EXIT_CTRL_C
+        elif signum == signal.SIGHUP:  # the terminal closed: 128 + SIGHUP, saved and resumable all the same
+            self.exit_code = EXIT_HANGUP

@@ -1,6 +1,6 @@
 """Faults injected into a training process at an exact point: a signal after a step, during validation, mid-save.
 
-`QKVQA_TEST_FAULT=KIND@WHERE:N`, KIND one of sigkill | sigterm | sigusr1, or `-group` after it (sigterm-group: the
+`QKVQA_TEST_FAULT=KIND@WHERE:N`, KIND one of sigkill | sigterm | sigusr1 | sighup, or `-group` after it (sigterm-group: the
 signal goes to the whole process group, DataLoader workers included, as SLURM and a terminal's Ctrl-C deliver it):
 - `train:N`  the signal arrives as training step N+1 begins (N optimizer steps done);
 - `val:N`    during the first validation batch once N steps are done;
@@ -17,7 +17,12 @@ import signal
 import lightning.pytorch as pl
 import torch
 
-SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
+SIGNALS = {
+    "sigkill": signal.SIGKILL,
+    "sigterm": signal.SIGTERM,
+    "sigusr1": signal.SIGUSR1,
+    "sighup": signal.SIGHUP,
+}
 
 
 def parse(spec: str) -> tuple[int, str, int, bool]:

@@ -74,6 +74,8 @@ def _faults() -> list[tuple[str, str]]:
         # of val every 3 batches, an epoch's last step 8 of val per epoch): the resumed run runs that validation
         ("monitored_val_every_3_planned", "sigterm@train:5"),
         ("monitored_val_per_epoch_planned", "sigusr1@train:7"),
+        # issue 44: the terminal closed (SIGHUP) saves and resumes as SIGTERM does
+        ("unmonitored_fixed_schedule", "sighup@train:4"),
     ]
 
 
@@ -197,7 +199,8 @@ def test_a_run_killed_anywhere_resumes_to_the_uninterrupted_result(references, t
             assert state == "running"  # nothing runs after SIGKILL to rewrite the record...
             assert RunRecord(run_dir).observed_state() == "killed"  # ...but its lock is free: compare says so
         else:
-            assert killed == RunInterrupted.exit_code, killed
+            hup = one.startswith("sighup")
+            assert killed == (129 if hup else RunInterrupted.exit_code), killed
             assert state == "interrupted"
             assert not list(run_dir.glob(".*partial*"))
     summary = _fit_here(tmp_path, "run", shape, seen, "resume=auto")

@@ -124,3 +124,40 @@ def test_a_flipped_or_truncated_last_ckpt_is_refused_on_resume_naming_the_file(r
     last.write_bytes(bytes(data[:1000]))  # truncated, and no sidecar to compare
     with pytest.raises(DataError, match=r"last\.ckpt: unreadable checkpoint"):
         _fit(run_root, None, "run_id=flip", "resume=auto", "trainer.max_steps=6")
+
+
+@pytest.mark.slow
+def test_a_run_directory_moved_after_a_validation_resumes_with_its_best_checkpoints(run_root, tmp_path):
+    """Issue 44 class 3: Lightning reloads its top-k and best paths only when the saved dirpath is the current one, so
+    a run moved (or copied) after a validation resumed with the best of its later validations only, its best path
+    pointing at the old place. The paths are now kept relative to the run directory and rebased on resume."""
+    import shutil
+
+    monitored = ["checkpoint.monitor=val/loss", "checkpoint.mode=min", "checkpoint.save_top_k=3"]
+    monitored += ["trainer.val_check_interval=3"]
+
+    def fit_with_validation(root, *overrides):
+        clear_run_env()
+        cfg = compose(None, [], [f"paths.checkpoints_root={root}", *BASE, *monitored, *overrides])
+        torch.manual_seed(cfg.seed)
+        return fit(cfg, ToyRegressor(total_steps=40), ToyDataModule(n=64, val_n=16), batch_size=8)
+
+    fit_with_validation(run_root, "run_id=ref", "trainer.max_steps=14")
+    fit_with_validation(run_root, "run_id=moved", "trainer.max_steps=8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(str(run_root / "moved"), str(elsewhere / "moved"))
+    summary = fit_with_validation(elsewhere, "run_id=moved", "resume=auto", "trainer.max_steps=14")
+
+    def top_k(run_dir: Path) -> dict:
+        state = torch.load(run_dir / "last.ckpt", weights_only=True)["callbacks"]
+        (checkpoint,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint")]
+        return {Path(p).name: float(v) for p, v in checkpoint["best_k_models"].items()}
+
+    reference = json.loads((run_root / "ref" / "summary.json").read_text())
+    assert top_k(elsewhere / "moved") == top_k(run_root / "ref") and len(top_k(run_root / "ref")) == 3
+    assert summary["best_model_score"] == pytest.approx(reference["best_model_score"], abs=0)
+    assert Path(summary["best_model_path"]).parent == (elsewhere / "moved").resolve()
+    assert Path(summary["best_model_path"]).name == Path(reference["best_model_path"]).name
+    kept = sorted(p.name for p in (elsewhere / "moved").glob("epoch*.ckpt"))
+    assert kept == sorted(top_k(run_root / "ref")), kept

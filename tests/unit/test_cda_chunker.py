@@ -163,7 +163,7 @@ def test_sentence_lengths_match_a_trained_bpe(splitter):
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from qkvqa.generation.backends import Llama3Format
+    from qkvqa.generation.backends import LLAMA3_SPECIAL_TOKENS, Llama3Format
     from qkvqa.generation.prompts import DOLOMITES_EXAMPLE, EVQA_LLM_SYSTEM, INFOSEEK_LLM_SYSTEM
 
     corpus = [DOLOMITES_EXAMPLE, EVQA_LLM_SYSTEM, INFOSEEK_LLM_SYSTEM] * 3
@@ -178,7 +178,9 @@ def test_sentence_lengths_match_a_trained_bpe(splitter):
         corpus,
         trainers.BpeTrainer(vocab_size=600, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
     )
-    count = Llama3Format(PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")).count_tokens
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(LLAMA3_SPECIAL_TOKENS)})  # kind llama3 needs them
+    count = Llama3Format(tokenizer).count_tokens
     sentences = [s for text in corpus for s in splitter.split(text)] + ["(1889) Eiffel’s  tower.", "Südtirol", "42 m."]
     lengths = SentenceLengths(count)
     assert [lengths(s) for s in sentences] == [(count(s), count(" " + s)) for s in sentences]

@@ -314,3 +314,18 @@ def test_an_unfinished_run_s_partial_value_is_left_out_of_the_plot_and_said_so()
     rows = [row("done", "finished", 50.0), row("cut", "failed", 90.0)]
     assert metric_points(rows, "qff.alpha", "eval/accuracy", "max") == [(0.5, 50.0)]
     assert "1 runs (1 unfinished left out)" in metric_figure(rows, "qff.alpha", "eval/accuracy").axes[0].get_title()
+
+
+def test_one_malformed_config_yaml_in_a_runs_root_is_counted_and_the_others_compared(runs, capsys):
+    """Issue 44 class 3: one malformed config.yaml made the whole `qkvqa compare` fail."""
+    (runs / "broken").mkdir()
+    (runs / "broken" / "config.yaml").write_text("run_id: [unclosed\n  qff: {\n")
+    (runs / "broken" / "status.json").write_text('{"state": "finished"}')
+    skipped: list = []
+    rows = collect_local([runs], skipped)
+    assert sorted(r.run_id for r in rows) == ["a", "b", "c"]
+    assert [path for path, _ in skipped] == [str((runs / "broken").resolve())] and "config.yaml" in skipped[0][1]
+    assert main(["compare", str(runs), "--metric", "val/loss", "--goal", "min"]) == 0
+    captured = capsys.readouterr()
+    assert "1 run directory skipped, record unreadable" in captured.err and "broken" in captured.err
+    assert "\nb " in captured.out and "\nc " in captured.out

@@ -195,7 +195,11 @@ def test_mining_writes_omgm_layout_counts_drops_and_reads_back(kb, tmp_path):
     assert read.ranking("imgA") == (tuple(top[:4]), (0.9, 0.8, 0.7, 0.6))
     # Issue 14 item 1: the facts sidecar names the KB it was mined over; pools of another KB are refused
     store = kb[0]
-    assert json.loads(side.read_text())["kb"] == {"url_checksum": store.url_checksum, "articles": len(store)}
+    assert json.loads(side.read_text())["kb"] == {
+        "url_checksum": store.url_checksum,
+        "articles": len(store),
+        "content": store.manifest["source"]["sha256"],  # the KB's text too (issue 44)
+    }
     PoolFile(pools_path, kb_checksum=store.url_checksum)
     with pytest.raises(StaleArtifactError, match=r"hardneg_train\.articles\.json: mined over another KB.*qkvqa mine"):
         PoolFile(pools_path, kb_checksum="sha256:another")

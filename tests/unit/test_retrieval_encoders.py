@@ -125,13 +125,13 @@ def test_tiny_clip_tokenizer_knows_words_and_still_tokenises_anything(tmp_path):
 
 
 def test_identity_and_shared_encoders():
-    image_spec = _tiny("evaclip_hf", image_size=64, batch_size=8)
+    image_spec = _tiny("evaclip_hf", image_size=224, batch_size=8)  # the size its tower takes (issue 44: 64 is refused)
     assert encoder_identity(image_spec) == {
         "kind": "evaclip_hf",
         "weights": "tiny(seed=0)",
-        "options": {"image_size": 64},
+        "options": {"image_size": 224},
     }
     image, text = build_encoders(image_spec, dict(image_spec))
-    assert image is text and image.preprocess.size == 64
+    assert image is text and image.preprocess.size == 224
     image, text = build_encoders(image_spec, _tiny("clip_hf"))
     assert image is not text

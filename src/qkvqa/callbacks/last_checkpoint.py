@@ -25,12 +25,12 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 
 from qkvqa.utils.logging import get_logger
-from qkvqa.utils.stop_signals import disarm_stop_deadline, note_stop_signal, stop_signal_received
+from qkvqa.utils.stop_signals import STOP_SIGNALS, disarm_stop_deadline, note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
 # Ctrl-C (SIGINT) stops as SIGTERM does: save, record `interrupted`, exit 130; a second Ctrl-C stops at once (Lightning
 # turned a first one into SystemExit(1): the run was recorded `failed`, with no last.ckpt to resume from).
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+SIGNALS = STOP_SIGNALS  # SIGHUP too: a closed terminal saves as SIGTERM does
 CTRL_C_NOTE = (
     "\nCtrl-C: finishing this batch, then saving and stopping (the run can be resumed); "
     "press Ctrl-C again to stop at once\n"
@@ -70,7 +70,7 @@ def _validation_follows(trainer: pl.Trainer) -> bool:
 
 
 class LastCheckpoint(pl.Callback):
-    """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1/SIGINT it finishes the batch,
+    """Writes `<run_dir>/last.ckpt` (and nothing else writes it); on SIGTERM/SIGUSR1/SIGINT/SIGHUP it finishes the batch,
     saves on every rank's agreement and stops training; `preempted` tells the caller to mark the run interrupted."""
 
     def __init__(

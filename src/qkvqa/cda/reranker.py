@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from qkvqa.components.hub import check_head
+from qkvqa.components.hub import check_head, check_tokenizer_files
 from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import BASE_WORDS
 from qkvqa.errors import ConfigError
@@ -299,6 +299,7 @@ def build_bge_reranker(spec: ComponentSpec) -> Reranker:
     # BGE-Reranker-v2-m3 is a one-logit cross-encoder: FlagReranker and the native port read logits.view(-1), so a
     # two-label classifier would give two scores per pair, shifted onto the next pairs, with no error
     check_head(path, "components.reranker", ("ForSequenceClassification",), num_labels=1)
+    check_tokenizer_files(path, "components.reranker")
     device = spec.torch_device()
     dtype = spec.torch_dtype()
     if device.type == "cpu" and dtype != torch.float32:

@@ -45,18 +45,47 @@ class SentenceSplitter:
         return self.split_many([text])[0]
 
     def split_many(self, texts: Iterable[str]) -> list[list[str]]:
-        """The sentences of each text (one spaCy pass over all of them)."""
-        result: list[list[str]] = []
-        for doc in self.nlp.pipe(texts, batch_size=self.batch_size):
+        """The sentences of each text (one spaCy pass over all of them). A text longer than PIECE_CHARS goes through
+        spaCy in pieces cut at a line break (which ends a sentence anyway), else at a space: a 1 MB KB section stopped
+        an evaluation after stage 1 with spaCy's E088 (its `max_length`) and 2.2 GB of memory (issue 44)."""
+        owners: list[int] = []
+        pieces: list[str] = []
+        count = 0
+        for count, text in enumerate(texts, 1):
+            for piece in _pieces(text, PIECE_CHARS):
+                owners.append(count - 1)
+                pieces.append(piece)
+        result: list[list[str]] = [[] for _ in range(count)]
+        for owner, doc in zip(owners, self.nlp.pipe(pieces, batch_size=self.batch_size)):
             text = doc.text
-            sentences: list[str] = []
+            sentences = result[owner]
             for span in doc.sents:
                 # Slicing the text avoids building a Python Token per token (Span.text would).
                 sentence = text[span.start_char : span.end_char]
-                pieces = sentence.split("\n") if self.split_on_newlines and "\n" in sentence else (sentence,)
-                sentences.extend(piece.strip() for piece in pieces if piece.strip())
-            result.append(sentences)
+                parts = sentence.split("\n") if self.split_on_newlines and "\n" in sentence else (sentence,)
+                sentences.extend(part.strip() for part in parts if part.strip())
         return result
+
+
+PIECE_CHARS = 100_000  # well under spaCy's max_length (1,000,000), and a bounded memory per piece
+
+
+def _pieces(text: str, limit: int) -> list[str]:
+    """`text` in pieces of at most `limit` characters, cut after a line break where there is one, else after a space,
+    else anywhere; the pieces joined give `text` back."""
+    if len(text) <= limit:
+        return [text]
+    out, start = [], 0
+    while len(text) - start > limit:
+        end = start + limit
+        cut = text.rfind("\n", start + 1, end)
+        if cut < 0:
+            cut = text.rfind(" ", start + 1, end)
+        cut = end if cut < 0 else cut + 1
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
 
 
 @register_component("spacy_sentencizer")

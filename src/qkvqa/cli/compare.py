@@ -120,7 +120,15 @@ def _run(args: argparse.Namespace) -> int:
     goal = args.goal or sweep_goal or "max"
     if args.plot and not metric:
         raise ConfigError("--plot needs --metric (the value plotted against the parameter)")
-    rows = collect_wandb(args.wandb) if args.wandb else collect_local(paths)
+    skipped: list = []
+    rows = collect_wandb(args.wandb) if args.wandb else collect_local(paths, skipped)
+    if skipped:  # counted and named, the rest compared (issue 44)
+        print(
+            f"({len(skipped)} run director{'y' if len(skipped) == 1 else 'ies'} skipped, record unreadable: "
+            + "; ".join(f"{path}: {reason}" for path, reason in skipped)
+            + ")",
+            file=sys.stderr,
+        )
     rows = filter_rows(rows, args.where, task=args.task)
     hidden = []
     if args.task is None and not args.all_columns:

@@ -12,6 +12,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from qkvqa.errors import ConfigError
 from qkvqa.run.record import RunRecord
 from qkvqa.run.sweep_manifest import MANIFEST_NAME, Manifest
+from qkvqa.utils.logging import get_logger
+
+log = get_logger(__name__)
 
 # W&B logs Lightning's step as this metric; its own `_step` counts log calls.
 WANDB_STEP_KEY = "trainer/global_step"
@@ -206,9 +209,20 @@ def local_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return list(unique)
 
 
-def collect_local(paths: Iterable[str | os.PathLike]) -> list[RunRow]:
-    """Rows of every run under `paths` (run dirs, sweep dirs, checkpoint roots); fully offline."""
-    return [row_from_run_dir(p) for p in local_run_dirs(paths)]
+def collect_local(paths: Iterable[str | os.PathLike], skipped: Optional[list] = None) -> list[RunRow]:
+    """Rows of every run under `paths` (run dirs, sweep dirs, checkpoint roots); fully offline. A run directory whose
+    record cannot be read (a malformed config.yaml or status.json) is skipped, logged and appended to `skipped` as
+    (path, reason): one such folder in a runs root once failed the whole `qkvqa compare`."""
+    rows = []
+    for path in local_run_dirs(paths):
+        try:
+            rows.append(row_from_run_dir(path))
+        except Exception as e:  # noqa: BLE001 (any unreadable record: counted and named, never the whole table)
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            log.warning("%s: skipped, its run record cannot be read (%s)", path, reason)
+            if skipped is not None:
+                skipped.append((str(path), reason))
+    return rows
 
 
 def _wandb_series(run: Any) -> Callable[[str], Series]:

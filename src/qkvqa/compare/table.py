@@ -15,6 +15,7 @@ from qkvqa.compare.rows import RunRow, goal_sign
 from qkvqa.errors import ConfigError
 from qkvqa.pipeline.filters import reads_filter_key
 from qkvqa.utils.io import atomic_write_text
+from qkvqa.utils.markdown import md_text
 
 IDENTITY_COLUMNS = ["run_id", "task", "state"]
 ALL_IDENTITY_COLUMNS = IDENTITY_COLUMNS + ["experiment"]
@@ -314,6 +315,13 @@ def _cell(value: Any, markdown: bool) -> str:
     return text.replace("|", "\\|") if markdown else text
 
 
+def _markdown_cell(value: Any) -> str:
+    """A cell of `--format markdown`: HTML in a question or value is shown as text, never rendered (issue 44)."""
+    if value is None or isinstance(value, (bool, float)):
+        return _cell(value, markdown=True)
+    return md_text(json.dumps(value) if isinstance(value, (list, dict)) else value)
+
+
 def _round(value: float) -> str:
     """A float to SIGNIFICANT figures, without an exponent for the values a metric table holds (0.0001 to 10^6)."""
     if value != value or value in (float("inf"), float("-inf")):
@@ -394,10 +402,8 @@ def render_table(table: Table, fmt: str, width: Optional[int] = None) -> str:
         header = list(table.columns)
         if table.metric:
             header[header.index("best_value")] = f"best {table.metric} ({table.goal})"
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += [
-            "| " + " | ".join(_cell(r.get(c), markdown=True) for c in table.columns) + " |" for r in table.records
-        ]
+        lines = ["| " + " | ".join(md_text(h) for h in header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(_markdown_cell(r.get(c)) for c in table.columns) + " |" for r in table.records]
         return "\n".join(lines) + "\n"
     raise ConfigError(f"unknown table format {fmt!r}: use one of {', '.join(FORMATS)}")
 

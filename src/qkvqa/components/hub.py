@@ -147,3 +147,27 @@ def check_head(path: str | os.PathLike, where: str, heads: tuple[str, ...], num_
                 f"{where}.pretrained: {path} has {labels} output labels (config.json id2label), and this kind reads "
                 f"{num_labels}; its scores would be another model's. Point it at a checkpoint with {num_labels}"
             )
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+)
+
+
+def check_tokenizer_files(path: str | os.PathLike, where: str) -> None:
+    """Refuse, before loading, a local checkpoint folder with no tokenizer file (a folder downloaded with the weights
+    only): transformers' error came after stage 1 and the filter had run, as a traceback (issue 44)."""
+    from qkvqa.errors import MissingWeightsError
+
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise MissingWeightsError(
+            f"{where}.pretrained: {folder} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); download "
+            "the checkpoint's whole folder (its tokenizer too), e.g. `huggingface-cli download HUB_ID --local-dir "
+            f"{folder}`"
+        )

@@ -70,7 +70,9 @@ class cache_lock:
     def __enter__(self) -> bool:
         import fcntl
 
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        from qkvqa.utils.own_files import open_no_follow
+
+        self.fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         flags = (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | (0 if self.wait else fcntl.LOCK_NB)
         try:
             fcntl.flock(self.fd, flags)

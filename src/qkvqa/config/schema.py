@@ -465,6 +465,39 @@ def check_values(cfg: Any) -> None:
         if (low is not None and value < low) or (high is not None and value > high):
             span = f"at least {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
+    check_component_roles(cfg)
+
+
+# The shipped component kinds of each role (slot) of `components:`. A kind of one role in another's slot
+# (`components.reranker.kind=bem`) is refused when the config is composed, naming the key; a kind no role lists (a
+# plugin's, "Extend without editing qkvqa") is left to its builder.
+ROLE_KINDS = {
+    "image_encoder": ("evaclip_hf", "clip_hf", "timm_image"),
+    "text_encoder": ("evaclip_hf", "clip_hf"),
+    "qformer": ("blip2_qff",),
+    "reranker": ("bge_reranker", "sentence_transformer"),
+    "generator": ("llama3", "chat_lm", "qwen2_5_vl", "reflectiva"),
+    "judge": ("bem",),
+    "splitter": ("spacy_sentencizer",),
+}
+
+
+def check_component_roles(cfg: Any) -> None:
+    """ConfigError naming `components.ROLE.kind` when it holds a shipped kind of another role only."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.errors import ConfigError
+
+    for role, kinds in ROLE_KINDS.items():
+        kind = OmegaConf.select(cfg, f"components.{role}.kind", default=None)
+        if kind is None or kind in kinds:
+            continue
+        others = [r for r, ks in ROLE_KINDS.items() if r != role and kind in ks]
+        if others:
+            raise ConfigError(
+                f"components.{role}.kind={kind!r} is a {' / '.join(others)} component, not a {role}; a {role} is one "
+                f"of {', '.join(kinds)}"
+            )
 
 
 # Keys that may change when a run resumes; any other change is refused (torchtune's policy).

@@ -57,10 +57,15 @@ IMAGE_DECODE_VERSION = 2
 def to_rgb(image: Image.Image) -> Image.Image:
     """`image` as 8-bit RGB, faithfully: EXIF orientation applied, 16-bit / 32-bit grey scaled to 0-255 (PIL's
     `convert("RGB")` clips them, so a 16-bit PNG turned all white), palette and alpha modes composited on white,
-    CMYK and the rest through PIL's conversion."""
+    CMYK and the rest through PIL's conversion.
+
+    An RGB image is decoded once and returned as it is, turned in place when its EXIF says so: `exif_transpose`
+    returned a copy even with nothing to turn, and `convert("RGB")` another, so a 144-Mpx photo was held three times
+    over (3.3 GB at the peak, issue 44)."""
     from PIL import ImageOps
 
-    image = ImageOps.exif_transpose(image)
+    image.load()
+    ImageOps.exif_transpose(image, in_place=True)
     mode = image.mode
     if mode.startswith("I;16") or mode == "I":
         import numpy as np
@@ -85,7 +90,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def inside_root(root: Path, path: Path) -> bool:

@@ -706,3 +706,10 @@ def _article(row: tuple) -> Article:
 def article_to_dict(article: Article) -> dict:
     """The article as a plain dict (for printing and JSON files)."""
     return asdict(article)
+
+
+def kb_content(store) -> Optional[str]:
+    """The KB's content fingerprint: its source file's sha256 (the store's manifest, computed at build), else the store
+    file's; the URL checksum alone kept vectors of edited text under the same URLs (issue 44)."""
+    manifest = getattr(store, "manifest", None) or {}
+    return (manifest.get("source") or {}).get("sha256") or manifest.get("store_sha256")

@@ -91,6 +91,15 @@ class ChatFormat(ABC):
         """Model inputs for rendered texts and their images, left-padded, as a BatchEncoding of tensors."""
 
 
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+
+def _single_token(tokenizer, token: str) -> bool:
+    """Whether `token` is one token of `tokenizer` (a special token it knows), not split into pieces of text."""
+    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+    return len(ids) == 1 and ids[0] != tokenizer.unk_token_id
+
+
 class TextChatFormat(ChatFormat):
     """A text-only LLM's chat: messages as plain strings through the tokenizer's chat template; images never shown."""
 
@@ -118,6 +127,14 @@ class Llama3Format(TextChatFormat):
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
         if not tokenizer.chat_template:
+            missing = [t for t in LLAMA3_SPECIAL_TOKENS if not _single_token(tokenizer, t)]
+            if missing:  # the markers would be plain text: 193 prompt tokens against 73 (issue 44)
+                raise ConfigError(
+                    f"components.generator: kind llama3, but its tokenizer ({tokenizer.name_or_path}) has no chat "
+                    f"template and lacks Llama 3's special tokens {missing}, so the Llama 3 chat markers would be "
+                    "tokenized as plain text; point pretrained at a Llama 3 checkpoint, or use kind chat_lm for a "
+                    "model with a chat template of its own"
+                )
             log.info("generator tokenizer has no chat template; using the Llama 3 format")
             tokenizer.chat_template = LLAMA3_CHAT_TEMPLATE
 
@@ -137,6 +154,12 @@ class QwenVLFormat(ChatFormat):
     def __init__(self, processor):
         super().__init__(processor.tokenizer)
         self.processor = processor
+        if not (getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)):
+            where = getattr(processor.tokenizer, "name_or_path", "") or "its folder"
+            raise ConfigError(  # a traceback at the first prompt, after stage 1 and the filter had run (issue 44)
+                f"components.generator: kind qwen2_5_vl, but {where} has no chat template (chat_template.json or "
+                "chat_template in tokenizer_config.json); copy Qwen2.5-VL-7B-Instruct's chat_template.json into it"
+            )
 
     def render(self, prompt: Prompt) -> str:
         """The prompt through the processor's chat template (one vision placeholder per image)."""

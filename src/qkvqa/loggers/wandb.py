@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from qkvqa.config.load import to_plain
 from qkvqa.metrics.retrieval import gold_rank as metric_gold_rank
@@ -64,14 +64,14 @@ def job_type(command: str) -> str:
 def run_settings(cfg: DictConfig, run: Any, command: str) -> dict:
     """The wandb.init arguments every qkvqa W&B run shares: project, entity, group, job_type, top-level notes and
     tags (joined with logger.wandb.tags), the compact config, the run directory, the mode."""
-    wcfg = cfg.logger.wandb
-    tags = list(dict.fromkeys([*wcfg.tags, *cfg.tags])) or None
+    wcfg = _without_environment_values(cfg)
+    tags = list(dict.fromkeys([*(wcfg["tags"] or []), *(wcfg["top_tags"] or [])])) or None
     kwargs: dict = dict(
-        project=wcfg.project,
-        entity=wcfg.entity,
-        group=wcfg.group,
+        project=wcfg["project"],
+        entity=wcfg["entity"],
+        group=wcfg["group"],
         tags=tags,
-        notes=cfg.notes or None,
+        notes=wcfg["notes"] or None,
         job_type=job_type(command),
         name=run.run_id,
         mode=wandb_mode(cfg),
@@ -81,6 +81,36 @@ def run_settings(cfg: DictConfig, run: Any, command: str) -> dict:
     if not run.launched_by_sweep:
         kwargs["id"] = run.run_id  # under a sweep the agent's run id is used (and equals run_id)
     return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _without_environment_values(cfg: DictConfig) -> dict:
+    """The run settings W&B stores in its run file (notes, group, tags, project, entity), each read from the environment
+    (`${oc.env:SECRET}`, or a value referring to one) as its interpolation's text, never the value: `config.yaml` and
+    the W&B config keep the text, and the run file (uploaded by `wandb sync`) must not hold the secret either."""
+    from qkvqa.config.load import environment_keys
+
+    env = environment_keys(cfg)
+    plain = to_plain(cfg)
+    where = {
+        "project": "logger.wandb.project",
+        "entity": "logger.wandb.entity",
+        "group": "logger.wandb.group",
+        "tags": "logger.wandb.tags",
+        "top_tags": "tags",
+        "notes": "notes",
+    }
+    out = {}
+    for name, path in where.items():
+        node: Any = cfg
+        text: Any = plain
+        for part in path.split("."):
+            node, text = node[part], text[part]
+        value = list(node) if isinstance(node, ListConfig) else node
+        if any(key == path or key.startswith(path + ".") for key in env):
+            log.warning("%s reads the environment: W&B gets its interpolation's text, never the value", path)
+            value = text
+        out[name] = value
+    return out
 
 
 def make_wandb_logger(cfg: DictConfig, run: Any, command: str = "train"):

@@ -22,6 +22,58 @@ from qkvqa.utils.stop_signals import interruptible_barrier
 log = get_logger(__name__)
 RETRIEVAL_FILE = "retrieval.json"
 RETRIEVAL_META = "retrieval_meta.json"
+ANSWERED_WITH = "answered_with.json"  # the content of the weights that made this run's answers (issue 44)
+ANSWERING_ROLES = ("qformer", "reranker", "generator")  # the components after stage 1 whose outputs are the answers
+
+
+def answering_weights(cfg: DictConfig) -> dict:
+    """{key: content fingerprint} of the weights that make the answers: `qff.checkpoint` (its file's sha256, or its
+    folder's `tree_fingerprint`) and each answering component's local or hub-cached weights (tiny ones are their
+    config, which resume already compares)."""
+    from qkvqa.components.registry import spec_from_mapping
+    from qkvqa.retrieval.encoders import weights_content
+    from qkvqa.utils.io import sha256_file_cached, tree_fingerprint
+
+    out: dict = {}
+    kind = filter_kind(cfg.eval.filter)
+    trained = kind.trained_weights(cfg)  # (key, value, what writes it): qff.checkpoint for the QFF kinds
+    if trained and trained[1]:
+        path = Path(str(trained[1])).expanduser()
+        if path.is_file():
+            out[trained[0]] = sha256_file_cached(path)[:16]
+        elif path.is_dir():
+            out[trained[0]] = tree_fingerprint(path)
+    for role in ANSWERING_ROLES:
+        spec = cfg.components.get(role)
+        if spec is None or (role == "qformer" and role not in kind.components):
+            continue
+        try:
+            content = weights_content(spec_from_mapping(spec))
+        except Exception:  # noqa: BLE001 (a spec the preflight refuses by name; nothing to fingerprint here)
+            content = None
+        if content is not None:
+            out[f"components.{role}.pretrained"] = content
+    return out
+
+
+def check_answering_weights(cfg: DictConfig, run_dir: Path, answered: int) -> None:
+    """Record the weights' fingerprints before the first answer; on resume, refuse (one line naming the key) weights
+    that differ from those that made the answers already stored: a QFF replaced at the same `qff.checkpoint` path once
+    gave a run whose answers came from two models, exit 0, its card naming the second only."""
+    path = run_dir / ANSWERED_WITH
+    now = answering_weights(cfg)
+    if path.is_file() and answered:
+        before = json.loads(path.read_text(encoding="utf-8"))
+        changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        if changed:
+            key = changed[0]
+            raise StaleArtifactError(
+                f"{key}: the weights differ from those that made the {answered} answers already in {run_dir} "
+                f"(sha256 {before.get(key)}, now {now.get(key)}); evaluate them as a new run (another run_id), or put "
+                "back the weights this run answered with"
+            )
+        return
+    atomic_write_json(path, now)
 
 
 def stage1(
@@ -29,8 +81,11 @@ def stage1(
 ) -> tuple[dict[str, Retrieved], dict]:
     """The split's stage-1 results and their metrics, computed once by rank zero and reused on restart (the answers
     already written used them), refused when the KB store changed since."""
+    from qkvqa.retrieval.embed import kb_content
+
     path, meta_path = run_dir / RETRIEVAL_FILE, run_dir / RETRIEVAL_META
     kb = benchmark.kb_store().url_checksum
+    content = kb_content(benchmark.kb_store())  # text edited under the same URLs is another KB (issue 44)
     if rank_zero and not (path.exists() and meta_path.exists()):
         from qkvqa.retrieval.retrieve import retrieve_split
 
@@ -45,16 +100,18 @@ def stage1(
                 "metrics": result.metrics,
                 "source": cfg.retrieval.results or "in-process",
                 "kb_url_checksum": kb,
+                "kb_content": content,
                 "stage1_text": result.stage1_text,
             },
         )
     if not rank_zero:
         _wait_for_rank_zero(meta_path, run_dir, float(cfg.eval.stage1_wait_s))
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("kb_url_checksum", kb) != kb:
+    if meta.get("kb_url_checksum", kb) != kb or (meta.get("kb_content") or content) != content:
         raise StaleArtifactError(
             f"{meta_path}: this run's stage-1 results and answers were made over another KB "
-            f"(URL checksum {meta['kb_url_checksum']}, the KB store now has {kb}); evaluate "
+            f"(URL checksum {meta['kb_url_checksum']}, content {str(meta.get('kb_content'))[:12]}; the KB store now has "
+            f"{kb}, {str(content)[:12]}); evaluate "
             "again as a new run (another run_id)"
         )
     return read_results(path), meta
@@ -479,6 +536,8 @@ def run_evaluation(cfg: DictConfig) -> dict:
             atomic_write_json(run_dir / QUESTION_IDS, {**prep.evaluated, "ids": [q.data_id for q in prep.questions]})
         store = PredictionStore(run_dir)
         retrieved, meta = stage1(cfg, prep.benchmark, prep.split, run_dir, rank_zero)
+        if rank_zero:  # before any answer: the weights that make them; on resume, the same as the stored answers'
+            check_answering_weights(cfg, run_dir, len(store.done_ids()))
         if filter_kind(cfg.eval.filter).reads_article_images and rank_zero:
             warn_articles_without_image(prep.benchmark, retrieved, int(cfg.retrieval.top_k))
         pl.seed_everything(cfg.seed, verbose=False)  # every rank builds the components from the same RNG state

@@ -324,6 +324,10 @@ class QFFKind(FilterKind):
             )
         if not checkpoint and not cfg.qff.allow_untrained:
             raise ConfigError(untrained_qff_refusal(cfg))
+        if checkpoint:
+            from qkvqa.qff.model import missing_file
+
+            missing_file(Path(checkpoint).expanduser())  # before stage 1, not when the filter loads it
         benchmark.article_images()  # a KB image root one folder off stops here, before stage 1
         return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from qkvqa.pipeline.scoring import STAGES
+from qkvqa.utils.markdown import md_text
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -12,7 +13,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
         return "n/a"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
-    return str(value)
+    return md_text(value)  # data text (a question, a subset name) is shown, never rendered as HTML (issue 44)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -37,9 +38,9 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
     """Markdown for one run; `notes` are caveats to print first (tiny or random components, skips)."""
     dataset = scores["dataset"]
     parts = [
-        f"# Evaluation report: {run_id}",
+        f"# Evaluation report: {md_text(run_id)}",
         "",
-        f"experiment `{cfg.experiment}`, dataset **{dataset}**, split `{cfg.eval.split}`, "
+        f"experiment `{md_text(cfg.experiment)}`, dataset **{dataset}**, split `{md_text(cfg.eval.split)}`, "
         f"{scores['n_scored']} questions scored, {scores['n_skipped']} of them could not be answered"
         f"{' (left out)' if scores.get('exclude_skipped') else ' (counted wrong)'}.",
         "",
@@ -48,7 +49,7 @@ def render_report(run_id: str, cfg: Any, scores: dict, judge_label: Optional[str
         from qkvqa.pipeline.protocol import render_card
 
         parts += [render_card(scores["protocol"])]
-    parts += [f"> {note}" for note in notes] + ([""] if notes else [])
+    parts += [f"> {md_text(note, in_table=False)}" for note in notes] + ([""] if notes else [])
     seconds = scores["seconds_per_question"]
     ctx = scores["context_length"]
     parts += [

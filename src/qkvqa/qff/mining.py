@@ -294,7 +294,13 @@ def mine_pools(
         ", ".join(f"{r} {n}" for r, n in report["dropped_by_reason"].items() if n) or "none",
     )
     store = getattr(facts, "store", None)
-    kb = {"url_checksum": store.url_checksum, "articles": len(store)} if store is not None else None
+    from qkvqa.data.kb import kb_content
+
+    kb = (
+        {"url_checksum": store.url_checksum, "articles": len(store), "content": kb_content(store)}
+        if store is not None
+        else None
+    )
     return MiningResult(pools, facts.known(), report, kb)
 
 
@@ -335,6 +341,7 @@ class PoolFile:
         path: str | os.PathLike,
         fallback: Optional[Callable[[], ArticleFactsSource]] = None,
         kb_checksum: Optional[str] = None,
+        kb_content: Optional[str] = None,
     ):
         self.path = Path(path)
         if not self.path.is_file():
@@ -370,6 +377,12 @@ class PoolFile:
                     f"{side}: mined over another KB (URL checksum {kb.get('url_checksum')}, {kb.get('articles')} "
                     f"articles; the config's KB store has {kb_checksum}): its section indexes would point at other "
                     f"sections. Mine again with `qkvqa mine`, or set qff.negatives to pools of this KB"
+                )
+            if kb_content and kb and kb.get("content") and kb.get("content") != kb_content:
+                raise StaleArtifactError(  # text edited under the same URLs: other facts (issue 44)
+                    f"{side}: mined over another version of the KB (content sha256 {str(kb.get('content'))[:12]}, the "
+                    f"config's KB store has {kb_content[:12]}: its text changed under the same URLs). Mine again "
+                    "with `qkvqa mine`, or set qff.negatives to pools of this KB"
                 )
             for url, f in facts.items():
                 self._facts[url] = ArticleFacts(

@@ -19,6 +19,21 @@ from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.qff.attention import ATTENTION_IMPLEMENTATIONS, attend
 
 CHECKPOINT_WEIGHTS = "model.safetensors"
+
+
+def missing_file(path: Path) -> None:
+    """MissingWeightsError naming `qff.checkpoint` when the trained-QFF folder `path` lacks its config or weights."""
+    from qkvqa.errors import MissingWeightsError
+
+    for name in (CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS):
+        if path.is_dir() and not (path / name).is_file():
+            raise MissingWeightsError(
+                f"qff.checkpoint {path}: no {name} there (a trained QFF folder holds {CHECKPOINT_CONFIG} and "
+                f"{CHECKPOINT_WEIGHTS}); copy the whole RUN/qff folder that `qkvqa train` wrote, or point "
+                "qff.checkpoint at it"
+            )
+
+
 CHECKPOINT_CONFIG = "qff_config.json"
 CHECKPOINT_FORMAT = "qkvqa-qff"
 CHECKPOINT_VERSION = 1
@@ -444,6 +459,7 @@ class QFFModel(nn.Module):
         from qkvqa.utils.io import verify_sha256_once
 
         path = Path(path)
+        missing_file(path)  # a folder copied without its weights: one line, not a traceback (issue 44)
         try:
             meta = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

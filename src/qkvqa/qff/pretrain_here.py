@@ -154,8 +154,14 @@ def cache_key(inputs: Mapping[str, Any]) -> str:
 
 def cache_dir(cfg: Any, inputs: Mapping[str, Any]) -> Path:
     """Where the pretrained-here weights of `inputs` live: {paths.cache_dir}/qformer_init/<kind>-<key16>."""
+    from qkvqa.utils.own_files import check_own_dir
+
     root = Path(os.path.expanduser(str(cfg.paths.cache_dir))) / "qformer_init"
-    return root / f"{inputs['base']['kind']}-{cache_key(inputs)[:16]}"
+    path = root / f"{inputs['base']['kind']}-{cache_key(inputs)[:16]}"
+    check_own_dir(
+        path, "pretrained-here Q-Former", "remove it, or use a paths.cache_dir of your own (docs/security.md)"
+    )
+    return path
 
 
 def corpus_texts(cfg: Any, files: Mapping[str, Path]) -> list[str]:

@@ -30,6 +30,7 @@ import numpy as np
 from qkvqa.errors import StaleArtifactError
 from qkvqa.utils.io import atomic_write_json, read_json
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import check_own_dir, refuse_link
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
@@ -138,7 +139,8 @@ class ViTFeatureCache:
             "image_set": image_set_checksum(ids),
             "sources": sources,
         }
-        if (path / "manifest.json").is_file():
+        check_own_dir(path, "ViT feature cache", "remove it, or set qff.vit_cache to a folder of your own")
+        if refuse_link(path / "manifest.json").is_file():  # a link planted in a shared cache is never followed
             old = read_json(path / "manifest.json")
             changed = [
                 k
@@ -227,7 +229,7 @@ class ViTFeatureCache:
         holds `needed`."""
         path = Path(path)
         hint = "write it with `qkvqa cache-vit` (same experiment and overrides as the training run)"
-        if not (path / "manifest.json").is_file():
+        if not refuse_link(path / "manifest.json").is_file():
             raise StaleArtifactError(f"{path}: no ViT feature cache there; {hint}")
         manifest = read_json(path / "manifest.json")
         if manifest.get("format") != CACHE_FORMAT:

@@ -30,9 +30,11 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from qkvqa.data.kb import kb_content  # noqa: F401 (re-exported: the index and the evaluation read it here too)
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
 from qkvqa.utils.io import atomic_write_json, read_json, sha256_file
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import check_own_dir, refuse_link
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
@@ -103,6 +105,7 @@ class KBTextSource:
         out = {
             "kb_url_checksum": self.store.url_checksum,
             "kb_articles": len(self.store),
+            "kb_content": kb_content(self.store),  # text edited under the same URLs: other vectors (issue 44)
             "summary_source": self.summary_source,
         }
         if self.summary_source == "summaries":
@@ -174,18 +177,39 @@ class KBImageSource:
         self.url_store = url_store
         self.max_per_article = max_per_article
         self.images_config = images_config
+        self._files: Optional[str] = None
 
     @property
     def rows(self) -> int:
         return len(self.store)
 
     def identity(self) -> dict:
+        if self._files is None:
+            self._files = self.image_files_checksum()
         return {
             "kb_url_checksum": self.store.url_checksum,
             "kb_articles": len(self.store),
+            "kb_content": kb_content(self.store),
             "max_images_per_article": self.max_per_article,
             "images": self.images_config,
+            "image_files": self._files,  # an image replaced in place: other vectors (issue 44)
         }
+
+    def image_files_checksum(self, block: int = 4096) -> str:
+        """sha256 over every article image's candidate files with their size and mtime (one stat per file, once per
+        process): a KB image replaced in place changes it, so its set is not reused."""
+        digest = hashlib.sha256()
+        counts: dict = {}
+        for start in range(0, self.rows, block):
+            for item in self.items(start, min(start + block, self.rows), counts):
+                digest.update(json.dumps(item.id, ensure_ascii=False).encode() + b"\0")
+                for path in item.candidates:
+                    try:
+                        st = os.stat(path)
+                        digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                    except OSError:
+                        digest.update(f"{path}\0missing\n".encode())
+        return "sha256:" + digest.hexdigest()
 
     def items(self, start: int, stop: int, counts: dict) -> list[_Item]:
         from qkvqa.data.images import inside_root, url_store_path
@@ -299,7 +323,7 @@ class EmbeddingSet:
     def open(cls, path: str | os.PathLike) -> "EmbeddingSet":
         """Open an existing set; DataError when it has no manifest."""
         path = Path(path)
-        if not (path / "manifest.json").is_file():
+        if not refuse_link(path / "manifest.json").is_file():  # a link planted in a shared cache is never followed
             raise DataError(f"{path}: not an embedding set (no manifest.json); write it with `qkvqa embed`")
         return cls(path, read_json(path / "manifest.json"))
 
@@ -649,7 +673,8 @@ class Embedder:
     def open_or_create(self) -> EmbeddingSet:
         """The set of this config, with its manifest written if it is new."""
         path = self.set_path()
-        if (path / "manifest.json").is_file():
+        check_own_dir(path, "embedding set", "remove it, or use a retrieval.embed_dir / paths.cache_dir of your own")
+        if refuse_link(path / "manifest.json").is_file():
             return EmbeddingSet.open(path)
         return EmbeddingSet.create(path, self.description(), self.source.rows)
 

@@ -19,9 +19,10 @@ from typing import Any, Optional
 import numpy as np
 
 from qkvqa.errors import ConfigError, DataError, StaleArtifactError
-from qkvqa.retrieval.embed import EmbeddingSet, check_mode, non_finite_rows
+from qkvqa.retrieval.embed import EmbeddingSet, check_mode, kb_content, non_finite_rows
 from qkvqa.utils.io import atomic_write_json, read_json
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import refuse_link
 from qkvqa.utils.progress import progress
 
 log = get_logger(__name__)
@@ -213,7 +214,12 @@ def build_index(
         "metric": "inner_product",
         "dim": int(dim),
         "count": int(count),
-        "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store), "store": str(kb_store.store_dir)},
+        "kb": {
+            "url_checksum": kb_store.url_checksum,
+            "articles": len(kb_store),
+            "content": kb_content(kb_store),  # text edited under the same URLs is another KB (issue 44)
+            "store": str(kb_store.store_dir),
+        },
         "encoder": {"kb": emb.manifest["encoder"], "query": query_encoder},
         "text_source": text_source,
         "embeddings": {"path": str(emb.path), "what": emb.kind, "dtype": emb.manifest["dtype"]},
@@ -506,7 +512,12 @@ def import_index(
         "metric": metric,
         "dim": int(index.d),
         "count": int(index.ntotal),
-        "kb": {"url_checksum": kb_store.url_checksum, "articles": len(kb_store), "store": str(kb_store.store_dir)},
+        "kb": {
+            "url_checksum": kb_store.url_checksum,
+            "articles": len(kb_store),
+            "content": kb_content(kb_store),  # text edited under the same URLs is another KB (issue 44)
+            "store": str(kb_store.store_dir),
+        },
         "encoder": dict(encoders),
         "text_source": None,
         "imported": {
@@ -619,6 +630,8 @@ def index_differences(
     kb = manifest.get("kb", {})
     if kb.get("url_checksum") != kb_store.url_checksum:
         diffs.append(f"KB URL checksum: index {kb.get('url_checksum')}, KB store {kb_store.url_checksum}")
+    if kb.get("content") and kb_content(kb_store) and kb.get("content") != kb_content(kb_store):
+        diffs.append(f"KB content (sha256): index {kb.get('content')[:12]}, KB store {kb_content(kb_store)[:12]}")
     if kb.get("articles") != len(kb_store):
         diffs.append(f"KB article count: index {kb.get('articles')}, KB store {len(kb_store)}")
     if mode is not None and manifest.get("mode") != mode:
@@ -658,7 +671,7 @@ def load_index(
     import faiss
 
     path = Path(index_dir)
-    if not (path / MANIFEST_FILE).is_file():
+    if not refuse_link(path / MANIFEST_FILE).is_file():  # a link planted in a shared cache is never followed
         raise StaleArtifactError(f"no complete index at {path} (manifest.json missing); build it with `{rebuild_hint}`")
     manifest = read_json(path / MANIFEST_FILE)
     if mode is not None:

@@ -72,7 +72,7 @@ class ClipPreprocess:
 
     def one(self, image: Image.Image) -> np.ndarray:
         """One image as a float32 array [3, size, size]."""
-        image = image.convert("RGB")
+        image = image if image.mode == "RGB" else image.convert("RGB")  # an RGB image is not copied (issue 44)
         if self.mode == "targetpad":
             image = self.pad(image)
         pixels = np.asarray(self.resize_crop(image), dtype=np.float32) / 255.0

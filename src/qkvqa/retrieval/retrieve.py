@@ -16,6 +16,7 @@ from qkvqa.retrieval.embed import Embedder, EmbeddingSet, check_mode, kb_set_kin
 from qkvqa.retrieval.index import LoadedIndex, build_index, factory_slug, load_index, search_articles
 from qkvqa.retrieval.results import Retrieved, check_coverage_of, read_results, read_results_stage1
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import check_own_dir, refuse_link
 
 log = get_logger(__name__)
 
@@ -55,12 +56,14 @@ def index_dir_for(cfg, kb_set_path: Path) -> Path:
     """retrieval.index_dir, else {paths.cache_dir}/indexes/{KB embedding set}/{factory}."""
     if cfg.retrieval.index_dir:
         return Path(cfg.retrieval.index_dir).expanduser()
-    return (
+    path = (
         Path(cfg.paths.cache_dir).expanduser()
         / "indexes"
         / kb_set_path.name
         / factory_slug(cfg.retrieval.index_factory)
     )
+    check_own_dir(path, "index folder", "remove it, or use a paths.cache_dir of your own (docs/security.md)")
+    return path
 
 
 def build_index_from_config(cfg, benchmark) -> tuple[Path, dict]:
@@ -69,7 +72,7 @@ def build_index_from_config(cfg, benchmark) -> tuple[Path, dict]:
     embedder = Embedder(cfg, kb_set_kind(cfg.retrieval.mode), benchmark=benchmark)
     path = embedder.set_path()
     hint = rebuild_hint(cfg).split(" && ")[0]
-    if not (path / "manifest.json").is_file():
+    if not refuse_link(path / "manifest.json").is_file():
         raise StaleArtifactError(f"no {embedder.kind} embeddings for this config at {path}; compute them with `{hint}`")
     out_dir = index_dir_for(cfg, path)
     r = cfg.retrieval

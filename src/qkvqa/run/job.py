@@ -22,8 +22,9 @@ from qkvqa.run.rundir import RunContext, resolve_run
 from qkvqa.run.slurm import requeue
 from qkvqa.utils.command_line import resume_command
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import check_own_dir
 from qkvqa.utils.progress import progress_settings
-from qkvqa.utils.stop_signals import forget_stop_signals, note_stop_signal, stop_signal_received
+from qkvqa.utils.stop_signals import STOP_SIGNALS, forget_stop_signals, note_stop_signal, stop_signal_received
 
 log = get_logger(__name__)
 
@@ -78,6 +79,11 @@ def run_job(
     if run.is_rank_zero:  # one job per run directory (qkvqa.run.lock)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            check_own_dir(  # another user's folder in a shared (1777) root, pre-created with links in it
+                run.run_dir,
+                "run directory",
+                "choose another run_id, or paths.checkpoints_root a folder of your own (docs/security.md)",
+            )
             lock = RunLock.acquire(run.run_dir)
             ckpt, changes = prepare_resume(cfg, run, trains)
         except BaseException:
@@ -167,7 +173,7 @@ def stop_within_s(cfg: DictConfig) -> Optional[float]:
 def interrupt_on_signals(
     run_id: str, defer: bool = False, again: str = "", deadline_s: Optional[float] = None
 ) -> Iterator[None]:
-    """SIGTERM/SIGUSR1 outside the training loop (data preparation, evaluation) stop the job at once with
+    """SIGTERM/SIGUSR1/SIGHUP outside the training loop (data preparation, evaluation) stop the job at once with
     RunInterrupted, so its record says `interrupted` and it exits 143; inside `fit`, LastCheckpoint takes the
     signals over for the time of training (it saves and stops after the batch), then hands them back.
 
@@ -218,7 +224,7 @@ def interrupt_on_signals(
             signum=held,
         )
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}  # SIGHUP: a closed terminal
     previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, deadline)
     try:
         held = stop_signal_received()  # arrived during start-up (qkvqa.utils.stop_signals): stop now
@@ -232,7 +238,16 @@ def interrupt_on_signals(
 
 
 # What a run directory holds before its job has produced anything (the run record and logger scaffolding).
-RECORD_ONLY = {"config.yaml", "status.json", "summary.json", "metrics.csv", "hparams.yaml", "wandb", "events"}
+RECORD_ONLY = {
+    "config.yaml",
+    "status.json",
+    "summary.json",
+    "metrics.csv",
+    "hparams.yaml",
+    "wandb",
+    "events",
+    "inputs.json",  # the training input files' sha256 (qkvqa.run.resume.check_training_inputs)
+}
 
 
 def _is_user_error(error: BaseException) -> bool:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from qkvqa.errors import ConfigError
+from qkvqa.utils.own_files import open_no_follow
 
 LOCK_FILE = ".lock"
 
@@ -30,7 +31,7 @@ class RunLock:
     def acquire(cls, run_dir: str | os.PathLike) -> "RunLock":
         """Take the run directory's lock, or raise ConfigError naming the PID and host that hold it."""
         path = Path(run_dir) / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT, 0o666)  # a planted link is refused, never truncated
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -59,7 +60,7 @@ def is_held(run_dir: str | os.PathLike) -> bool:
     """Whether a live process holds the run directory's lock (a `running` status without one is a killed run)."""
     path = Path(run_dir) / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return False
     try:

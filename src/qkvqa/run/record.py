@@ -20,6 +20,7 @@ from qkvqa.config.load import to_yaml
 from qkvqa.errors import DataError
 from qkvqa.utils.io import atomic_write_json, atomic_write_text, cut_torn_tail, read_json
 from qkvqa.utils.logging import get_logger
+from qkvqa.utils.own_files import fopen_no_follow
 
 log = get_logger(__name__)
 
@@ -44,6 +45,30 @@ def git_commit() -> Optional[str]:
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+_SOURCE: list = []
+
+
+def qkvqa_version() -> dict:
+    """The installed qkvqa: its package version and the sha256 (16 hex) of its source files, recorded in every run
+    attempt, so that a resume under another qkvqa is seen (`git_commit` is null outside a checkout)."""
+    import hashlib
+    from importlib import metadata
+
+    import qkvqa
+
+    try:
+        version = metadata.version("qkvqa")
+    except metadata.PackageNotFoundError:
+        version = getattr(qkvqa, "__version__", None)
+    if not _SOURCE:
+        digest = hashlib.sha256()
+        package = Path(qkvqa.__file__).resolve().parent
+        for path in sorted(package.rglob("*.py")):
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _SOURCE.append(digest.hexdigest()[:16])
+    return {"version": version, "source_sha256": _SOURCE[0]}
 
 
 def _now() -> str:
@@ -92,12 +117,26 @@ class RunRecord:
         """Mark the run as running; a restart appends to `attempts` instead of starting over."""
         status = self.status()
         attempts = status.get("attempts", [])
+        installed = qkvqa_version()
+        before = status.get("qkvqa")
+        if before and before != installed:  # the attempts before this one ran another qkvqa: said and recorded
+            log.warning(
+                "run %s was run so far by qkvqa %s (source %s); this attempt runs qkvqa %s (source %s): its results "
+                "may mix the two versions (status.json `qkvqa_changes`); start a new run_id for one version's numbers",
+                run_id,
+                before.get("version"),
+                before.get("source_sha256"),
+                installed["version"],
+                installed["source_sha256"],
+            )
+            status.setdefault("qkvqa_changes", []).append({"at": _now(), "from": before, "to": installed})
         attempts.append(
             {
                 "started_at": _now(),
                 "host": socket.gethostname(),
                 "world_size": world_size,
                 "git_commit": git_commit(),
+                "qkvqa": installed,
                 "pid": os.getpid(),
                 "argv": sys.argv,
                 "cwd": os.getcwd(),
@@ -114,6 +153,7 @@ class RunRecord:
                 "host": socket.gethostname(),
                 "world_size": world_size,
                 "git_commit": git_commit(),
+                "qkvqa": installed,
                 "attempts": attempts,
                 "error": None,
             }
@@ -135,7 +175,7 @@ class RunRecord:
             log.warning("%s: %s; rewriting it in place", self.status_path, e.strerror or e)
             status["error"] = (error or "")[:300] or None
             text = json.dumps(status, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-            with open(self.status_path, "r+b") as f:
+            with fopen_no_follow(self.status_path, "r+b") as f:
                 f.write(text)
                 f.truncate()
 
@@ -144,7 +184,7 @@ class RunRecord:
         new = not self.metrics_path.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cut_torn_tail(self.metrics_path)  # a row a kill tore would glue onto the next one
-        with open(self.metrics_path, "a", newline="", encoding="utf-8") as f:
+        with fopen_no_follow(self.metrics_path, "a", newline="", encoding="utf-8") as f:  # never through a link
             writer = csv.writer(f)
             if new:
                 writer.writerow(METRICS_COLUMNS)

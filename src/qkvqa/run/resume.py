@@ -15,6 +15,52 @@ from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
 RESUME_MODES = ("never", "auto")
+# The files a training run reads whose content its weights depend on, by config key; their sha256 is recorded in
+# RUN/inputs.json when training starts and checked when it resumes from last.ckpt (issue 44: a resumed training after
+# its hard-negative pool file was edited went on without a word, to other weights than the unedited run's).
+TRAINING_INPUT_KEYS = ("qff.negatives", "qff.val_negatives")
+INPUTS_FILE = "inputs.json"
+
+
+def training_inputs(cfg: DictConfig) -> dict:
+    """{config key: {"path", "sha256"}} of the training input files `cfg` names (absent keys and files left out)."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.utils.io import sha256_file_cached
+
+    out = {}
+    for key in TRAINING_INPUT_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if not value:
+            continue
+        path = Path(str(value)).expanduser()
+        if path.is_file():
+            out[key] = {"path": str(value), "sha256": sha256_file_cached(path)}
+    return out
+
+
+def check_training_inputs(cfg: DictConfig, run: RunContext, resuming: bool) -> None:
+    """Refuse (one line naming the key and file) a resume from last.ckpt whose input files changed since they were
+    recorded; record them otherwise."""
+    from qkvqa.utils.io import atomic_write_json, read_json
+
+    path = run.run_dir / INPUTS_FILE
+    now = training_inputs(cfg)
+    if resuming and path.is_file():
+        try:
+            before = read_json(path)
+        except ValueError:
+            before = {}
+        for key, was in sorted(before.items()):
+            if key in now and now[key]["sha256"] != was.get("sha256"):
+                raise ConfigError(
+                    f"{key}: {now[key]['path']} changed since run {run.run_id} started training on it (sha256 "
+                    f"{str(was.get('sha256'))[:12]}, now {now[key]['sha256'][:12]}): its weights so far come from the "
+                    "other file. Put that file back to resume, or train on this one as a new run (another run_id)"
+                )
+        now = {**before, **now}
+    if now or path.is_file():
+        atomic_write_json(path, now)
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -66,6 +112,8 @@ def prepare_resume(cfg: DictConfig, run: RunContext, trains: bool = True) -> tup
     if cfg.resume not in RESUME_MODES:
         raise ConfigError(f"resume must be one of {RESUME_MODES}, got {cfg.resume!r}")
     if not run.resumed:
+        if trains:
+            check_training_inputs(cfg, run, resuming=False)
         return None, {}
     if cfg.resume == "never":
         raise ConfigError(
@@ -80,9 +128,11 @@ def prepare_resume(cfg: DictConfig, run: RunContext, trains: bool = True) -> tup
         log.info("resume=auto: continuing %s in %s", run.run_id, run.run_dir)
         return None, changes
     if last.exists():
+        check_training_inputs(cfg, run, resuming=True)
         log.info("resuming %s from %s", run.run_id, last)
         return str(last), changes
     log.info("resume=auto: %s has no last.ckpt yet, starting from scratch in the same directory", run.run_id)
+    check_training_inputs(cfg, run, resuming=False)
     return None, changes
 
 

@@ -110,6 +110,11 @@ def resolve_run(cfg: DictConfig) -> RunContext:
         else:
             run_id = launcher_run_id(cfg.experiment) or new_run_id(cfg.experiment)
         run_dir = root / validate_run_id(run_id)
+        if run_dir.is_symlink():  # resolved below: a link planted in a shared root would be followed (docs/security.md)
+            raise ConfigError(
+                f"run directory {run_dir} is a symlink (a link planted in a shared root would send the run's files "
+                "elsewhere); choose another run_id, or paths.checkpoints_root a folder of your own"
+            )
     run_dir = run_dir.resolve()
     resumed = (run_dir / "config.yaml").exists()
     os.environ[ENV_RUN_ID] = run_id

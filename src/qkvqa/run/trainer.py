@@ -94,9 +94,66 @@ def progress_callbacks(cfg: DictConfig) -> tuple[bool, list[pl.Callback]]:
     return mode == "bar", note
 
 
+def _run_dir_checkpoint_class():
+    """ModelCheckpoint whose paths survive a move or copy of the run directory (issue 44).
+
+    Lightning keeps the best and top-k checkpoints' absolute paths in its state, and reloads them only when the saved
+    `dirpath` equals the current one: a run directory moved (or copied) after a validation resumed with its top-k
+    forgotten and its best path pointing at the old place, so the best of the later validations alone was reported
+    (11.11 at step 46 against the true 13.89 at step 23) and `RUN/qff_best` was never written. Here the paths are
+    saved relative to the run directory and, on load, rebased onto the current one (an absolute path under the saved
+    `dirpath`, from a checkpoint of an earlier version, is rebased too)."""
+    import os
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from qkvqa.utils.io import path_within
+
+    class RunDirCheckpoint(ModelCheckpoint):
+        def _generate_state_key(self, **kwargs) -> str:
+            return f"ModelCheckpoint{kwargs!r}"  # Lightning's own key: checkpoints of earlier versions load
+
+        def state_dict(self) -> dict:
+            state = super().state_dict()
+            root = self.dirpath
+
+            def rel(path):
+                if isinstance(path, str) and path and root and os.path.isabs(path) and path_within(path, root):
+                    return os.path.relpath(path, root)
+                return path
+
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                state[key] = rel(state.get(key))
+            state["best_k_models"] = {rel(k): v for k, v in (state.get("best_k_models") or {}).items()}
+            return state
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            state = dict(state_dict)
+            saved, here = state.get("dirpath"), self.dirpath
+
+            def rebase(path):
+                if not isinstance(path, str) or not path or not here:
+                    return path
+                if not os.path.isabs(path):
+                    return os.path.join(here, path)
+                if saved and saved != here and path_within(path, saved):
+                    return os.path.join(here, os.path.relpath(path, saved))
+                return path
+
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                if key in state:
+                    state[key] = rebase(state[key])
+            if "best_k_models" in state:
+                state["best_k_models"] = {rebase(k): v for k, v in state["best_k_models"].items()}
+            state["dirpath"] = here  # the paths are this directory's now: Lightning reloads them all
+            super().load_state_dict(state)
+
+    return RunDirCheckpoint
+
+
 def build_trainer(job: Job, callbacks: Iterable[pl.Callback] = (), batch_size: Optional[int] = None) -> pl.Trainer:
     """A Trainer whose checkpoints, local log and W&B files all live in the run directory."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    ModelCheckpoint = _run_dir_checkpoint_class()  # noqa: N806 (a class)
 
     from qkvqa.run.lightning_noise import quiet_lightning, srun_hint_only_when_useful
 

@@ -166,11 +166,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], dur
         os.replace(tmp, path)
         if durable:
             fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as e:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        if isinstance(e, OSError) and not e.filename and e.errno in DISK_ERRNOS:
+            # a write through a file object (np.save, json.dump) names no file: the one-line message then named the
+            # working directory ("`.`: 65.0 GiB free") instead of the full disk (issue 44)
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
         raise
 
 
@@ -269,11 +273,18 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
 
 def append_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Append rows to a JSONL file and flush them to disk (used for resumable outputs)."""
-    with open(path, "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    from qkvqa.utils.own_files import fopen_no_follow
+
+    try:
+        with fopen_no_follow(path, "a", encoding="utf-8") as f:  # a planted link is refused, never appended through
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if not e.filename and e.errno in DISK_ERRNOS:  # name the file on the full disk, not the working directory
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
+        raise
 
 
 def sha256_file(path: str | os.PathLike, block: int = 8 << 20) -> str:
@@ -336,7 +347,9 @@ def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:
     that the next append does not glue onto it; returns the bytes cut."""
     if not path.is_file():
         return 0
-    with open(path, "r+b") as f:
+    from qkvqa.utils.own_files import fopen_no_follow
+
+    with fopen_no_follow(path, "r+b") as f:
         size = f.seek(0, 2)
         end = size
         while end > 0:
@@ -354,3 +367,49 @@ def cut_torn_tail(path: Path, block: int = 1 << 16) -> int:
             f.truncate(keep)
             f.flush()
     return size - keep
+
+
+_HASHED: dict = {}  # (absolute path, size, mtime_ns, inode) -> sha256, for this process
+
+
+def sha256_file_cached(path: str | os.PathLike) -> str:
+    """sha256 of a file, hashed once per file version: the hash is kept, with the file's size, mtime and inode, in
+    the user's stamp folder (`$QKVQA_STAMP_DIR` or `~/.cache/qkvqa/verified`, `sha256-` + a hash of the absolute
+    path), so a content fingerprint of many GB of weights costs a stat per file after the first time."""
+    path = Path(path)
+    info = path.stat()
+    absolute = str(path.resolve())
+    key = (absolute, info.st_size, info.st_mtime_ns, info.st_ino)
+    if key in _HASHED:
+        return _HASHED[key]
+    folder = Path(os.environ.get("QKVQA_STAMP_DIR") or Path.home() / ".cache" / "qkvqa" / "verified")
+    stamp = folder / f"sha256-{hashlib.sha1(absolute.encode()).hexdigest()}"
+    version = f"{info.st_size} {info.st_mtime_ns} {info.st_ino} "
+    try:
+        text = stamp.read_text()
+        if text.startswith(version) and len(text) == len(version) + 64:
+            _HASHED[key] = text[len(version) :]
+            return _HASHED[key]
+    except OSError:
+        pass
+    found = sha256_file(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(stamp, version + found)
+    except OSError:
+        pass  # a read-only home: hashed again next time
+    _HASHED[key] = found
+    return found
+
+
+def tree_fingerprint(directory: str | os.PathLike) -> str:
+    """sha256 (16 hex) of every regular, non-hidden file under `directory` (relative path and content sha256): the
+    identity of a folder of weights by what it holds, not by its name."""
+    root = Path(directory)
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+            continue
+        digest.update(str(relative).encode() + b"\0" + sha256_file_cached(path).encode() + b"\0")
+    return digest.hexdigest()[:16]

@@ -23,6 +23,12 @@ import signal
 import threading
 from typing import Optional
 
+# The signals that stop a run cleanly (save, record `interrupted`, resume with `resume=auto`): SIGTERM (scancel, a
+# scheduler), SIGUSR1 (SLURM's warning before a time limit: requeued), SIGINT (Ctrl-C) and SIGHUP (the terminal closed,
+# an ssh session dropped: it ended training with exit 129, no last.ckpt and the record left `running`). Every handler
+# of qkvqa's (run.job, callbacks.last_checkpoint, the DataLoader workers) takes this one tuple.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+
 _received: list[int] = []  # the stop signals this process received (since the last `forget_stop_signals`)
 
 
