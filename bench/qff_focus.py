@@ -269,6 +269,14 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     return section
 
 
+def init_overrides(init: str) -> list[str]:
+    """The overrides of `--init`: bert:<ref> through preset qformer_minilm (its shape options must match the BERT's;
+    the builder refuses them otherwise), the world's tiny vocabulary dropped for the BERT's."""
+    if not init.startswith("bert:"):
+        return [f"components.qformer.init={init}"]
+    return ["preset=qformer_minilm", f"components.qformer.init={init}", "components.qformer.options.vocab_texts=[]"]
+
+
 def interval_text(d: dict) -> str:
     """'+1.2 [-0.5, +2.9]': a paired difference's mean and 95 % interval (`interval`)."""
     return f"{d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]"
@@ -289,7 +297,8 @@ def markdown(study: dict) -> str:
         meta = section.get("meta", study["meta"])  # each world's own settings (an older file: the study's)
         lines += [
             f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}"
-            f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}; paired difference against focus "
+            f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}"
+            f"{', Q-Former init ' + meta['init'] if meta.get('init') else ''}; paired difference against focus "
             f"{meta.get('baseline', 'none')}, mean [95 % CI] over seeds, in points.",
             "",
             f"**{world}** world ({section['questions']} val + test questions, {section['multi_entity_questions']}"
@@ -413,11 +422,18 @@ def main(argv=None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
+    parser.add_argument(
+        "--init",
+        help="components.qformer.init of every run: bert:<ref> starts each Q-Former from that BERT (preset "
+        "qformer_minilm: MiniLM's shape, the world's tiny ViT); default: the variants' own (random tiny, or _pt)",
+    )
     parser.add_argument("--work", help="scratch directory (worlds, pools, runs); default /tmp/qff_focus_study/<name>")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
     args = parser.parse_args(argv)
     args.work = args.work or f"/tmp/qff_focus_study/{args.name}"
+    if args.init:  # before --extra's own overrides, after each world's preset
+        args.extra = [*init_overrides(args.init), *args.extra]
     meta = {
         "entities": args.entities,
         "epochs": args.epochs,
@@ -426,6 +442,7 @@ def main(argv=None) -> int:
         "threads": args.threads,
         "extra": args.extra,
         "baseline": args.baseline,
+        "init": args.init,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,10 +53,17 @@ VARIANTS = {
     # help by construction where the attribute words tell the evidence from its siblings (the controlled world)
     "positive_control": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
     "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),  # the same, random init
+    # the same on the study's init (bench/qff_focus.py --init bert:<ref>: the BERT-initialised Q-Former)
+    "positive_control_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),
 }
-ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random")
+ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random", "positive_control_lr10")
 # the oracle of each: the attribute words only (attribute), or those gated by their presence in the section (presence)
-ORACLE_KINDS = {"oracle_attribute": "attribute", "positive_control": "presence", "positive_control_random": "presence"}
+ORACLE_KINDS = {
+    "oracle_attribute": "attribute",
+    "positive_control": "presence",
+    "positive_control_random": "presence",
+    "positive_control_lr10": "presence",
+}
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = [

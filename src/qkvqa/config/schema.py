@@ -325,7 +325,10 @@ CDA_MODES = ("full", "top1_section", "first_chunk", "top1_article_chunks")
 TOP1_SECTION_BY = ("qff", "bge", "fused")
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # qkvqa.qff.attention
-QFORMER_INITS = ("checkpoint", "pretrained_here")  # components.qformer.init (qkvqa.qff.pretrain_here)
+# components.qformer.init: the fixed values (qkvqa.qff.pretrain_here) and `bert:<hub id or directory>`, a Q-Former
+# shaped like that BERT and started from it (qkvqa.qff.builder.write_bert_blip2)
+QFORMER_INITS = ("checkpoint", "pretrained_here")
+QFORMER_BERT_INIT = "bert:"
 STOP_AFTER = ("generation", "filter")
 PROGRESS_MODES = ("auto", "bar", "lines", "off")  # qkvqa.utils.progress.MODES
 SPLITS = ("train", "val", "test")  # eval.split: the data.<split>_questions files
@@ -412,6 +415,33 @@ BOUNDS = {
 }
 
 
+def check_qformer_init(cfg: Any) -> None:
+    """`components.qformer.init: bert:<ref>` names a BERT and comes without `tiny` or `pretrained` (the Q-Former is
+    that BERT's shape and weights, its ViT the tiny random one of the options); one line naming the key otherwise."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.errors import ConfigError
+
+    value = OmegaConf.select(cfg, "components.qformer.init")
+    if not (isinstance(value, str) and value.startswith(QFORMER_BERT_INIT)):
+        return
+    if not value[len(QFORMER_BERT_INIT) :].strip():
+        raise ConfigError(
+            f"components.qformer.init={value!r} names no BERT: use bert:<hub id or directory>, "
+            f"e.g. bert:sentence-transformers/all-MiniLM-L6-v2, or one of {', '.join(QFORMER_INITS)}"
+        )
+    tiny, pretrained = (
+        OmegaConf.select(cfg, "components.qformer.tiny"),
+        OmegaConf.select(cfg, "components.qformer.pretrained"),
+    )
+    if tiny or pretrained:
+        raise ConfigError(
+            f"components.qformer.init={value!r} builds the Q-Former from that BERT with a random tiny ViT; set "
+            f"components.qformer.tiny=false and components.qformer.pretrained=null (now tiny={tiny}, "
+            f"pretrained={pretrained!r}), or use preset=qformer_minilm"
+        )
+
+
 def check_values(cfg: Any) -> None:
     """Refuse a value outside CHOICES / BOUNDS with one line naming the key, the value and what is allowed."""
     from omegaconf import OmegaConf
@@ -423,8 +453,11 @@ def check_values(cfg: Any) -> None:
     split = OmegaConf.select(cfg, "eval.split")
     if isinstance(split, str) and split.lower() in SPLIT_ALIASES and not OmegaConf.is_readonly(cfg):
         OmegaConf.update(cfg, "eval.split", SPLIT_ALIASES[split.lower()])  # an alias reads as its split
+    check_qformer_init(cfg)
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
+        if key == "components.qformer.init" and isinstance(value, str) and value.startswith(QFORMER_BERT_INIT):
+            continue  # check_qformer_init
         if value is not None and value not in allowed:
             aliases = (
                 " (read as a split: validation, valid, dev = val; testing = test; training = train)"
