@@ -43,6 +43,7 @@ from tests.helpers.qff_study import (  # noqa: E402
     compose_run,
     evaluate_many,
     final_gates,
+    init_overrides,
     prepare,
     run_id,
     survey_rivals,
@@ -187,8 +188,12 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel, rivals=rivals)
     # The first seed's models on their own training questions: the gap to val + test is what they memorised.
     train_jobs = {v: (v, work / "runs" / run_id(v, args.seeds[0]) / "qff", args.seeds[0]) for v in variants}
-    on_train = evaluate_many(
-        train_jobs, overrides, work, set(), parallel=args.parallel, splits={"train": SPLIT_FILES["train"]}
+    on_train = (
+        {}
+        if args.skip_train_questions
+        else evaluate_many(
+            train_jobs, overrides, work, set(), parallel=args.parallel, splits={"train": SPLIT_FILES["train"]}
+        )
     )
     section: dict = {
         "options": options,
@@ -226,10 +231,11 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
             for group, prefix in (("all", ""), ("multi", "multi_"))
             for metric in METRICS
         }
-        entry["train_seed"] = {
-            "seed": args.seeds[0],
-            **{metric: round(on_train[variant]["all"][metric], 2) for metric in ("section_r1", *SPLIT_METRICS)},
-        }
+        if on_train:
+            entry["train_seed"] = {
+                "seed": args.seeds[0],
+                **{metric: round(on_train[variant]["all"][metric], 2) for metric in ("section_r1", *SPLIT_METRICS)},
+            }
         for metric in SPLIT_METRICS:  # which article tops the sample (the image's work), and the choice within it
             if any(scored[(v, s)]["all"][metric] is None for v in (variant, base) for s in args.seeds):
                 continue  # no sample holds a sibling section: no within-article figure
@@ -269,14 +275,6 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     return section
 
 
-def init_overrides(init: str) -> list[str]:
-    """The overrides of `--init`: bert:<ref> through preset qformer_minilm (its shape options must match the BERT's;
-    the builder refuses them otherwise), the world's tiny vocabulary dropped for the BERT's."""
-    if not init.startswith("bert:"):
-        return [f"components.qformer.init={init}"]
-    return ["preset=qformer_minilm", f"components.qformer.init={init}", "components.qformer.options.vocab_texts=[]"]
-
-
 def interval_text(d: dict) -> str:
     """'+1.2 [-0.5, +2.9]': a paired difference's mean and 95 % interval (`interval`)."""
     return f"{d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]"
@@ -298,7 +296,8 @@ def markdown(study: dict) -> str:
         lines += [
             f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}"
             f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}"
-            f"{', Q-Former init ' + meta['init'] if meta.get('init') else ''}; paired difference against focus "
+            f"{', Q-Former init ' + meta['init'] if meta.get('init') else ''}"
+            f"{' (' + meta['steps_note'] + ')' if meta.get('steps_note') else ''}; paired difference against focus "
             f"{meta.get('baseline', 'none')}, mean [95 % CI] over seeds, in points.",
             "",
             f"**{world}** world ({section['questions']} val + test questions, {section['multi_entity_questions']}"
@@ -424,16 +423,22 @@ def main(argv=None) -> int:
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
     parser.add_argument(
         "--init",
-        help="components.qformer.init of every run: bert:<ref> starts each Q-Former from that BERT (preset "
-        "qformer_minilm: MiniLM's shape, the world's tiny ViT); default: the variants' own (random tiny, or _pt)",
+        help="components.qformer.init of every run: bert:<ref> starts each Q-Former from that BERT (its shape, "
+        "the world's tiny ViT); default: the variants' own (random tiny, or _pt)",
     )
     parser.add_argument("--work", help="scratch directory (worlds, pools, runs); default /tmp/qff_focus_study/<name>")
+    parser.add_argument(
+        "--skip-train-questions",
+        action="store_true",
+        help="do not score the first seed's models on their own training questions (saves a scoring pass per variant)",
+    )
+    parser.add_argument("--steps-note", help="a line on how the training was cut, printed with the table")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
     args = parser.parse_args(argv)
     args.work = args.work or f"/tmp/qff_focus_study/{args.name}"
     if args.init:  # before --extra's own overrides, after each world's preset
-        args.extra = [*init_overrides(args.init), *args.extra]
+        args.extra = [*init_overrides(args.init), *args.extra]  # tests.helpers.qff_study
     meta = {
         "entities": args.entities,
         "epochs": args.epochs,
@@ -443,6 +448,7 @@ def main(argv=None) -> int:
         "extra": args.extra,
         "baseline": args.baseline,
         "init": args.init,
+        "steps_note": args.steps_note,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

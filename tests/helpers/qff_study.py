@@ -74,6 +74,31 @@ TRAINING = [
 ]
 
 
+def init_overrides(init: str) -> list[str]:
+    """The overrides that start a demo experiment's Q-Former from `init`; for bert:<ref> the experiment's tiny shape
+    options (it sets them after any preset) are replaced by the BERT's, the world's vocabulary by the BERT's, and the
+    ViT keeps the experiment's options with 4 heads."""
+    if not init.startswith("bert:"):
+        return [f"components.qformer.init={init}"]
+    from transformers import AutoConfig
+
+    from qkvqa.components.registry import ComponentSpec, resolve_pretrained
+
+    bert = AutoConfig.from_pretrained(resolve_pretrained(ComponentSpec(kind="blip2_qff", pretrained=init[5:])))
+    options = "components.qformer.options"
+    return [
+        "components.qformer.tiny=false",
+        "components.qformer.pretrained=null",
+        f"components.qformer.init={init}",
+        f"{options}.hidden_size={bert.hidden_size}",
+        f"{options}.num_layers={bert.num_hidden_layers}",
+        f"{options}.num_heads={bert.num_attention_heads}",
+        f"{options}.max_position_embeddings={bert.max_position_embeddings}",
+        f"{options}.vision_heads=4",
+        f"{options}.vocab_texts=[]",
+    ]
+
+
 def compose_run(experiment: str, tokens: Sequence[str]):
     """compose() of an experiment with command-line tokens, `preset=NAME` ones included (as `qkvqa train` reads them)."""
     from qkvqa.config.cli import split_overrides

@@ -416,8 +416,9 @@ BOUNDS = {
 
 
 def check_qformer_init(cfg: Any) -> None:
-    """`components.qformer.init: bert:<ref>` names a BERT and comes without `tiny` or `pretrained` (the Q-Former is
-    that BERT's shape and weights, its ViT the tiny random one of the options); one line naming the key otherwise."""
+    """`components.qformer.init: bert:<ref>` names a BERT and comes with `tiny: false` (the Q-Former is that BERT's
+    shape and weights, its ViT the tiny random one of the options; `pretrained` is not read, as with `tiny: true`); one
+    line naming the key otherwise."""
     from omegaconf import OmegaConf
 
     from qkvqa.errors import ConfigError
@@ -430,15 +431,10 @@ def check_qformer_init(cfg: Any) -> None:
             f"components.qformer.init={value!r} names no BERT: use bert:<hub id or directory>, "
             f"e.g. bert:sentence-transformers/all-MiniLM-L6-v2, or one of {', '.join(QFORMER_INITS)}"
         )
-    tiny, pretrained = (
-        OmegaConf.select(cfg, "components.qformer.tiny"),
-        OmegaConf.select(cfg, "components.qformer.pretrained"),
-    )
-    if tiny or pretrained:
+    if OmegaConf.select(cfg, "components.qformer.tiny"):
         raise ConfigError(
-            f"components.qformer.init={value!r} builds the Q-Former from that BERT with a random tiny ViT; set "
-            f"components.qformer.tiny=false and components.qformer.pretrained=null (now tiny={tiny}, "
-            f"pretrained={pretrained!r}), or use preset=qformer_minilm"
+            f"components.qformer.init={value!r} builds the Q-Former from that BERT (its ViT the tiny random one of the "
+            "options), components.qformer.tiny=true a random tiny one: set components.qformer.tiny=false"
         )
 
 

@@ -580,11 +580,10 @@ def bert_qformer_dir(spec: ComponentSpec, options: Mapping[str, Any]) -> Path:
     from qkvqa.utils.io import sha256_file
 
     ref = bert_init_ref(spec.init)
-    if spec.tiny or spec.pretrained:
+    if spec.tiny:
         raise ConfigError(
-            f"components.qformer.init={spec.init!r} builds the Q-Former from that BERT with a random tiny ViT; "
-            f"set components.qformer.tiny=false and components.qformer.pretrained=null "
-            f"(now tiny={spec.tiny}, pretrained={spec.pretrained!r})"
+            f"components.qformer.init={spec.init!r} builds the Q-Former from that BERT (its ViT the tiny random one of "
+            "the options), components.qformer.tiny=true a random tiny one: set components.qformer.tiny=false"
         )
     bert_dir = resolve_pretrained(ComponentSpec(kind=spec.kind, pretrained=ref, allow_download=spec.allow_download))
     if not os.path.isdir(bert_dir):  # a hub id in the HF cache
