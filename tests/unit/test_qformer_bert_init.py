@@ -202,3 +202,23 @@ def test_its_text_path_reads_a_random_one_of_the_same_shape_does_not(component):
     torch.manual_seed(0)
     random.model.base.load_state_dict(Blip2ForImageTextRetrieval(random.model.base.config).state_dict())
     assert abs(margin(random)) < 0.15
+
+
+def test_the_protocol_card_names_the_bert_a_qformer_started_from(tmp_path):
+    """Untrained: the card's weights are the init, not the `pretrained` id the builder does not read; trained: its
+    base is the init and `trained_record` reads the BERT from the trained QFF's config."""
+    from qkvqa.pipeline.protocol import _component, trained_record
+
+    cfg = compose(
+        "demo/qff_per_layer",
+        [],
+        [f"components.qformer.init={INIT}", "components.qformer.tiny=false", "components.qformer.pretrained=unread"],
+    )
+    assert _component(cfg.components.qformer)["weights"].startswith(INIT)
+    qff = tmp_path / "qff"
+    qff.mkdir()
+    record = {"bert": MINILM, "bert_weights_sha256": "ab" * 32}
+    (qff / "qff_config.json").write_text(json.dumps({"focus": "per_layer", "base_config": {"qkvqa_init": record}}))
+    assert _component(cfg.components.qformer, str(qff))["base"] == INIT
+    cfg.qff.checkpoint = str(qff)
+    assert trained_record(cfg)["started_from"] == f"{INIT} (weights sha256 {'ab' * 32})"
