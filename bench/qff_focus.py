@@ -185,14 +185,14 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     if reading:
         score_jobs[("untrained_pt", 0)] = ("per_layer_pt", None, 0)
     rivals = survey_rivals(json.loads((work / "world/world.json").read_text())) if options.get("bound_facts") else None
-    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel, rivals=rivals)
+    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.score_parallel, rivals=rivals)
     # The first seed's models on their own training questions: the gap to val + test is what they memorised.
     train_jobs = {v: (v, work / "runs" / run_id(v, args.seeds[0]) / "qff", args.seeds[0]) for v in variants}
     on_train = (
         {}
         if args.skip_train_questions
         else evaluate_many(
-            train_jobs, overrides, work, set(), parallel=args.parallel, splits={"train": SPLIT_FILES["train"]}
+            train_jobs, overrides, work, set(), parallel=args.score_parallel, splits={"train": SPLIT_FILES["train"]}
         )
     )
     section: dict = {
@@ -420,6 +420,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, help="base learning rate (default: the demo's 2e-3)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per run")
+    parser.add_argument(
+        "--score-parallel", type=int, help="models scored at a time (one thread each; default: --parallel)"
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
     parser.add_argument(
         "--init",
@@ -437,6 +440,7 @@ def main(argv=None) -> int:
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
     args = parser.parse_args(argv)
     args.work = args.work or f"/tmp/qff_focus_study/{args.name}"
+    args.score_parallel = args.score_parallel or args.parallel
     if args.init:  # before --extra's own overrides, after each world's preset
         args.extra = [*init_overrides(args.init), *args.extra]  # tests.helpers.qff_study
     meta = {

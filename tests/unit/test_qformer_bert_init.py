@@ -83,6 +83,12 @@ def test_a_bert_init_composes_with_tiny_off():
     assert cfg.components.qformer.init == INIT
 
 
+def test_preset_qformer_minilm_sets_the_init_and_minilms_shape_where_the_experiment_sets_no_shape():
+    qformer = compose("evqa_qff", ["qformer_minilm"], []).components.qformer
+    assert qformer.init == INIT and qformer.tiny is False
+    assert {k: qformer.options[k] for k in SHAPE} == SHAPE and list(qformer.options.vocab_texts) == []
+
+
 def test_vision_heads_is_a_builder_option():
     assert "vision_heads" in KNOWN_OPTIONS
 
