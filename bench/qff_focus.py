@@ -185,14 +185,15 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     if reading:
         score_jobs[("untrained_pt", 0)] = ("per_layer_pt", None, 0)
     rivals = survey_rivals(json.loads((work / "world/world.json").read_text())) if options.get("bound_facts") else None
-    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.score_parallel, rivals=rivals)
+    scoring = [*overrides, *args.score_extra]  # --score-extra: scoring only (the trained runs are still reused)
+    scored = evaluate_many(score_jobs, scoring, work, multi, parallel=args.score_parallel, rivals=rivals)
     # The first seed's models on their own training questions: the gap to val + test is what they memorised.
     train_jobs = {v: (v, work / "runs" / run_id(v, args.seeds[0]) / "qff", args.seeds[0]) for v in variants}
     on_train = (
         {}
         if args.skip_train_questions
         else evaluate_many(
-            train_jobs, overrides, work, set(), parallel=args.score_parallel, splits={"train": SPLIT_FILES["train"]}
+            train_jobs, scoring, work, set(), parallel=args.score_parallel, splits={"train": SPLIT_FILES["train"]}
         )
     )
     section: dict = {
@@ -297,7 +298,8 @@ def markdown(study: dict) -> str:
             f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}"
             f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}"
             f"{', Q-Former init ' + meta['init'] if meta.get('init') else ''}"
-            f"{' (' + meta['steps_note'] + ')' if meta.get('steps_note') else ''}; paired difference against focus "
+            f"{' (' + meta['steps_note'] + ')' if meta.get('steps_note') else ''}"
+            f"{', scored with ' + ' '.join(meta['score_extra']) if meta.get('score_extra') else ''}; paired difference against focus "
             f"{meta.get('baseline', 'none')}, mean [95 % CI] over seeds, in points.",
             "",
             f"**{world}** world ({section['questions']} val + test questions, {section['multi_entity_questions']}"
@@ -435,6 +437,13 @@ def main(argv=None) -> int:
         action="store_true",
         help="do not score the first seed's models on their own training questions (saves a scoring pass per variant)",
     )
+    parser.add_argument(
+        "--score-extra",
+        nargs="*",
+        default=[],
+        help="config overrides for scoring only, e.g. qff.val_top_k=1 (article R@1 then reranks only stage 1's top "
+        "article; section R@1, over each sample's 16 sections, is unchanged)",
+    )
     parser.add_argument("--steps-note", help="a line on how the training was cut, printed with the table")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
@@ -453,6 +462,7 @@ def main(argv=None) -> int:
         "baseline": args.baseline,
         "init": args.init,
         "steps_note": args.steps_note,
+        "score_extra": args.score_extra,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
