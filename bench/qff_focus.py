@@ -43,6 +43,7 @@ from tests.helpers.qff_study import (  # noqa: E402
     compose_run,
     evaluate_many,
     final_gates,
+    init_overrides,
     prepare,
     run_id,
     survey_rivals,
@@ -184,11 +185,16 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
     if reading:
         score_jobs[("untrained_pt", 0)] = ("per_layer_pt", None, 0)
     rivals = survey_rivals(json.loads((work / "world/world.json").read_text())) if options.get("bound_facts") else None
-    scored = evaluate_many(score_jobs, overrides, work, multi, parallel=args.parallel, rivals=rivals)
+    scoring = [*overrides, *args.score_extra]  # --score-extra: scoring only (the trained runs are still reused)
+    scored = evaluate_many(score_jobs, scoring, work, multi, parallel=args.score_parallel, rivals=rivals)
     # The first seed's models on their own training questions: the gap to val + test is what they memorised.
     train_jobs = {v: (v, work / "runs" / run_id(v, args.seeds[0]) / "qff", args.seeds[0]) for v in variants}
-    on_train = evaluate_many(
-        train_jobs, overrides, work, set(), parallel=args.parallel, splits={"train": SPLIT_FILES["train"]}
+    on_train = (
+        {}
+        if args.skip_train_questions
+        else evaluate_many(
+            train_jobs, scoring, work, set(), parallel=args.score_parallel, splits={"train": SPLIT_FILES["train"]}
+        )
     )
     section: dict = {
         "options": options,
@@ -226,10 +232,11 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
             for group, prefix in (("all", ""), ("multi", "multi_"))
             for metric in METRICS
         }
-        entry["train_seed"] = {
-            "seed": args.seeds[0],
-            **{metric: round(on_train[variant]["all"][metric], 2) for metric in ("section_r1", *SPLIT_METRICS)},
-        }
+        if on_train:
+            entry["train_seed"] = {
+                "seed": args.seeds[0],
+                **{metric: round(on_train[variant]["all"][metric], 2) for metric in ("section_r1", *SPLIT_METRICS)},
+            }
         for metric in SPLIT_METRICS:  # which article tops the sample (the image's work), and the choice within it
             if any(scored[(v, s)]["all"][metric] is None for v in (variant, base) for s in args.seeds):
                 continue  # no sample holds a sibling section: no within-article figure
@@ -289,7 +296,10 @@ def markdown(study: dict) -> str:
         meta = section.get("meta", study["meta"])  # each world's own settings (an older file: the study's)
         lines += [
             f"{meta['entities']} entities, {meta['epochs']} epochs, seeds {meta['seeds']}, lr {meta['lr'] or 'demo'}"
-            f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}; paired difference against focus "
+            f"{', extra: ' + ' '.join(meta['extra']) if meta.get('extra') else ''}"
+            f"{', Q-Former init ' + meta['init'] if meta.get('init') else ''}"
+            f"{' (' + meta['steps_note'] + ')' if meta.get('steps_note') else ''}"
+            f"{', scored with ' + ' '.join(meta['score_extra']) if meta.get('score_extra') else ''}; paired difference against focus "
             f"{meta.get('baseline', 'none')}, mean [95 % CI] over seeds, in points.",
             "",
             f"**{world}** world ({section['questions']} val + test questions, {section['multi_entity_questions']}"
@@ -412,12 +422,36 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, help="base learning rate (default: the demo's 2e-3)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (one CPU thread each)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per run")
+    parser.add_argument(
+        "--score-parallel", type=int, help="models scored at a time (one thread each; default: --parallel)"
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="more config overrides for every run")
+    parser.add_argument(
+        "--init",
+        help="components.qformer.init of every run: bert:<ref> starts each Q-Former from that BERT (its shape, "
+        "the world's tiny ViT); default: the variants' own (random tiny, or _pt)",
+    )
     parser.add_argument("--work", help="scratch directory (worlds, pools, runs); default /tmp/qff_focus_study/<name>")
+    parser.add_argument(
+        "--skip-train-questions",
+        action="store_true",
+        help="do not score the first seed's models on their own training questions (saves a scoring pass per variant)",
+    )
+    parser.add_argument(
+        "--score-extra",
+        nargs="*",
+        default=[],
+        help="config overrides for scoring only, e.g. qff.val_top_k=1 (article R@1 then reranks only stage 1's top "
+        "article; section R@1, over each sample's 16 sections, is unchanged)",
+    )
+    parser.add_argument("--steps-note", help="a line on how the training was cut, printed with the table")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="qff_focus", help="output file stem under --out")
     args = parser.parse_args(argv)
     args.work = args.work or f"/tmp/qff_focus_study/{args.name}"
+    args.score_parallel = args.score_parallel or args.parallel
+    if args.init:  # before --extra's own overrides, after each world's preset
+        args.extra = [*init_overrides(args.init), *args.extra]  # tests.helpers.qff_study
     meta = {
         "entities": args.entities,
         "epochs": args.epochs,
@@ -426,6 +460,9 @@ def main(argv=None) -> int:
         "threads": args.threads,
         "extra": args.extra,
         "baseline": args.baseline,
+        "init": args.init,
+        "steps_note": args.steps_note,
+        "score_extra": args.score_extra,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,10 +53,17 @@ VARIANTS = {
     # help by construction where the attribute words tell the evidence from its siblings (the controlled world)
     "positive_control": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
     "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),  # the same, random init
+    # the same on the study's init (bench/qff_focus.py --init bert:<ref>: the BERT-initialised Q-Former)
+    "positive_control_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),
 }
-ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random")
+ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random", "positive_control_lr10")
 # the oracle of each: the attribute words only (attribute), or those gated by their presence in the section (presence)
-ORACLE_KINDS = {"oracle_attribute": "attribute", "positive_control": "presence", "positive_control_random": "presence"}
+ORACLE_KINDS = {
+    "oracle_attribute": "attribute",
+    "positive_control": "presence",
+    "positive_control_random": "presence",
+    "positive_control_lr10": "presence",
+}
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = [
@@ -65,6 +72,31 @@ TRAINING = [
     "trainer.enable_progress_bar=false",
     "trainer.deterministic=true",
 ]
+
+
+def init_overrides(init: str) -> list[str]:
+    """The overrides that start a demo experiment's Q-Former from `init`; for bert:<ref> the experiment's tiny shape
+    options (it sets them after any preset) are replaced by the BERT's, the world's vocabulary by the BERT's, and the
+    ViT keeps the experiment's options with 4 heads."""
+    if not init.startswith("bert:"):
+        return [f"components.qformer.init={init}"]
+    from transformers import AutoConfig
+
+    from qkvqa.components.registry import ComponentSpec, resolve_pretrained
+
+    bert = AutoConfig.from_pretrained(resolve_pretrained(ComponentSpec(kind="blip2_qff", pretrained=init[5:])))
+    options = "components.qformer.options"
+    return [
+        "components.qformer.tiny=false",
+        "components.qformer.pretrained=null",
+        f"components.qformer.init={init}",
+        f"{options}.hidden_size={bert.hidden_size}",
+        f"{options}.num_layers={bert.num_hidden_layers}",
+        f"{options}.num_heads={bert.num_attention_heads}",
+        f"{options}.max_position_embeddings={bert.max_position_embeddings}",
+        f"{options}.vision_heads=4",
+        f"{options}.vocab_texts=[]",
+    ]
 
 
 def compose_run(experiment: str, tokens: Sequence[str]):

@@ -85,8 +85,8 @@ def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
     default = study["default"]["variants"]["per_layer"]["diff_vs_none"]["section_r1"]
     assert f"{default['mean']:.1f} ({default['ci95_low']:.1f} to {default['ci95_high']:+.1f})" in text
     assert f"from {min(default['per_seed']):.1f} to {max(default['per_seed']):+.1f}" in text
-    # the study with the reading init: its positive control and the best focus variant, as bench/out/qff_focus.json
-    again = json.loads((repo / "bench/out/qff_focus.json").read_text())["worlds"]["controlled"]
+    # the study with the reading init: its positive control and the best focus variant (bench/out/qff_focus_random_init)
+    again = json.loads((repo / "bench/out/qff_focus_random_init.json").read_text())["worlds"]["controlled"]
     for diff, words in (
         (again["positive_control"]["diff_vs_none"]["section_r1"], "95 % interval "),
         (again["variants"]["per_layer_lr10_pt"]["diff_vs_none"]["section_r1"], ""),

@@ -54,7 +54,9 @@ class ComponentSpec:
     options: Dict[str, Any] = field(default_factory=dict)  # kind-specific settings
     # checkpoint: the weights `pretrained` / `tiny` name; pretrained_here (components.qformer only): those weights
     # with the Q-Former's text layers first pretrained on this config's KB and training questions (masked-language
-    # modelling, qff.text_pretrain, cached; `qkvqa pretrain-qformer`, qkvqa.qff.pretrain_here)
+    # modelling, qff.text_pretrain, cached; `qkvqa pretrain-qformer`, qkvqa.qff.pretrain_here); bert:<hub id or
+    # directory> (components.qformer only, without tiny or pretrained): a Q-Former shaped like that BERT and started
+    # from it, its ViT the tiny random one of the options (qkvqa.qff.builder.write_bert_blip2)
     init: str = "checkpoint"
 
     def torch_dtype(self):
@@ -117,7 +119,7 @@ def build_component(spec: ComponentSpec | dict) -> Any:
         spec = spec_from_mapping(spec)
     if not spec.kind:
         raise ConfigError("component spec has no `kind`")
-    if not spec.tiny and not spec.pretrained:
+    if not spec.tiny and not spec.pretrained and not spec.init.startswith("bert:"):  # bert:<ref> names its weights
         raise ConfigError(f"component {spec.kind!r}: set `pretrained: <local dir or hub id>` or `tiny: true`")
     if spec.kind not in _REGISTRY:
         _import_builders()

@@ -339,7 +339,10 @@ THETA_ON = ("fused", "qff", "softmax")  # cda.theta_on (qkvqa.cda.select.theta_s
 CHUNK_LENGTH_COUNTS = ("body", "with_header")  # cda.chunk_length_counts (qkvqa.cda.chunker.Chunker)
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # qkvqa.qff.attention
-QFORMER_INITS = ("checkpoint", "pretrained_here")  # components.qformer.init (qkvqa.qff.pretrain_here)
+# components.qformer.init: the fixed values (qkvqa.qff.pretrain_here) and `bert:<hub id or directory>`, a Q-Former
+# shaped like that BERT and started from it (qkvqa.qff.builder.write_bert_blip2)
+QFORMER_INITS = ("checkpoint", "pretrained_here")
+QFORMER_BERT_INIT = "bert:"
 STOP_AFTER = ("generation", "filter")
 PROGRESS_MODES = ("auto", "bar", "lines", "off")  # qkvqa.utils.progress.MODES
 SPLITS = ("train", "val", "test")  # eval.split: the data.<split>_questions files
@@ -429,6 +432,29 @@ BOUNDS = {
 }
 
 
+def check_qformer_init(cfg: Any) -> None:
+    """`components.qformer.init: bert:<ref>` names a BERT and comes with `tiny: false` (the Q-Former is that BERT's
+    shape and weights, its ViT the tiny random one of the options; `pretrained` is not read, as with `tiny: true`); one
+    line naming the key otherwise."""
+    from omegaconf import OmegaConf
+
+    from qkvqa.errors import ConfigError
+
+    value = OmegaConf.select(cfg, "components.qformer.init")
+    if not (isinstance(value, str) and value.startswith(QFORMER_BERT_INIT)):
+        return
+    if not value[len(QFORMER_BERT_INIT) :].strip():
+        raise ConfigError(
+            f"components.qformer.init={value!r} names no BERT: use bert:<hub id or directory>, "
+            f"e.g. bert:sentence-transformers/all-MiniLM-L6-v2, or one of {', '.join(QFORMER_INITS)}"
+        )
+    if OmegaConf.select(cfg, "components.qformer.tiny"):
+        raise ConfigError(
+            f"components.qformer.init={value!r} builds the Q-Former from that BERT (its ViT the tiny random one of the "
+            "options), components.qformer.tiny=true a random tiny one: set components.qformer.tiny=false"
+        )
+
+
 def check_values(cfg: Any) -> None:
     """Refuse a value outside CHOICES / BOUNDS with one line naming the key, the value and what is allowed."""
     from omegaconf import OmegaConf
@@ -440,8 +466,11 @@ def check_values(cfg: Any) -> None:
     split = OmegaConf.select(cfg, "eval.split")
     if isinstance(split, str) and split.lower() in SPLIT_ALIASES and not OmegaConf.is_readonly(cfg):
         OmegaConf.update(cfg, "eval.split", SPLIT_ALIASES[split.lower()])  # an alias reads as its split
+    check_qformer_init(cfg)
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
+        if key == "components.qformer.init" and isinstance(value, str) and value.startswith(QFORMER_BERT_INIT):
+            continue  # check_qformer_init
         if value is not None and value not in allowed:
             aliases = (
                 " (read as a split: validation, valid, dev = val; testing = test; training = train)"

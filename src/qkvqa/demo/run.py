@@ -49,8 +49,8 @@ question focus neither helps nor hurts measurably. The study
 also says why: these tiny models memorise their training sections and do not learn which words a
 question asks for, with or without focus. The study can see an effect that exists: its positive control,
 a focus path handed whether each section states the asked attribute, beats none by +35.6 points section
-R@1 (95 % interval +31.0 to +40.2, 8 seeds; bench/out/qff_focus.json), and text layers pretrained here
-(components.qformer.init: pretrained_here) leave focus at +2.1 (-1.5 to +5.8): no setting shows the
+R@1 (95 % interval +31.0 to +40.2, 8 seeds; bench/out/qff_focus_random_init.json), and text layers
+pretrained here (components.qformer.init: pretrained_here) leave focus at +2.1 (-1.5 to +5.8): no setting shows the
 effect at this scale, so the demo keeps per_layer (docs/training.md has the diagnosis)."""
 
 

@@ -107,16 +107,24 @@ def _component(spec: Any, trained: Optional[str] = None) -> dict:
     """Kind, weights (with their revision, or what they were converted from) and fingerprint of one component;
     `trained` (qff.checkpoint) replaces its base weights."""
     revision = spec.get("revision")
+    init = str(spec.get("init") or "checkpoint")
+    bert = init if init.startswith("bert:") else None  # a Q-Former started from a BERT: `pretrained` is not read
     if trained:
         return {
             "kind": spec.kind,
             "weights": str(trained),
-            "base": "tiny (random)" if spec.tiny else str(spec.pretrained),
+            "base": "tiny (random)" if spec.tiny else (bert or str(spec.pretrained)),
             "dtype": spec.dtype,
             "fingerprint": weights_fingerprint(trained),
         }
     if spec.tiny:
         return {"kind": spec.kind, "weights": "tiny (random)", "fingerprint": None}
+    if bert:
+        return {
+            "kind": spec.kind,
+            "weights": f"{bert} (the Q-Former from that BERT, a tiny random ViT)",
+            "fingerprint": None,
+        }
     read_from = weights_read_from(spec.pretrained, revision)
     card = {
         "kind": spec.kind,
@@ -168,6 +176,11 @@ def not_comparable_because(cfg: Any, scores: dict, used: list[str]) -> list[str]
     tiny = [name for name in used if cfg.components[name].tiny]
     if tiny:
         reasons.append(f"tiny random components ({', '.join(tiny)})")
+    from_bert = [
+        cfg.components[name].init for name in used if str(cfg.components[name].get("init")).startswith("bert:")
+    ]
+    if from_bert:
+        reasons.append(f"a Q-Former started from a BERT ({from_bert[0]}) with a tiny random ViT, not BLIP-2's")
     reasons += stale_conversions(cfg, used)
     if row is not None:
         reasons += row_differences(
@@ -279,8 +292,9 @@ def _conversion_fields(directory: str, stamp: int) -> Optional[dict]:
 
 
 def trained_record(cfg: Any) -> dict:
-    """What qff.checkpoint records of its training (focus, gate, vit_dtype), from its config file; empty when unset or
-    not a readable qkvqa QFF directory."""
+    """What qff.checkpoint records of its training (focus, gate, vit_dtype, and `started_from`, the BERT a Q-Former
+    from `init: bert:<ref>` started from), from its config file; empty when unset or not a readable qkvqa QFF
+    directory."""
     checkpoint = cfg.qff.checkpoint
     if not checkpoint:
         return {}
@@ -291,7 +305,13 @@ def trained_record(cfg: Any) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {key: meta.get(key) for key in ("focus", "gate", "vit_dtype")}
+    started = ((meta.get("base_config") or {}).get("qkvqa_init")) or {}
+    return {
+        **{key: meta.get(key) for key in ("focus", "gate", "vit_dtype")},
+        "started_from": f"bert:{started['bert']} (weights sha256 {started.get('bert_weights_sha256')})"
+        if started.get("bert")
+        else None,
+    }
 
 
 def run_readings(cfg: Any) -> dict:
@@ -397,6 +417,8 @@ def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] =
         )
         if trained.get("focus"):
             card["models"]["qformer"]["trained_with"] = f"focus {trained['focus']}, gate {trained.get('gate')}"
+        if trained.get("started_from"):
+            card["models"]["qformer"]["started_from"] = trained["started_from"]
     if row is not None:  # how each component's weights were matched to the row's release
         converted = converted_sources(cfg, used)
         for name in used:

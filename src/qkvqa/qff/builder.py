@@ -36,6 +36,7 @@ TINY_DEFAULTS = {
     "max_position_embeddings": 128,
     "embed_dim": 16,
     "mlp_ratio": 2,
+    "vision_heads": None,  # the ViT's heads: num_heads when unset (a bert:<ref> init: 4, the Q-Former's are BERT's)
 }
 
 # Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
@@ -393,21 +394,27 @@ class QFFComponent:
 
 
 # ---------------------------------------------------------------------- tiny model
+def tiny_vision_config(options: Mapping[str, Any], default_heads: int) -> dict:
+    """The tiny random ViT of `options` (keys of TINY_DEFAULTS); `default_heads` when `vision_heads` is unset."""
+    o = {**TINY_DEFAULTS, **options}
+    return dict(
+        hidden_size=o["vision_hidden_size"],
+        intermediate_size=o["mlp_ratio"] * o["vision_hidden_size"],
+        num_hidden_layers=o["vision_layers"],
+        num_attention_heads=o["vision_heads"] or default_heads,
+        image_size=o["image_size"],
+        patch_size=o["patch_size"],
+        initializer_range=0.02,
+    )  # the HF default (1e-10) gives a degenerate random ViT
+
+
 def tiny_blip2_config(vocab_size: int, **options: Any):
     """The models.md §8 tiny `Blip2Config` with `options` (keys of TINY_DEFAULTS) applied."""
     from transformers import Blip2Config
 
     o = {**TINY_DEFAULTS, **options}
     return Blip2Config(
-        vision_config=dict(
-            hidden_size=o["vision_hidden_size"],
-            intermediate_size=o["mlp_ratio"] * o["vision_hidden_size"],
-            num_hidden_layers=o["vision_layers"],
-            num_attention_heads=o["num_heads"],
-            image_size=o["image_size"],
-            patch_size=o["patch_size"],
-            initializer_range=0.02,
-        ),  # the HF default (1e-10) gives a degenerate random ViT
+        vision_config=tiny_vision_config(o, o["num_heads"]),
         qformer_config=dict(
             vocab_size=vocab_size,
             hidden_size=o["hidden_size"],
@@ -441,6 +448,176 @@ def write_tiny_blip2(out_dir: str | Path, texts: Sequence[str] = (), seed: int =
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
+
+
+# ---------------------------------------------------------------------- Q-Former from a BERT (init bert:<ref>)
+BERT_INIT = "bert:"
+BERT_INIT_FORMAT = "qkvqa-qformer-from-bert"
+# options that shape the Q-Former: with init bert:<ref> they come from the BERT (option -> BERT config field); an
+# option set in the config must equal the BERT's value, so that a config never says one shape and builds another
+BERT_SHAPE_OPTIONS = {
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+
+def bert_init_ref(init: Optional[str]) -> Optional[str]:
+    """The BERT reference of `components.qformer.init: bert:<ref>` (hub id or directory), None for another init."""
+    if isinstance(init, str) and init.startswith(BERT_INIT) and init[len(BERT_INIT) :].strip():
+        return init[len(BERT_INIT) :].strip()
+    return None
+
+
+def bert_copy_map(num_layers: int) -> dict[str, str]:
+    """Blip2ForImageTextRetrieval key -> BERT key (without a `bert.` prefix) of every tensor copied as it is, as LAVIS's
+    `Blip2Qformer.init_Qformer` starts BLIP-2 from BERT-base: embeddings (word embeddings apart:
+    `write_bert_blip2`), every layer's self-attention and text feed-forward, and the query feed-forward copied from the
+    text one (LAVIS copies each `_query` weight from its text twin). Image cross-attention and the query tokens have
+    no BERT counterpart and start random."""
+    pairs = {
+        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+        "qformer.layernorm.weight": "embeddings.LayerNorm.weight",
+        "qformer.layernorm.bias": "embeddings.LayerNorm.bias",
+    }
+    for n in range(num_layers):
+        ours, theirs = f"qformer.encoder.layer.{n}.", f"encoder.layer.{n}."
+        for part in ("query", "key", "value"):
+            for p in ("weight", "bias"):
+                pairs[f"{ours}attention.attention.{part}.{p}"] = f"{theirs}attention.self.{part}.{p}"
+        for p in ("weight", "bias"):
+            pairs[f"{ours}attention.output.dense.{p}"] = f"{theirs}attention.output.dense.{p}"
+            pairs[f"{ours}attention.output.LayerNorm.{p}"] = f"{theirs}attention.output.LayerNorm.{p}"
+            for text, query in (("intermediate", "intermediate_query"), ("output", "output_query")):
+                pairs[f"{ours}{text}.dense.{p}"] = f"{theirs}{text}.dense.{p}"
+                pairs[f"{ours}{query}.dense.{p}"] = f"{theirs}{text}.dense.{p}"
+            pairs[f"{ours}output.LayerNorm.{p}"] = f"{theirs}output.LayerNorm.{p}"
+            pairs[f"{ours}output_query.LayerNorm.{p}"] = f"{theirs}output.LayerNorm.{p}"
+    return pairs
+
+
+def read_bert(bert_dir: str | Path) -> tuple[Any, dict]:
+    """The BERT's config and its tensors (keys without a `bert.` prefix) from `model.safetensors`."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    bert_dir = Path(bert_dir)
+    weights = bert_dir / "model.safetensors"
+    if not weights.is_file():
+        raise MissingWeightsError(f"{bert_dir}: no model.safetensors (components.qformer.init=bert:<ref> reads it)")
+    config = AutoConfig.from_pretrained(str(bert_dir), local_files_only=True)
+    if config.model_type != "bert":
+        raise ConfigError(
+            f"components.qformer.init=bert:<ref> needs a BERT; {bert_dir} holds a {config.model_type!r} model"
+        )
+    state = {k.removeprefix("bert."): v for k, v in load_file(str(weights)).items()}
+    return config, state
+
+
+def bert_blip2_config(bert_config: Any, **options: Any):
+    """A `Blip2Config` whose Q-Former is shaped like `bert_config` (vocabulary + `[DEC]`) and whose ViT is the tiny
+    one of `options` (TINY_DEFAULTS; the ViT's heads `vision_heads`, else 4)."""
+    from transformers import Blip2Config
+
+    o = {**TINY_DEFAULTS, **options}
+    return Blip2Config(
+        vision_config=tiny_vision_config(o, TINY_DEFAULTS["num_heads"]),
+        qformer_config=dict(
+            vocab_size=bert_config.vocab_size + 1,  # [DEC], BLIP-2's bos
+            hidden_size=bert_config.hidden_size,
+            num_hidden_layers=bert_config.num_hidden_layers,
+            num_attention_heads=bert_config.num_attention_heads,
+            intermediate_size=bert_config.intermediate_size,
+            max_position_embeddings=bert_config.max_position_embeddings,
+            hidden_act=bert_config.hidden_act,
+            layer_norm_eps=bert_config.layer_norm_eps,
+            hidden_dropout_prob=bert_config.hidden_dropout_prob,
+            attention_probs_dropout_prob=bert_config.attention_probs_dropout_prob,
+            pad_token_id=bert_config.pad_token_id,
+            use_qformer_text_input=True,
+            cross_attention_frequency=o["cross_attention_frequency"],
+        ),
+        num_query_tokens=o["num_query_tokens"],
+        image_text_hidden_size=o["embed_dim"],
+    )
+
+
+def write_bert_blip2(
+    out_dir: str | Path, bert_dir: str, bert_ref: str, bert_sha256: str, seed: int = 0, **options: Any
+) -> Path:
+    """Write a `Blip2ForImageTextRetrieval` whose Q-Former starts from the BERT in `bert_dir` (`bert_copy_map`), and the
+    BERT's tokenizer with `[DEC]` added as bos. The BERT adds its type-0 token-type row to every token (the Q-Former
+    has no token types): it is added into the word embeddings, so that the text path's input equals BERT's; `[DEC]`'s
+    row starts as `[CLS]`'s. Cross-attention, the query tokens (N(0, 0.02), as LAVIS), the ViT and the heads are
+    drawn from `seed`. The config records the init (`qkvqa_init`: ref, weights sha256), so every QFF trained from it
+    carries it in its `qff_config.json` (`base_config`)."""
+    import torch
+    from transformers import AutoTokenizer, Blip2ForImageTextRetrieval
+
+    out_dir = Path(out_dir)
+    bert_config, state = read_bert(bert_dir)
+    config = bert_blip2_config(bert_config, **options)
+    config.qkvqa_init = {"format": BERT_INIT_FORMAT, "bert": bert_ref, "bert_weights_sha256": bert_sha256}
+    torch.manual_seed(seed)
+    model = Blip2ForImageTextRetrieval(config)
+    model.query_tokens.data.normal_(std=config.qformer_config.initializer_range)
+    tokenizer = AutoTokenizer.from_pretrained(bert_dir, local_files_only=True)
+    tokenizer.add_special_tokens({"bos_token": "[DEC]"})
+    if tokenizer.bos_token_id != bert_config.vocab_size or len(tokenizer) != bert_config.vocab_size + 1:
+        raise ConfigError(
+            f"{bert_dir}: its tokenizer has {len(tokenizer) - 1} tokens besides [DEC], its model "
+            f"{bert_config.vocab_size}; components.qformer.init=bert:<ref> needs a BERT whose tokenizer matches it"
+        )
+    ours = model.state_dict()
+    with torch.no_grad():
+        for key, source in bert_copy_map(bert_config.num_hidden_layers).items():
+            ours[key].copy_(state[source])
+        words = state["embeddings.word_embeddings.weight"] + state["embeddings.token_type_embeddings.weight"][0]
+        ours["embeddings.word_embeddings.weight"][: bert_config.vocab_size].copy_(words)
+        ours["embeddings.word_embeddings.weight"][bert_config.vocab_size].copy_(words[tokenizer.cls_token_id])
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def bert_qformer_dir(spec: ComponentSpec, options: Mapping[str, Any]) -> Path:
+    """The directory of the Q-Former that `init: bert:<ref>` names (written once per content key: the BERT's weights
+    sha256, its reference and the ViT's options, through `tiny_model`'s checked cache)."""
+    from qkvqa.utils.io import sha256_file
+
+    ref = bert_init_ref(spec.init)
+    if spec.tiny:
+        raise ConfigError(
+            f"components.qformer.init={spec.init!r} builds the Q-Former from that BERT (its ViT the tiny random one of "
+            "the options), components.qformer.tiny=true a random tiny one: set components.qformer.tiny=false"
+        )
+    bert_dir = resolve_pretrained(ComponentSpec(kind=spec.kind, pretrained=ref, allow_download=spec.allow_download))
+    if not os.path.isdir(bert_dir):  # a hub id in the HF cache
+        from huggingface_hub import snapshot_download
+
+        bert_dir = snapshot_download(bert_dir, local_files_only=not spec.allow_download)
+    from transformers import AutoConfig
+
+    bert_config = AutoConfig.from_pretrained(bert_dir, local_files_only=True)
+    for option, field in BERT_SHAPE_OPTIONS.items():
+        if (
+            option in spec.options
+            and spec.options[option] is not None
+            and spec.options[option] != getattr(bert_config, field)
+        ):
+            raise ConfigError(
+                f"components.qformer.options.{option}={spec.options[option]!r}, but init {spec.init} makes a Q-Former "
+                f"shaped like the BERT ({field} {getattr(bert_config, field)}): set it to that or leave it out"
+            )
+    if options["vocab_texts"]:
+        raise ConfigError(
+            f"components.qformer.options.vocab_texts builds a tiny vocabulary; init {spec.init} uses the BERT's: "
+            "set it to []"
+        )
+    vision = {k: options[k] for k in TINY_DEFAULTS if k not in BERT_SHAPE_OPTIONS}
+    sha = sha256_file(Path(bert_dir) / "model.safetensors")
+    return tiny_model(spec, write_bert_blip2, str(bert_dir), ref, sha, options["seed"], **vision)
 
 
 # ---------------------------------------------------------------------- loading
@@ -524,7 +701,9 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     from qkvqa.qff.image_processing import blip2_image_processor
     from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel
 
-    if spec.init != "checkpoint":  # the builder sees one spec; the corpus to pretrain on is the config's
+    if (
+        spec.init != "checkpoint" and bert_init_ref(spec.init) is None
+    ):  # pretrained_here: pretrain on the config's corpus
         raise ConfigError(
             f"components.qformer.init={spec.init!r} is resolved from the whole config: build it with "
             "qkvqa.qff.pretrain_here.resolve_qformer_spec(cfg) (qkvqa train and qkvqa pretrain-qformer do)"
@@ -534,7 +713,8 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     local_only = not spec.allow_download
     focus = options["focus"]
     ref = os.path.expanduser(str(spec.pretrained)) if spec.pretrained else ""
-    if not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
+    bert = bert_init_ref(spec.init)
+    if bert is None and not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
         model = QFFModel.from_checkpoint(
             ref,
             dtype=dtype,
@@ -546,7 +726,9 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
         _check_vit_dtype(Path(ref), model)
         tokenizer = _load_tokenizer(ref, local_only=True)
     else:
-        if spec.tiny:
+        if bert is not None:  # a Q-Former from a BERT, loaded like a tiny or a real BLIP-2
+            base, tokenizer = _load_hf(str(bert_qformer_dir(spec, options)), dtype, local_only=True)
+        elif spec.tiny:
             tiny = {k: options[k] for k in TINY_DEFAULTS}
             path = str(tiny_model(spec, write_tiny_blip2, options["vocab_texts"], options["seed"], **tiny))
             base, tokenizer = _load_hf(path, dtype, local_only=True)

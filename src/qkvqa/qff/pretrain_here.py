@@ -50,6 +50,7 @@ WEIGHT_OPTIONS = (
     "max_position_embeddings",
     "embed_dim",
     "mlp_ratio",
+    "vision_heads",
     "vocab_texts",
     "seed",
     "base_config",
