@@ -329,8 +329,10 @@ def run_readings(cfg: Any) -> dict:
         keys.append("cda.theta_on")
     if cda and cfg.cda.mode != "top1_section":
         keys.append("cda.chunk_length_counts")
-    if generated and cfg.components.generator.kind == "reflectiva":
-        keys.append("decoding")
+    if generated:
+        from qkvqa.components.registry import component_kind
+
+        keys += [k for k in component_kind(cfg.components.generator.kind).readings if k not in keys]
     out = {}
     for key in keys:
         reading = READINGS[key]

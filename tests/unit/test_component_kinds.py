@@ -1,0 +1,65 @@
+"""Each component kind is one class: the registry, the preflight, the doctor and the card ask it, never its name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from qkvqa.components.registry import ComponentKind, component_kind, registered_kinds
+from qkvqa.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "qkvqa"
+# `x.kind == "name"`, `kind != 'name'`, `kind in ("a", "b")`, `kind not in ("a",)`
+COMPARISON = re.compile(r"kind\s*(?:==|!=)\s*['\"](\w+)['\"]|kind\s+(?:not\s+)?in\s+\(([^)]*)\)")
+
+
+def test_every_registered_kind_is_a_component_kind_and_the_extension_points_are_theirs():
+    from qkvqa.cda.reranker import ChunkScorerKind
+    from qkvqa.generation.backends import GENERATOR_KINDS, GeneratorKind
+    from qkvqa.metrics.judge import JudgeKind
+
+    kinds = {name: component_kind(name) for name in registered_kinds()}
+    assert all(isinstance(k, ComponentKind) and k.name == n for n, k in kinds.items())
+    assert {n for n, k in kinds.items() if isinstance(k, GeneratorKind)} == set(GENERATOR_KINDS)
+    assert {n for n, k in kinds.items() if isinstance(k, ChunkScorerKind)} == {"bge_reranker", "sentence_transformer"}
+    assert {n for n, k in kinds.items() if isinstance(k, JudgeKind)} == {"bem"}
+    assert [n for n, k in kinds.items() if k.remote_code] == ["evaclip_hf"]
+    assert [n for n, k in kinds.items() if "decoding" in k.readings] == ["reflectiva"]
+
+
+def test_no_code_compares_a_component_kind_name_outside_its_class():
+    names = set(registered_kinds())
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if "data_modules" in path.parts:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in COMPARISON.finditer(line):
+                compared = {match.group(1)} if match.group(1) else set(re.findall(r"['\"](\w+)['\"]", match.group(2)))
+                if compared & names:
+                    found.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+    assert COMPARISON.search('if spec.kind == "reflectiva":')  # the pattern sees what it looks for
+
+
+def test_a_generator_kind_without_its_own_chat_is_never_loaded_as_another_kind(tmp_path):
+    from qkvqa.generation.backends import build_generator
+    from qkvqa.generation.tiny import write_tiny_chatml_lm
+
+    folder = write_tiny_chatml_lm(tmp_path / "lm")
+    kind = "tests.helpers.plugin_kinds:NoChatGenerator"
+    with pytest.raises(NotImplementedError, match="does not define load_chat"):
+        build_generator({"kind": kind, "pretrained": str(folder), "device": "cpu"})
+    with pytest.raises(ConfigError, match="has no tiny model; set pretrained"):  # no tiny writer: real weights only
+        build_generator({"kind": kind, "tiny": True, "device": "cpu"})
+
+
+def test_an_unknown_kind_names_the_registered_ones():
+    from qkvqa.generation.backends import build_generator
+
+    with pytest.raises(ConfigError, match=r"generator 'bem' is not one of chat_lm, llama3, qwen2_5_vl, reflectiva"):
+        build_generator({"kind": "bem", "tiny": True})
+    with pytest.raises(ConfigError, match="unknown component kind 'nope'.*import path"):
+        component_kind("nope")
