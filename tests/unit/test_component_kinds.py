@@ -63,3 +63,70 @@ def test_an_unknown_kind_names_the_registered_ones():
         build_generator({"kind": "bem", "tiny": True})
     with pytest.raises(ConfigError, match="unknown component kind 'nope'.*import path"):
         component_kind("nope")
+
+
+SCORER = "tests.helpers.plugin_kinds:WordOverlapKind"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (f"components.reranker.kind={SCORER}", None),
+        ("components.reranker.options.weight=10.5", r"^components.reranker.options.weight=10.5 is out of range"),
+        ("components.reranker.options.wieght=1", r"^components.reranker.options: unknown key\(s\) \['wieght'\]"),
+        ("components.reranker.options.weight=heavy", r"^components.reranker.options.weight='heavy': expected float"),
+        (
+            "components.reranker.kind=tests.helpers.plugin_kinds:NotAKind",
+            r"^components.reranker.kind: chunk_scorer .* is not a subclass of qkvqa.cda.reranker.ChunkScorerKind",
+        ),
+        (f"components.judge.kind={SCORER}", r"^components.judge.kind: judge .* is not a subclass of .*JudgeKind"),
+        (
+            "components.generator.kind=my_lab_absent.gen:MyLM",
+            r"^components.generator.kind: generator 'my_lab_absent.gen:MyLM': module 'my_lab_absent.gen' does not "
+            r"import .*; registered: chat_lm, llama3, qwen2_5_vl, reflectiva; or a class by import path",
+        ),
+        (
+            "components.generator.kind=tests.helpers.plugin_kinds:Absent",
+            r"^components.generator.kind: .* has no 'Absent'; registered: chat_lm",
+        ),
+        ("components.generator.kind=chatlm", r"is not one of chat_lm, llama3, qwen2_5_vl, reflectiva \(did you mean"),
+        ("components.generator.options.seed=-1", r"^components.generator.options.seed=-1 is out of range"),
+        ("components.generator.options.min_pixels=4", r"unknown key\(s\) \['min_pixels'\] for kind qwen2_5_vl|^$"),
+    ],
+)
+def test_a_plugin_kind_and_its_options_are_checked_when_the_config_is_composed(override, message):
+    from qkvqa.config.load import compose
+
+    base = [f"components.reranker={{kind: {SCORER}, tiny: true}}"] if "reranker.options" in override else []
+    if override.endswith("min_pixels=4"):  # a Qwen2.5-VL option is one of that kind's, not chat_lm's
+        compose(None, [], [*base, "components.generator.kind=qwen2_5_vl", override])
+        with pytest.raises(ConfigError, match=r"unknown key\(s\) \['min_pixels'\] for kind chat_lm"):
+            compose(None, [], ["components.generator.kind=chat_lm", override])
+        return
+    if message is None:
+        cfg = compose(None, [], [*base, override])
+        assert cfg.components.reranker.kind == SCORER
+        return
+    with pytest.raises(ConfigError, match=message):
+        compose(None, [], [*base, override])
+
+
+def test_a_plugin_builds_scores_and_is_named_on_the_card_with_its_source_hash():
+    import hashlib
+
+    from qkvqa.components.registry import build_component
+    from qkvqa.pipeline.protocol import component_card
+    from tests.helpers import plugin_kinds
+
+    scorer = build_component({"kind": SCORER, "tiny": True, "options": {"weight": 2.0}})
+    assert scorer.score([("red fox", "a red fox ran"), ("red fox", "a blue bird")]) == [2.0, 0.0]
+    from omegaconf import OmegaConf
+
+    card = component_card(OmegaConf.create({"kind": SCORER, "tiny": True, "dtype": "fp32"}))
+    source = Path(plugin_kinds.__file__)
+    assert card["plugin"] == {
+        "import_path": SCORER,
+        "source": str(source),
+        "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+    }
+    assert "plugin" not in component_card(OmegaConf.create({"kind": "bge_reranker", "tiny": True}))

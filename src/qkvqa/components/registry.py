@@ -209,7 +209,7 @@ def component_kind(name: str, point: str = "", base: type = ComponentKind) -> Co
             )
         return _REGISTRY[name]
     if name not in _PLUGINS:
-        kind = resolve_plugin(point or "component", name, ComponentKind)()
+        kind = resolve_plugin(point or "component", name, base)()
         kind.name = kind.name or name
         _PLUGINS[name] = kind
     if not isinstance(_PLUGINS[name], base):
