@@ -480,11 +480,22 @@ class GeneratorKind(ComponentKind):
         """The generator with the default `generation:` settings (build_generator)."""
         return build_generator(spec)
 
+    def preflight(self, role, spec, folder):
+        """Its options, and `tiny: true` only for a kind with a tiny writer, before stage 1."""
+        super().preflight(role, spec, folder)
+        self._check_tiny(spec)
+
+    def _check_tiny(self, spec: ComponentSpec) -> None:
+        if spec.tiny and self.tiny_writer is None:
+            raise ConfigError(
+                f"components.generator: kind {self.name} has no tiny model; set pretrained: (a checkpoint folder or "
+                "hub id) and tiny: false"
+            )
+
     def model_path(self, spec: ComponentSpec) -> str:
         """The checkpoint folder (or hub id) to load: the tiny one, or `pretrained` resolved and checked."""
         if spec.tiny:
-            if self.tiny_writer is None:
-                raise ConfigError(f"components.generator: kind {self.name} has no tiny model; set pretrained:")
+            self._check_tiny(spec)
             return str(tiny_model(spec, self.tiny_writer, seed=int(spec.options.get("seed", 0))))
         path = resolve_pretrained(spec)
         if os.path.isdir(path):
