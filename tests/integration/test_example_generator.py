@@ -3,7 +3,9 @@ evaluation from a causal LM on disk (no tiny writer of its own) and is named on 
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -46,7 +48,7 @@ def test_the_example_generator_loads_any_chat_causal_lm_and_checks_its_options(c
 
 
 @pytest.mark.slow
-def test_the_example_generator_runs_a_tiny_evaluation_and_the_card_names_it(eval_env, monkeypatch, causal_lm):
+def test_the_example_generator_runs_a_tiny_evaluation_and_the_card_names_it(eval_env, monkeypatch, causal_lm, capsys):
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
     clear_run_env()
     overrides = [
@@ -72,3 +74,13 @@ def test_the_example_generator_runs_a_tiny_evaluation_and_the_card_names_it(eval
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
     }
     assert card["models"]["generator"]["weights"] == str(causal_lm)
+    # the shipped chat_lm on the same weights, and `qkvqa compare` of the two runs: the kind is the swept key
+    clear_run_env()
+    baseline = [*overrides, "components.generator.kind=chat_lm"]
+    assert main(["evaluate", "experiment=world_eval", "run_id=example_baseline", *baseline]) == 0
+    capsys.readouterr()
+    runs = [str(run_dir), str(eval_env["runs"] / "example_baseline")]
+    assert main(["compare", *runs, "--format", "csv"]) == 0
+    table = {r["run_id"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert table["example_generator"]["components.generator.kind"] == KIND
+    assert table["example_baseline"]["components.generator.kind"] == "chat_lm"

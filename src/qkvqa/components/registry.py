@@ -195,10 +195,14 @@ def component_kind(name: str, point: str = "", base: type = ComponentKind) -> Co
     if not name:
         raise ConfigError("component spec has no `kind`")
     if not is_import_path(name):
-        if name not in _REGISTRY or point:
+        if name not in _REGISTRY:
             _import_builders()
         if point:
-            resolve_plugin(point, name, base)  # refuses a name not registered at this point, naming those that are
+            try:
+                resolve_plugin(point, name, base)
+            except ConfigError:  # refused naming the point's registered kinds: all of them, every module imported
+                _import_builders()
+                resolve_plugin(point, name, base)
         if name not in _REGISTRY:
             import difflib
 

@@ -509,12 +509,18 @@ ROLE_KINDS = {
     "judge": ("bem",),
     "splitter": ("spacy_sentencizer",),
 }
-# The extension point of each role that a user's class may fill by import path (`module:Class`): the point's name
-# and its base class (module, name). Any other role takes a ComponentKind subclass by import path.
+# The extension point of each role that a user's class may fill by import path (`module:Class`): the point's name,
+# its base class ("module:Class") and the modules that register its shipped kinds (imported when the config is
+# composed; only those, so that composing does not import every model's code). Any other role takes a ComponentKind
+# subclass by import path.
 ROLE_POINTS = {
-    "generator": ("generator", "qkvqa.generation.backends", "GeneratorKind"),
-    "reranker": ("chunk_scorer", "qkvqa.cda.reranker", "ChunkScorerKind"),
-    "judge": ("judge", "qkvqa.metrics.judge", "JudgeKind"),
+    "generator": ("generator", "qkvqa.generation.backends:GeneratorKind", ("qkvqa.generation.backends",)),
+    "reranker": (
+        "chunk_scorer",
+        "qkvqa.cda.reranker:ChunkScorerKind",
+        ("qkvqa.cda.reranker", "qkvqa.cda.sentence_scorer"),
+    ),
+    "judge": ("judge", "qkvqa.metrics.judge:JudgeKind", ("qkvqa.metrics.bem",)),
 }
 
 
@@ -555,8 +561,13 @@ def check_component_kinds(cfg: Any) -> None:
         name = OmegaConf.select(cfg, f"components.{role}.kind", default=None)
         if not name or (role not in ROLE_POINTS and not is_import_path(name)):
             continue
-        point, module, base = ROLE_POINTS.get(role, ("component", None, None))
-        base_class = getattr(importlib.import_module(module), base) if module else ComponentKind
+        point, base, shipped = ROLE_POINTS.get(role, ("component", None, ()))
+        for module in shipped:
+            importlib.import_module(module)
+        base_class = ComponentKind
+        if base:
+            module, _, attr = base.partition(":")
+            base_class = getattr(importlib.import_module(module), attr)
         try:
             kind = component_kind(name, point, base_class)
         except ConfigError as e:
