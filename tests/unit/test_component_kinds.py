@@ -130,3 +130,20 @@ def test_a_plugin_builds_scores_and_is_named_on_the_card_with_its_source_hash():
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
     }
     assert "plugin" not in component_card(OmegaConf.create({"kind": "bge_reranker", "tiny": True}))
+
+
+def test_a_plugin_judge_is_built_for_e_vqa_and_judges_what_exact_match_rejects():
+    from qkvqa.config.load import compose
+    from qkvqa.metrics.evqa import judge_label, score_examples
+    from qkvqa.pipeline.build import build_judge
+
+    judge_kind = "tests.helpers.plugin_kinds:SharedWordJudgeKind"
+    with pytest.raises(ConfigError, match=r"^components.judge.options.threshold=2 is out of range"):
+        compose(None, [], [f"components.judge={{kind: {judge_kind}, tiny: true, options: {{threshold: 2}}}}"])
+    cfg = compose(None, [], [f"components.judge={{kind: {judge_kind}, tiny: true}}", "eval.judge=bem"])
+    judge = build_judge(cfg, "evqa")
+    assert judge_label(judge) == "shared words >= 0.5"
+    example = {"question": "Which river?", "question_type": "templated", "reference_list": ["the river Elbe"]}
+    scores = score_examples([{**example, "candidate": "Elbe river"}, {**example, "candidate": "the Rhine"}], judge)
+    assert scores == [1.0, 0.0]  # EM rejects both; the judge accepts the first (2 of 3 words), not the second
+    assert score_examples([{**example, "candidate": "Elbe river"}], None) == [0.0]
