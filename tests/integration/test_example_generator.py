@@ -84,3 +84,24 @@ def test_the_example_generator_runs_a_tiny_evaluation_and_the_card_names_it(eval
     table = {r["run_id"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
     assert table["example_generator"]["components.generator.kind"] == KIND
     assert table["example_baseline"]["components.generator.kind"] == "chat_lm"
+
+
+@pytest.mark.slow
+def test_a_chunk_scorer_and_a_judge_by_import_path_run_a_tiny_evaluation(eval_env, monkeypatch):
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    clear_run_env()
+    scorer, judge = "tests.helpers.plugin_kinds:WordOverlapKind", "tests.helpers.plugin_kinds:SharedWordJudgeKind"
+    overrides = [
+        f"components.reranker={{kind: {scorer}, tiny: true, options: {{weight: 1.0}}}}",
+        f"components.judge={{kind: {judge}, tiny: true, options: {{threshold: 0.5}}}}",
+        "eval.judge=bem",
+        "eval.filter=retrieval",
+    ]
+    assert main(["evaluate", "experiment=world_eval", "run_id=example_scorer_judge", *overrides]) == 0
+    run_dir = eval_env["runs"] / "example_scorer_judge"
+    scores = json.loads((run_dir / "scores.json").read_text())
+    assert scores["benchmark"]["label"] == "shared words >= 0.5"
+    models = scores["protocol"]["models"]
+    assert models["reranker"]["plugin"]["import_path"] == scorer and models["judge"]["plugin"]["import_path"] == judge
+    rows = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
+    assert any(r.get("context", {}).get("chunks") for r in rows if not r.get("skipped"))
