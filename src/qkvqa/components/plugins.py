@@ -77,19 +77,20 @@ def plugin_record(cls: type) -> Optional[dict]:
 
 @dataclass(frozen=True)
 class Option:
-    """One option a class declares: its type, its default, and its bounds (inclusive) or choices."""
+    """One option a class declares: its type, its default, and its choices or inclusive bounds."""
 
     type: Any = str  # a type or a tuple of types; float accepts an int, int never accepts a bool
     default: Any = None  # a None default also admits a null value
+    choices: Optional[tuple] = None
     low: Optional[float] = None
     high: Optional[float] = None
-    choices: Optional[tuple] = None
     doc: str = ""
+    runtime: bool = False  # changes no learned weights (a QFF option that may differ from training's)
 
-    def check(self, key: str, value: Any) -> None:
-        """ConfigError naming `key` when `value` has the wrong type or lies outside the bounds or choices."""
+    def check(self, key: str, value: Any) -> Any:
+        """`value`, or ConfigError naming `key` when it has the wrong type or lies outside the bounds or choices."""
         if value is None and self.default is None:
-            return
+            return value
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         if float in types:
             types = (*types, int)
@@ -101,6 +102,7 @@ class Option:
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
             span = f"at least {self.low}" if self.high is None else f"in [{self.low}, {self.high}]"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
+        return value
 
 
 def check_options(where: str, declared: Mapping[str, Option], given: Mapping[str, Any], kind: str = "") -> dict:
