@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from qkvqa.components.hub import check_head, check_tokenizer_files
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
+from qkvqa.components.registry import ComponentKind, ComponentSpec, register_kind, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import BASE_WORDS
 from qkvqa.errors import ConfigError
 from qkvqa.utils.logging import get_logger
@@ -102,6 +102,13 @@ class Reranker(ABC):
         self, pairs: list[tuple[str, str]], batch_size: int, max_length: int, query_max_length: int, normalize: bool
     ) -> list[float]:
         """Scores of a non-empty list of pairs, with every setting resolved."""
+
+
+class ChunkScorerKind(ComponentKind):
+    """The chunk scorer extension point (`components.reranker`): `build(spec)` returns a `Reranker`, whose `_score`
+    gives one float per (query, passage) pair. A user's is a subclass named by import path (docs/extending.md)."""
+
+    point = "chunk_scorer"
 
 
 class FlagEmbeddingReranker(Reranker):
@@ -268,7 +275,6 @@ def local_model_dir(spec: ComponentSpec) -> str:
     return snapshot_download(ref, local_files_only=not spec.allow_download)
 
 
-@register_component("bge_reranker")
 def build_bge_reranker(spec: ComponentSpec) -> Reranker:
     """The chunk reranker; options: backend (flagembedding | native), batch_size, max_length, normalize, query_max_length.
 
@@ -317,3 +323,22 @@ def build_bge_reranker(spec: ComponentSpec) -> Reranker:
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, local_files_only=True)
     return NativeReranker(model, tokenizer, device, **defaults)
+
+
+class BgeRerankerKind(ChunkScorerKind):
+    """BGE-Reranker-v2-m3 (build_bge_reranker)."""
+
+    name = "bge_reranker"
+
+    def build(self, spec: ComponentSpec) -> Reranker:
+        """The reranker."""
+        return build_bge_reranker(spec)
+
+    def preflight(self, role, spec, folder):
+        """A local folder's head (one logit) and tokenizer files, checked before stage 1."""
+        if folder is not None:
+            check_head(folder, f"components.{role}", ("ForSequenceClassification",), num_labels=1)
+            check_tokenizer_files(folder, f"components.{role}")
+
+
+register_kind(BgeRerankerKind())

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qkvqa.cda.reranker import Reranker
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
+from qkvqa.cda.reranker import ChunkScorerKind, Reranker
+from qkvqa.components.registry import ComponentSpec, register_kind, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError
 
 OPTION_KEYS = {"batch_size", "max_length", "normalize", "query_max_length", "seed"}
@@ -96,7 +96,6 @@ def check_sentence_transformers_folder(path: str) -> None:
         )
 
 
-@register_component("sentence_transformer")
 def build_sentence_transformer(spec: ComponentSpec) -> SentenceTransformerScorer:
     """The bi-encoder chunk scorer; options: batch_size, max_length, normalize, query_max_length, seed (tiny)."""
     from sentence_transformers import SentenceTransformer
@@ -122,3 +121,16 @@ def build_sentence_transformer(spec: ComponentSpec) -> SentenceTransformerScorer
         normalize=bool(options.get("normalize", True)),
         query_max_length=options.get("query_max_length"),
     )
+
+
+class SentenceTransformerKind(ChunkScorerKind):
+    """A sentence-transformers bi-encoder as the chunk scorer (build_sentence_transformer)."""
+
+    name = "sentence_transformer"
+
+    def build(self, spec: ComponentSpec) -> SentenceTransformerScorer:
+        """The scorer."""
+        return build_sentence_transformer(spec)
+
+
+register_kind(SentenceTransformerKind())

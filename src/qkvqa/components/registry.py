@@ -1,4 +1,4 @@
-"""The component registry: maps a `kind` to the builder that loads real or tiny weights."""
+"""The component registry: maps a `kind` to its ComponentKind class, which builds real or tiny weights."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
+from qkvqa.components.plugins import Option, check_options, is_import_path, register_plugin, resolve_plugin
 from qkvqa.components.private_cache import cache_lock, discard, private_root
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.utils.logging import get_logger
@@ -26,7 +27,8 @@ _BUILDER_MODULES = [
     "qkvqa.generation.backends",
 ]
 
-_REGISTRY: Dict[str, Callable[["ComponentSpec"], Any]] = {}
+_REGISTRY: Dict[str, "ComponentKind"] = {}
+_PLUGINS: Dict[str, "ComponentKind"] = {}  # kinds named by import path, one instance each
 
 DTYPES = {
     "fp32": "float32",
@@ -85,13 +87,86 @@ class ComponentSpec:
         return torch.device(self.device)
 
 
+class ComponentKind:
+    """One component kind: how it is built, what is checked before it loads, and what the doctor and the card ask of
+    it. The registry holds one instance per name; code outside a kind's class never compares its name.
+
+    A user's kind is a subclass named in config by its import path (`components.generator.kind: my_lab.gen:MyLM`),
+    resolved by `qkvqa.components.plugins.resolve_plugin`; its role's base class (the extension point: `point`) is
+    checked when the config is composed, and so are its `options`.
+    """
+
+    name: str = ""
+    point: str = ""  # the extension point this kind belongs to (generator, chunk_scorer, judge); "" for none
+    options: Optional[Mapping[str, Option]] = None  # typed options, checked when the config is composed; None: build
+    remote_code: bool = False  # loaded with trust_remote_code: the doctor wants its modeling_*.py beside the weights
+    readings: tuple = ()  # keys of qkvqa.pipeline.protocol.READINGS this kind adds to the card
+
+    def build(self, spec: "ComponentSpec") -> Any:
+        """The component of `spec`."""
+        raise NotImplementedError(f"component kind {self.name!r} does not say how to build it")
+
+    def check_options(self, spec: "ComponentSpec", where: str = "") -> None:
+        """Refuse an option this kind does not declare, or one of the wrong type or out of bounds (kinds that
+        declare no `options` check theirs when they build)."""
+        if self.options is not None:
+            check_options(where or f"component {self.name}: options", self.options, spec.options, self.name)
+
+    def preflight(self, role: str, spec: "ComponentSpec", folder: Optional[Path]) -> None:
+        """The checks made before stage 1 without loading anything (`folder`: the weights' local folder, if known)."""
+        self.check_options(spec, f"components.{role}.options")
+
+    def weights_hint(self, ref: str) -> str:
+        """A sentence added to a MissingWeightsError for a local path without weights (how to make that folder)."""
+        return ""
+
+    def doctor_tokenizer_ref(self, spec: "ComponentSpec", directory: Path) -> Optional[str]:
+        """The tokenizer the doctor looks for (a folder or hub id), None when the weights' folder is known to hold it."""
+        return (spec.options or {}).get("tokenizer") or str(directory)
+
+    def tokenizer_fix(self, spec: "ComponentSpec", role: str) -> str:
+        """What to do when the doctor finds no tokenizer ("" to say nothing more)."""
+        return ""
+
+    def record(self) -> Optional[dict]:
+        """What the card records of a kind from outside qkvqa (import path, source sha256); None for qkvqa's own."""
+        from qkvqa.components.plugins import plugin_record
+
+        return plugin_record(type(self))
+
+
+class BuilderKind(ComponentKind):
+    """A kind registered as a builder function (`@register_component("name")`): only built, nothing else asked."""
+
+    def __init__(self, name: str, builder: Callable[["ComponentSpec"], Any]):
+        self.name = name
+        self.builder = builder
+        self.__doc__ = builder.__doc__
+
+    def build(self, spec: "ComponentSpec") -> Any:
+        """The builder's component."""
+        return self.builder(spec)
+
+
+def register_kind(kind: ComponentKind) -> ComponentKind:
+    """Register the instance `kind` under `kind.name` (and at its extension point, for `resolve_plugin`)."""
+    held = _REGISTRY.get(kind.name)
+    if held is not None and held is not kind and type(held) is not type(kind):
+        raise RuntimeError(f"component kind {kind.name!r} registered twice")
+    _REGISTRY[kind.name] = kind
+    if kind.point:
+        register_plugin(kind.point, kind.name, type(kind))
+    return kind
+
+
 def register_component(kind: str) -> Callable:
-    """Decorator: register `builder(spec) -> component` under `kind`."""
+    """Decorator: register `builder(spec) -> component` under `kind` (a kind asked nothing but to build)."""
 
     def decorator(builder: Callable[[ComponentSpec], Any]) -> Callable[[ComponentSpec], Any]:
-        if kind in _REGISTRY and _REGISTRY[kind] is not builder:
+        held = _REGISTRY.get(kind)
+        if held is not None and getattr(held, "builder", None) is not builder:
             raise RuntimeError(f"component kind {kind!r} registered twice")
-        _REGISTRY[kind] = builder
+        _REGISTRY[kind] = BuilderKind(kind, builder)
         return builder
 
     return decorator
@@ -113,6 +188,39 @@ def registered_kinds() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def component_kind(name: str, point: str = "", base: type = ComponentKind) -> ComponentKind:
+    """The kind `name` means: a registered one, or a user's ComponentKind subclass by import path `module:Class`.
+    With an extension `point` (generator, chunk_scorer, judge) the kind must be one of that point's, a subclass of
+    `base`; ConfigError naming what is registered otherwise."""
+    if not name:
+        raise ConfigError("component spec has no `kind`")
+    if not is_import_path(name):
+        if name not in _REGISTRY:
+            _import_builders()
+        if point:
+            try:
+                resolve_plugin(point, name, base)
+            except ConfigError:  # refused naming the point's registered kinds: all of them, every module imported
+                _import_builders()
+                resolve_plugin(point, name, base)
+        if name not in _REGISTRY:
+            import difflib
+
+            near = difflib.get_close_matches(name, list(_REGISTRY), n=3)
+            raise ConfigError(
+                f"unknown component kind {name!r}; did you mean {near}? Known: {sorted(_REGISTRY)}, or a class by "
+                "import path (module:Class)"
+            )
+        return _REGISTRY[name]
+    if name not in _PLUGINS:
+        kind = resolve_plugin(point or "component", name, base)()
+        kind.name = kind.name or name
+        _PLUGINS[name] = kind
+    if not isinstance(_PLUGINS[name], base):
+        resolve_plugin(point or "component", name, base)  # refuses, naming the extension point's class
+    return _PLUGINS[name]
+
+
 def build_component(spec: ComponentSpec | dict) -> Any:
     """Build the component described by `spec` (a ComponentSpec, a dict or a DictConfig)."""
     if not isinstance(spec, ComponentSpec):
@@ -121,14 +229,7 @@ def build_component(spec: ComponentSpec | dict) -> Any:
         raise ConfigError("component spec has no `kind`")
     if not spec.tiny and not spec.pretrained and not spec.init.startswith("bert:"):  # bert:<ref> names its weights
         raise ConfigError(f"component {spec.kind!r}: set `pretrained: <local dir or hub id>` or `tiny: true`")
-    if spec.kind not in _REGISTRY:
-        _import_builders()
-    if spec.kind not in _REGISTRY:
-        import difflib
-
-        near = difflib.get_close_matches(spec.kind, list(_REGISTRY), n=3)
-        raise ConfigError(f"unknown component kind {spec.kind!r}; did you mean {near}? Known: {sorted(_REGISTRY)}")
-    return _REGISTRY[spec.kind](spec)
+    return component_kind(spec.kind).build(spec)
 
 
 def spec_from_mapping(mapping: Any) -> ComponentSpec:
@@ -174,12 +275,7 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
         raise MissingWeightsError(
             f"component {spec.kind!r}: no directory at {ref} ({os.path.abspath(ref)}). Download the weights there "
             f"(`huggingface-cli download <hub id> --local-dir {ref}`) or set "
-            f"components.<name>.pretrained to a hub id or another directory."
-            + (
-                f" Kind reflectiva loads what `qkvqa convert-llava SRC --vision-tower DIR --out {ref}` writes."
-                if spec.kind == "reflectiva"
-                else ""
-            )
+            f"components.<name>.pretrained to a hub id or another directory." + _weights_hint(spec.kind, ref)
         )
     if spec.allow_download:
         if spec.revision:  # from_pretrained is given the snapshot of that revision, not the hub's newest
@@ -210,6 +306,15 @@ def resolve_pretrained(spec: ComponentSpec, required_files: tuple[str, ...] = ("
     if spec.revision:
         return str(Path(cached).parent)  # the cache's snapshot folder of that revision: from_pretrained loads it
     return ref
+
+
+def _weights_hint(kind: str, ref: str) -> str:
+    """The kind's own sentence on how to make the folder `ref` ("" for an unknown kind: refused elsewhere)."""
+    try:
+        hint = component_kind(kind).weights_hint(ref)
+    except ConfigError:
+        return ""
+    return f" {hint}" if hint else ""
 
 
 # Tiny models live under $QKVQA_TINY_DIR (else ~/.cache/qkvqa/tiny), one directory per content key. The root is the

@@ -499,7 +499,7 @@ def check_values(cfg: Any) -> None:
 
 # The shipped component kinds of each role (slot) of `components:`. A kind of one role in another's slot
 # (`components.reranker.kind=bem`) is refused when the config is composed, naming the key; a kind no role lists (a
-# plugin's, "Extend without editing qkvqa") is left to its builder.
+# plugin's, "Extend without editing qkvqa") is checked against its role's extension point (ROLE_POINTS).
 ROLE_KINDS = {
     "image_encoder": ("evaclip_hf", "clip_hf", "timm_image"),
     "text_encoder": ("evaclip_hf", "clip_hf"),
@@ -509,10 +509,26 @@ ROLE_KINDS = {
     "judge": ("bem",),
     "splitter": ("spacy_sentencizer",),
 }
+# The extension point of each role that a user's class may fill by import path (`module:Class`): the point's name,
+# its base class ("module:Class") and the modules that register its shipped kinds (imported when the config is
+# composed; only those, so that composing does not import every model's code). Any other role takes a ComponentKind
+# subclass by import path.
+ROLE_POINTS = {
+    "generator": ("generator", "qkvqa.generation.backends:GeneratorKind", ("qkvqa.generation.backends",)),
+    "reranker": (
+        "chunk_scorer",
+        "qkvqa.cda.reranker:ChunkScorerKind",
+        ("qkvqa.cda.reranker", "qkvqa.cda.sentence_scorer"),
+    ),
+    "judge": ("judge", "qkvqa.metrics.judge:JudgeKind", ("qkvqa.metrics.bem",)),
+}
 
 
 def check_component_roles(cfg: Any) -> None:
-    """ConfigError naming `components.ROLE.kind` when it holds a shipped kind of another role only."""
+    """ConfigError naming `components.ROLE.kind` when it holds a shipped kind of another role only, a name its role's
+    extension point does not register, an import path that does not import or whose class does not subclass the
+    point's; and naming `components.ROLE.options.KEY` for an option its kind does not declare or a value of the wrong
+    type or out of bounds (kinds that declare typed options: the generators and every plugin)."""
     from omegaconf import OmegaConf
 
     from qkvqa.errors import ConfigError
@@ -527,6 +543,37 @@ def check_component_roles(cfg: Any) -> None:
                 f"components.{role}.kind={kind!r} is a {' / '.join(others)} component, not a {role}; a {role} is one "
                 f"of {', '.join(kinds)}"
             )
+    check_component_kinds(cfg)
+
+
+def check_component_kinds(cfg: Any) -> None:
+    """Resolve each role's kind at its extension point (a user's class imported by its path) and check its options."""
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    from qkvqa.components.plugins import is_import_path
+    from qkvqa.components.registry import ComponentKind, component_kind, spec_from_mapping
+    from qkvqa.errors import ConfigError
+
+    components = OmegaConf.select(cfg, "components", default=None) or {}
+    for role in components:
+        name = OmegaConf.select(cfg, f"components.{role}.kind", default=None)
+        if not name or (role not in ROLE_POINTS and not is_import_path(name)):
+            continue
+        point, base, shipped = ROLE_POINTS.get(role, ("component", None, ()))
+        for module in shipped:
+            importlib.import_module(module)
+        base_class = ComponentKind
+        if base:
+            module, _, attr = base.partition(":")
+            base_class = getattr(importlib.import_module(module), attr)
+        try:
+            kind = component_kind(name, point, base_class)
+        except ConfigError as e:
+            raise ConfigError(f"components.{role}.kind: {e}") from None
+        spec = spec_from_mapping(OmegaConf.to_container(components[role], resolve=True))
+        kind.check_options(spec, f"components.{role}.options")
 
 
 # Keys that may change when a run resumes; any other change is refused (torchtune's policy).

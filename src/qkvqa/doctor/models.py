@@ -21,7 +21,6 @@ from qkvqa.components.hub import (
 from qkvqa.doctor.report import Check
 from qkvqa.errors import QkvqaError
 
-REMOTE_CODE_KINDS = ("evaclip_hf",)  # loaded with trust_remote_code: their modeling_*.py must be there
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "tokenizer.model")
 # model card examples with a known output (checked by the forward of `--load --device cuda`)
 BEM_CARD_EXAMPLE = (
@@ -145,6 +144,17 @@ def _tokenizer_check(ref: str, kind: str) -> Optional[str]:
     return f"no tokenizer directory at {path}"
 
 
+def _kind(spec: Any):
+    """The ComponentKind of `spec` (None for a kind nobody registered: the config check names it)."""
+    from qkvqa.components.registry import component_kind
+    from qkvqa.errors import ConfigError
+
+    try:
+        return component_kind(spec.kind)
+    except ConfigError:
+        return None
+
+
 def describe_directory(name: str, spec: Any, directory: Path) -> Check:
     """The config.json of one model directory: architecture (against the kind's), dtype, revision (against the pinned
     one), weight files (every shard an index lists), tokenizer and remote code files."""
@@ -174,7 +184,8 @@ def describe_directory(name: str, spec: Any, directory: Path) -> Check:
         )
     elif _is_commit(spec.revision) and revision is None:
         notes.append(f"pinned {spec.revision[:12]}, the download recorded none")
-    if spec.kind in REMOTE_CODE_KINDS:
+    kind = _kind(spec)
+    if kind is not None and kind.remote_code:
         auto_map = config.get("auto_map") or {}
         modules = sorted({str(v).split(".")[0] for v in auto_map.values() if isinstance(v, str) and "--" not in v})
         lacking = [m for m in modules if not (directory / f"{m}.py").is_file()]
@@ -182,16 +193,16 @@ def describe_directory(name: str, spec: Any, directory: Path) -> Check:
             problems.append("config.json has no auto_map (trust_remote_code has no model code to load)")
         elif lacking:
             problems.append(f"remote code missing: {', '.join(m + '.py' for m in lacking)}")
-    tokenizer_ref = (spec.options or {}).get("tokenizer") or str(directory)
-    if spec.kind not in ("qwen2_5_vl",) or not (directory / "tokenizer.json").is_file():
+    tokenizer_ref = (
+        kind.doctor_tokenizer_ref(spec, directory)
+        if kind is not None
+        else (spec.options or {}).get("tokenizer") or str(directory)
+    )
+    if tokenizer_ref is not None:
         problem = _tokenizer_check(str(tokenizer_ref), spec.kind)
-        if problem and spec.kind in ("evaclip_hf", "clip_hf") and not (spec.options or {}).get("tokenizer"):
-            problem += (
-                "; EVA-CLIP-8B's model card loads the tokenizer of openai/clip-vit-large-patch14: "
-                f"components.{name}.options.tokenizer=openai/clip-vit-large-patch14 (README 'Weights')"
-            )
+        fix = kind.tokenizer_fix(spec, name) if problem and kind is not None else ""
         if problem:
-            problems.append(problem)
+            problems.append(f"{problem}; {fix}" if fix else problem)
     status = "fail" if problems else "warn" if not _is_commit(spec.revision) and revision is None else "ok"
     rev_text = revision[:12] if revision else "unrecorded"
     if not _is_commit(spec.revision):
@@ -305,7 +316,7 @@ def _meta(item: str, spec: Any, directory: Path) -> Check:
     from transformers import AutoConfig, AutoModel
 
     start = time.perf_counter()
-    remote = spec.kind in REMOTE_CODE_KINDS
+    remote = bool(getattr(_kind(spec), "remote_code", False))
     config = AutoConfig.from_pretrained(str(directory), trust_remote_code=remote, local_files_only=True)
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None

@@ -7,7 +7,15 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from qkvqa.components.hub import check_head
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
+from qkvqa.components.plugins import Option
+from qkvqa.components.registry import (
+    ComponentKind,
+    ComponentSpec,
+    component_kind,
+    register_kind,
+    resolve_pretrained,
+    tiny_model,
+)
 from qkvqa.errors import ConfigError
 from qkvqa.generation.llava_convert import RECORD, read_record
 from qkvqa.generation.prompts import GenerationRequest, Prompt, answer_prompt, reflectiva_prompt
@@ -146,6 +154,14 @@ class Llama3Format(TextChatFormat):
         return list(dict.fromkeys(ids))
 
 
+def no_chat_template(where: Any, role: str = "generator") -> str:
+    """The refusal of a Qwen2.5-VL folder without a chat template."""
+    return (
+        f"components.{role}: kind qwen2_5_vl, but {where} has no chat template (chat_template.json or "
+        "chat_template in tokenizer_config.json); copy Qwen2.5-VL-7B-Instruct's chat_template.json into it"
+    )
+
+
 class QwenVLFormat(ChatFormat):
     """Qwen2.5-VL chat through its processor: the user message interleaves text parts and images."""
 
@@ -155,11 +171,8 @@ class QwenVLFormat(ChatFormat):
         super().__init__(processor.tokenizer)
         self.processor = processor
         if not (getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)):
-            where = getattr(processor.tokenizer, "name_or_path", "") or "its folder"
-            raise ConfigError(  # a traceback at the first prompt, after stage 1 and the filter had run (issue 44)
-                f"components.generator: kind qwen2_5_vl, but {where} has no chat template (chat_template.json or "
-                "chat_template in tokenizer_config.json); copy Qwen2.5-VL-7B-Instruct's chat_template.json into it"
-            )
+            # a traceback at the first prompt, after stage 1 and the filter had run (issue 44)
+            raise ConfigError(no_chat_template(getattr(processor.tokenizer, "name_or_path", "") or "its folder"))
 
     def render(self, prompt: Prompt) -> str:
         """The prompt through the processor's chat template (one vision placeholder per image)."""
@@ -439,33 +452,50 @@ def generation_config_eos(path: str) -> list[int]:
     return list(eos_id) if isinstance(eos_id, (list, tuple)) else ([eos_id] if eos_id is not None else [])
 
 
-class GeneratorKind:
-    """One generator kind: how its checkpoint is checked and loaded, and the tiny random one its tests build.
+class GeneratorKind(ComponentKind):
+    """The generator extension point: how a kind's checkpoint is checked and loaded (`load_chat`, `load_model`).
 
-    `build_generator` asks only this class; a new kind is a subclass registered in `GENERATOR_KINDS` (the component
-    registry builds it by name). `tiny_writer` is the writer of `tiny: true` (None: the kind runs real weights only).
+    `build_generator` asks only this class. A shipped kind is a subclass registered with `register_kind`; a user's is
+    a subclass in their own code named by import path (`components.generator.kind: my_lab.gen:MyLM`, docs/extending.md).
+    `tiny_writer` is the writer of `tiny: true` (None: the kind runs real weights only; a test writes its own model).
     """
 
-    name: str = ""
+    point = "generator"
     tiny_writer: Any = None
     model_class: str = "AutoModelForCausalLM"  # transformers class that loads the weights
-    option_keys: frozenset = frozenset({"seed", "attn_implementation", "python", "engine_args", "work_dir"})
+    options = {
+        "seed": Option(int, 0, low=0, doc="seed of the tiny random model"),
+        "attn_implementation": Option(str, "sdpa", doc="transformers' attention implementation"),
+        "python": Option(str, None, doc="the vLLM worker's interpreter (backend vllm)"),
+        "engine_args": Option(dict, None, doc="vLLM engine arguments (backend vllm)"),
+        "work_dir": Option(str, None, doc="the vLLM worker's folder (backend vllm)"),
+    }
     vllm: bool = True  # whether the vLLM backend runs it
 
-    def check_options(self, spec: ComponentSpec) -> None:
-        """Refuse an option this kind does not read."""
-        unknown = set(spec.options) - self.option_keys
-        if unknown:
+    def check_options(self, spec: ComponentSpec, where: str = "components.generator.options") -> None:
+        """Refuse an option this kind does not declare, or a value of the wrong type or out of bounds."""
+        super().check_options(spec, where)
+
+    def build(self, spec: ComponentSpec) -> "Generator":
+        """The generator with the default `generation:` settings (build_generator)."""
+        return build_generator(spec)
+
+    def preflight(self, role, spec, folder):
+        """Its options, and `tiny: true` only for a kind with a tiny writer, before stage 1."""
+        super().preflight(role, spec, folder)
+        self._check_tiny(spec)
+
+    def _check_tiny(self, spec: ComponentSpec) -> None:
+        if spec.tiny and self.tiny_writer is None:
             raise ConfigError(
-                f"components.generator.options: unknown key(s) {sorted(unknown)} for kind {self.name}; "
-                f"valid: {sorted(self.option_keys)}"
+                f"components.generator: kind {self.name} has no tiny model; set pretrained: (a checkpoint folder or "
+                "hub id) and tiny: false"
             )
 
     def model_path(self, spec: ComponentSpec) -> str:
         """The checkpoint folder (or hub id) to load: the tiny one, or `pretrained` resolved and checked."""
         if spec.tiny:
-            if self.tiny_writer is None:
-                raise ConfigError(f"components.generator: kind {self.name} has no tiny model; set pretrained:")
+            self._check_tiny(spec)
             return str(tiny_model(spec, self.tiny_writer, seed=int(spec.options.get("seed", 0))))
         path = resolve_pretrained(spec)
         if os.path.isdir(path):
@@ -473,8 +503,8 @@ class GeneratorKind:
         return path
 
     def load_chat(self, spec: ComponentSpec, path: str) -> ChatFormat:
-        """The tokenizer side."""
-        raise NotImplementedError
+        """The tokenizer side (each kind its own: there is no default)."""
+        raise NotImplementedError(f"generator kind {self.name!r} does not define load_chat")
 
     def load_model(self, spec: ComponentSpec, path: str):
         """The weights, with the spec's dtype and attention implementation."""
@@ -520,7 +550,35 @@ class QwenVLKind(GeneratorKind):
     name = "qwen2_5_vl"
     tiny_writer = staticmethod(write_tiny_qwen2_5_vl)
     model_class = "Qwen2_5_VLForConditionalGeneration"
-    option_keys = GeneratorKind.option_keys | {"min_pixels", "max_pixels"}
+    options = {
+        **GeneratorKind.options,
+        "min_pixels": Option(int, None, low=1, doc="the image processor's smallest image, in pixels"),
+        "max_pixels": Option(int, None, low=1, doc="the image processor's largest image, in pixels"),
+    }
+
+    def preflight(self, role, spec, folder):
+        """A local folder without a chat template is refused before stage 1 (QwenVLFormat would refuse it at load)."""
+        import json
+
+        super().preflight(role, spec, folder)
+        if folder is None:
+            return
+
+        def has_template(name: str) -> bool:
+            try:
+                return bool(json.loads((folder / name).read_text(encoding="utf-8")).get("chat_template"))
+            except (OSError, ValueError, AttributeError):
+                return False
+
+        files = ("chat_template.json", "chat_template.jinja")
+        if not any((folder / f).is_file() for f in files) and not any(
+            has_template(n) for n in ("tokenizer_config.json", "processor_config.json")
+        ):
+            raise ConfigError(no_chat_template(folder, role))
+
+    def doctor_tokenizer_ref(self, spec, directory):
+        """None when the folder holds its tokenizer.json (its processor reads it from there)."""
+        return None if (directory / "tokenizer.json").is_file() else super().doctor_tokenizer_ref(spec, directory)
 
     def load_chat(self, spec, path):
         from transformers import AutoProcessor
@@ -542,8 +600,16 @@ class ReflectivaKind(GeneratorKind):
     name = "reflectiva"
     tiny_writer = staticmethod(write_tiny_reflectiva)
     model_class = "LlavaForConditionalGeneration"
-    option_keys = GeneratorKind.option_keys | {"short_prompt", "prompt_style"}
+    options = {
+        **GeneratorKind.options,
+        "short_prompt": Option(bool, True, doc='end the passages with ". Give a short answer."'),
+        "prompt_style": Option(str, "reflectiva", choices=PROMPT_STYLES, doc="with generation.prompt auto"),
+    }
     vllm = False
+    readings = ("decoding",)  # ReflectiVA's decoding: the card names the reading
+
+    def weights_hint(self, ref):
+        return f"Kind reflectiva loads what `qkvqa convert-llava SRC --vision-tower DIR --out {ref}` writes."
 
     def model_path(self, spec):
         path = super().model_path(spec)
@@ -580,6 +646,7 @@ class ReflectivaKind(GeneratorKind):
         return LlavaFormat(processor, read_record(path) or {}, eos, short_prompt=short, prompt_style=style)
 
 
+# the shipped kinds (registered below); a user's kind is named by import path instead
 GENERATOR_KINDS: dict[str, GeneratorKind] = {
     k.name: k for k in (Llama3Kind(), ChatLMKind(), QwenVLKind(), ReflectivaKind())
 }
@@ -621,11 +688,10 @@ def build_generator(spec: ComponentSpec | dict, generation: Optional["Generation
     if not isinstance(spec, ComponentSpec):
         spec = spec_from_mapping(spec)
     settings = generation if generation is not None else GenerationConfig()
-    kind = GENERATOR_KINDS.get(spec.kind)
-    if kind is None:
-        raise ConfigError(
-            f"components.generator.kind: {spec.kind!r} is not one of {', '.join(sorted(GENERATOR_KINDS))}"
-        )
+    try:
+        kind = component_kind(spec.kind, "generator", GeneratorKind)
+    except ConfigError as e:
+        raise ConfigError(f"components.generator.kind: {e}") from None
     if not spec.tiny and not spec.pretrained:
         raise ConfigError("components.generator: set `pretrained: <local dir or hub id>` or `tiny: true`")
     if settings.backend not in BACKENDS:
@@ -642,13 +708,5 @@ def build_generator(spec: ComponentSpec | dict, generation: Optional["Generation
     return Generator(chat, HFRunner(kind.load_model(spec, path), chat, spec.torch_device()), settings)
 
 
-def _register(kind: GeneratorKind) -> None:
-    def build(spec: ComponentSpec) -> Generator:
-        return build_generator(spec)
-
-    build.__doc__ = f"{type(kind).__doc__.splitlines()[0]} With the default `generation:` settings (build_generator)."
-    register_component(kind.name)(build)
-
-
 for _kind in GENERATOR_KINDS.values():
-    _register(_kind)
+    register_kind(_kind)

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Sequence
 
 from qkvqa.components.hub import check_head
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
+from qkvqa.components.registry import ComponentSpec, register_kind, resolve_pretrained, tiny_model
 from qkvqa.components.tiny_tokenizers import write_bert_vocab
 from qkvqa.errors import ConfigError, DataError, MissingWeightsError
+from qkvqa.metrics.judge import JudgeKind
 from qkvqa.utils.logging import get_logger
 from qkvqa.utils.progress import progress
 
@@ -191,7 +192,6 @@ def _check_tokenizer_files(path: str) -> None:
         )
 
 
-@register_component("bem")
 def build_bem(spec: ComponentSpec) -> BemJudge:
     """Load a BEM judge from `pretrained` (kortukov/answer-equivalence-bem or a local BERT sequence-classifier
     directory), or write a tiny random one and load it through the same path.
@@ -237,3 +237,16 @@ def build_bem(spec: ComponentSpec) -> BemJudge:
     )
     log.info("BEM judge from %s on %s: %s", "a tiny random model" if spec.tiny else path, judge.device, judge.label)
     return judge
+
+
+class BemKind(JudgeKind):
+    """BEM, the E-VQA answer-equivalence judge (build_bem)."""
+
+    name = "bem"
+
+    def build(self, spec: ComponentSpec) -> BemJudge:
+        """The judge."""
+        return build_bem(spec)
+
+
+register_kind(BemKind())

@@ -57,39 +57,15 @@ def check_theta_on(cfg: DictConfig) -> None:
 
 def static_checks(role: str, spec: Any, path: Optional[str]) -> None:
     """The checks a component's builder makes before it loads, made here before stage 1 without loading anything
-    (issue 44: they were tracebacks or one-liners after stage 1 and the filter had run): the encoders' options, the
-    reranker's head and tokenizer files, a Qwen2.5-VL folder's chat template. `path`: its local folder, if known."""
+    (issue 44: they were tracebacks or one-liners after stage 1 and the filter had run); each kind's own `preflight`
+    (the encoders' options, the reranker's head and tokenizer files, a Qwen2.5-VL folder's chat template). `path`:
+    its local folder, if known."""
     from pathlib import Path
 
-    if spec.kind in ("evaclip_hf", "clip_hf", "timm_image"):
-        from qkvqa.retrieval.encoders import CLIP_OPTIONS, TIMM_OPTIONS, check_encoder_options
+    from qkvqa.components.registry import component_kind
 
-        check_encoder_options(spec, TIMM_OPTIONS if spec.kind == "timm_image" else CLIP_OPTIONS)
     folder = Path(path) if path and Path(path).is_dir() else None
-    if folder is None:
-        return
-    if spec.kind == "bge_reranker":
-        from qkvqa.components.hub import check_head, check_tokenizer_files
-
-        check_head(folder, f"components.{role}", ("ForSequenceClassification",), num_labels=1)
-        check_tokenizer_files(folder, f"components.{role}")
-    if spec.kind == "qwen2_5_vl":
-        import json
-
-        def has_template(name: str) -> bool:
-            try:
-                return bool(json.loads((folder / name).read_text(encoding="utf-8")).get("chat_template"))
-            except (OSError, ValueError, AttributeError):
-                return False
-
-        files = ("chat_template.json", "chat_template.jinja")
-        if not any((folder / f).is_file() for f in files) and not any(
-            has_template(n) for n in ("tokenizer_config.json", "processor_config.json")
-        ):
-            raise ConfigError(
-                f"components.{role}: kind qwen2_5_vl, but {folder} has no chat template (chat_template.json or "
-                "chat_template in tokenizer_config.json); copy Qwen2.5-VL-7B-Instruct's chat_template.json into it"
-            )
+    component_kind(spec.kind).preflight(role, spec, folder)
 
 
 def build_filter(cfg: DictConfig, benchmark: Any):

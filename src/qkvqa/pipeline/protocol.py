@@ -105,7 +105,17 @@ def component_card(spec: Any, trained: Optional[str] = None) -> dict:
 
 def _component(spec: Any, trained: Optional[str] = None) -> dict:
     """Kind, weights (with their revision, or what they were converted from) and fingerprint of one component;
-    `trained` (qff.checkpoint) replaces its base weights."""
+    `trained` (qff.checkpoint) replaces its base weights. A kind from outside qkvqa (named by import path) adds
+    `plugin`: its import path, source file and the source's sha256."""
+    card = _component_weights(spec, trained)
+    from qkvqa.components.registry import component_kind
+
+    plugin = component_kind(spec.kind).record()
+    return {**card, "plugin": plugin} if plugin else card
+
+
+def _component_weights(spec: Any, trained: Optional[str] = None) -> dict:
+    """What `_component` says of the weights."""
     revision = spec.get("revision")
     init = str(spec.get("init") or "checkpoint")
     bert = init if init.startswith("bert:") else None  # a Q-Former started from a BERT: `pretrained` is not read
@@ -329,8 +339,10 @@ def run_readings(cfg: Any) -> dict:
         keys.append("cda.theta_on")
     if cda and cfg.cda.mode != "top1_section":
         keys.append("cda.chunk_length_counts")
-    if generated and cfg.components.generator.kind == "reflectiva":
-        keys.append("decoding")
+    if generated:
+        from qkvqa.components.registry import component_kind
+
+        keys += [k for k in component_kind(cfg.components.generator.kind).readings if k not in keys]
     out = {}
     for key in keys:
         reading = READINGS[key]

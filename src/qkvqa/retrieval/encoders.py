@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from qkvqa.components.hub import is_hub_id
-from qkvqa.components.registry import ComponentSpec, register_component, resolve_pretrained, tiny_model
+from qkvqa.components.registry import ComponentKind, ComponentSpec, register_kind, resolve_pretrained, tiny_model
 from qkvqa.errors import ConfigError, MissingWeightsError
 from qkvqa.retrieval.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipPreprocess, preprocess_from_options
 from qkvqa.utils.logging import get_logger
@@ -280,7 +280,6 @@ def _clip_paths(spec: ComponentSpec, write_tiny) -> tuple[str, str, bool]:
     return path, str(tokenizer or path), not spec.allow_download
 
 
-@register_component("evaclip_hf")
 def build_evaclip(spec: ComponentSpec) -> EvaClipEncoder:
     """EVA-CLIP (BAAI/EVA-CLIP-8B: 1280-d) via `AutoModel.from_pretrained(path, trust_remote_code=True)`;
     `tiny: true` writes the tiny stand-in (see qkvqa.retrieval.tiny) and loads it the same way."""
@@ -305,7 +304,6 @@ def build_evaclip(spec: ComponentSpec) -> EvaClipEncoder:
     return encoder
 
 
-@register_component("clip_hf")
 def build_clip(spec: ComponentSpec) -> HFClipEncoder:
     """A transformers CLIPModel (e.g. openai/clip-vit-large-patch14) and its CLIP tokenizer."""
     from transformers import CLIPModel, CLIPTokenizer
@@ -389,7 +387,6 @@ def _timm_source(spec: ComponentSpec) -> str:
     return ref
 
 
-@register_component("timm_image")
 def build_timm_image(spec: ComponentSpec) -> TimmImageEncoder:
     """A timm image tower from a local directory (`local-dir:`) or a cached timm name; `tiny: true` writes a
     tiny EVA tower with timm's `save_for_hf` and loads it back through `local-dir:`."""
@@ -412,6 +409,42 @@ def build_timm_image(spec: ComponentSpec) -> TimmImageEncoder:
         cfg.get("std", OPENAI_CLIP_STD),
     )
     return TimmImageEncoder(spec, model, preprocess, device, dtype)
+
+
+class EncoderKind(ComponentKind):
+    """A retrieval encoder kind: its builder and the option names it reads (checked before stage 1 too)."""
+
+    option_names: frozenset = CLIP_OPTIONS
+
+    def __init__(self, name: str, builder, remote_code: bool = False, option_names: frozenset = CLIP_OPTIONS):
+        self.name, self.builder, self.remote_code, self.option_names = name, builder, remote_code, option_names
+        self.__doc__ = builder.__doc__
+
+    def build(self, spec: ComponentSpec):
+        """The encoder."""
+        return self.builder(spec)
+
+    def preflight(self, role, spec, folder):
+        """An option the kind does not read is refused, naming the nearest valid ones."""
+        check_encoder_options(spec, self.option_names)
+
+
+class ClipKind(EncoderKind):
+    """A CLIP-style encoder (EVA-CLIP, transformers' CLIP) whose tokenizer may live in another folder."""
+
+    def tokenizer_fix(self, spec, role):
+        """EVA-CLIP-8B ships no tokenizer: its model card loads OpenAI CLIP's."""
+        if (spec.options or {}).get("tokenizer"):
+            return ""
+        return (
+            "EVA-CLIP-8B's model card loads the tokenizer of openai/clip-vit-large-patch14: "
+            f"components.{role}.options.tokenizer=openai/clip-vit-large-patch14 (README 'Weights')"
+        )
+
+
+register_kind(ClipKind("evaclip_hf", build_evaclip, remote_code=True))
+register_kind(ClipKind("clip_hf", build_clip))
+register_kind(EncoderKind("timm_image", build_timm_image, option_names=TIMM_OPTIONS))
 
 
 def build_encoders(image_spec: Any, text_spec: Optional[Any] = None):
