@@ -7,7 +7,7 @@ Sections of later stages keep the paper's defaults (method.md); comments say wha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from qkvqa.components.registry import ComponentSpec
 from qkvqa.data.config import DataConfig
@@ -107,6 +107,10 @@ class QFFConfig:
         1.0  # learning-rate multiplier of the new focus blocks and gates (gates take no weight decay)
     )
     alpha: float = 0.9  # fused score S = alpha * sim_ret + (1 - alpha) * QFF
+    # the section scorer (qkvqa.qff.scorers, docs/extending.md): a registered name (late_interaction, the paper's) or
+    # a SectionScorer subclass in your own code, module.path:ClassName; training, rerank and evaluate all score with it
+    scorer: str = "late_interaction"
+    scorer_options: Dict[str, Any] = field(default_factory=dict)  # the scorer's declared options (checked on compose)
     score_direction: str = (
         "question_to_section"  # late-interaction direction: question_to_section | section_to_question
     )
@@ -495,6 +499,19 @@ def check_values(cfg: Any) -> None:
             span = f"at least {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
     check_component_roles(cfg)
+    check_qff_scorer(cfg)
+
+
+def check_qff_scorer(cfg: Any) -> None:
+    """Refuse an unknown `qff.scorer` (naming the registered ones) or a bad or unknown `qff.scorer_options` entry."""
+    from omegaconf import OmegaConf
+
+    qff = OmegaConf.select(cfg, "qff")
+    if qff is None:
+        return
+    from qkvqa.qff.scorers import scorer_spec
+
+    scorer_spec(qff)
 
 
 # The shipped component kinds of each role (slot) of `components:`. A kind of one role in another's slot

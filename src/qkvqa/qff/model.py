@@ -409,11 +409,15 @@ class QFFModel(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(
-        self, out_dir: str | Path, preprocessing: Optional[dict] = None, vit_dtype: Optional[str] = None
+        self,
+        out_dir: str | Path,
+        preprocessing: Optional[dict] = None,
+        vit_dtype: Optional[str] = None,
+        scoring: Optional[dict] = None,
     ) -> Path:
         """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json` (with the
-        weights' sha256, checked on load, the input `preprocessing` the weights were trained with, and `vit_dtype`,
-        the dtype the frozen ViT ran in during training)."""
+        weights' sha256, checked on load, the input `preprocessing` the weights were trained with, `vit_dtype`, the
+        dtype the frozen ViT ran in during training, and `scoring`, the scorer and text limits they score with)."""
         from safetensors.torch import save_file
 
         from qkvqa.utils.io import atomic_write_json, make_shareable, sha256_file
@@ -435,6 +439,7 @@ class QFFModel(nn.Module):
                 "base_class": type(self.base).__name__,
                 "weights_sha256": sha256_file(out_dir / CHECKPOINT_WEIGHTS),
                 "preprocessing": preprocessing,
+                "scoring": scoring,
                 "vit_dtype": vit_dtype,
                 "base_config": self.base.config.to_dict(),
             },
