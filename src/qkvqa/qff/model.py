@@ -177,13 +177,33 @@ class QFFModel(nn.Module):
         gate = gate if gate is not None else getattr(self, "input_gate", None)
         return None if gate is None else torch.tanh(gate.detach()).reshape(-1)
 
+    # The optimizer group of every parameter the focus block adds beside the BLIP-2 base (`base.*`), keyed by the
+    # attribute that holds it. A subclass that adds parameters declares them here (`{**QFFModel.PARAMETER_GROUPS,
+    # "extra": "focus_blocks"}`); an undeclared one is refused by `focus_parameters`, never put in the base group with
+    # weight decay. focus_blocks: lr x qff.new_block_lr_scale, weight decay; focus_gates: the same lr, no weight decay.
+    PARAMETER_GROUPS = {
+        "q_xattn": "focus_blocks",
+        "input_xattn": "focus_blocks",
+        "q_gate": "focus_gates",
+        "input_gate": "focus_gates",
+    }
+    FOCUS_GROUPS = ("focus_blocks", "focus_gates")
+
     def focus_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-        """(new block weights, gates): the parameters that the base BLIP-2 does not have."""
-        blocks = [
-            p for name in ("q_xattn", "input_xattn") if hasattr(self, name) for p in getattr(self, name).parameters()
-        ]
-        gates = [getattr(self, name) for name in ("q_gate", "input_gate") if hasattr(self, name)]
-        return blocks, gates
+        """(new block weights, gates): the parameters that the base BLIP-2 does not have, as `PARAMETER_GROUPS`
+        assigns them; a parameter outside `base.` that it does not assign is a ConfigError naming it."""
+        found: dict[str, list[nn.Parameter]] = {group: [] for group in self.FOCUS_GROUPS}
+        for name, param in self.named_parameters():
+            if name.startswith("base."):
+                continue
+            group = self.PARAMETER_GROUPS.get(name.split(".")[0])
+            if group not in found:
+                raise ConfigError(
+                    f"{type(self).__name__} parameter {name!r} is in no optimizer group: declare it in "
+                    f"{type(self).__name__}.PARAMETER_GROUPS as one of {', '.join(self.FOCUS_GROUPS)} (got {group!r})"
+                )
+            found[group].append(param)
+        return found["focus_blocks"], found["focus_gates"]
 
     # ------------------------------------------------------------------ properties
     @property
