@@ -79,3 +79,45 @@ def test_rerank_and_evaluate_score_with_the_trained_scorer_and_refuse_another(tr
         capsys.readouterr()
         assert main(["rerank", "run_id=plugin-refused", "split=val", *common, *extra]) == 2
         assert message in capsys.readouterr().err
+
+
+FOCUS = "qff.focus=examples.question_keys_focus:QuestionKeys"
+
+
+def test_a_focus_block_outside_the_package_trains_reranks_and_is_recorded(mined, capsys):
+    """examples/question_keys_focus.py: its gates are its only new parameters (no weight decay), it trains, the
+    exported QFF names it with its source hash, rerank and evaluate rebuild it, and a built-in focus is refused."""
+    clear_run_env()
+    argv = ["train", "experiment=demo/qff_per_layer", "run_id=plugin-focus", *mined["overrides"], *QUIET, FOCUS]
+    argv += ["trainer.max_steps=2", "trainer.limit_val_batches=0", "checkpoint.monitor=null", "qff.gate_init=0.3"]
+    assert main(argv) == 0
+    run = mined["work"] / "runs" / "plugin-focus"
+    saved = json.loads((run / "qff" / "qff_config.json").read_text())
+    assert saved["focus"] == "examples.question_keys_focus:QuestionKeys"
+    assert saved["focus_source_sha256"] == sha256_file(REPO / "examples" / "question_keys_focus.py")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 2 and "train/gate" in summary
+
+    stage1 = mined["work"] / "stage1_val.json"
+    common = [
+        "experiment=demo/qff_per_layer",
+        f"qff.checkpoint={run / 'qff'}",
+        f"retrieval.results={stage1}",
+        "data.max_questions=4",
+        *mined["overrides"],
+    ]
+    clear_run_env()
+    assert main(["rerank", "run_id=plugin-focus-rerank", "split=val", *common, FOCUS]) == 0
+    made = json.loads((mined["work"] / "runs" / "plugin-focus-rerank" / "reranked_val.meta.json").read_text())[
+        "produced_by"
+    ]
+    assert made["qff.focus"] == "examples.question_keys_focus:QuestionKeys"
+    clear_run_env()
+    evaluate = ["evaluate", "run_id=plugin-focus-eval", "eval.split=val", "eval.stop_after=filter", *common, FOCUS]
+    assert main(evaluate) == 0
+    card = json.loads((mined["work"] / "runs" / "plugin-focus-eval" / "scores.json").read_text())["protocol"]
+    assert card["filter"]["focus"] == "examples.question_keys_focus:QuestionKeys"
+    clear_run_env()
+    capsys.readouterr()
+    assert main(["rerank", "run_id=plugin-focus-refused", "split=val", *common, "qff.focus=per_layer"]) == 2
+    assert "qff.focus='per_layer', but the loaded QFF model was built with focus=" in capsys.readouterr().err

@@ -76,3 +76,35 @@ def test_options_are_typed_and_bounded():
             option.check("k", bad)
     with pytest.raises(ConfigError, match="not one of a, b"):
         Option(str, "a", choices=("a", "b")).check("k", "c")
+
+
+@pytest.mark.parametrize(
+    ("focus", "message"),
+    [
+        ("per_layers", r"qff.focus='per_layers' is not one of per_layer, input, none"),
+        ("no_such_lab.focus:X", r"module 'no_such_lab.focus' cannot be imported.*per_layer, input, none"),
+        ("examples.mean_cosine_scorer:MeanCosine", r"no QFFModel subclass 'MeanCosine' with FOCUS_BASE"),
+    ],
+)
+def test_a_focus_that_is_no_mode_nor_a_focus_class_is_refused_when_the_config_is_composed(focus, message):
+    with pytest.raises(ConfigError, match=message):
+        compose("demo/qff_per_layer", overrides=[f"qff.focus={focus}"])
+
+
+def test_a_plugin_focus_declares_its_parameters_and_scores_alike_in_both_attention_paths():
+    from PIL import Image
+
+    from qkvqa.qff.builder import build_qff_component
+
+    image = Image.new("RGB", (50, 40), (200, 10, 10))
+    scores = {}
+    for attention in ("sdpa", "eager"):
+        overrides = ["qff.focus=examples.question_keys_focus:QuestionKeys", "qff.gate_init=0.5"]
+        cfg = compose("demo/qff_per_layer", overrides=[*overrides, f"qff.attention={attention}"])
+        comp = build_qff_component(cfg.components.qformer, cfg.qff)
+        assert [n for n, _ in comp.model.named_parameters() if not n.startswith("base.")] == ["key_gate"]
+        assert comp.model.focus_parameters() == ([], [comp.model.key_gate])
+        scores[attention] = comp.score_sections("what colour is it", image, [image], [["it is red", "a moth"]])[0]
+        off = comp.score_sections("what colour is it", image, [image], [["it is red", "a moth"]], focus="none")[0]
+        assert off != scores[attention]  # the open gate lets the question in
+    assert scores["sdpa"] == pytest.approx(scores["eager"], abs=1e-5)

@@ -475,6 +475,8 @@ def check_values(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if key == "components.qformer.init" and isinstance(value, str) and value.startswith(QFORMER_BERT_INIT):
             continue  # check_qformer_init
+        if key == "qff.focus" and isinstance(value, str) and ":" in value:
+            continue  # a focus class by import path: check_qff_plugins
         if value is not None and value not in allowed:
             aliases = (
                 " (read as a split: validation, valid, dev = val; testing = test; training = train)"
@@ -499,11 +501,12 @@ def check_values(cfg: Any) -> None:
             span = f"at least {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
     check_component_roles(cfg)
-    check_qff_scorer(cfg)
+    check_qff_plugins(cfg)
 
 
-def check_qff_scorer(cfg: Any) -> None:
-    """Refuse an unknown `qff.scorer` (naming the registered ones) or a bad or unknown `qff.scorer_options` entry."""
+def check_qff_plugins(cfg: Any) -> None:
+    """Refuse an unknown `qff.scorer` (naming the registered ones), a bad or unknown `qff.scorer_options` entry, or a
+    `qff.focus` import path that names no focus class (docs/extending.md)."""
     from omegaconf import OmegaConf
 
     qff = OmegaConf.select(cfg, "qff")
@@ -512,6 +515,11 @@ def check_qff_scorer(cfg: Any) -> None:
     from qkvqa.qff.scorers import scorer_spec
 
     scorer_spec(qff)
+    focus = qff.get("focus")
+    if isinstance(focus, str) and ":" in focus:
+        from qkvqa.qff.model import resolve_focus
+
+        resolve_focus(focus)
 
 
 # The shipped component kinds of each role (slot) of `components:`. A kind of one role in another's slot

@@ -138,11 +138,11 @@ def rebuild_model(spec: dict, settings: QFFTrainSettings) -> tuple[nn.Module, Op
         )
     from transformers import Blip2Config, Blip2ForImageTextRetrieval
 
-    from qkvqa.qff.model import QFFModel
+    from qkvqa.qff.model import resolve_focus
 
     arch = spec["architecture"]
     base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(arch["base_config"]))
-    return QFFModel(
+    return resolve_focus(arch["focus"])(
         base,
         focus=arch["focus"],
         freeze_vit=arch["freeze_vit"],

@@ -729,7 +729,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     loaded (HF and LAVIS paths) or read from the checkpoint (qkvqa path).
     """
     from qkvqa.qff.image_processing import blip2_image_processor
-    from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel
+    from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel, resolve_focus
     from qkvqa.qff.scorers import scorer_from_qff
 
     if (
@@ -768,7 +768,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             base, tokenizer = _load_lavis(ref, options, dtype, local_only)
         else:
             base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
-        model = QFFModel(
+        model = resolve_focus(focus or "per_layer")(
             base,
             focus=focus or "per_layer",
             freeze_vit=options["freeze_vit"],
@@ -797,16 +797,19 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
 
 
 def check_scoring(path: Path, component: QFFComponent, options: Mapping[str, Any]) -> None:
-    """Refuse a trained QFF used with another scorer, scorer option, plugin source, text limit or focus gate than it was
+    """Refuse a trained QFF used with another scorer, scorer option, plugin source (scorer or focus), text limit or gate than it was
     trained with, naming the key and both values; a runtime scorer option that differs is said in one line (QFFs
     written before the scoring was recorded are checked for the gate only)."""
     import json
 
     from qkvqa.errors import StaleArtifactError
-    from qkvqa.qff.model import CHECKPOINT_CONFIG
+    from qkvqa.qff.model import CHECKPOINT_CONFIG, focus_source
 
     saved = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
     differs = []
+    focus_sha = focus_source(type(component.model)).get("focus_source_sha256")
+    if saved.get("focus_source_sha256") not in (None, focus_sha):
+        differs.append(("qff.focus source sha256", saved["focus_source_sha256"], focus_sha))
     if options.get("gate") is not None and saved.get("gate") not in (None, options["gate"]):
         differs.append(("qff.gate", saved["gate"], options["gate"]))
     trained = saved.get("scoring") or {}
