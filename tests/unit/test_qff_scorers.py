@@ -48,6 +48,11 @@ def test_the_default_config_selects_the_late_interaction_of_the_paper():
         ([f"qff.scorer={PLUGIN}", "qff.scorer_options.scale=500"], r"qff.scorer_options.scale=500.0 is out of range"),
         ([f"qff.scorer={PLUGIN}", "qff.scorer_options.scale=big"], r"qff.scorer_options.scale='big' must be a number"),
         (["qff.scorer_options.question_norm=across_tokens"], r"but qff.question_norm='per_token': set one of them"),
+        (
+            [f"qff.scorer={PLUGIN}", "qff.score_direction=section_to_question"],
+            r"qff.score_direction='section_to_question' is an option of the late_interaction scorer, which "
+            rf"qff.scorer={PLUGIN} does not read",
+        ),
     ],
 )
 def test_a_bad_scorer_or_option_is_refused_when_the_config_is_composed(overrides, message):

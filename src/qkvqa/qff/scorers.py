@@ -192,8 +192,17 @@ def _get(qff: Any, key: str, default: Any = None) -> Any:
 
 def scorer_spec(qff: Any) -> tuple[type[SectionScorer], dict]:
     """(class, checked options) of the scorer a `qff:` section (QFFConfig, DictConfig or mapping) selects."""
-    cls = resolve_scorer(_get(qff, "scorer", DEFAULT_SCORER) or DEFAULT_SCORER)
+    name = _get(qff, "scorer", DEFAULT_SCORER) or DEFAULT_SCORER
+    cls = resolve_scorer(name)
     given = dict(_get(qff, "scorer_options", None) or {})
+    for other in SCORERS.values():  # another scorer's qff.<key> set while this one does not read it: not silent
+        for option, key in other.QFF_KEYS.items():
+            value, default = _get(qff, key), other.OPTIONS[option].default
+            if key not in cls.QFF_KEYS.values() and value is not None and value != default:
+                raise ConfigError(
+                    f"qff.{key}={value!r} is an option of the {scorer_name(other)} scorer, which qff.scorer={name} "
+                    f"does not read: leave it at {default!r} (or set qff.scorer={scorer_name(other)})"
+                )
     for option, key in cls.QFF_KEYS.items():
         value = _get(qff, key)
         if value is not None:
