@@ -113,3 +113,15 @@ def test_a_plugin_focus_declares_its_parameters_and_scores_alike_in_both_attenti
         off = comp.score_sections("what colour is it", image, [image], [["it is red", "a moth"]], focus="none")[0]
         assert off != scores[attention]  # the open gate lets the question in
     assert scores["sdpa"] == pytest.approx(scores["eager"], abs=1e-5)
+
+
+def test_a_trainer_checkpoint_saved_before_qff_scorer_keeps_its_late_interaction_switches():
+    """Lightning checkpoints written before qff.scorer hold score_direction / question_norm in their settings."""
+    from qkvqa.components import build_component
+    from qkvqa.models.qff_module import QFFTrainer
+
+    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
+    old = {"lr": 1e-5, "score_direction": "section_to_question", "question_norm": "across_tokens"}
+    module = QFFTrainer(comp.model, old)
+    assert module.settings.scorer == "late_interaction" and isinstance(module.scorer, LateInteraction)
+    assert module.scorer.options == {"score_direction": "section_to_question", "question_norm": "across_tokens"}
