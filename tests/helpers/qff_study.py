@@ -275,7 +275,7 @@ def score(component, cfg) -> dict[str, tuple]:
     score of every candidate of its sample, {(url, section index): score}."""
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
     from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
-    from qkvqa.qff.scoring import late_interaction, rerank_hits
+    from qkvqa.qff.scoring import rerank_hits
 
     module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff)).eval()
     dm = QFFTrainDataModule(
@@ -293,7 +293,7 @@ def score(component, cfg) -> dict[str, tuple]:
                 batch["rerank"],
                 question,
                 states,
-                module.settings.score_direction,
+                module.scorer,
                 module.settings.alpha,
             )
             off, change = [None] * len(batch["data_ids"]), [None] * len(batch["data_ids"])
@@ -306,8 +306,7 @@ def score(component, cfg) -> dict[str, tuple]:
                     image_index=batch["section_image_index"],
                     focus="none",
                 ).view(sections.shape)
-                direction = module.settings.score_direction
-                off = (late_interaction(question.tokens[:, None], plain, direction).argmax(dim=1) == 0).tolist()
+                off = (module.scorer.score(question.tokens[:, None], plain, training=True).argmax(dim=1) == 0).tolist()
                 change = ((sections - plain).norm(dim=-1) / sections.norm(dim=-1)).mean(dim=(1, 2)).tolist()
             for row, data_id in enumerate(batch["data_ids"]):
                 scores = {tuple(c): float(v) for c, v in zip(batch["candidates"][row], logits[row].tolist())}

@@ -122,7 +122,9 @@ def test_the_rendered_card_rounds_its_numbers_and_writes_no_raw_python_values(tm
     text = render_card(card)
     assert (
         card["filter"]["alpha"] == noisy
-        and "| filter | kind qff, focus per_layer, alpha 0.3, question_norm per_token |" in text
+        and "| filter | kind qff, focus per_layer, alpha 0.3, question_norm per_token, scorer late_interaction, "
+        "runtime_settings attention sdpa, section_batch_size"
+        in text
     )
     assert repr(noisy) not in text and "theta 0.15" in text
     assert not re.search(r"\b(None|True|False)\b", text), text

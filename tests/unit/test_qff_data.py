@@ -251,3 +251,30 @@ def test_the_datasets_and_collator_travel_pickled_without_the_datamodule(setting
         b = copied(collate)([copy[(1, 0)], copy[(1, 1)]])
         assert a["data_ids"] == b["data_ids"]
         assert torch.equal(a["sections"]["input_ids"], b["sections"]["input_ids"])
+
+
+def test_a_new_focus_parameter_declares_its_optimizer_group_or_is_refused():
+    """Issue 45 item 4: a parameter a focus block adds must name its group; an undeclared one never lands silently in
+    the base group with weight decay."""
+    from torch import nn
+
+    from qkvqa.components import build_component
+    from qkvqa.errors import ConfigError
+    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.qff.model import QFFModel
+
+    comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
+    model = comp.model
+    model.extra_gate = nn.Parameter(torch.zeros(2))
+    trainer = QFFTrainer(model, QFFTrainSettings(lr=1e-5, weight_decay=0.05))
+    with pytest.raises(ConfigError, match=r"parameter 'extra_gate' is in no optimizer group: declare it in"):
+        trainer.parameter_groups()
+
+    class ExtraGate(QFFModel):
+        PARAMETER_GROUPS = {**QFFModel.PARAMETER_GROUPS, "extra_gate": "focus_gates"}
+
+    model.__class__ = ExtraGate
+    groups = {g["name"]: g for g in trainer.parameter_groups()}
+    assert groups["focus_gates"]["params"] == [model.q_gate, model.extra_gate]
+    assert groups["focus_gates"]["weight_decay"] == 0.0
+    assert all(p is not model.extra_gate for p in groups["qformer"]["params"])

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from qkvqa.components import build_component
 from qkvqa.config.schema import QFFConfig
-from qkvqa.errors import ConfigError, MissingWeightsError
+from qkvqa.errors import ConfigError, MissingWeightsError, StaleArtifactError
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.scoring import late_interaction, per_section_loop
 
@@ -261,8 +261,20 @@ def test_qff_config_section_feeds_the_component(tmp_path):
     assert (comp.max_text_tokens, comp.question_max_tokens, comp.section_batch_size) == (20, 10, 8)
     assert comp.score_direction == "section_to_question"
     saved = comp.save_pretrained(tmp_path / "trained")
-    reloaded = build_qff_component(spec, QFFConfig(focus="input", checkpoint=str(saved)))
+    same = dict(max_text_tokens=20, question_max_tokens=10, score_direction="section_to_question")
+    reloaded = build_qff_component(spec, QFFConfig(focus="input", checkpoint=str(saved), **same))
     assert reloaded.model.num_layers == 2 and reloaded.model.focus == "input"
+    # what changes a score travels with the weights: another value is refused, naming the key and both values
+    for key, value in (("max_text_tokens", 16), ("score_direction", "question_to_section"), ("gate", "none")):
+        wanted = {"score_direction": "scorer_options.score_direction"}.get(key, key)
+        with pytest.raises(StaleArtifactError, match=rf"qff.{wanted}: trained with .* this config has '?{value}"):
+            build_qff_component(spec, QFFConfig(focus="input", checkpoint=str(saved), **{**same, key: value}))
+    # a runtime-only setting may differ: the question norm (inference's), attention, batch and cache sizes
+    runtime = dict(question_norm="across_tokens", attention="eager", section_batch_size=3, vit_lru_size=0)
+    again = build_qff_component(spec, QFFConfig(focus="input", checkpoint=str(saved), **same, **runtime))
+    assert again.runtime_settings() == {"qff.attention": "eager", "qff.section_batch_size": 3, "qff.vit_lru_size": 0}
+    recorded = json.loads((saved / "qff_config.json").read_text())["scoring"]
+    assert recorded["scorer"] == "late_interaction" and recorded["runtime_options"] == ["question_norm"]
 
 
 def test_bad_options_and_missing_weights_fail_clearly(tmp_path):

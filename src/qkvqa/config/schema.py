@@ -7,7 +7,7 @@ Sections of later stages keep the paper's defaults (method.md); comments say wha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from qkvqa.components.registry import ComponentSpec
 from qkvqa.data.config import DataConfig
@@ -107,6 +107,10 @@ class QFFConfig:
         1.0  # learning-rate multiplier of the new focus blocks and gates (gates take no weight decay)
     )
     alpha: float = 0.9  # fused score S = alpha * sim_ret + (1 - alpha) * QFF
+    # the section scorer (qkvqa.qff.scorers, docs/extending.md): a registered name (late_interaction, the paper's) or
+    # a SectionScorer subclass in your own code, module.path:ClassName; training, rerank and evaluate all score with it
+    scorer: str = "late_interaction"
+    scorer_options: Dict[str, Any] = field(default_factory=dict)  # the scorer's declared options (checked on compose)
     score_direction: str = (
         "question_to_section"  # late-interaction direction: question_to_section | section_to_question
     )
@@ -471,6 +475,8 @@ def check_values(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if key == "components.qformer.init" and isinstance(value, str) and value.startswith(QFORMER_BERT_INIT):
             continue  # check_qformer_init
+        if key == "qff.focus" and isinstance(value, str) and ":" in value:
+            continue  # a focus class by import path: check_qff_plugins
         if value is not None and value not in allowed:
             aliases = (
                 " (read as a split: validation, valid, dev = val; testing = test; training = train)"
@@ -495,6 +501,25 @@ def check_values(cfg: Any) -> None:
             span = f"at least {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
     check_component_roles(cfg)
+    check_qff_plugins(cfg)
+
+
+def check_qff_plugins(cfg: Any) -> None:
+    """Refuse an unknown `qff.scorer` (naming the registered ones), a bad or unknown `qff.scorer_options` entry, or a
+    `qff.focus` import path that names no focus class (docs/extending.md)."""
+    from omegaconf import OmegaConf
+
+    qff = OmegaConf.select(cfg, "qff")
+    if qff is None:
+        return
+    from qkvqa.qff.scorers import scorer_spec
+
+    scorer_spec(qff)
+    focus = qff.get("focus")
+    if isinstance(focus, str) and ":" in focus:
+        from qkvqa.qff.model import resolve_focus
+
+        resolve_focus(focus)
 
 
 # The shipped component kinds of each role (slot) of `components:`. A kind of one role in another's slot

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,7 +26,8 @@ from torch import nn
 
 from qkvqa.errors import ConfigError, MissingWeightsError, StaleArtifactError
 from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
-from qkvqa.qff.scoring import in_batch_scores, late_interaction, rerank_hits
+from qkvqa.qff.scorers import DEFAULT_SCORER, scorer_from_qff, scorer_name, scorer_spec
+from qkvqa.qff.scoring import in_batch_scores, rerank_hits
 from qkvqa.run.steps import optimizer_steps
 from qkvqa.utils.logging import get_logger
 
@@ -53,10 +54,11 @@ class QFFTrainSettings:
     div_factor: float = 100.0
     new_block_lr_scale: float = 1.0  # lr multiplier of the new focus blocks and gates
     alpha: float = 0.9
-    score_direction: str = "question_to_section"
-    # inference's question normalisation, used by the validation article R@1 (its rerank is inference's); the loss
-    # and val/section_r1 normalise per token whatever it says, as OMGM trains (docs/protocol.md "Readings")
-    question_norm: str = "per_token"
+    # the section scorer (`qff.scorer`: registered name or module.path:ClassName) and its complete, checked options
+    # (`qkvqa.qff.scorers.scorer_spec`); the late interaction's question_norm is inference's, used by the validation
+    # article R@1 (its rerank is inference's); the loss and val/section_r1 score with `training=True`
+    scorer: str = DEFAULT_SCORER
+    scorer_options: dict = field(default_factory=dict)
     schedule_steps: Optional[int] = None  # OneCycle length; None: trainer.estimated_stepping_batches
     dropout: Optional[float] = None  # probability of every Dropout layer; None keeps the model's
     vision_fingerprint: Optional[str] = None  # set when the frozen ViT is left out of checkpoints
@@ -64,6 +66,7 @@ class QFFTrainSettings:
     @classmethod
     def from_config(cls, qff, vision_fingerprint: Optional[str] = None) -> "QFFTrainSettings":
         """Settings from the `qff:` config section (a DictConfig or QFFConfig)."""
+        scorer_cls, scorer_options = scorer_spec(qff)
         return cls(
             temperature=float(qff.temperature),
             learnable_temperature=bool(qff.learnable_temperature),
@@ -76,8 +79,8 @@ class QFFTrainSettings:
             div_factor=float(qff.div_factor),
             new_block_lr_scale=float(qff.new_block_lr_scale),
             alpha=float(qff.alpha),
-            score_direction=str(qff.score_direction),
-            question_norm=str(qff.question_norm),
+            scorer=scorer_name(scorer_cls),
+            scorer_options=scorer_options,
             schedule_steps=qff.schedule_steps,
             dropout=qff.dropout,
             vision_fingerprint=vision_fingerprint,
@@ -135,11 +138,11 @@ def rebuild_model(spec: dict, settings: QFFTrainSettings) -> tuple[nn.Module, Op
         )
     from transformers import Blip2Config, Blip2ForImageTextRetrieval
 
-    from qkvqa.qff.model import QFFModel
+    from qkvqa.qff.model import resolve_focus
 
     arch = spec["architecture"]
     base = Blip2ForImageTextRetrieval(Blip2Config.from_dict(arch["base_config"]))
-    return QFFModel(
+    return resolve_focus(arch["focus"])(
         base,
         focus=arch["focus"],
         freeze_vit=arch["freeze_vit"],
@@ -164,6 +167,11 @@ class QFFTrainer(pl.LightningModule):
         if settings is None:
             raise ConfigError("QFFTrainer needs settings: QFFTrainer(model, QFFTrainSettings.from_config(cfg.qff))")
         if not isinstance(settings, QFFTrainSettings):
+            settings = dict(settings)
+            if "scorer" not in settings:  # saved before qff.scorer: the late interaction's two switches
+                settings["scorer_options"] = {
+                    key: settings.pop(key) for key in ("score_direction", "question_norm") if key in settings
+                }
             settings = QFFTrainSettings(**{**settings, "betas": tuple(settings.get("betas", (0.9, 0.98)))})
         if model_spec is None and model is None:
             raise ConfigError("QFFTrainer needs a model, or a model_spec to build it from")
@@ -175,6 +183,8 @@ class QFFTrainer(pl.LightningModule):
                 settings = replace(settings, vision_fingerprint=fingerprint)
         self.model = model.train()  # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
         self.settings = settings
+        # the one scorer of this run: the loss, val/section_r1 and the validation rerank score through it
+        self.scorer = scorer_from_qff({"scorer": settings.scorer, "scorer_options": settings.scorer_options})
         freeze_outside_objective(model)
         if settings.dropout is not None:
             for module in model.modules():
@@ -228,10 +238,10 @@ class QFFTrainer(pl.LightningModule):
 
     def logits(self, batch: dict[str, Any], question, sections, states) -> torch.Tensor:
         """`[B, N]` scores over tau (positive first); with in-batch negatives, `[B, N + B - 1]`."""
-        scores = late_interaction(question.tokens[:, None], sections, self.settings.score_direction)
+        scores = self.scorer.score(question.tokens[:, None], sections, training=True)
         b = batch["size"]
         if self.settings.in_batch_negatives and b > 1:
-            negatives = in_batch_scores(self.model, batch, question, states, self.settings.score_direction)
+            negatives = in_batch_scores(self.model, batch, question, states, self.scorer)
             scores = torch.cat([scores, negatives], dim=1)
         return scores / self.temperature
 
@@ -380,9 +390,8 @@ class QFFTrainer(pl.LightningModule):
                 batch["rerank"],
                 question,
                 states,
-                self.settings.score_direction,
+                self.scorer,
                 self.settings.alpha,
-                self.settings.question_norm,
             )
             self.val_article_r1.update(batch["data_ids"], fused_hits)
             self.val_stage1_r1.update(batch["data_ids"], stage1_hits)

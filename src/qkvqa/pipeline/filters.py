@@ -337,7 +337,14 @@ class QFFKind(FilterKind):
             "focus": cfg.qff.focus,
             "alpha": cfg.qff.alpha,
             "question_norm": cfg.qff.question_norm,
+            "scorer": cfg.qff.scorer,
+            # settings that change speed or memory, not the scores (a trained QFF may run with other values)
+            "runtime_settings": {
+                key: cfg.qff[key] for key in ("attention", "section_batch_size", "question_batch_size", "vit_lru_size")
+            },
         }
+        if cfg.qff.scorer_options:
+            card["scorer_options"] = dict(cfg.qff.scorer_options)
         if not cfg.qff.checkpoint:
             card["weights"] = (
                 "untrained, on purpose (qff.allow_untrained=true)" if cfg.qff.allow_untrained else "untrained"
@@ -397,6 +404,12 @@ def check_precomputed_provenance(path: Path, made: Optional[dict], cfg: Any, ben
             f"qff.question_norm={cfg.qff.question_norm}: set qff.question_norm={norm}, or rerank with "
             f"qff.question_norm={cfg.qff.question_norm}"
         )
+    scorer = (made.get("qff.scorer") or {}).get("scorer", "late_interaction")  # before qff.scorer: late interaction
+    if scorer != cfg.qff.scorer:
+        raise ConfigError(
+            f"{path} was reranked with qff.scorer={scorer} ({meta}) but this evaluation has "
+            f"qff.scorer={cfg.qff.scorer}: set qff.scorer={scorer}, or rerank with qff.scorer={cfg.qff.scorer}"
+        )
     made_for, evaluated = made.get("questions"), benchmark.questions_identity(cfg.eval.split)
     if made_for is not None and evaluated is not None and made_for != evaluated:
         raise DataError(
@@ -414,7 +427,7 @@ class PrecomputedKind(FilterKind):
     qff_scores = True  # when the file records them (`qkvqa rerank` does; OMGM's step 2b does not)
     stage1_from_file = True
     # the alpha and question normalisation it must have been reranked with
-    config_keys = ("qff.alpha", "qff.question_norm", "eval.reranked_results")
+    config_keys = ("qff.alpha", "qff.question_norm", "qff.scorer", "eval.reranked_results")
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         from qkvqa.errors import ConfigError

@@ -47,7 +47,9 @@ RUNTIME_DEFAULTS = {
     "max_text_tokens": 512,
     "question_max_tokens": 64,
     "blip_text_preprocess": True,
-    "score_direction": "question_to_section",
+    "scorer": "late_interaction",  # qkvqa.qff.scorers: a registered name or module.path:ClassName
+    "scorer_options": {},
+    "score_direction": "question_to_section",  # the late_interaction scorer's options
     "question_norm": "per_token",
     "section_batch_size": 64,
     "image_transform": "targetpad",
@@ -113,14 +115,14 @@ class QFFComponent:
         max_text_tokens: int = 512,
         question_max_tokens: int = 64,
         blip_text_preprocess: bool = True,
-        score_direction: str = "question_to_section",
-        question_norm: str = "per_token",
+        scorer=None,
         section_batch_size: int = 64,
         image_transform: Optional[str] = None,
         vit_lru_size: int = 256,
     ):
-        from qkvqa.config.schema import QUESTION_NORMS
-        from qkvqa.qff.scoring import SCORE_DIRECTIONS
+        """`scorer`: the `SectionScorer` every score goes through (`qkvqa.qff.scorers`; None: the default late
+        interaction)."""
+        from qkvqa.qff.scorers import scorer_from_qff
 
         self.model = model
         self.tokenizer = tokenizer
@@ -131,21 +133,27 @@ class QFFComponent:
                 f"qff.focus={self.focus!r}, but the loaded QFF model was built with focus="
                 f"{model.focus!r}; use {model.focus!r} or 'none'"
             )
-        if score_direction not in SCORE_DIRECTIONS:
-            raise ConfigError(f"qff.score_direction must be one of {SCORE_DIRECTIONS}, got {score_direction!r}")
-        if question_norm not in QUESTION_NORMS:
-            raise ConfigError(f"qff.question_norm must be one of {', '.join(QUESTION_NORMS)}, got {question_norm!r}")
         self.max_text_tokens = min(int(max_text_tokens), model.max_text_tokens)
         self.question_max_tokens = min(int(question_max_tokens), model.max_text_tokens)
         self.blip_text_preprocess = bool(blip_text_preprocess)
-        self.score_direction = score_direction
-        self.question_norm = question_norm  # how the question tokens are normalised (qff.question_norm)
+        self.scorer = scorer if scorer is not None else scorer_from_qff({})
         self.section_batch_size = int(section_batch_size)
         self.image_transform = image_transform
         self.vit_lru_size = int(vit_lru_size)
         self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()  # image content key -> ViT states [P, Dv]
         self._vit_version: Any = None  # the ViT weights the cached states came from
         self.vit_cache_stats = {"hits": 0, "misses": 0}
+
+    @property
+    def score_direction(self) -> Optional[str]:
+        """The late-interaction scorer's `score_direction` (None for a scorer without that option)."""
+        return self.scorer.options.get("score_direction")
+
+    @property
+    def question_norm(self) -> str:
+        """How the question tokens are normalised at inference (qff.question_norm; per_token for a scorer without
+        that option, which the rerank sidecar records)."""
+        return self.scorer.options.get("question_norm", "per_token")
 
     def preprocessing(self) -> dict:
         """The input preprocessing a trained QFF must be used with (recorded with its weights, checked on load)."""
@@ -155,6 +163,27 @@ class QFFComponent:
             "image_transform": self.image_transform,
             "image_geometry": IMAGE_GEOMETRY.get(self.image_transform),
             "blip_text_preprocess": self.blip_text_preprocess,
+        }
+
+    def scoring(self) -> dict:
+        """What else changes this QFF's scores, recorded with its weights and checked on load (`check_scoring`): the
+        scorer (name or import path, options, a plugin's source sha256) and the text limits; `runtime_options` names
+        the scorer options a trained QFF may be used with at another value (named on the card)."""
+        from qkvqa.qff.scorers import runtime_options
+
+        return {
+            **self.scorer.record(),
+            "runtime_options": runtime_options(type(self.scorer)),
+            "max_text_tokens": self.max_text_tokens,
+            "question_max_tokens": self.question_max_tokens,
+        }
+
+    def runtime_settings(self) -> dict:
+        """The settings that change speed or memory but no score (allowed to differ from training; on the card)."""
+        return {
+            "qff.attention": self.model.attention,
+            "qff.section_batch_size": self.section_batch_size,
+            "qff.vit_lru_size": self.vit_lru_size,
         }
 
     @property
@@ -229,8 +258,6 @@ class QFFComponent:
         sections of every question in shared forwards of `section_batch_size`, sorted by token length so that
         padding stays small. Each result equals the one-question call up to float rounding (tested <= 1e-5)."""
         import torch
-
-        from qkvqa.qff.scoring import late_interaction
 
         results: list[list[list[float]]] = []
         flat: list[tuple[int, int, int, int, int]] = []  # (request, image row, article, section, question)
@@ -308,7 +335,7 @@ class QFFComponent:
                     focus=focus,
                 )
                 tokens = question_enc.tokens.index_select(0, question_index)
-                values = late_interaction(tokens, states, self.score_direction, self.question_norm)
+                values = self.scorer.score(tokens, states)
                 for n, value in zip(batch, values.tolist()):
                     r, _, i, j, _ = flat[n]
                     results[r][i][j] = value
@@ -387,7 +414,10 @@ class QFFComponent:
         """Write the model (safetensors + qff_config.json) and tokenizer so that `pretrained: out_dir` rebuilds it;
         `vit_dtype`: the dtype the ViT ran in while it was trained (default: the model's, bf16 / fp16 / fp32)."""
         out_dir = self.model.save_pretrained(
-            out_dir, preprocessing=self.preprocessing(), vit_dtype=vit_dtype or dtype_name(self.model.vision_dtype)
+            out_dir,
+            preprocessing=self.preprocessing(),
+            vit_dtype=vit_dtype or dtype_name(self.model.vision_dtype),
+            scoring=self.scoring(),
         )
         self.tokenizer.save_pretrained(str(out_dir))
         return out_dir
@@ -699,7 +729,8 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
     loaded (HF and LAVIS paths) or read from the checkpoint (qkvqa path).
     """
     from qkvqa.qff.image_processing import blip2_image_processor
-    from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel
+    from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel, resolve_focus
+    from qkvqa.qff.scorers import scorer_from_qff
 
     if (
         spec.init != "checkpoint" and bert_init_ref(spec.init) is None
@@ -709,6 +740,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             "qkvqa.qff.pretrain_here.resolve_qformer_spec(cfg) (qkvqa train and qkvqa pretrain-qformer do)"
         )
     options = _options(spec)
+    scorer = scorer_from_qff(options)  # before any weights load: a bad scorer stops here
     dtype = spec.torch_dtype()
     local_only = not spec.allow_download
     focus = options["focus"]
@@ -736,7 +768,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             base, tokenizer = _load_lavis(ref, options, dtype, local_only)
         else:
             base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
-        model = QFFModel(
+        model = resolve_focus(focus or "per_layer")(
             base,
             focus=focus or "per_layer",
             freeze_vit=options["freeze_vit"],
@@ -746,7 +778,7 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             attention=options["attention"],
         )
     model.to(spec.torch_device()).eval()
-    return QFFComponent(
+    component = QFFComponent(
         model,
         tokenizer,
         blip2_image_processor(model.image_size, options["image_transform"]),
@@ -754,12 +786,54 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
         max_text_tokens=options["max_text_tokens"],
         question_max_tokens=options["question_max_tokens"],
         blip_text_preprocess=options["blip_text_preprocess"],
-        score_direction=options["score_direction"],
-        question_norm=options["question_norm"],
+        scorer=scorer,
         section_batch_size=options["section_batch_size"],
         image_transform=options["image_transform"],
         vit_lru_size=options["vit_lru_size"],
     )
+    if bert is None and not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
+        check_scoring(Path(ref), component, options)
+    return component
+
+
+def check_scoring(path: Path, component: QFFComponent, options: Mapping[str, Any]) -> None:
+    """Refuse a trained QFF used with another scorer, scorer option, plugin source (scorer or focus), text limit or gate than it was
+    trained with, naming the key and both values; a runtime scorer option that differs is said in one line (QFFs
+    written before the scoring was recorded are checked for the gate only)."""
+    import json
+
+    from qkvqa.errors import StaleArtifactError
+    from qkvqa.qff.model import CHECKPOINT_CONFIG, focus_source
+
+    saved = json.loads((path / CHECKPOINT_CONFIG).read_text(encoding="utf-8"))
+    differs = []
+    focus_sha = focus_source(type(component.model)).get("focus_source_sha256")
+    if saved.get("focus_source_sha256") not in (None, focus_sha):
+        differs.append(("qff.focus source sha256", saved["focus_source_sha256"], focus_sha))
+    if options.get("gate") is not None and saved.get("gate") not in (None, options["gate"]):
+        differs.append(("qff.gate", saved["gate"], options["gate"]))
+    trained = saved.get("scoring") or {}
+    here = component.scoring()
+    runtime = set(trained.get("runtime_options", ()))
+    for key in ("scorer", "scorer_source_sha256", "max_text_tokens", "question_max_tokens"):
+        if key in trained and trained[key] != here.get(key):
+            differs.append((f"qff.{key}", trained[key], here.get(key)))
+    ours = here.get("scorer_options", {})
+    for key, value in (trained.get("scorer_options") or {}).items():
+        if trained.get("scorer") != here.get("scorer") or ours.get(key) == value:
+            continue
+        if key in runtime:
+            log.info(
+                "QFF %s was trained with scorer option %s=%r; this run scores with %r", path, key, value, ours.get(key)
+            )
+        else:
+            differs.append((f"qff.scorer_options.{key}", value, ours.get(key)))
+    if differs:
+        said = "; ".join(f"{key}: trained with {a!r}, this config has {b!r}" for key, a, b in differs)
+        raise StaleArtifactError(
+            f"{path}: {said}. A trained QFF scores as it was trained: set the config to its values, or retrain "
+            "(a plugin's source changed: restore the file it was trained with)"
+        )
 
 
 def _check_vit_dtype(path: Path, model: Any) -> Optional[str]:

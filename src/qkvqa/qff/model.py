@@ -125,7 +125,14 @@ class QFFModel(nn.Module):
     `attention`: `sdpa` (default) runs every attention block through `qkvqa.qff.attention.attend` (fused kernels,
     and the last layer of the question and section passes computes its 32 query rows only); `eager` runs the HF
     modules themselves, the stock Q-Former bit for bit. It is a runtime setting, not part of the weights.
+
+    A focus block in the user's own code (docs/extending.md): a subclass with `FOCUS_BASE = "per_layer"` (it
+    receives the question's states of every layer), which builds its parameters in `build_focus_blocks`, applies them
+    in `focus_block` (both attention paths, through `attend_block`) and declares their optimizer groups in
+    `PARAMETER_GROUPS`; named in config by its import path, `qff.focus: module.path:ClassName` (`resolve_focus`).
     """
+
+    FOCUS_BASE: Optional[str] = None  # a plugin's built-in path (per_layer); None for QFFModel's own modes
 
     def __init__(
         self,
@@ -138,13 +145,21 @@ class QFFModel(nn.Module):
         attention: str = "sdpa",
     ):
         super().__init__()
-        if focus not in FOCUS_MODES:
-            raise ConfigError(f"qff.focus must be one of {FOCUS_MODES}, got {focus!r}")
+        mode = focus
+        if type(self).FOCUS_BASE is not None:  # a plugin focus: the config names the class, it runs FOCUS_BASE's path
+            if focus != focus_name(type(self)):
+                raise ConfigError(
+                    f"{focus_name(type(self))} is built with qff.focus={focus_name(type(self))}, not {focus!r}"
+                )
+            mode = type(self).FOCUS_BASE
+        if mode not in FOCUS_MODES:
+            raise ConfigError(f"qff.focus must be one of {FOCUS_MODES} or module.path:ClassName, got {focus!r}")
         if gate not in GATES:
             raise ConfigError(f"qff.gate must be one of {GATES}, got {gate!r}")
         self.base = base
         self.attention = attention
         self.focus = focus
+        self.focus_mode = mode  # the built-in path the focus takes (per_layer, input or none)
         self.gate = gate
         self.freeze_vit = freeze_vit
         self.gradient_checkpointing = gradient_checkpointing
@@ -152,15 +167,9 @@ class QFFModel(nn.Module):
         layers = base.qformer.encoder.layer
         # New blocks live beside the Q-Former, in its dtype (fp32: see cast_like_hf) and on its device.
         where = {"device": base.qformer.layernorm.weight.device, "dtype": base.qformer.layernorm.weight.dtype}
-        if focus == "per_layer":
-            self.q_xattn = nn.ModuleList(Blip2QFormerAttention(qcfg, is_cross_attention=False) for _ in layers).to(
-                **where
-            )
-            if gate == "tanh":
-                self.q_gate = nn.Parameter(torch.full((len(layers),), float(gate_init), **where))
-            for block, layer in zip(self.q_xattn, layers):
-                block.load_state_dict(layer.attention.state_dict())
-        elif focus == "input":
+        if mode == "per_layer":
+            self.build_focus_blocks(qcfg, layers, where, gate, gate_init)
+        elif mode == "input":
             self.input_xattn = Blip2QFormerMultiHeadAttention(qcfg, is_cross_attention=False).to(**where)
             if gate == "tanh":
                 self.input_gate = nn.Parameter(torch.full((), float(gate_init), **where))
@@ -171,19 +180,54 @@ class QFFModel(nn.Module):
         self.train(base.training)
 
     # ------------------------------------------------------------------ the question-focused parameters
+    def build_focus_blocks(self, qcfg, layers, where: dict, gate: str, gate_init: float) -> None:
+        """Create the per-layer focus parameters (on `where`'s device and dtype): `q_xattn[l]` warm-started from layer
+        l's self-attention, and `q_gate` (tanh gates at `gate_init`) unless `gate` is none. A plugin overrides it."""
+        self.q_xattn = nn.ModuleList(Blip2QFormerAttention(qcfg, is_cross_attention=False) for _ in layers).to(**where)
+        if gate == "tanh":
+            self.q_gate = nn.Parameter(torch.full((len(layers),), float(gate_init), **where))
+        for block, layer in zip(self.q_xattn, layers):
+            block.load_state_dict(layer.attention.state_dict())
+
+    def focus_block(self, i: int, h: torch.Tensor, question_states: torch.Tensor) -> torch.Tensor:
+        """Layer i's question focus of the section query states `h` `[B, Q, D]` (after self-attention, before image
+        cross-attention), given the question's layer-i query states `[B, Q, D]`. A plugin overrides it."""
+        focused = self.attend_block(self.q_xattn[i], h, encoder=question_states)
+        return h + torch.tanh(self.q_gate[i]) * (focused - h) if self.gate == "tanh" else focused
+
     def gate_values(self) -> Optional[torch.Tensor]:
         """tanh of every focus gate (one per layer, or the input gate), or None without gates."""
         gate = getattr(self, "q_gate", None)
         gate = gate if gate is not None else getattr(self, "input_gate", None)
         return None if gate is None else torch.tanh(gate.detach()).reshape(-1)
 
+    # The optimizer group of every parameter the focus block adds beside the BLIP-2 base (`base.*`), keyed by the
+    # attribute that holds it. A subclass that adds parameters declares them here (`{**QFFModel.PARAMETER_GROUPS,
+    # "extra": "focus_blocks"}`); an undeclared one is refused by `focus_parameters`, never put in the base group with
+    # weight decay. focus_blocks: lr x qff.new_block_lr_scale, weight decay; focus_gates: the same lr, no weight decay.
+    PARAMETER_GROUPS = {
+        "q_xattn": "focus_blocks",
+        "input_xattn": "focus_blocks",
+        "q_gate": "focus_gates",
+        "input_gate": "focus_gates",
+    }
+    FOCUS_GROUPS = ("focus_blocks", "focus_gates")
+
     def focus_parameters(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-        """(new block weights, gates): the parameters that the base BLIP-2 does not have."""
-        blocks = [
-            p for name in ("q_xattn", "input_xattn") if hasattr(self, name) for p in getattr(self, name).parameters()
-        ]
-        gates = [getattr(self, name) for name in ("q_gate", "input_gate") if hasattr(self, name)]
-        return blocks, gates
+        """(new block weights, gates): the parameters that the base BLIP-2 does not have, as `PARAMETER_GROUPS`
+        assigns them; a parameter outside `base.` that it does not assign is a ConfigError naming it."""
+        found: dict[str, list[nn.Parameter]] = {group: [] for group in self.FOCUS_GROUPS}
+        for name, param in self.named_parameters():
+            if name.startswith("base."):
+                continue
+            group = self.PARAMETER_GROUPS.get(name.split(".")[0])
+            if group not in found:
+                raise ConfigError(
+                    f"{type(self).__name__} parameter {name!r} is in no optimizer group: declare it in "
+                    f"{type(self).__name__}.PARAMETER_GROUPS as one of {', '.join(self.FOCUS_GROUPS)} (got {group!r})"
+                )
+            found[group].append(param)
+        return found["focus_blocks"], found["focus_gates"]
 
     # ------------------------------------------------------------------ properties
     @property
@@ -303,9 +347,9 @@ class QFFModel(nn.Module):
             image_states = _select_rows(image_states, n, image_index, "image")
         queries = self.base.query_tokens.expand(n, -1, -1)
         question_states = None
-        if focus == "per_layer":
+        if focus != "none" and self.focus_mode == "per_layer":
             question_states = [_select_rows(s, n, question_index, "question") for s in question.layer_states]
-        elif focus == "input":
+        elif focus != "none" and self.focus_mode == "input":
             tokens = _select_rows(question.tokens, n, question_index, "question")
             context, _ = self.input_xattn(hidden_states=queries, encoder_hidden_states=tokens.to(queries.dtype))
             queries = queries + (torch.tanh(self.input_gate) * context if self.gate == "tanh" else context)
@@ -379,14 +423,25 @@ class QFFModel(nn.Module):
             return layer.feed_forward_chunk(attended)
         h = attended[:, :query_length]
         if question_states is not None:
-            focused = self._attend(self.q_xattn[i], h, encoder=question_states)
-            h = h + torch.tanh(self.q_gate[i]) * (focused - h) if self.gate == "tanh" else focused
+            h = self.focus_block(i, h, question_states)
         if layer.has_cross_attention and image_states is not None:
             h = self._attend(layer.crossattention, h, encoder=image_states)
         out = layer.feed_forward_chunk_query(h)
         if attended.shape[1] > query_length:
             out = torch.cat([out, layer.feed_forward_chunk(attended[:, query_length:])], dim=1)
         return out
+
+    def attend_block(
+        self,
+        block: nn.Module,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        encoder: Optional[torch.Tensor] = None,
+        rows: Optional[int] = None,
+    ) -> torch.Tensor:
+        """One `Blip2QFormerAttention` block in this model's attention implementation (`qff.attention`): for a focus
+        block, so that its sdpa and eager paths are the same code."""
+        return self._attend(block, x, mask, encoder, rows)
 
     def _attend(
         self,
@@ -409,11 +464,15 @@ class QFFModel(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(
-        self, out_dir: str | Path, preprocessing: Optional[dict] = None, vit_dtype: Optional[str] = None
+        self,
+        out_dir: str | Path,
+        preprocessing: Optional[dict] = None,
+        vit_dtype: Optional[str] = None,
+        scoring: Optional[dict] = None,
     ) -> Path:
         """Write `model.safetensors` (keys `base.*`, `q_xattn.*`, `q_gate` / `input_*`) and `qff_config.json` (with the
-        weights' sha256, checked on load, the input `preprocessing` the weights were trained with, and `vit_dtype`,
-        the dtype the frozen ViT ran in during training)."""
+        weights' sha256, checked on load, the input `preprocessing` the weights were trained with, `vit_dtype`, the
+        dtype the frozen ViT ran in during training, and `scoring`, the scorer and text limits they score with)."""
         from safetensors.torch import save_file
 
         from qkvqa.utils.io import atomic_write_json, make_shareable, sha256_file
@@ -431,10 +490,12 @@ class QFFModel(nn.Module):
                 "format": CHECKPOINT_FORMAT,
                 "version": CHECKPOINT_VERSION,
                 "focus": self.focus,
+                **focus_source(type(self)),
                 "gate": self.gate,
                 "base_class": type(self.base).__name__,
                 "weights_sha256": sha256_file(out_dir / CHECKPOINT_WEIGHTS),
                 "preprocessing": preprocessing,
+                "scoring": scoring,
                 "vit_dtype": vit_dtype,
                 "base_config": self.base.config.to_dict(),
             },
@@ -490,7 +551,7 @@ class QFFModel(nn.Module):
         load_complete(base, base_state, str(path / CHECKPOINT_WEIGHTS))
         if dtype is not None:
             cast_like_hf(base, dtype)
-        model = cls(
+        model = resolve_focus(meta["focus"])(
             base.eval(),
             focus=meta["focus"],
             freeze_vit=freeze_vit,
@@ -521,3 +582,49 @@ def load_complete(base: nn.Module, state: dict, source: str) -> None:
             f"{source} has {len(result.unexpected_keys)} key(s) the BLIP-2 model does not, e.g. "
             f"{result.unexpected_keys[:5]}; was it written for another configuration?"
         )
+
+
+def focus_name(cls: type) -> str:
+    """The `qff.focus` value of a plugin focus class: its import path `module:ClassName`."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def focus_source(cls: type) -> dict:
+    """For a focus class outside qkvqa: the sha256 of its source file (`focus_source_sha256`); {} otherwise."""
+    if cls.__module__.split(".")[0] == "qkvqa" or cls.FOCUS_BASE is None:
+        return {}
+    import inspect
+
+    from qkvqa.utils.io import sha256_file
+
+    path = inspect.getsourcefile(cls)
+    return {"focus_source_sha256": sha256_file(Path(path)) if path else None}
+
+
+def resolve_focus(focus: str) -> type[QFFModel]:
+    """The model class `qff.focus` names: QFFModel for a built-in mode (FOCUS_MODES), else the QFFModel subclass at
+    `module.path:ClassName` with a FOCUS_BASE; anything else is a ConfigError naming the built-in modes."""
+    import importlib
+
+    if focus in FOCUS_MODES:
+        return QFFModel
+    modes = ", ".join(FOCUS_MODES)
+    if not isinstance(focus, str) or ":" not in focus:
+        raise ConfigError(f"qff.focus={focus!r} is not one of {modes} nor an import path module.path:ClassName")
+    module_name, _, attr = focus.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"qff.focus={focus!r}: module {module_name!r} cannot be imported ({e}); put its folder on PYTHONPATH, or "
+            f"use a built-in focus ({modes})"
+        ) from None
+    cls = module
+    for part in attr.split("."):
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and issubclass(cls, QFFModel) and cls.FOCUS_BASE == "per_layer"):
+        raise ConfigError(
+            f"qff.focus={focus!r}: {module_name} has no QFFModel subclass {attr!r} with FOCUS_BASE = 'per_layer' "
+            f"(docs/extending.md); built-in focus modes: {modes}"
+        )
+    return cls

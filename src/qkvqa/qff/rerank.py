@@ -241,13 +241,14 @@ def rerank_split(cfg, split: Optional[str] = None, *, benchmark, reranker: Optio
 
 
 def reranked_provenance(cfg, reranker: QFFReranker, split: str, benchmark) -> dict:
-    """What determines a reranked-results file: the fusion weight, question normalisation and top-K the reranker used,
+    """What determines a reranked-results file: the fusion weight, question normalisation, scorer and top-K the reranker used,
     the QFF's focus, the
     KB, the questions (dataset, split, file) and the stage-1 results (`qkvqa rerank` adds the QFF's weights and
     fingerprint and its run id); recorded beside the file (`write_reranked`)."""
     return {
         "qff.alpha": reranker.alpha,
         "qff.question_norm": getattr(reranker.component, "question_norm", "per_token"),
+        "qff.scorer": reranker.component.scorer.record() if hasattr(reranker.component, "scorer") else None,
         "retrieval.top_k": reranker.top_k,
         "qff.focus": getattr(reranker.component.model, "focus", None),
         "kb_url_checksum": reranker.store.url_checksum,

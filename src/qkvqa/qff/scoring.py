@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from qkvqa.config.schema import QUESTION_NORMS  # declared with the config
 from qkvqa.errors import ConfigError
-
-SCORE_DIRECTIONS = ("question_to_section", "section_to_question")
+from qkvqa.qff.scorers import SCORE_DIRECTIONS
 
 
 def late_interaction(
@@ -100,20 +99,18 @@ def per_section_loop(
             states = comp.model.encode_sections(
                 tokens["input_ids"], tokens["attention_mask"], image_states, question_enc
             )
-            row.append(late_interaction(question_enc.tokens, states, comp.score_direction, comp.question_norm).item())
+            row.append(comp.scorer.score(question_enc.tokens, states).item())
         scores.append(row)
     return scores
 
 
 # ---------------------------------------------------------------------------------------------- training batches
 # The contrastive batches of `qkvqa.data_modules.qff_train` (their keys: `QFFCollator`), scored with any model that
-# has `encode_sections(input_ids, attention_mask, states, question, image_index=, question_index=)` (`QFFModel`);
-# `QFFTrainer` only calls these.
+# has `encode_sections(input_ids, attention_mask, states, question, image_index=, question_index=)` (`QFFModel`) and
+# the run's `SectionScorer` (`qkvqa.qff.scorers`); `QFFTrainer` only calls these.
 
 
-def in_batch_scores(
-    model, batch: dict[str, Any], question, states: torch.Tensor, direction: str = "question_to_section"
-) -> torch.Tensor:
+def in_batch_scores(model, batch: dict[str, Any], question, states: torch.Tensor, scorer) -> torch.Tensor:
     """`[B, B - 1]` scores of each question of a contrastive batch against the other samples' positives (column 0 of
     each sample's candidates), those sections encoded focused on that question; row i skips column i."""
     b, n = batch["size"], batch["num_candidates"]
@@ -129,7 +126,7 @@ def in_batch_scores(
         image_index=batch["section_image_index"].index_select(0, rows),
         question_index=question_index,
     )
-    scores = late_interaction(question.tokens.index_select(0, question_index), sections, direction)
+    scores = scorer.score(question.tokens.index_select(0, question_index), sections, training=True)
     return scores.view(b, b - 1)
 
 
@@ -138,13 +135,12 @@ def rerank_hits(
     rerank_batch: dict[str, Any],
     question,
     states: torch.Tensor,
-    direction: str = "question_to_section",
+    scorer,
     alpha: float = 0.9,
-    question_norm: str = "per_token",
 ) -> tuple[list[float], list[float]]:
     """Per question of a validation batch's `rerank` part: is the gold article first after alpha fusion with the QFF
     scores of its candidate sections (every section of a stage-1 article, encoded in `chunks`), and before (stage 1)?
-    The section scores use inference's `question_norm` (`qff.question_norm`), as `qkvqa rerank` does."""
+    The section scores are inference's (`scorer.score(..., training=False)`), as `qkvqa rerank` scores."""
     questions = rerank_batch["questions"]
     scores = [[[0.0] * len(a["sections"]) for a in q["articles"]] for q in questions]
     for chunk in rerank_batch["chunks"]:
@@ -156,9 +152,7 @@ def rerank_hits(
             image_index=chunk["image_index"],
             question_index=chunk["question_index"],
         )
-        values = late_interaction(
-            question.tokens.index_select(0, chunk["question_index"]), states_out, direction, question_norm
-        )
+        values = scorer.score(question.tokens.index_select(0, chunk["question_index"]), states_out)
         for (q, a, j), value in zip(chunk["slot"].tolist(), values.tolist()):
             scores[q][a][j] = value
     fused_hits, stage1_hits = [], []

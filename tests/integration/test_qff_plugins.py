@@ -1,0 +1,123 @@
+"""Extension points of the QFF used from outside qkvqa (issue 45, docs/extending.md): the example scorer in examples/
+trains, reranks and evaluates from one config line, is recorded with the weights, and a mismatch is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qkvqa.cli.main import main
+from qkvqa.run.rundir import clear_run_env
+from qkvqa.utils.io import sha256_file
+from tests.helpers.qff_study import mine_world
+from tests.integration.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+QUIET = ["trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0"]
+SCORER = ["qff.scorer=examples.mean_cosine_scorer:MeanCosine", "qff.scorer_options.scale=2"]
+
+
+@pytest.fixture(scope="module")
+def mined(world, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("qff_plugins")
+    return {"overrides": mine_world(world, work), "work": work}
+
+
+@pytest.fixture(scope="module")
+def trained(mined) -> Path:
+    """2 steps with the example scorer, validated (its rerank included) on 4 val questions after step 2."""
+    clear_run_env()
+    argv = ["train", "experiment=demo/qff_per_layer", "run_id=plugin-scorer", *mined["overrides"], *QUIET, *SCORER]
+    argv += ["trainer.max_steps=2", "trainer.val_check_interval=2", "qff.max_val_samples=4"]
+    assert main(argv) == 0
+    return mined["work"] / "runs" / "plugin-scorer"
+
+
+def test_a_scorer_outside_the_package_trains_and_is_recorded_with_the_weights(trained):
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["global_step"] == 2 and 0 <= summary["val/article_r1"] <= 100
+    scoring = json.loads((trained / "qff" / "qff_config.json").read_text())["scoring"]
+    assert scoring["scorer"] == "examples.mean_cosine_scorer:MeanCosine"
+    assert scoring["scorer_options"] == {"scale": 2.0}
+    assert scoring["scorer_source_sha256"] == sha256_file(REPO / "examples" / "mean_cosine_scorer.py")
+
+
+def test_rerank_and_evaluate_score_with_the_trained_scorer_and_refuse_another(trained, mined, capsys):
+    stage1 = mined["work"] / "stage1_val.json"
+    common = [
+        "experiment=demo/qff_per_layer",
+        f"qff.checkpoint={trained / 'qff'}",
+        f"retrieval.results={stage1}",
+        "data.max_questions=4",
+        *mined["overrides"],
+    ]
+    clear_run_env()
+    assert main(["rerank", "run_id=plugin-rerank", "split=val", *common, *SCORER]) == 0
+    reranked = mined["work"] / "runs" / "plugin-rerank" / "reranked_val.json"
+    made = json.loads(reranked.with_name("reranked_val.meta.json").read_text())["produced_by"]
+    assert made["qff.scorer"]["scorer"] == "examples.mean_cosine_scorer:MeanCosine"
+    # the scale doubles the cosine: every QFF score of the file is at most 2 and some exceed 1
+    qff = [s for q in json.loads(reranked.read_text()).values() for s in q["qff_scores"]]
+    assert max(qff) <= 2.0 + 1e-6 and max(qff) > 1.0
+
+    clear_run_env()
+    evaluate = ["evaluate", "run_id=plugin-eval", "eval.split=val", "eval.stop_after=filter", *common, *SCORER]
+    assert main(evaluate) == 0
+    card = json.loads((mined["work"] / "runs" / "plugin-eval" / "scores.json").read_text())["protocol"]["filter"]
+    assert card["scorer"] == "examples.mean_cosine_scorer:MeanCosine" and card["scorer_options"] == {"scale": 2.0}
+    assert card["runtime_settings"]["attention"] == "sdpa"
+
+    # the shipped scorer, or another scale, against these weights: refused, naming the key and both values
+    for extra, message in (
+        ([], "qff.scorer: trained with 'examples.mean_cosine_scorer:MeanCosine', this config has 'late_interaction'"),
+        ([SCORER[0], "qff.scorer_options.scale=3"], "qff.scorer_options.scale: trained with 2.0, this config has 3.0"),
+    ):
+        clear_run_env()
+        capsys.readouterr()
+        assert main(["rerank", "run_id=plugin-refused", "split=val", *common, *extra]) == 2
+        assert message in capsys.readouterr().err
+
+
+FOCUS = "qff.focus=examples.question_keys_focus:QuestionKeys"
+
+
+def test_a_focus_block_outside_the_package_trains_reranks_and_is_recorded(mined, capsys):
+    """examples/question_keys_focus.py: its gates are its only new parameters (no weight decay), it trains, the
+    exported QFF names it with its source hash, rerank and evaluate rebuild it, and a built-in focus is refused."""
+    clear_run_env()
+    argv = ["train", "experiment=demo/qff_per_layer", "run_id=plugin-focus", *mined["overrides"], *QUIET, FOCUS]
+    argv += ["trainer.max_steps=2", "trainer.limit_val_batches=0", "checkpoint.monitor=null", "qff.gate_init=0.3"]
+    assert main(argv) == 0
+    run = mined["work"] / "runs" / "plugin-focus"
+    saved = json.loads((run / "qff" / "qff_config.json").read_text())
+    assert saved["focus"] == "examples.question_keys_focus:QuestionKeys"
+    assert saved["focus_source_sha256"] == sha256_file(REPO / "examples" / "question_keys_focus.py")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_step"] == 2 and "train/gate" in summary
+
+    stage1 = mined["work"] / "stage1_val.json"
+    common = [
+        "experiment=demo/qff_per_layer",
+        f"qff.checkpoint={run / 'qff'}",
+        f"retrieval.results={stage1}",
+        "data.max_questions=4",
+        *mined["overrides"],
+    ]
+    clear_run_env()
+    assert main(["rerank", "run_id=plugin-focus-rerank", "split=val", *common, FOCUS]) == 0
+    made = json.loads((mined["work"] / "runs" / "plugin-focus-rerank" / "reranked_val.meta.json").read_text())[
+        "produced_by"
+    ]
+    assert made["qff.focus"] == "examples.question_keys_focus:QuestionKeys"
+    clear_run_env()
+    evaluate = ["evaluate", "run_id=plugin-focus-eval", "eval.split=val", "eval.stop_after=filter", *common, FOCUS]
+    assert main(evaluate) == 0
+    card = json.loads((mined["work"] / "runs" / "plugin-focus-eval" / "scores.json").read_text())["protocol"]
+    assert card["filter"]["focus"] == "examples.question_keys_focus:QuestionKeys"
+    clear_run_env()
+    capsys.readouterr()
+    assert main(["rerank", "run_id=plugin-focus-refused", "split=val", *common, "qff.focus=per_layer"]) == 2
+    assert "qff.focus='per_layer', but the loaded QFF model was built with focus=" in capsys.readouterr().err
