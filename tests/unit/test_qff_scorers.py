@@ -41,11 +41,14 @@ def test_the_default_config_selects_the_late_interaction_of_the_paper():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["qff.scorer=mean_cosine"], r"qff.scorer='mean_cosine' is not a registered scorer \(late_interaction\)"),
-        (["qff.scorer=no_such_lab.scorers:X"], r"module 'no_such_lab.scorers' cannot be imported.*late_interaction"),
-        (["qff.scorer=examples.mean_cosine_scorer:Missing"], r"no SectionScorer subclass 'Missing'.*late_interaction"),
-        (["qff.scorer_options.bogus=1"], r"unknown option\(s\) \['bogus'\] for scorer late_interaction"),
-        ([f"qff.scorer={PLUGIN}", "qff.scorer_options.scale=500"], r"qff.scorer_options.scale=500.0 is out of range"),
+        (["qff.scorer=mean_cosine"], r"qff.scorer 'mean_cosine' is not one of late_interaction"),
+        (
+            ["qff.scorer=no_such_lab.scorers:X"],
+            r"module 'no_such_lab.scorers' does not import.*registered: late_interaction",
+        ),
+        (["qff.scorer=examples.mean_cosine_scorer:Missing"], r"has no 'Missing'; registered: late_interaction"),
+        (["qff.scorer_options.bogus=1"], r"qff.scorer_options: unknown key\(s\) \['bogus'\] for kind late_interaction"),
+        ([f"qff.scorer={PLUGIN}", "qff.scorer_options.scale=500"], r"qff.scorer_options.scale=500 is out of range"),
         ([f"qff.scorer={PLUGIN}", "qff.scorer_options.scale=big"], r"qff.scorer_options.scale='big' must be a number"),
         (["qff.scorer_options.question_norm=across_tokens"], r"but qff.question_norm='per_token': set one of them"),
         (
@@ -87,8 +90,11 @@ def test_options_are_typed_and_bounded():
     ("focus", "message"),
     [
         ("per_layers", r"qff.focus='per_layers' is not one of per_layer, input, none"),
-        ("no_such_lab.focus:X", r"module 'no_such_lab.focus' cannot be imported.*per_layer, input, none"),
-        ("examples.mean_cosine_scorer:MeanCosine", r"no QFFModel subclass 'MeanCosine' with FOCUS_BASE"),
+        ("no_such_lab.focus:X", r"module 'no_such_lab.focus' does not import.*registered: input, none, per_layer"),
+        (
+            "examples.mean_cosine_scorer:MeanCosine",
+            r"'examples.mean_cosine_scorer:MeanCosine' is not a subclass of qkvqa.qff.model.QFFModel",
+        ),
     ],
 )
 def test_a_focus_that_is_no_mode_nor_a_focus_class_is_refused_when_the_config_is_composed(focus, message):

@@ -88,20 +88,24 @@ class Option:
     runtime: bool = False  # changes no learned weights (a QFF option that may differ from training's)
 
     def check(self, key: str, value: Any) -> Any:
-        """`value`, or ConfigError naming `key` when it has the wrong type or lies outside the bounds or choices."""
+        """`value` (a number as this option's type: 4.0 for an int is 4), or ConfigError naming `key` when it has the
+        wrong type or lies outside the bounds or choices."""
         if value is None and self.default is None:
             return value
-        types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if float in types:
-            types = (*types, int)
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            names = " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"{key}={value!r}: expected {names}")
+        types, raw = (self.type if isinstance(self.type, tuple) else (self.type,)), value
+        if types in ((int,), (float,)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{key}={value!r} must be a number ({types[0].__name__})")
+            if types[0] is int and float(value) != int(value):
+                raise ConfigError(f"{key}={value!r} must be a whole number")
+            value = types[0](value)
+        elif (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ConfigError(f"{key}={value!r}: expected {' or '.join(t.__name__ for t in types)}")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, self.choices))}")
+            raise ConfigError(f"{key}={raw!r} is not one of {', '.join(map(str, self.choices))}")
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
             span = f"at least {self.low}" if self.high is None else f"in [{self.low}, {self.high}]"
-            raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
+            raise ConfigError(f"{key}={raw!r} is out of range: it must be {span}")
         return value
 
 
@@ -116,6 +120,5 @@ def check_options(where: str, declared: Mapping[str, Option], given: Mapping[str
         nearest = f" (nearest valid: {near})" if any(near.values()) else ""
         whose = f" for kind {kind}" if kind else ""
         raise ConfigError(f"{where}: unknown key(s) {unknown}{whose}{nearest}; valid: {sorted(declared)}")
-    for key, value in given.items():
-        declared[key].check(f"{where}.{key}", value)
-    return {**{k: o.default for k, o in declared.items()}, **given}
+    checked = {key: declared[key].check(f"{where}.{key}", value) for key, value in given.items()}
+    return {**{k: o.default for k, o in declared.items()}, **checked}

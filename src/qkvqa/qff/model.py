@@ -591,40 +591,22 @@ def focus_name(cls: type) -> str:
 
 def focus_source(cls: type) -> dict:
     """For a focus class outside qkvqa: the sha256 of its source file (`focus_source_sha256`); {} otherwise."""
-    if cls.__module__.split(".")[0] == "qkvqa" or cls.FOCUS_BASE is None:
-        return {}
-    import inspect
+    from qkvqa.components.plugins import plugin_record
 
-    from qkvqa.utils.io import sha256_file
-
-    path = inspect.getsourcefile(cls)
-    return {"focus_source_sha256": sha256_file(Path(path)) if path else None}
+    record = plugin_record(cls)
+    return {"focus_source_sha256": record["source_sha256"]} if record else {}
 
 
 def resolve_focus(focus: str) -> type[QFFModel]:
     """The model class `qff.focus` names: QFFModel for a built-in mode (FOCUS_MODES), else the QFFModel subclass at
     `module.path:ClassName` with a FOCUS_BASE; anything else is a ConfigError naming the built-in modes."""
-    import importlib
+    from qkvqa.components.plugins import register_plugin, resolve_plugin
 
-    if focus in FOCUS_MODES:
-        return QFFModel
-    modes = ", ".join(FOCUS_MODES)
-    if not isinstance(focus, str) or ":" not in focus:
-        raise ConfigError(f"qff.focus={focus!r} is not one of {modes} nor an import path module.path:ClassName")
-    module_name, _, attr = focus.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
+    for mode in FOCUS_MODES:
+        register_plugin("qff.focus", mode, QFFModel)
+    cls = resolve_plugin("qff.focus", focus, QFFModel)
+    if cls is not QFFModel and cls.FOCUS_BASE != "per_layer":
         raise ConfigError(
-            f"qff.focus={focus!r}: module {module_name!r} cannot be imported ({e}); put its folder on PYTHONPATH, or "
-            f"use a built-in focus ({modes})"
-        ) from None
-    cls = module
-    for part in attr.split("."):
-        cls = getattr(cls, part, None)
-    if not (isinstance(cls, type) and issubclass(cls, QFFModel) and cls.FOCUS_BASE == "per_layer"):
-        raise ConfigError(
-            f"qff.focus={focus!r}: {module_name} has no QFFModel subclass {attr!r} with FOCUS_BASE = 'per_layer' "
-            f"(docs/extending.md); built-in focus modes: {modes}"
+            f"qff.focus {focus!r}: {cls.__qualname__} must set FOCUS_BASE = 'per_layer' (docs/extending.md)"
         )
     return cls

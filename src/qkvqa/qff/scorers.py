@@ -11,50 +11,16 @@ composed. `record()` is what the trained weights, the rerank sidecar and the car
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Mapping
 
+from qkvqa.components.plugins import Option, check_options, plugin_record, register_plugin, resolve_plugin
 from qkvqa.config.schema import QUESTION_NORMS  # declared with the config
 from qkvqa.errors import ConfigError
 
+__all__ = ["Option", "SectionScorer", "LateInteraction", "register_scorer", "scorer_from_qff", "scorer_spec"]
+POINT = "qff.scorer"
+
 SCORE_DIRECTIONS = ("question_to_section", "section_to_question")
-
-
-@dataclass(frozen=True)
-class Option:
-    """One declared scorer option: its type, default, and the allowed values (`choices`) or inclusive bounds."""
-
-    type: type
-    default: Any
-    choices: Optional[Sequence[Any]] = None
-    low: Optional[float] = None
-    high: Optional[float] = None
-    doc: str = ""
-    # changes inference's scores only, not what training learns (the loss ignores it): a trained QFF may be used with
-    # another value (named on the card); every other option must equal the trained QFF's
-    runtime: bool = False
-
-    def check(self, key: str, value: Any) -> Any:
-        """`value` as this option's type, or ConfigError naming `key` and what is allowed."""
-        if self.type is bool:
-            if not isinstance(value, bool):
-                raise ConfigError(f"{key}={value!r} must be true or false")
-        elif self.type in (int, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{key}={value!r} must be a number ({self.type.__name__})")
-            if self.type is int and float(value) != int(value):
-                raise ConfigError(f"{key}={value!r} must be a whole number")
-            value = self.type(value)
-        elif not isinstance(value, self.type):
-            raise ConfigError(f"{key}={value!r} must be a {self.type.__name__}")
-        if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, self.choices))}")
-        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-            raise ConfigError(f"{key}={value!r} is out of range: it must be in [{self.low}, {self.high}]")
-        return value
 
 
 class SectionScorer:
@@ -69,7 +35,7 @@ class SectionScorer:
     QFF_KEYS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **options: Any):
-        self.options = check_options(type(self), options, where=f"scorer {scorer_name(type(self))}")
+        self.options = check_options("qff.scorer_options", self.OPTIONS, options, scorer_name(type(self)))
 
     def score(self, question_tokens, section_tokens, training: bool = False):
         """`[..., A, D]` question tokens against `[..., B, D]` section tokens -> `[...]` scores."""
@@ -77,7 +43,11 @@ class SectionScorer:
 
     def record(self) -> dict:
         """What the trained QFF, the rerank results and the card record of this scorer (compared on load)."""
-        return {"scorer": scorer_name(type(self)), "scorer_options": dict(sorted(self.options.items())), **source(self)}
+        return {
+            "scorer": scorer_name(type(self)),
+            "scorer_options": dict(sorted(self.options.items())),
+            **source(type(self)),
+        }
 
 
 class LateInteraction(SectionScorer):
@@ -100,7 +70,7 @@ class LateInteraction(SectionScorer):
         return late_interaction(question_tokens, section_tokens, self.options["score_direction"], norm)
 
 
-SCORERS: dict[str, type[SectionScorer]] = {"late_interaction": LateInteraction}
+SCORERS: dict[str, type[SectionScorer]] = {}
 DEFAULT_SCORER = "late_interaction"
 
 
@@ -110,10 +80,14 @@ def register_scorer(name: str):
     def wrap(cls: type[SectionScorer]) -> type[SectionScorer]:
         if not (isinstance(cls, type) and issubclass(cls, SectionScorer)):
             raise TypeError(f"register_scorer({name!r}): {cls!r} is not a SectionScorer subclass")
+        register_plugin(POINT, name, cls)
         SCORERS[name] = cls
         return cls
 
     return wrap
+
+
+register_scorer(DEFAULT_SCORER)(LateInteraction)
 
 
 def scorer_name(cls: type) -> str:
@@ -124,15 +98,10 @@ def scorer_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def source(scorer: SectionScorer) -> dict:
+def source(cls: type) -> dict:
     """For a plugin scorer (not shipped in qkvqa): its source file's sha256 (`scorer_source_sha256`); {} otherwise."""
-    cls = type(scorer)
-    if cls.__module__.split(".")[0] == "qkvqa":
-        return {}
-    from qkvqa.utils.io import sha256_file
-
-    path = inspect.getsourcefile(cls)
-    return {"scorer_source_sha256": sha256_file(Path(path)) if path else None}
+    record = plugin_record(cls)
+    return {"scorer_source_sha256": record["source_sha256"]} if record else {}
 
 
 def runtime_options(cls: type[SectionScorer]) -> list[str]:
@@ -142,46 +111,7 @@ def runtime_options(cls: type[SectionScorer]) -> list[str]:
 
 def resolve_scorer(name: str) -> type[SectionScorer]:
     """The SectionScorer class `qff.scorer` names: a registered name or `module.path:ClassName`; else ConfigError."""
-    registered = ", ".join(sorted(SCORERS))
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"qff.scorer={name!r}: name a registered scorer ({registered}) or module.path:ClassName")
-    if name in SCORERS:
-        return SCORERS[name]
-    if ":" not in name:
-        raise ConfigError(
-            f"qff.scorer={name!r} is not a registered scorer ({registered}) nor an import path module.path:ClassName"
-        )
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(
-            f"qff.scorer={name!r}: module {module_name!r} cannot be imported ({e}); put its folder on PYTHONPATH, or "
-            f"use a registered scorer ({registered})"
-        ) from None
-    cls = module
-    for part in attr.split("."):
-        cls = getattr(cls, part, None)
-    if not (isinstance(cls, type) and issubclass(cls, SectionScorer)):
-        raise ConfigError(
-            f"qff.scorer={name!r}: {module_name} has no SectionScorer subclass {attr!r} (subclass "
-            f"qkvqa.qff.scorers.SectionScorer); registered scorers: {registered}"
-        )
-    return cls
-
-
-def check_options(cls: type[SectionScorer], options: Mapping[str, Any], where: str = "qff.scorer_options") -> dict:
-    """`options` checked against `cls.OPTIONS` and completed with the defaults; an unknown one is a ConfigError."""
-    unknown = sorted(set(options) - set(cls.OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown option(s) {unknown} for scorer {scorer_name(cls)}; it declares "
-            f"{sorted(cls.OPTIONS) or 'none'}"
-        )
-    return {
-        key: opt.check(f"qff.scorer_options.{key}", options[key]) if key in options else opt.default
-        for key, opt in cls.OPTIONS.items()
-    }
+    return resolve_plugin(POINT, name, SectionScorer)
 
 
 def _get(qff: Any, key: str, default: Any = None) -> Any:
@@ -211,7 +141,7 @@ def scorer_spec(qff: Any) -> tuple[type[SectionScorer], dict]:
                     f"qff.scorer_options.{option}={given[option]!r} but qff.{key}={value!r}: set one of them"
                 )
             given[option] = value
-    return cls, check_options(cls, given)
+    return cls, check_options("qff.scorer_options", cls.OPTIONS, given, scorer_name(cls))
 
 
 def scorer_from_qff(qff: Any) -> SectionScorer:
