@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from qkvqa.cda.reranker import ChunkScorerKind, Reranker
 from qkvqa.components.plugins import Option
 from qkvqa.generation.backends import GeneratorKind
 from qkvqa.metrics.judge import JudgeKind
+from qkvqa.pipeline.filters import FilterKind, Ranking, RetrievalOrderFilter
 
 
 class NoChatGenerator(GeneratorKind):
@@ -66,3 +69,23 @@ class SharedWordJudgeKind(JudgeKind):
 
 class NotAKind:
     """A class that extends nothing."""
+
+
+class ReversedOrder(RetrievalOrderFilter):
+    """Stage 1's articles, worst first (the negated similarity as their score): a deliberately bad filter."""
+
+    def rank(self, data_id, question, image, retrieved):
+        ranking = super().rank(data_id, question, image, retrieved)
+        return Ranking([replace(a, score=-a.score) for a in reversed(ranking.articles)], ranking.missing_urls)
+
+
+class ReversedKind(FilterKind):
+    """A filter kind by import path (`eval.filter: tests.helpers.plugin_kinds:ReversedKind`)."""
+
+    def build(self, cfg, benchmark):
+        order = ReversedOrder(benchmark.kb_store())
+        order.name = self.name  # the traces name the filter as the config does
+        return order
+
+    def card(self, cfg, produced_by=None):
+        return {"kind": self.name, "order": "stage 1 reversed"}

@@ -1,52 +1,27 @@
-"""Issue 36 item 2: a filter kind is one class in `qkvqa.pipeline.filters` plus its name in the schema. This test
-adds one (stage 1's order reversed, a deliberately bad filter) in exactly those two places and runs an evaluation
-with it: the pipeline builds it, the card and the report name it, the traces carry its ranking."""
+"""A filter kind is one class (issues 36 and 45): this test names one in a user's own code by its import path
+(`tests.helpers.plugin_kinds:ReversedKind`, stage 1's order reversed, a deliberately bad filter), with no edit to
+qkvqa, and runs an evaluation with it: the pipeline builds it, the card names it with its source's sha256, the
+report names it, the traces carry its ranking."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
 from qkvqa.cli.main import main
 from qkvqa.config import schema
 from qkvqa.pipeline import filters
-from qkvqa.pipeline.filters import FILTER_KINDS, FilterKind, Ranking, RetrievalOrderFilter, register_filter_kind
+from qkvqa.pipeline.filters import FILTER_KINDS, FilterKind, register_filter_kind
 from qkvqa.run.rundir import clear_run_env
 
 pytestmark = pytest.mark.slow
 
 
-class ReversedOrder(RetrievalOrderFilter):
-    """Stage 1's articles, worst first (the negated similarity as their score)."""
-
-    name = "reversed"
-
-    def rank(self, data_id, question, image, retrieved):
-        ranking = super().rank(data_id, question, image, retrieved)
-        return Ranking([replace(a, score=-a.score) for a in reversed(ranking.articles)], ranking.missing_urls)
+REVERSED = "tests.helpers.plugin_kinds:ReversedKind"
 
 
-@pytest.fixture
-def reversed_kind(monkeypatch):
-    monkeypatch.setitem(schema.CHOICES, "eval.filter", (*schema.EVAL_FILTERS, "reversed"))  # its schema name
-
-    @register_filter_kind  # its one class
-    class ReversedKind(FilterKind):
-        name = "reversed"
-
-        def build(self, cfg, benchmark):
-            return ReversedOrder(benchmark.kb_store())
-
-        def card(self, cfg, produced_by=None):
-            return {"kind": self.name, "order": "stage 1 reversed"}
-
-    yield
-    FILTER_KINDS.pop("reversed", None)
-
-
-def test_a_kind_registered_in_one_class_runs_an_evaluation(eval_env, monkeypatch, reversed_kind):
+def test_a_kind_named_by_import_path_runs_an_evaluation(eval_env, monkeypatch):
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
     clear_run_env()
     assert (
@@ -56,7 +31,7 @@ def test_a_kind_registered_in_one_class_runs_an_evaluation(eval_env, monkeypatch
                 "experiment=world_eval",
                 "run_id=reversed",
                 "eval.judge=em_only",
-                "eval.filter=reversed",
+                f"eval.filter={REVERSED}",
                 "data.max_questions=6",
             ]
         )
@@ -64,18 +39,20 @@ def test_a_kind_registered_in_one_class_runs_an_evaluation(eval_env, monkeypatch
     )
     run_dir = eval_env["runs"] / "reversed"
     scores = json.loads((run_dir / "scores.json").read_text())
-    assert scores["protocol"]["filter"] == {"kind": "reversed", "order": "stage 1 reversed"}
+    card = scores["protocol"]["filter"]
+    assert {k: card[k] for k in ("kind", "order")} == {"kind": REVERSED, "order": "stage 1 reversed"}
+    assert card["plugin"]["import_path"] == REVERSED and len(card["plugin"]["source_sha256"]) == 64
     assert "qformer" not in scores["protocol"]["models"]  # it loads no QFF
     traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
     reordered = 0
     for trace in traces:
         stage1 = [a["url"] for a in trace["stage1"]]
         assert [a["url"] for a in trace["filter"]["articles"]] == stage1[::-1]
-        assert trace["filter"]["name"] == "reversed" and trace["filter"]["alpha"] is None
+        assert trace["filter"]["name"] == REVERSED and trace["filter"]["alpha"] is None
         reordered += len(stage1) > 1
     assert reordered >= 3  # questions with a stage-1 ranking (the others' images are missing)
     report = (run_dir / "report.md").read_text()
-    assert "after reversed" in report and "kind reversed" in report
+    assert f"after {REVERSED}" in report and f"kind {REVERSED}" in report
 
 
 def test_every_schema_filter_has_its_kind_and_an_unknown_one_is_named():
@@ -84,6 +61,8 @@ def test_every_schema_filter_has_its_kind_and_an_unknown_one_is_named():
 
     with pytest.raises(ConfigError, match="eval.filter must be one of retrieval, qff, precomputed, got 'nope'"):
         filters.filter_kind("nope")
+    with pytest.raises(ConfigError, match="eval.filter 'tests.helpers.plugin_kinds:WordOverlapKind' is not a subclass"):
+        filters.filter_kind("tests.helpers.plugin_kinds:WordOverlapKind")
 
 
 @pytest.fixture

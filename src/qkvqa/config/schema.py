@@ -341,6 +341,7 @@ TOP1_SECTION_BY = ("qff", "bge", "fused")
 QUESTION_NORMS = ("per_token", "across_tokens")  # qff.question_norm (qkvqa.qff.scoring.late_interaction)
 THETA_ON = ("fused", "qff", "softmax")  # cda.theta_on (qkvqa.cda.select.theta_scores)
 CHUNK_LENGTH_COUNTS = ("body", "with_header")  # cda.chunk_length_counts (qkvqa.cda.chunker.Chunker)
+SCORE_DIRECTIONS = ("question_to_section", "section_to_question")  # late interaction: max over which side
 EVAL_FILTERS = ("qff", "retrieval", "precomputed")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # qkvqa.qff.attention
 # components.qformer.init: the fixed values (qkvqa.qff.pretrain_here) and `bert:<hub id or directory>`, a Q-Former
@@ -370,7 +371,7 @@ CHOICES = {
         f"components.{name}.init": ("checkpoint",)
         for name in ("image_encoder", "text_encoder", "reranker", "generator", "judge", "splitter")
     },
-    "qff.score_direction": ("question_to_section", "section_to_question"),
+    "qff.score_direction": SCORE_DIRECTIONS,
     "qff.question_norm": QUESTION_NORMS,
     "cda.mode": CDA_MODES,
     "cda.top1_section_by": TOP1_SECTION_BY,
@@ -475,8 +476,8 @@ def check_values(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if key == "components.qformer.init" and isinstance(value, str) and value.startswith(QFORMER_BERT_INIT):
             continue  # check_qformer_init
-        if key == "qff.focus" and isinstance(value, str) and ":" in value:
-            continue  # a focus class by import path: check_qff_plugins
+        if key in ("qff.focus", "eval.filter") and isinstance(value, str) and ":" in value:
+            continue  # a class by import path: check_plugins
         if value is not None and value not in allowed:
             aliases = (
                 " (read as a split: validation, valid, dev = val; testing = test; training = train)"
@@ -501,25 +502,30 @@ def check_values(cfg: Any) -> None:
             span = f"at least {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {span}")
     check_component_roles(cfg)
-    check_qff_plugins(cfg)
+    check_plugins(cfg)
 
 
-def check_qff_plugins(cfg: Any) -> None:
-    """Refuse an unknown `qff.scorer` (naming the registered ones), a bad or unknown `qff.scorer_options` entry, or a
-    `qff.focus` import path that names no focus class (docs/extending.md)."""
+# The config sections whose extension points resolve a class when the config is composed: section -> the function
+# ("module:function", a layer above this one, imported by name when the section is set) that refuses an unknown
+# name, an import path that does not import or a bad option, naming what is registered (docs/extending.md).
+PLUGIN_CHECKS = {
+    "qff": "qkvqa.qff.scorers:check_qff_plugins",  # qff.scorer, qff.scorer_options, qff.focus by import path
+    "eval.filter": "qkvqa.pipeline.filters:filter_kind",  # eval.filter by import path (the shipped ones: CHOICES)
+}
+
+
+def check_plugins(cfg: Any) -> None:
+    """Run each set section's extension-point check (PLUGIN_CHECKS); `eval.filter` only when it is an import path."""
+    import importlib
+
     from omegaconf import OmegaConf
 
-    qff = OmegaConf.select(cfg, "qff")
-    if qff is None:
-        return
-    from qkvqa.qff.scorers import scorer_spec
-
-    scorer_spec(qff)
-    focus = qff.get("focus")
-    if isinstance(focus, str) and ":" in focus:
-        from qkvqa.qff.model import resolve_focus
-
-        resolve_focus(focus)
+    for section, check in PLUGIN_CHECKS.items():
+        value = OmegaConf.select(cfg, section)
+        if value is None or (section == "eval.filter" and ":" not in str(value)):
+            continue
+        module, _, function = check.partition(":")
+        getattr(importlib.import_module(module), function)(value)
 
 
 # The shipped component kinds of each role (slot) of `components:`. A kind of one role in another's slot

@@ -208,6 +208,7 @@ class FilterKind:
     # the config keys (a trailing "." for a prefix) that only this kind reads in an evaluation: `qkvqa compare` shows
     # them for its runs and leaves them empty for the others' (`reads_filter_key`)
     config_keys: tuple[str, ...] = ()
+    plugin: Optional[dict] = None  # a kind from the user's own code: its import path and source sha256 (the card)
 
     def build(self, cfg: Any, benchmark: Any) -> ArticleFilter:
         """The filter of this run."""
@@ -240,6 +241,7 @@ class FilterKind:
 
 
 FILTER_KINDS: dict[str, FilterKind] = {}
+_PLUGIN_KINDS: dict[str, FilterKind] = {}  # kinds named by import path, one instance each
 
 
 def reads_filter_key(name: Optional[str], key: str) -> Optional[bool]:
@@ -247,24 +249,36 @@ def reads_filter_key(name: Optional[str], key: str) -> Optional[bool]:
     (`FilterKind.config_keys`); None when `key` is no kind's own (it applies, or not, by other rules)."""
     if not any(kind.reads_key(key) for kind in FILTER_KINDS.values()):
         return None
-    kind = FILTER_KINDS.get(name or "")
+    kind = FILTER_KINDS.get(name or "") or _PLUGIN_KINDS.get(name or "")
     return kind is not None and kind.reads_key(key)
 
 
 def register_filter_kind(cls: type) -> type:
     """Class decorator: make `cls().name` an `eval.filter` kind."""
+    from qkvqa.components.plugins import register_plugin
+
     kind = cls()
+    register_plugin("eval.filter", kind.name, cls)
     FILTER_KINDS[kind.name] = kind
     return cls
 
 
 def filter_kind(name: str) -> FilterKind:
-    """The kind named by `eval.filter`; a ConfigError listing the kinds for another name."""
-    kind = FILTER_KINDS.get(name)
-    if kind is None:
+    """The kind named by `eval.filter`: a registered name, or the import path `module:Class` of a FilterKind subclass
+    in the user's own code (its `name` is then that path); a ConfigError naming the registered kinds otherwise."""
+    from qkvqa.components.plugins import is_import_path, plugin_record, resolve_plugin
+
+    kind = FILTER_KINDS.get(name) or _PLUGIN_KINDS.get(name)
+    if kind is not None:
+        return kind
+    if not is_import_path(name):
         from qkvqa.errors import ConfigError
 
         raise ConfigError(f"eval.filter must be one of {', '.join(FILTER_KINDS)}, got {name!r}")
+    cls = resolve_plugin("eval.filter", name, FilterKind)
+    kind = cls()
+    kind.name, kind.plugin = name, plugin_record(cls)
+    _PLUGIN_KINDS[name] = kind
     return kind
 
 

@@ -373,7 +373,8 @@ def filter_card(cfg: Any, produced_by: Optional[dict] = None) -> dict:
     the config's focus and alpha; for precomputed results what produced them (their `qkvqa rerank` sidecar, alpha
     None when the file does not say); the retrieval order has no alpha. `produced_by`: the sidecar as the
     evaluation read it before it started (else it is read here)."""
-    return filter_kind(cfg.eval.filter).card(cfg, produced_by)
+    kind = filter_kind(cfg.eval.filter)
+    return {**kind.card(cfg, produced_by), **({"plugin": kind.plugin} if kind.plugin else {})}
 
 
 def protocol_card(cfg: Any, scores: dict, kb: Any, produced_by: Optional[dict] = None) -> dict:

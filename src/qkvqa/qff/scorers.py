@@ -14,13 +14,11 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping
 
 from qkvqa.components.plugins import Option, check_options, plugin_record, register_plugin, resolve_plugin
-from qkvqa.config.schema import QUESTION_NORMS  # declared with the config
+from qkvqa.config.schema import QUESTION_NORMS, SCORE_DIRECTIONS  # declared with the config
 from qkvqa.errors import ConfigError
 
 __all__ = ["Option", "SectionScorer", "LateInteraction", "register_scorer", "scorer_from_qff", "scorer_spec"]
 POINT = "qff.scorer"
-
-SCORE_DIRECTIONS = ("question_to_section", "section_to_question")
 
 
 class SectionScorer:
@@ -148,3 +146,14 @@ def scorer_from_qff(qff: Any) -> SectionScorer:
     """The one SectionScorer instance training, rerank and evaluate score with (the `qff:` section's)."""
     cls, options = scorer_spec(qff)
     return cls(**options)
+
+
+def check_qff_plugins(qff: Any) -> None:
+    """Refuse, when the config is composed, an unknown `qff.scorer`, a bad `qff.scorer_options` entry, or a
+    `qff.focus` import path that names no focus class (`qkvqa.config.schema.PLUGIN_CHECKS`)."""
+    scorer_spec(qff)
+    focus = _get(qff, "focus")
+    if isinstance(focus, str) and ":" in focus:
+        from qkvqa.qff.model import resolve_focus
+
+        resolve_focus(focus)

@@ -8,9 +8,8 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from qkvqa.config.schema import QUESTION_NORMS  # declared with the config
+from qkvqa.config.schema import QUESTION_NORMS, SCORE_DIRECTIONS  # declared with the config
 from qkvqa.errors import ConfigError
-from qkvqa.qff.scorers import SCORE_DIRECTIONS
 
 
 def late_interaction(
