@@ -418,14 +418,14 @@ class QFFModel(nn.Module):
         """Q-Former layer i with the question-focused block between self-attention and image cross-attention
         (`rows_only`: the query rows only, see `_run`)."""
         layer = self.base.qformer.encoder.layer[i]
-        attended = self._attend(layer.attention, x, mask, rows=query_length if rows_only and query_length else None)
+        attended = self.attend_block(layer.attention, x, mask, rows=query_length if rows_only and query_length else None)
         if query_length == 0:
             return layer.feed_forward_chunk(attended)
         h = attended[:, :query_length]
         if question_states is not None:
             h = self.focus_block(i, h, question_states)
         if layer.has_cross_attention and image_states is not None:
-            h = self._attend(layer.crossattention, h, encoder=image_states)
+            h = self.attend_block(layer.crossattention, h, encoder=image_states)
         out = layer.feed_forward_chunk_query(h)
         if attended.shape[1] > query_length:
             out = torch.cat([out, layer.feed_forward_chunk(attended[:, query_length:])], dim=1)
@@ -439,20 +439,9 @@ class QFFModel(nn.Module):
         encoder: Optional[torch.Tensor] = None,
         rows: Optional[int] = None,
     ) -> torch.Tensor:
-        """One `Blip2QFormerAttention` block in this model's attention implementation (`qff.attention`): for a focus
-        block, so that its sdpa and eager paths are the same code."""
-        return self._attend(block, x, mask, encoder, rows)
-
-    def _attend(
-        self,
-        block: nn.Module,
-        x: torch.Tensor,
-        mask: Optional[torch.Tensor] = None,
-        encoder: Optional[torch.Tensor] = None,
-        rows: Optional[int] = None,
-    ) -> torch.Tensor:
         """One `Blip2QFormerAttention` block: self-attention (masked) or cross-attention to `encoder`, through the
-        HF module (eager) or `attend` (sdpa); `rows`: the first `rows` positions only."""
+        HF module (eager) or `attend` (sdpa); `rows`: the first `rows` positions only. A focus block calls it too, so
+        that its sdpa and eager paths are the same code."""
         if self._attention == "sdpa":
             return attend(block, x, mask, encoder, rows)
         out = (
