@@ -418,7 +418,9 @@ class QFFModel(nn.Module):
         """Q-Former layer i with the question-focused block between self-attention and image cross-attention
         (`rows_only`: the query rows only, see `_run`)."""
         layer = self.base.qformer.encoder.layer[i]
-        attended = self.attend_block(layer.attention, x, mask, rows=query_length if rows_only and query_length else None)
+        attended = self.attend_block(
+            layer.attention, x, mask, rows=query_length if rows_only and query_length else None
+        )
         if query_length == 0:
             return layer.feed_forward_chunk(attended)
         h = attended[:, :query_length]
