@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from qkvqa.demo.report import COLUMNS, markdown_table, multi_entity_r1, plot_recall, recall_curve
 
 
@@ -124,3 +128,20 @@ def test_the_goals_say_met_or_missed_and_by_how_much():
     assert "answer in context (full): 60.0, goal 50 met" in text
     assert "goal 25 **missed by 5.0 points**" in text
     assert "**no**: QFF none is 10.0 points at or above it" in text
+
+
+def test_exact_match_reads_each_traces_gold_answers(tmp_path):
+    from qkvqa.demo.report import exact_match_accuracy
+
+    traces = [
+        {"data_id": "q1", "prediction": "Near threatened.", "gold": {"answers": ["Near Threatened"]}},
+        {"data_id": "q2", "prediction": "The answer is: Madagascar.", "gold": {"answers": ["Madagascar"]}},
+        {"data_id": "q4", "prediction": "It is native to Madagascar.", "gold": {"answers": ["Madagascar"]}},
+        {"data_id": "q3", "prediction": "", "gold": {"answers": [""]}},
+        {"data_id": "other", "prediction": "x", "gold": {"answers": ["x"]}},
+    ]
+    (tmp_path / "traces.jsonl").write_text("\n".join(json.dumps(t) for t in traces), encoding="utf-8")
+    gold = {"q1": set(), "q2": set(), "q3": set(), "q4": set()}
+    # the official normalisation drops case, punctuation and "the answer is"; an empty answer or a sentence misses
+    assert exact_match_accuracy(tmp_path, gold) == pytest.approx(50.0)
+    assert exact_match_accuracy(tmp_path / "none", gold) is None

@@ -55,7 +55,8 @@ def exact_match_accuracy(run_dir: Path, gold: dict[str, set[str]]) -> Optional[f
             continue
         n += 1
         answer = preprocess_answer(str(trace.get("prediction") or ""))
-        hits += bool(answer) and any(answer == preprocess_answer(str(a)) for a in trace.get("answers") or [])
+        references = (trace.get("gold") or {}).get("answers") or []
+        hits += bool(answer) and any(answer == preprocess_answer(str(a)) for a in references)
     return 100.0 * hits / n if n else None
 
 
