@@ -21,6 +21,7 @@ def demo(tmp_path_factory):
     try:
         root = tmp_path_factory.mktemp("demo34")
         args = ["demo", "--dir", str(root / "work"), "--runs", str(root / "runs"), "--entities", "14", "--epochs", "1"]
+        args += ["--tiny-models", "--retriever-steps", "10"]
         assert main(args) == 0
         return root
     finally:
@@ -33,7 +34,7 @@ def _traces(run_dir):
 
 def test_the_demos_answers_come_from_its_contexts_and_the_report_says_so(demo):
     runs = demo / "runs"
-    a, b = _traces(runs / "demo-eval-1"), _traces(runs / "demo-eval-2")  # focus none, focus per_layer (+ CDA)
+    a, b = _traces(runs / "demo-eval-1"), _traces(runs / "demo-eval-2")  # QFF without focus, with focus
     answered = [t for t in a + b if t.get("context") and not t.get("skipped")]
     # every prediction is a span of its own context, never a heading: the reader read it
     assert answered and all(t["prediction"] in t["context"] and not t["prediction"].startswith("#") for t in answered)

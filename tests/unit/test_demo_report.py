@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from qkvqa.demo.report import COLUMNS, markdown_table, multi_entity_r1, plot_recall, recall_curve
 
 
@@ -108,3 +112,36 @@ def test_the_study_figures_the_demo_report_and_readme_cite_are_the_studys():
         f"section R@1 {controlled['mean']:.1f} points, 95 % interval {controlled['ci95_low']:.1f} to "
         f"{controlled['ci95_high']:+.1f}"
     ) in readme
+
+
+def test_the_goals_say_met_or_missed_and_by_how_much():
+    from qkvqa.demo.report import goal_lines
+
+    labels = ["stage 1", "QFF none", "QFF focus", "full", "top-1 section"]
+
+    def row(label, r20, in_context, accuracy):
+        return {"setting": label, "R@20": r20, "answer in context %": in_context, "accuracy E-VQA": accuracy}
+
+    rows = [row("stage 1", 80.0, 10.0, 5.0), row("QFF none", 80.0, 20.0, 30.0), row("full", 80.0, 60.0, 20.0)]
+    text = "\n".join(goal_lines(rows, labels))
+    assert "stage-1 R@20 (stage 1): 80.0, goal 90 **missed by 10.0 points**" in text
+    assert "answer in context (full): 60.0, goal 50 met" in text
+    assert "goal 25 **missed by 5.0 points**" in text
+    assert "**no**: QFF none is 10.0 points at or above it" in text
+
+
+def test_exact_match_reads_each_traces_gold_answers(tmp_path):
+    from qkvqa.demo.report import exact_match_accuracy
+
+    traces = [
+        {"data_id": "q1", "prediction": "Near threatened.", "gold": {"answers": ["Near Threatened"]}},
+        {"data_id": "q2", "prediction": "The answer is: Madagascar.", "gold": {"answers": ["Madagascar"]}},
+        {"data_id": "q4", "prediction": "It is native to Madagascar.", "gold": {"answers": ["Madagascar"]}},
+        {"data_id": "q3", "prediction": "", "gold": {"answers": [""]}},
+        {"data_id": "other", "prediction": "x", "gold": {"answers": ["x"]}},
+    ]
+    (tmp_path / "traces.jsonl").write_text("\n".join(json.dumps(t) for t in traces), encoding="utf-8")
+    gold = {"q1": set(), "q2": set(), "q3": set(), "q4": set()}
+    # the official normalisation drops case, punctuation and "the answer is"; an empty answer or a sentence misses
+    assert exact_match_accuracy(tmp_path, gold) == pytest.approx(50.0)
+    assert exact_match_accuracy(tmp_path / "none", gold) is None

@@ -11,7 +11,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the whole method on the synthetic world and print a comparison",
-        description="Generate the synthetic KB-VQA world, embed and index it, train the QFF with and without "
+        description="Generate the synthetic KB-VQA world, train the stage-1 image encoder on its train split, embed and "
+        "index it, train the QFF with and without "
         "question focus, evaluate retrieval only / QFF none / QFF per_layer / top-1 section against "
         "CDA, print the comparison and write report.md with plots into checkpoints/demo/. A second "
         "run reuses every finished stage.",
@@ -31,6 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="QFF training epochs (default: the demo experiments', 5); 1 is a quick look",
     )
+    parser.add_argument(
+        "--retriever-steps",
+        type=int,
+        default=None,
+        help="steps of the stage-1 image encoder's training (default: demo/evaluate's retrieval.pretrain.steps)",
+    )
+    parser.add_argument(
+        "--tiny-models",
+        action="store_true",
+        help="tiny random generator and chunk scorer (the extractive reader answers) instead of the wheels' SmolLM2 and "
+        "MiniLM: a quick look, and the tests",
+    )
     parser.set_defaults(func=_demo, opens_run=True)
 
 
@@ -45,5 +58,18 @@ def _demo(args: argparse.Namespace) -> int:
         from qkvqa.errors import ConfigError
 
         raise ConfigError(f"--epochs must be at least 1, got {args.epochs}")
-    Demo(args.dir.resolve(), args.runs.resolve(), args.entities, args.seed, epochs=args.epochs, run_command=main).run()
+    if args.retriever_steps is not None and args.retriever_steps < 1:
+        from qkvqa.errors import ConfigError
+
+        raise ConfigError(f"--retriever-steps must be at least 1, got {args.retriever_steps}")
+    Demo(
+        args.dir.resolve(),
+        args.runs.resolve(),
+        args.entities,
+        args.seed,
+        epochs=args.epochs,
+        retriever_steps=args.retriever_steps,
+        real_models=not args.tiny_models,
+        run_command=main,
+    ).run()
     return 0

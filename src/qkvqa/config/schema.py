@@ -52,6 +52,20 @@ class ComponentsConfig:
 
 
 @dataclass
+class RetrieverPretrainConfig:
+    """Contrastive training of the stage-1 image encoder here, on the train split (`qkvqa pretrain-retriever`)."""
+
+    steps: int = 600  # optimizer steps
+    batch_size: int = 64  # query images per step, each with one KB image of its gold article (in-batch negatives)
+    lr: float = 1.0e-3  # AdamW peak lr (linear warm-up over 5 %, then linear decay to 0)
+    temperature: float = 0.07  # InfoNCE temperature
+    seed: int = 0
+    # null: train the base encoder's own weights; N: first widen its towers to N (hidden and projection; new random
+    # weights from `seed`), as a tiny 16-d stand-in cannot hold the 2-3 entities of a multi-entity photo in one vector
+    width: Optional[int] = None
+
+
+@dataclass
 class RetrievalConfig:
     """Stage 1: image -> article retrieval with faiss (method.md section 1)."""
 
@@ -82,6 +96,7 @@ class RetrievalConfig:
     hnsw_ef_search: int = 128  # HNSW search depth (efSearch)
     image_search_factor: int = 4  # image_to_image: images searched per wanted article before dedup (grown when short)
     search_batch_size: int = 4096  # query vectors per faiss search call
+    pretrain: RetrieverPretrainConfig = field(default_factory=RetrieverPretrainConfig)
 
 
 @dataclass
@@ -414,6 +429,11 @@ BOUNDS = {
     "qff.vit_lru_size": (0, None),
     "qff.dropout": (0.0, 1.0),
     "qff.val_top_k": (1, None),
+    "retrieval.pretrain.steps": (1, None),
+    "retrieval.pretrain.batch_size": (2, None),
+    "retrieval.pretrain.lr": (0.0, None),
+    "retrieval.pretrain.temperature": (1e-6, None),
+    "retrieval.pretrain.width": (4, None),
     "qff.text_pretrain.steps": (1, None),
     "qff.text_pretrain.batch_size": (1, None),
     "qff.text_pretrain.lr": (0.0, None),

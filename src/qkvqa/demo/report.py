@@ -39,6 +39,27 @@ def multi_entity_r1(rows: Sequence[dict], gold: dict[str, set[str]], multi: set[
     )
 
 
+def exact_match_accuracy(run_dir: Path, gold: dict[str, set[str]]) -> Optional[float]:
+    """Plain exact match in percent over the questions in `gold`: the answer equals a reference answer after the official
+    E-VQA normalisation (`preprocess_answer`: lower case, no punctuation or articles), without the official scorer's
+    multi-answer overlap rule or BEM. From the run's traces.jsonl; None when it has none."""
+    from qkvqa.metrics.evqa import preprocess_answer
+
+    traces = run_dir / "traces.jsonl"
+    if not traces.exists():
+        return None
+    hits, n = 0, 0
+    for line in traces.read_text(encoding="utf-8").splitlines():
+        trace = json.loads(line)
+        if trace["data_id"] not in gold:
+            continue
+        n += 1
+        answer = preprocess_answer(str(trace.get("prediction") or ""))
+        references = (trace.get("gold") or {}).get("answers") or []
+        hits += bool(answer) and any(answer == preprocess_answer(str(a)) for a in references)
+    return 100.0 * hits / n if n else None
+
+
 def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi: set[str]) -> list[dict]:
     """One row per evaluated setting, from its scores.json and predictions."""
     out = []
@@ -56,6 +77,8 @@ def comparison_rows(settings: dict[str, Path], gold: dict[str, set[str]], multi:
                 "R@1 multi-entity": multi_entity_r1(rows, gold, multi),
                 "section R@1": (scores.get("section_recall") or {}).get("evidence_section_recall@1"),
                 "answer in context %": scores.get("answer_in_context"),
+                "accuracy E-VQA": scores.get("accuracy"),
+                "accuracy EM": exact_match_accuracy(run_dir, gold),
                 "context tokens": scores["context_length"]["mean"],
                 "s/q filter": seconds["filter"],
                 "s/q select": seconds["select"],
@@ -75,11 +98,52 @@ COLUMNS = (
     "R@1 multi-entity",
     "section R@1",
     "answer in context %",
+    "accuracy E-VQA",
+    "accuracy EM",
     "context tokens",
     "s/q filter",
     "s/q select",
     "s/q generate",
 )
+
+
+STAGE1_R20_GOAL, IN_CONTEXT_GOAL, ACCURACY_GOAL = 90.0, 50.0, 25.0
+
+
+def goal_lines(rows: Sequence[dict], settings: Sequence[str]) -> list[str]:
+    """The issue's goals on the demo's world, each met or missed by how much: stage 1's R@20 >= 90 %, the full
+    method's answer in context >= 50 % and answer accuracy >= 25 % and above every ablation row. `settings`: the row
+    labels in order, stage 1 first and the full method fourth (demo.run.SETTINGS)."""
+    labels = list(settings)
+    by = {r["setting"]: r for r in rows}
+    stage1, full = by.get(labels[0]), by.get(labels[3])
+
+    def verdict(name: str, value, goal: float) -> str:
+        if value is None:
+            return f"- {name}: not measured (goal {goal:.0f})"
+        if value >= goal:
+            return f"- {name}: {value:.1f}, goal {goal:.0f} met"
+        return f"- {name}: {value:.1f}, goal {goal:.0f} **missed by {goal - value:.1f} points**"
+
+    out = []
+    if stage1 is not None:
+        out.append(verdict(f"stage-1 R@20 ({labels[0]})", stage1["R@20"], STAGE1_R20_GOAL))
+    if full is not None:
+        out.append(verdict(f"answer in context ({labels[3]})", full["answer in context %"], IN_CONTEXT_GOAL))
+        out.append(verdict(f"answer accuracy, E-VQA scorer ({labels[3]})", full["accuracy E-VQA"], ACCURACY_GOAL))
+        ablations = [r for r in rows if r is not full and r["setting"] in labels and r["accuracy E-VQA"] is not None]
+        best = max(ablations, key=lambda r: r["accuracy E-VQA"], default=None)
+        if best is not None and full["accuracy E-VQA"] is not None:
+            gap = full["accuracy E-VQA"] - best["accuracy E-VQA"]
+            out.append(
+                "- full method above every ablation row: "
+                + (
+                    f"yes, by {gap:.1f} points over {best['setting']}"
+                    if gap > 0
+                    else f"**no**: {best['setting']} is {abs(gap):.1f} points at or above it"
+                )
+            )
+    return out
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
