@@ -9,10 +9,17 @@ import pytest
 
 from qkvqa.cli.main import main
 from qkvqa.config.load import compose
+from qkvqa.data.benchmark import build_benchmark
 from qkvqa.retrieval.encoders import encoder_identity
-from qkvqa.retrieval.pretrain import build, encoder_overrides
+from qkvqa.retrieval.pretrain import build as build_on
+from qkvqa.retrieval.pretrain import encoder_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
+
+
+def build(cfg, force=False):
+    """The trained encoder of `cfg`, on the benchmark its data section names."""
+    return build_on(cfg, build_benchmark(cfg.data), force=force)
 
 
 def _overrides(world, tmp_path, *extra):

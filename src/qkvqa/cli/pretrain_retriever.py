@@ -32,9 +32,10 @@ def register(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.retrieval.pretrain import build, encoder_overrides
 
     cfg = config_from_args(args)
-    out, record = build(cfg, force=args.force)
+    out, record = build(cfg, build_benchmark(cfg.data), force=args.force)
     print(json.dumps({"pretrained": str(out), **record["figures"], "use": " ".join(encoder_overrides(out))}))
     return 0

@@ -159,9 +159,11 @@ class Demo:
         steps = [f"retrieval.pretrain.steps={self.retriever_steps}"] if self.retriever_steps else []
         self._cli(["pretrain-retriever", "experiment=demo/evaluate", *self.common, *steps])
         from qkvqa.config.load import compose
+        from qkvqa.data.benchmark import build_benchmark
         from qkvqa.retrieval.pretrain import build, encoder_overrides
 
-        out, record = build(compose("demo/evaluate", [], [*self.common, *steps]))  # found: the command just built it
+        cfg = compose("demo/evaluate", [], [*self.common, *steps])
+        out, record = build(cfg, build_benchmark(cfg.data))  # found: the command just built it
         self.retriever = {"dir": str(out), **record["figures"]}
         self.common += encoder_overrides(out)
 

@@ -335,13 +335,12 @@ def _save(encoder, out: Path) -> None:
                 shutil.copy2(path, out / path.name)
 
 
-def build(cfg: Any, force: bool = False) -> tuple[Path, dict]:
-    """The trained encoder directory of `cfg` (trained now when missing, or when `force`) and its record."""
+def build(cfg: Any, benchmark: Any, force: bool = False) -> tuple[Path, dict]:
+    """The trained encoder directory of `cfg` on `benchmark` (its data; trained now when missing, or when `force`)
+    and its record."""
     from qkvqa.components.registry import build_component, spec_from_mapping
-    from qkvqa.data.benchmark import build_benchmark
     from qkvqa.utils.io import atomic_write_json, make_shareable, sha256_file, verify_sha256_once
 
-    benchmark = build_benchmark(cfg.data)
     inputs = pretrain_inputs(cfg, benchmark)
     out = cache_dir(cfg, inputs)
     record = out / RECORD
