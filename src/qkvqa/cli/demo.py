@@ -39,6 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="steps of the stage-1 image encoder's training (default: demo/evaluate's retrieval.pretrain.steps)",
     )
     parser.add_argument(
+        "--questions",
+        type=int,
+        default=48,
+        help="with the real models, evaluate a seeded sample of this many test questions (the same in every row; "
+        "SmolLM2 answers about one a second on an idle core; 0: all of them; default: 48)",
+    )
+    parser.add_argument(
         "--tiny-models",
         action="store_true",
         help="tiny random generator and chunk scorer (the extractive reader answers) instead of the wheels' SmolLM2 and "
@@ -62,6 +69,10 @@ def _demo(args: argparse.Namespace) -> int:
         from qkvqa.errors import ConfigError
 
         raise ConfigError(f"--retriever-steps must be at least 1, got {args.retriever_steps}")
+    if args.questions < 0:
+        from qkvqa.errors import ConfigError
+
+        raise ConfigError(f"--questions must be 0 (all) or more, got {args.questions}")
     Demo(
         args.dir.resolve(),
         args.runs.resolve(),
@@ -70,6 +81,7 @@ def _demo(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         retriever_steps=args.retriever_steps,
         real_models=not args.tiny_models,
+        questions=args.questions,
         run_command=main,
     ).run()
     return 0

@@ -108,12 +108,17 @@ class Demo:
         *,
         retriever_steps: Optional[int] = None,
         real_models: bool = True,
+        questions: int = 0,
         run_command: Optional[Callable[[list[str]], int]] = None,
     ):
         self.out, self.runs, self.entities, self.seed, self.epochs = out, runs, entities, seed, epochs
         self.retriever_steps = retriever_steps
         self.real_models = real_models
         self.models = list(REAL_MODELS) if real_models else []
+        # with the real generator, a seeded sample of the test split (the same questions in every row) fits the time
+        self.questions = questions if real_models and questions else None
+        if self.questions:
+            self.models.append(f"data.sample_questions={self.questions}")
         self.run_command = run_command
         self.world = out / "world"
         self.common = [
@@ -261,7 +266,12 @@ class Demo:
                 HONEST,
                 "",
                 f"Synthetic world: {world['counts']['entities']} entities, seed {self.seed}, "
-                f"{len(gold)} test questions ({len(multi)} with several entities in the image).",
+                f"{len(gold)} test questions ({len(multi)} with several entities in the image)"
+                + (
+                    f"; every row evaluates the same seeded sample of {self.questions} of them (`--questions`)."
+                    if self.questions
+                    else "."
+                ),
                 "",
                 "## The method stage by stage on the test split",
                 "",
