@@ -203,10 +203,11 @@ def test_validation_batches_carry_every_section_of_the_top_k_articles(setting):
 
 def test_focus_blocks_and_gates_get_their_own_learning_rate_and_gates_no_weight_decay():
     from qkvqa.components import build_component
-    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.config.schema import QFFConfig
+    from qkvqa.models.qff_module import QFFTrainer
 
     comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
-    trainer = QFFTrainer(comp.model, QFFTrainSettings(lr=1e-5, weight_decay=0.05, new_block_lr_scale=10.0))
+    trainer = QFFTrainer(comp.model, QFFConfig(lr=1e-5, weight_decay=0.05, new_block_lr_scale=10.0))
     groups = {g["name"]: g for g in trainer.parameter_groups()}
     assert set(groups) == {"qformer", "focus_blocks", "focus_gates"}
     assert (groups["qformer"]["lr"], groups["qformer"]["weight_decay"]) == (1e-5, 0.05)
@@ -259,14 +260,15 @@ def test_a_new_focus_parameter_declares_its_optimizer_group_or_is_refused():
     from torch import nn
 
     from qkvqa.components import build_component
+    from qkvqa.config.schema import QFFConfig
     from qkvqa.errors import ConfigError
-    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.models.qff_module import QFFTrainer
     from qkvqa.qff.model import QFFModel
 
     comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
     model = comp.model
     model.extra_gate = nn.Parameter(torch.zeros(2))
-    trainer = QFFTrainer(model, QFFTrainSettings(lr=1e-5, weight_decay=0.05))
+    trainer = QFFTrainer(model, QFFConfig(lr=1e-5, weight_decay=0.05))
     with pytest.raises(ConfigError, match=r"parameter 'extra_gate' is in no optimizer group: declare it in"):
         trainer.parameter_groups()
 
