@@ -107,4 +107,7 @@ def test_a_checkpoint_from_before_one_settings_object_still_loads(tmp_path):
     )
     assert rebuilt.scorer.options == {"score_direction": "section_to_question", "question_norm": "across_tokens"}
     assert rebuilt.hparams["vision_fingerprint"] == fingerprint  # saved again in today's layout
+    assert "qff" not in rebuilt.hparams["model_spec"]  # the section is saved once, as the settings
     assert QFFTrainer(**dict(rebuilt.hparams)).qff == rebuilt.qff
+    with pytest.raises(ConfigError, match="model_spec holds a qff section beside the settings"):
+        QFFTrainer(component.model, QFFConfig(), model_spec={"qformer": SPEC, "qff": QFF})  # never two copies

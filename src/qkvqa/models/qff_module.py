@@ -44,11 +44,18 @@ def trainer_qff(settings: Any, model_spec: Optional[dict] = None) -> tuple[QFFCo
     """(the `qff:` section as the one `QFFConfig`, the recorded ViT fingerprint) from a QFFTrainer's `settings`
     hyper-parameter: a QFFConfig, or its plain dict (`asdict`). Checkpoints written before one settings object hold
     the trainer's own copy of 16 fields and `vision_fingerprint`: read with the `qff` section their `model_spec`
-    recorded, the scorer's `qff.<key>` options (`SectionScorer.QFF_KEYS`) back at their keys."""
+    recorded, the scorer's `qff.<key>` options (`SectionScorer.QFF_KEYS`) back at their keys. Today the section is
+    `settings` alone: a `qff` in `model_spec` beside today's settings is refused (two copies, one would be ignored)."""
+    legacy = not isinstance(settings, QFFConfig) and "vision_fingerprint" in settings
+    if not legacy and "qff" in (model_spec or {}):
+        raise ConfigError(
+            "QFFTrainer: model_spec holds a qff section beside the settings; the qff section is the settings "
+            "(one QFFConfig): leave it out of model_spec"
+        )
     if isinstance(settings, QFFConfig):
         return settings, None
     settings = dict(settings)
-    if "vision_fingerprint" not in settings:
+    if not legacy:
         return qff_settings(settings), None
     fingerprint = settings.pop("vision_fingerprint")
     options = dict(settings.get("scorer_options") or {})
@@ -90,13 +97,13 @@ def model_architecture(model) -> dict:
 
 def rebuild_model(spec: dict, qff: QFFConfig, fingerprinted: bool) -> tuple[nn.Module, Optional[str]]:
     """The QFFModel a `model_spec` describes, and the fingerprint of its frozen ViT (None unless `fingerprinted`):
-    `{"qformer"}` builds the component with the `qff` settings (a `qff` the spec recorded itself, as checkpoints
-    before one settings object did, wins), its ViT weights included; `{"architecture"}` only the shape."""
+    `{"qformer"}` builds the component with the `qff` settings, its ViT weights included; `{"architecture"}` only
+    the shape."""
     if "qformer" in spec:
         from qkvqa.qff.builder import build_qff_component
         from qkvqa.qff.vit_cache import vision_fingerprint
 
-        component = build_qff_component({**spec["qformer"], "device": "cpu"}, spec.get("qff", qff))
+        component = build_qff_component({**spec["qformer"], "device": "cpu"}, qff)
         fingerprint = vision_fingerprint(component.model, component.image_processor) if fingerprinted else None
         return component.model, fingerprint
     if fingerprinted:
@@ -148,6 +155,7 @@ class QFFTrainer(pl.LightningModule):
         if model_spec is None and model is None:
             raise ConfigError("QFFTrainer needs a model, or a model_spec to build it from")
         model_spec = model_spec if model_spec is not None else model_architecture(model)
+        model_spec = {k: v for k, v in model_spec.items() if k != "qff"}  # an old layout's, now in `qff`: saved once
         self.save_hyperparameters(
             {"settings": asdict(qff), "model_spec": model_spec, "vision_fingerprint": vision_fingerprint},
             logger=False,
