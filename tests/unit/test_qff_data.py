@@ -64,10 +64,15 @@ def test_keep_gold_negatives_puts_every_sibling_section_in_the_drawn_set_and_dra
         dataset.samples,
         dataset.pools,
         dataset.store,
-        dataclasses.replace(dm.settings, gold_sections=8, keep_gold_negatives=True),
+        dataclasses.replace(
+            dm.settings, qff=dataclasses.replace(dm.settings.qff, mining_gold_sections=8, keep_gold_negatives=True)
+        ),
     )
     plain = type(dataset)(
-        dataset.samples, dataset.pools, dataset.store, dataclasses.replace(dm.settings, gold_sections=8)
+        dataset.samples,
+        dataset.pools,
+        dataset.store,
+        dataclasses.replace(dm.settings, qff=dataclasses.replace(dm.settings.qff, mining_gold_sections=8)),
     )
     siblings_drawn = {"kept": 0, "plain": 0}
     for index in range(len(dataset)):
