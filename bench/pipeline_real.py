@@ -526,24 +526,20 @@ def build_components(
     from qkvqa.config.schema import GenerationConfig
     from qkvqa.generation.backends import Generator, HFRunner, Llama3Format
     from qkvqa.generation.tiny import LLAMA3_SPECIALS
+    from qkvqa.qff.builder import build_qff_component
 
     started = time.perf_counter()
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     build_device = torch.device(device)
     qff_dir = write_qff(tmp / "qff", sizes["qff"], words, build_device, seed)
-    qff = build_component(
+    qff = build_qff_component(
+        {"kind": "blip2_qff", "pretrained": str(qff_dir), "device": device, "dtype": dtype},
         {
-            "kind": "blip2_qff",
-            "pretrained": str(qff_dir),
-            "device": device,
-            "dtype": dtype,
-            "options": {
-                "gate_init": 0.5,
-                "attention": "sdpa",
-                "section_batch_size": sizes["inputs"]["section_batch_size"],
-                "vit_lru_size": 256,
-            },
-        }
+            "gate_init": 0.5,
+            "attention": "sdpa",
+            "section_batch_size": sizes["inputs"]["section_batch_size"],
+            "vit_lru_size": 256,
+        },
     )
     reranker_dir = write_reranker(tmp / "reranker", sizes["reranker"], words, build_device, seed)
     reranker = build_component(

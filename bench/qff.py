@@ -142,18 +142,19 @@ def pass_seconds(comp, question, question_image, image, section: str, repeats: i
 
 def part_scoring(args) -> tuple[dict, list[str]]:
     """(a) batched scoring with a per-article ViT cache vs the per-section loop, same model, same inputs."""
-    from qkvqa.components import build_component
+    from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.scoring import per_section_loop
 
     question, question_image, images, sections, vocab = synthetic_inputs(args.articles, args.sections)
     torch.manual_seed(0)
-    comp = build_component(
+    comp = build_qff_component(
         {
             "kind": "blip2_qff",
             "tiny": True,
             "device": "cpu",
-            "options": {**MID_CONFIG, "vocab_texts": [" ".join(vocab)], "section_batch_size": CPU_SECTION_BATCH},
-        }
+            "options": {**MID_CONFIG, "vocab_texts": [" ".join(vocab)]},
+        },
+        {"section_batch_size": CPU_SECTION_BATCH},
     )
     comp.model.q_gate.data.fill_(0.5)
     comp.score_sections(question, question_image, images[:1], [sections[0][:2]])  # warm-up
@@ -268,7 +269,8 @@ def bench_training_throughput(args) -> tuple[dict, list[str]]:
     import tempfile
 
     from qkvqa.components import build_component
-    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.config.schema import QFFConfig
+    from qkvqa.models.qff_module import QFFTrainer
     from qkvqa.qff.vit_cache import ViTFeatureCache, feature_shape, fill_cache, vision_fingerprint
 
     torch.manual_seed(0)
@@ -280,7 +282,7 @@ def bench_training_throughput(args) -> tuple[dict, list[str]]:
             "options": {**MID_CONFIG, "vocab_texts": [" ".join(f"w{i}" for i in range(2000))]},
         }
     )
-    module = QFFTrainer(comp.model, QFFTrainSettings())
+    module = QFFTrainer(comp.model, QFFConfig())
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
     probe = training_batch(comp, "dedup")
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from qkvqa.config.schema import QFFConfig
 from qkvqa.data.benchmark import Benchmark, build_benchmark
 from qkvqa.data.kb import kb_content
 from qkvqa.data.questions import Question, is_training_question
@@ -78,23 +79,15 @@ def draw_negatives(
 
 @dataclass
 class QFFDataSettings:
-    """What the QFF DataModule needs beyond the `data:` section (filled from the `qff:` section and the component)."""
+    """What the QFF DataModule needs beyond the `data:` section: the `qff:` section whole (the one `QFFConfig` the
+    component and the trainer read: pools, negatives, sample caps, ViT cache, rerank chunk), the run's seed, the
+    built component's text limits (`qff.max_text_tokens` within the model's positions) and its ViT fingerprint."""
 
-    negatives: Optional[str] = None  # training pools (`qkvqa mine split=train`); None: mined in-process
-    val_negatives: Optional[str] = None  # validation pools; None: mined in-process when there are val questions
-    num_negatives: int = 15
-    gold_sections: int = 3
-    keep_gold_negatives: bool = False  # the gold article's negatives always in the drawn set (draw_negatives)
-    val_top_k: int = 20
+    qff: QFFConfig = field(default_factory=QFFConfig)
     seed: int = 0
-    max_train_samples: Optional[int] = None
-    max_val_samples: Optional[int] = None
-    max_text_tokens: int = 512
-    question_max_tokens: int = 64
-    blip_text_preprocess: bool = False
-    vit_cache: Optional[str] = None  # directory written by `qkvqa cache-vit`
+    max_text_tokens: int = 512  # the component's
+    question_max_tokens: int = 64  # the component's
     vision_fingerprint: Optional[str] = None  # the model's ViT fingerprint, checked against the cache
-    rerank_chunk: int = 64  # rerank sections per padded chunk (validation)
 
 
 @dataclass(frozen=True)
@@ -124,9 +117,11 @@ class QFFSampleDataset(Dataset):
         epoch, index = item if isinstance(item, tuple) else (0, item)
         ref = self.samples[index]
         s = self.settings
-        pool = self.pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
+        pool = self.pools.pool(
+            ref.question, ref.key, gold_sections=s.qff.mining_gold_sections, num_negatives=s.qff.num_negatives
+        )
         candidates = [pool.positive] + draw_negatives(
-            pool, s.num_negatives, s.seed, epoch, index, keep_gold=s.keep_gold_negatives
+            pool, s.qff.num_negatives, s.seed, epoch, index, keep_gold=s.qff.keep_gold_negatives
         )
         articles = {url: self.store.get_by_url(url) for url in dict.fromkeys(c.url for c in candidates)}
         question = ref.question
@@ -145,7 +140,7 @@ class QFFSampleDataset(Dataset):
     def _rerank_candidates(self, ref: SampleRef) -> dict[str, Any]:
         """Every candidate section of the stage-1 top-K articles (articles without image or sections score 0)."""
         urls, sims = self.pools.ranking(ref.key)
-        urls, sims = urls[: self.settings.val_top_k], sims[: self.settings.val_top_k]
+        urls, sims = urls[: self.settings.qff.val_top_k], sims[: self.settings.qff.val_top_k]
         articles = []
         for url, sim in zip(urls, sims):
             facts = self.pools.facts(url)
@@ -194,7 +189,7 @@ class QFFCollator:
         self.feature_cache = feature_cache
 
     def _text(self, text: str) -> str:
-        if self.settings.blip_text_preprocess:
+        if self.settings.qff.blip_text_preprocess:
             from qkvqa.data.sections import blip_caption
 
             return blip_caption(text)
@@ -260,7 +255,7 @@ class QFFCollator:
             "size": len(kept),
             "dropped": dropped,
             "data_ids": [s["data_id"] for s in kept],
-            "num_candidates": 1 + self.settings.num_negatives,
+            "num_candidates": 1 + self.settings.qff.num_negatives,
         }
         if not kept:
             return batch
@@ -322,8 +317,8 @@ class QFFCollator:
         by_length = sorted(range(len(flat)), key=lambda n: len(ids[n]))
         chunks = []
         pad = self.tokenizer.pad_token_id
-        for start in range(0, len(by_length), self.settings.rerank_chunk):
-            rows = by_length[start : start + self.settings.rerank_chunk]
+        for start in range(0, len(by_length), self.settings.qff.section_batch_size):
+            rows = by_length[start : start + self.settings.qff.section_batch_size]
             length = max(len(ids[n]) for n in rows)
             input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
             mask = torch.zeros((len(rows), length), dtype=torch.long)
@@ -382,7 +377,7 @@ class QFFTrainDataModule(KBVQADataModule):
     # ------------------------------------------------------------------ samples
     def splits(self) -> list[str]:
         """The splits this DataModule serves: train, and val when it has val pools or can mine them."""
-        has_val = self.settings.val_negatives is not None or (
+        has_val = self.settings.qff.val_negatives is not None or (
             self.miner is not None and self.config.val_questions is not None
         )
         return ["train", "val"] if has_val else ["train"]
@@ -399,7 +394,7 @@ class QFFTrainDataModule(KBVQADataModule):
 
     def pools_path(self, split: str) -> Path:
         """The pools file of `split`: qff.negatives / qff.val_negatives, else the one mined into the run directory."""
-        configured = self.settings.negatives if split == "train" else self.settings.val_negatives
+        configured = self.settings.qff.negatives if split == "train" else self.settings.qff.val_negatives
         if configured is not None:
             return Path(configured).expanduser()
         if self.miner is None:
@@ -449,14 +444,16 @@ class QFFTrainDataModule(KBVQADataModule):
             if key not in pools.entries:
                 reason = "not_in_pools"
             else:
-                pool = pools.pool(question, key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
+                pool = pools.pool(
+                    question, key, gold_sections=s.qff.mining_gold_sections, num_negatives=s.qff.num_negatives
+                )
                 reason = pool if isinstance(pool, str) else None
             if reason is None:
                 kept.append(SampleRef(question, key))
             else:
                 reasons[reason] += 1
                 dropped.append({"data_id": question.data_id, "reason": reason})
-        cap = s.max_train_samples if split == "train" else s.max_val_samples
+        cap = s.qff.max_train_samples if split == "train" else s.qff.max_val_samples
         if cap is not None and cap < len(kept):
             chosen = sorted(random.Random(s.seed).sample(range(len(kept)), cap))
             kept = [kept[i] for i in chosen]
@@ -491,7 +488,9 @@ class QFFTrainDataModule(KBVQADataModule):
             pools = self.pool_file(split)
             s = self.settings
             for ref in self.build_samples(split):
-                pool = pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
+                pool = pools.pool(
+                    ref.question, ref.key, gold_sections=s.qff.mining_gold_sections, num_negatives=s.qff.num_negatives
+                )
                 if not isinstance(pool, str):
                     stored.update((c.image, None) for c in (pool.positive, *pool.negatives))
         missing = [
@@ -517,10 +516,12 @@ class QFFTrainDataModule(KBVQADataModule):
             s = self.settings
             for ref in self.build_samples(split):
                 ids.add(query_image_id(ref.question.dataset_name, ref.question.image_id))
-                pool = pools.pool(ref.question, ref.key, gold_sections=s.gold_sections, num_negatives=s.num_negatives)
+                pool = pools.pool(
+                    ref.question, ref.key, gold_sections=s.qff.mining_gold_sections, num_negatives=s.qff.num_negatives
+                )
                 ids.update(article_image_id(c.image) for c in (pool.positive, *pool.negatives))
                 if split == "val":
-                    for url in pools.ranking(ref.key)[0][: s.val_top_k]:
+                    for url in pools.ranking(ref.key)[0][: s.qff.val_top_k]:
                         facts = pools.facts(url)
                         if facts is not None and facts.image is not None:
                             ids.add(article_image_id(facts.image))
@@ -528,13 +529,13 @@ class QFFTrainDataModule(KBVQADataModule):
 
     def feature_cache(self):
         """The ViT feature cache (opened and checked against the samples' images and the ViT), or None."""
-        if self.settings.vit_cache is None:
+        if self.settings.qff.vit_cache is None:
             return None
         if self._feature_cache is None:
             from qkvqa.qff.vit_cache import ViTFeatureCache, image_sources
 
             self._feature_cache = ViTFeatureCache.open(
-                self.settings.vit_cache,
+                self.settings.qff.vit_cache,
                 self.settings.vision_fingerprint,
                 self.needed_images(),
                 sources=image_sources(self.config),
@@ -617,22 +618,14 @@ class QFFTrainDataModule(KBVQADataModule):
 
 
 def settings_from_config(cfg, component, vision_fingerprint: Optional[str] = None) -> QFFDataSettings:
-    """QFFDataSettings from a run config (`qff:` section, seed) and the built QFF component (text limits)."""
-    q = cfg.qff
+    """QFFDataSettings from a run config (its `qff:` section as the one `QFFConfig`, its seed) and the built QFF
+    component (its text limits)."""
+    from qkvqa.config.schema import qff_settings
+
     return QFFDataSettings(
-        negatives=q.negatives,
-        val_negatives=q.val_negatives,
-        num_negatives=q.num_negatives,
-        gold_sections=q.mining_gold_sections,
-        keep_gold_negatives=q.keep_gold_negatives,
-        val_top_k=q.val_top_k,
+        qff=qff_settings(cfg.qff),
         seed=int(cfg.seed),
-        max_train_samples=q.max_train_samples,
-        max_val_samples=q.max_val_samples,
         max_text_tokens=component.max_text_tokens,
         question_max_tokens=component.question_max_tokens,
-        blip_text_preprocess=component.blip_text_preprocess,
-        vit_cache=q.vit_cache,
         vision_fingerprint=vision_fingerprint,
-        rerank_chunk=q.section_batch_size,
     )

@@ -273,11 +273,12 @@ def score(component, cfg) -> dict[str, tuple]:
     question focus, (section hit with the focus path switched off at test time, the relative change the focus
     path makes to the section encodings): how much a trained model relies on focus (docs/training.md); last, the
     score of every candidate of its sample, {(url, section index): score}."""
+    from qkvqa.config.schema import qff_settings
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
-    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.models.qff_module import QFFTrainer
     from qkvqa.qff.scoring import rerank_hits
 
-    module = QFFTrainer(component.model, QFFTrainSettings.from_config(cfg.qff)).eval()
+    module = QFFTrainer(component.model, qff_settings(cfg.qff)).eval()
     dm = QFFTrainDataModule(
         cfg.data, settings_from_config(cfg, component), component.tokenizer, component.image_processor
     )
@@ -294,7 +295,7 @@ def score(component, cfg) -> dict[str, tuple]:
                 question,
                 states,
                 module.scorer,
-                module.settings.alpha,
+                module.qff.alpha,
             )
             off, change = [None] * len(batch["data_ids"]), [None] * len(batch["data_ids"])
             if focused:

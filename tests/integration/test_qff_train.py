@@ -259,7 +259,7 @@ def test_qff_trainer_load_from_checkpoint_rebuilds_the_trained_model(straight):
     for key, value in exported.state_dict().items():
         assert torch.equal(state[key], value), key
     assert (
-        module.settings.vision_fingerprint
+        module.vision_fingerprint
         == torch.load(straight / "last.ckpt", weights_only=True)["qff_frozen_vit"]["fingerprint"]
     )
 

@@ -128,7 +128,7 @@ def _qff_scores(world, *overrides):
 
 def test_the_question_norm_reaches_rerank_evaluate_and_training_and_is_recorded(world):
     from qkvqa.data.benchmark import build_benchmark
-    from qkvqa.models.qff_module import QFFTrainSettings
+    from qkvqa.models.qff_module import QFFTrainer
     from qkvqa.pipeline.build import build_filter
     from qkvqa.qff.rerank import reranked_provenance
 
@@ -137,9 +137,8 @@ def test_the_question_norm_reaches_rerank_evaluate_and_training_and_is_recorded(
     article_filter = build_filter(cfg, benchmark)  # what an evaluation ranks with
     assert article_filter.reranker.component.question_norm == "across_tokens"
     assert reranked_provenance(cfg, article_filter.reranker, "test", benchmark)["qff.question_norm"] == "across_tokens"
-    assert (
-        QFFTrainSettings.from_config(cfg.qff).scorer_options["question_norm"] == "across_tokens"
-    )  # the validation article R@1
+    trainer = QFFTrainer(article_filter.reranker.component.model, cfg.qff)
+    assert trainer.scorer.options["question_norm"] == "across_tokens"  # the validation article R@1
     default = build_filter(world_cfg(world), benchmark)
     assert default.reranker.component.question_norm == "per_token"
 

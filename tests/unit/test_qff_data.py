@@ -64,10 +64,15 @@ def test_keep_gold_negatives_puts_every_sibling_section_in_the_drawn_set_and_dra
         dataset.samples,
         dataset.pools,
         dataset.store,
-        dataclasses.replace(dm.settings, gold_sections=8, keep_gold_negatives=True),
+        dataclasses.replace(
+            dm.settings, qff=dataclasses.replace(dm.settings.qff, mining_gold_sections=8, keep_gold_negatives=True)
+        ),
     )
     plain = type(dataset)(
-        dataset.samples, dataset.pools, dataset.store, dataclasses.replace(dm.settings, gold_sections=8)
+        dataset.samples,
+        dataset.pools,
+        dataset.store,
+        dataclasses.replace(dm.settings, qff=dataclasses.replace(dm.settings.qff, mining_gold_sections=8)),
     )
     siblings_drawn = {"kept": 0, "plain": 0}
     for index in range(len(dataset)):
@@ -203,10 +208,11 @@ def test_validation_batches_carry_every_section_of_the_top_k_articles(setting):
 
 def test_focus_blocks_and_gates_get_their_own_learning_rate_and_gates_no_weight_decay():
     from qkvqa.components import build_component
-    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.config.schema import QFFConfig
+    from qkvqa.models.qff_module import QFFTrainer
 
     comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
-    trainer = QFFTrainer(comp.model, QFFTrainSettings(lr=1e-5, weight_decay=0.05, new_block_lr_scale=10.0))
+    trainer = QFFTrainer(comp.model, QFFConfig(lr=1e-5, weight_decay=0.05, new_block_lr_scale=10.0))
     groups = {g["name"]: g for g in trainer.parameter_groups()}
     assert set(groups) == {"qformer", "focus_blocks", "focus_gates"}
     assert (groups["qformer"]["lr"], groups["qformer"]["weight_decay"]) == (1e-5, 0.05)
@@ -259,14 +265,15 @@ def test_a_new_focus_parameter_declares_its_optimizer_group_or_is_refused():
     from torch import nn
 
     from qkvqa.components import build_component
+    from qkvqa.config.schema import QFFConfig
     from qkvqa.errors import ConfigError
-    from qkvqa.models.qff_module import QFFTrainer, QFFTrainSettings
+    from qkvqa.models.qff_module import QFFTrainer
     from qkvqa.qff.model import QFFModel
 
     comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
     model = comp.model
     model.extra_gate = nn.Parameter(torch.zeros(2))
-    trainer = QFFTrainer(model, QFFTrainSettings(lr=1e-5, weight_decay=0.05))
+    trainer = QFFTrainer(model, QFFConfig(lr=1e-5, weight_decay=0.05))
     with pytest.raises(ConfigError, match=r"parameter 'extra_gate' is in no optimizer group: declare it in"):
         trainer.parameter_groups()
 

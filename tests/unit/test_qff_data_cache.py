@@ -57,7 +57,9 @@ def test_cached_features_equal_the_vit_and_training_batches_read_them(setup, tmp
     assert json.loads((tmp_path / "cache/manifest.json").read_text())["dtype"] == "float16"
     assert np.load(tmp_path / "cache/shard-00000.npy", mmap_mode="r").dtype == np.float16
     cached = QFFTrainDataModule(
-        dm.config, dataclasses.replace(dm.settings, vit_cache=str(tmp_path / "cache")), component.tokenizer
+        dm.config,
+        dataclasses.replace(dm.settings, qff=dataclasses.replace(dm.settings.qff, vit_cache=str(tmp_path / "cache"))),
+        component.tokenizer,
     )
     cached.setup("fit")
     samples = [dm.dataset("train")[(0, i)] for i in range(3)]

@@ -101,8 +101,9 @@ def test_the_processor_equals_omgm_s_torchvision_transform(size):
 def test_a_qff_trained_with_the_old_square_geometry_is_refused_by_name(tmp_path):
     import json
 
+    from qkvqa.config.schema import QFFConfig
     from qkvqa.errors import StaleArtifactError
-    from qkvqa.qff.builder import RUNTIME_DEFAULTS, _check_preprocessing
+    from qkvqa.qff.builder import _check_preprocessing
     from qkvqa.qff.model import CHECKPOINT_CONFIG
 
     (tmp_path / CHECKPOINT_CONFIG).write_text(
@@ -113,7 +114,7 @@ def test_a_qff_trained_with_the_old_square_geometry_is_refused_by_name(tmp_path)
         match=r"trained with image geometry targetpad_square .* OMGM's "
         r"omgm_targetpad_1\.25 .* Retrain the QFF",
     ):
-        _check_preprocessing(tmp_path, dict(RUNTIME_DEFAULTS))
+        _check_preprocessing(tmp_path, QFFConfig())
     (tmp_path / CHECKPOINT_CONFIG).write_text(
         json.dumps(
             {
@@ -125,7 +126,7 @@ def test_a_qff_trained_with_the_old_square_geometry_is_refused_by_name(tmp_path)
             }
         )
     )
-    _check_preprocessing(tmp_path, dict(RUNTIME_DEFAULTS))  # today's geometry loads
+    _check_preprocessing(tmp_path, QFFConfig())  # today's geometry loads
 
 
 def test_a_nearly_square_image_is_resized_and_centre_cropped_without_padding():

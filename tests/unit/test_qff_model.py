@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from qkvqa.components import build_component
+from qkvqa.config.schema import QFFConfig
 from qkvqa.errors import ConfigError
+from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.model import QFFModel
 from qkvqa.qff.scoring import late_interaction
 
@@ -32,7 +34,8 @@ def tiny(**options):
         "device": "cpu",
         "options": {"num_layers": 4, "cross_attention_frequency": 2, "vocab_texts": SECTIONS + QUESTIONS, **options},
     }
-    return build_component(spec)
+    settings = {k: spec["options"].pop(k) for k in list(spec["options"]) if k in QFFConfig.__dataclass_fields__}
+    return build_qff_component(spec, settings)
 
 
 def inputs(comp, n_images=2, seed=1):

@@ -40,15 +40,11 @@ def picture(seed: int) -> Image.Image:
 
 
 def tiny(**options):
+    """A tiny QFF component: construction `options` on the spec, the rest as `qff:` settings."""
     torch.manual_seed(0)
-    return build_component(
-        {
-            "kind": "blip2_qff",
-            "tiny": True,
-            "device": "cpu",
-            "options": {"num_layers": 4, "cross_attention_frequency": 2, **options},
-        }
-    )
+    settings = {k: options.pop(k) for k in list(options) if k in QFFConfig.__dataclass_fields__}
+    options = {"num_layers": 4, "cross_attention_frequency": 2, **options}
+    return build_qff_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": options}, settings)
 
 
 def perturb_new_blocks(model) -> None:
@@ -74,7 +70,7 @@ def test_safetensors_round_trip_gives_identical_scores(tmp_path, focus):
     new = {"per_layer": ("q_xattn.", "q_gate"), "input": ("input_xattn.", "input_gate")}[focus]
     assert keys == set(comp.model.state_dict())
     assert all(k.startswith(("base.",) + new) for k in keys) and any(k.startswith(new[0]) for k in keys)
-    again = build_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"})
+    again = build_qff_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}, {"focus": focus})
     assert again.model.focus == focus
     assert again.score_sections(QUESTION, picture(0), images, ARTICLES) == before
     for (name, a), (_, b) in zip(comp.model.state_dict().items(), again.model.state_dict().items()):
@@ -84,10 +80,8 @@ def test_safetensors_round_trip_gives_identical_scores(tmp_path, focus):
 def test_checkpoint_focus_conflict_is_refused(tmp_path):
     out = tiny().save_pretrained(tmp_path / "qff")
     with pytest.raises(ConfigError, match="built with focus='per_layer'"):
-        build_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu", "options": {"focus": "input"}})
-    generic = build_component(
-        {"kind": "blip2_qff", "pretrained": str(out), "device": "cpu", "options": {"focus": "none"}}
-    )
+        build_qff_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}, {"focus": "input"})
+    generic = build_qff_component({"kind": "blip2_qff", "pretrained": str(out), "device": "cpu"}, {"focus": "none"})
     assert generic.model.focus == "per_layer" and generic.focus == "none"
 
 
@@ -317,19 +311,19 @@ def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_
         match=r"qff.image_transform: trained with 'squash', this config has "
         r"'targetpad'.*qff.image_transform='squash'",
     ):
-        build_component({**spec, "options": {"image_transform": "targetpad"}})
-    build_component({**spec, "options": {"image_transform": "squash"}})
+        build_qff_component(spec, {"image_transform": "targetpad"})
+    build_qff_component(spec, {"image_transform": "squash"})
     weights = out / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-7] ^= 0x10
     weights.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"model\.safetensors: corrupt QFF weights \(sha256"):
-        build_component({**spec, "options": {"image_transform": "squash"}})
+        build_qff_component(spec, {"image_transform": "squash"})
     del meta["weights_sha256"]
     (out / "qff_config.json").write_text(json.dumps(meta))
     weights.write_bytes(bytes(data[:200]))
     with pytest.raises(DataError, match=r"model\.safetensors: unreadable safetensors"):
-        build_component({**spec, "options": {"image_transform": "squash"}})
+        build_qff_component(spec, {"image_transform": "squash"})
 
 
 def test_the_vit_dtype_of_training_is_recorded_checked_on_load_and_on_the_card(tmp_path, caplog):

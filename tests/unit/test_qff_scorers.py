@@ -129,5 +129,5 @@ def test_a_trainer_checkpoint_saved_before_qff_scorer_keeps_its_late_interaction
     comp = build_component({"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}})
     old = {"lr": 1e-5, "score_direction": "section_to_question", "question_norm": "across_tokens"}
     module = QFFTrainer(comp.model, old)
-    assert module.settings.scorer == "late_interaction" and isinstance(module.scorer, LateInteraction)
+    assert module.qff.scorer == "late_interaction" and isinstance(module.scorer, LateInteraction)
     assert module.scorer.options == {"score_direction": "section_to_question", "question_norm": "across_tokens"}

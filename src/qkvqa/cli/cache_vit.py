@@ -92,7 +92,8 @@ def build_cache_from_config(
     component = build_qff_component(cfg.components.qformer, cfg.qff)  # device auto: this rank's GPU
     model = component.model.eval()
     fingerprint = vision_fingerprint(model, component.image_processor)
-    settings = dataclasses.replace(settings_from_config(cfg, component, fingerprint), vit_cache=None)
+    settings = settings_from_config(cfg, component, fingerprint)
+    settings = dataclasses.replace(settings, qff=dataclasses.replace(settings.qff, vit_cache=None))
     dm = QFFTrainDataModule(
         cfg.data, settings, component.tokenizer, component.image_processor, miner=miner_for(cfg), pools_dir=pools_dir
     )

@@ -65,11 +65,11 @@ def train_qff(cfg, callbacks=()) -> dict:
     finished = finished_run_summary(cfg)  # resume=auto on a finished run: said, nothing built or touched
     if finished is not None:
         return finished
-    from omegaconf import OmegaConf
 
     from qkvqa.cli.cache_vit import miner_for
+    from qkvqa.config.schema import qff_settings
     from qkvqa.data_modules.qff_train import QFFTrainDataModule, settings_from_config
-    from qkvqa.models.qff_module import QFFExport, QFFTrainer, QFFTrainSettings
+    from qkvqa.models.qff_module import QFFExport, QFFTrainer
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.vit_cache import vision_fingerprint
     from qkvqa.run.trainer import check_hardware, fit
@@ -80,8 +80,9 @@ def train_qff(cfg, callbacks=()) -> dict:
 
     # init pretrained_here: the text layers pretrained on this config's corpus first (cached; qkvqa pretrain-qformer)
     qformer = {**resolve_qformer_spec(cfg), "device": "cpu"}
-    component = build_qff_component(qformer, cfg.qff)
-    fingerprint = vision_fingerprint(component.model, component.image_processor) if cfg.qff.freeze_vit else None
+    qff = qff_settings(cfg.qff)  # the one settings object: the component, the trainer and the checkpoint read it
+    component = build_qff_component(qformer, qff)
+    fingerprint = vision_fingerprint(component.model, component.image_processor) if qff.freeze_vit else None
     datamodule = QFFTrainDataModule(
         cfg.data,
         settings_from_config(cfg, component, fingerprint),
@@ -89,12 +90,9 @@ def train_qff(cfg, callbacks=()) -> dict:
         component.image_processor,
         miner=miner_for(cfg),
     )
-    # the spec travels in each checkpoint's hyper-parameters: QFFTrainer.load_from_checkpoint(path) rebuilds the model
-    module = QFFTrainer(
-        component.model,
-        QFFTrainSettings.from_config(cfg.qff, fingerprint),
-        model_spec={"qformer": qformer, "qff": OmegaConf.to_container(cfg.qff, resolve=True)},
-    )
+    # the spec and the settings travel in each checkpoint's hyper-parameters: QFFTrainer.load_from_checkpoint(path)
+    # rebuilds the model
+    module = QFFTrainer(component.model, qff, model_spec={"qformer": qformer}, vision_fingerprint=fingerprint)
     return fit(
         cfg,
         module,

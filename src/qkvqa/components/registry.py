@@ -223,13 +223,20 @@ def component_kind(name: str, point: str = "", base: type = ComponentKind) -> Co
 
 def build_component(spec: ComponentSpec | dict) -> Any:
     """Build the component described by `spec` (a ComponentSpec, a dict or a DictConfig)."""
+    kind, spec = buildable_kind(spec)
+    return kind.build(spec)
+
+
+def buildable_kind(spec: ComponentSpec | dict) -> tuple[ComponentKind, ComponentSpec]:
+    """(the registered kind of `spec`, the spec) once `spec` names a kind and weights (`pretrained`, `tiny` or a
+    `bert:` init); else ConfigError."""
     if not isinstance(spec, ComponentSpec):
         spec = spec_from_mapping(spec)
     if not spec.kind:
         raise ConfigError("component spec has no `kind`")
     if not spec.tiny and not spec.pretrained and not spec.init.startswith("bert:"):  # bert:<ref> names its weights
         raise ConfigError(f"component {spec.kind!r}: set `pretrained: <local dir or hub id>` or `tiny: true`")
-    return component_kind(spec.kind).build(spec)
+    return component_kind(spec.kind), spec
 
 
 def spec_from_mapping(mapping: Any) -> ComponentSpec:

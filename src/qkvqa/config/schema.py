@@ -176,6 +176,26 @@ class QFFConfig:
     text_pretrain: TextPretrainConfig = field(default_factory=TextPretrainConfig)
 
 
+def qff_settings(section: Any = None) -> QFFConfig:
+    """The one typed object every command reads the QFF's settings from: the `qff:` section (a QFFConfig, its
+    DictConfig, or a plain mapping such as a trainer checkpoint's hyper-parameters; None: the defaults) as a
+    `QFFConfig`, missing keys at their defaults; an unknown key or a value of the wrong type is refused, naming it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from qkvqa.errors import ConfigError
+
+    if isinstance(section, QFFConfig):
+        return section
+    if section is None:
+        return QFFConfig()
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(QFFConfig), section))
+    except OmegaConfBaseException as e:
+        key = f"qff.{e.full_key}" if getattr(e, "full_key", None) else "qff"
+        raise ConfigError(f"{key}: {e.msg.splitlines()[0]} (the qff section's keys: qkvqa.config.schema.QFFConfig)")
+
+
 @dataclass
 class CDAConfig:
     """Chunk-based dynamic cross-article selection (method.md section 4)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qkvqa.config.schema import QFFConfig, qff_settings
 from qkvqa.errors import ConfigError, MissingWeightsError, StaleArtifactError
 from qkvqa.metrics.torchmetrics_classes import PerQuestionMean
-from qkvqa.qff.scorers import DEFAULT_SCORER, scorer_from_qff, scorer_name, scorer_spec
+from qkvqa.qff.scorers import DEFAULT_SCORER, resolve_scorer, scorer_from_qff
 from qkvqa.qff.scoring import in_batch_scores, rerank_hits
 from qkvqa.run.steps import optimizer_steps
 from qkvqa.utils.logging import get_logger
@@ -39,52 +40,30 @@ VISION_PREFIX = "model.base.vision_model."
 UNUSED_HEADS = ("itm_head", "vision_projection", "text_projection")
 
 
-@dataclass
-class QFFTrainSettings:
-    """The training switches of the `qff:` section (plain values, so checkpoints stay weights_only-loadable)."""
-
-    temperature: float = 0.07
-    learnable_temperature: bool = False
-    in_batch_negatives: bool = False
-    lr: float = 1.0e-5
-    weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1.0e-7
-    pct_start: float = 0.3
-    div_factor: float = 100.0
-    new_block_lr_scale: float = 1.0  # lr multiplier of the new focus blocks and gates
-    alpha: float = 0.9
-    # the section scorer (`qff.scorer`: registered name or module.path:ClassName) and its complete, checked options
-    # (`qkvqa.qff.scorers.scorer_spec`); the late interaction's question_norm is inference's, used by the validation
-    # article R@1 (its rerank is inference's); the loss and val/section_r1 score with `training=True`
-    scorer: str = DEFAULT_SCORER
-    scorer_options: dict = field(default_factory=dict)
-    schedule_steps: Optional[int] = None  # OneCycle length; None: trainer.estimated_stepping_batches
-    dropout: Optional[float] = None  # probability of every Dropout layer; None keeps the model's
-    vision_fingerprint: Optional[str] = None  # set when the frozen ViT is left out of checkpoints
-
-    @classmethod
-    def from_config(cls, qff, vision_fingerprint: Optional[str] = None) -> "QFFTrainSettings":
-        """Settings from the `qff:` config section (a DictConfig or QFFConfig)."""
-        scorer_cls, scorer_options = scorer_spec(qff)
-        return cls(
-            temperature=float(qff.temperature),
-            learnable_temperature=bool(qff.learnable_temperature),
-            in_batch_negatives=bool(qff.in_batch_negatives),
-            lr=float(qff.lr),
-            weight_decay=float(qff.weight_decay),
-            betas=(float(qff.betas[0]), float(qff.betas[1])),
-            eps=float(qff.eps),
-            pct_start=float(qff.pct_start),
-            div_factor=float(qff.div_factor),
-            new_block_lr_scale=float(qff.new_block_lr_scale),
-            alpha=float(qff.alpha),
-            scorer=scorer_name(scorer_cls),
-            scorer_options=scorer_options,
-            schedule_steps=qff.schedule_steps,
-            dropout=qff.dropout,
-            vision_fingerprint=vision_fingerprint,
+def trainer_qff(settings: Any, model_spec: Optional[dict] = None) -> tuple[QFFConfig, Optional[str]]:
+    """(the `qff:` section as the one `QFFConfig`, the recorded ViT fingerprint) from a QFFTrainer's `settings`
+    hyper-parameter: a QFFConfig, or its plain dict (`asdict`). Checkpoints written before one settings object hold
+    the trainer's own copy of 16 fields and `vision_fingerprint`: read with the `qff` section their `model_spec`
+    recorded, the scorer's `qff.<key>` options (`SectionScorer.QFF_KEYS`) back at their keys. Today the section is
+    `settings` alone: a `qff` in `model_spec` beside today's settings is refused (two copies, one would be ignored)."""
+    legacy = not isinstance(settings, QFFConfig) and "vision_fingerprint" in settings
+    if not legacy and "qff" in (model_spec or {}):
+        raise ConfigError(
+            "QFFTrainer: model_spec holds a qff section beside the settings; the qff section is the settings "
+            "(one QFFConfig): leave it out of model_spec"
         )
+    if isinstance(settings, QFFConfig):
+        return settings, None
+    settings = dict(settings)
+    if not legacy:
+        return qff_settings(settings), None
+    fingerprint = settings.pop("vision_fingerprint")
+    options = dict(settings.get("scorer_options") or {})
+    for option, key in resolve_scorer(settings.get("scorer") or DEFAULT_SCORER).QFF_KEYS.items():
+        if option in options:
+            settings[key] = options.pop(option)
+    settings["scorer_options"] = options
+    return qff_settings({**(model_spec or {}).get("qff", {}), **settings}), fingerprint
 
 
 def freeze_outside_objective(model) -> list[str]:
@@ -116,21 +95,18 @@ def model_architecture(model) -> dict:
     }
 
 
-def rebuild_model(spec: dict, settings: QFFTrainSettings) -> tuple[nn.Module, Optional[str]]:
-    """The QFFModel a `model_spec` describes, and the fingerprint of its frozen ViT (None unless the settings record
-    one): `{"qformer", "qff"}` builds the component (its ViT weights included), `{"architecture"}` only the shape."""
+def rebuild_model(spec: dict, qff: QFFConfig, fingerprinted: bool) -> tuple[nn.Module, Optional[str]]:
+    """The QFFModel a `model_spec` describes, and the fingerprint of its frozen ViT (None unless `fingerprinted`):
+    `{"qformer"}` builds the component with the `qff` settings, its ViT weights included; `{"architecture"}` only
+    the shape."""
     if "qformer" in spec:
         from qkvqa.qff.builder import build_qff_component
         from qkvqa.qff.vit_cache import vision_fingerprint
 
-        component = build_qff_component({**spec["qformer"], "device": "cpu"}, spec.get("qff"))
-        fingerprint = (
-            vision_fingerprint(component.model, component.image_processor)
-            if settings.vision_fingerprint is not None
-            else None
-        )
+        component = build_qff_component({**spec["qformer"], "device": "cpu"}, qff)
+        fingerprint = vision_fingerprint(component.model, component.image_processor) if fingerprinted else None
         return component.model, fingerprint
-    if settings.vision_fingerprint is not None:
+    if fingerprinted:
         raise MissingWeightsError(
             "this QFFTrainer checkpoint leaves the frozen ViT out and records no components.qformer "
             "spec to rebuild it from: pass model= (build_qff_component(cfg.components.qformer, "
@@ -158,40 +134,48 @@ class QFFTrainer(pl.LightningModule):
     settings and a `model_spec` (plain values, so `weights_only` loading still works) that rebuilds the model.
     """
 
-    def __init__(self, model=None, settings: QFFTrainSettings | dict | None = None, model_spec: Optional[dict] = None):
-        """`model`: the QFFModel to train; `settings`: its QFFTrainSettings (or their dict). `model_spec`
-        (`{"qformer": components.qformer, "qff": the qff section}`, plain dicts; `qkvqa train` passes it) is recorded
-        so that a checkpoint rebuilds the model, its frozen ViT included, and that ViT is checked against the
+    def __init__(
+        self,
+        model=None,
+        settings: QFFConfig | dict | None = None,
+        model_spec: Optional[dict] = None,
+        vision_fingerprint: Optional[str] = None,
+    ):
+        """`model`: the QFFModel to train; `settings`: the `qff:` section, the one `QFFConfig` every command reads
+        (`qkvqa.config.schema.qff_settings(cfg.qff)`; or its plain dict, as the checkpoint holds it).
+        `vision_fingerprint`: set when the frozen ViT is left out of checkpoints. `model_spec`
+        (`{"qformer": components.qformer}`, plain values; `qkvqa train` passes it) is recorded so that a checkpoint
+        rebuilds the model with these settings, its frozen ViT included, and that ViT is checked against the
         checkpoint's; without it the model's architecture is recorded. `model=None` rebuilds from `model_spec`."""
         super().__init__()
         if settings is None:
-            raise ConfigError("QFFTrainer needs settings: QFFTrainer(model, QFFTrainSettings.from_config(cfg.qff))")
-        if not isinstance(settings, QFFTrainSettings):
-            settings = dict(settings)
-            if "scorer" not in settings:  # saved before qff.scorer: the late interaction's two switches
-                settings["scorer_options"] = {
-                    key: settings.pop(key) for key in ("score_direction", "question_norm") if key in settings
-                }
-            settings = QFFTrainSettings(**{**settings, "betas": tuple(settings.get("betas", (0.9, 0.98)))})
+            raise ConfigError("QFFTrainer needs settings: QFFTrainer(model, qff_settings(cfg.qff))")
+        qff, recorded = trainer_qff(settings, model_spec)
+        vision_fingerprint = vision_fingerprint if vision_fingerprint is not None else recorded
         if model_spec is None and model is None:
             raise ConfigError("QFFTrainer needs a model, or a model_spec to build it from")
         model_spec = model_spec if model_spec is not None else model_architecture(model)
-        self.save_hyperparameters({"settings": asdict(settings), "model_spec": model_spec}, logger=False)
+        model_spec = {k: v for k, v in model_spec.items() if k != "qff"}  # an old layout's, now in `qff`: saved once
+        self.save_hyperparameters(
+            {"settings": asdict(qff), "model_spec": model_spec, "vision_fingerprint": vision_fingerprint},
+            logger=False,
+        )
         if model is None:
-            model, fingerprint = rebuild_model(model_spec, settings)
+            model, fingerprint = rebuild_model(model_spec, qff, vision_fingerprint is not None)
             if fingerprint is not None:  # on_load_checkpoint compares it with the checkpoint's
-                settings = replace(settings, vision_fingerprint=fingerprint)
+                vision_fingerprint = fingerprint
         self.model = model.train()  # Lightning keeps submodule modes: dropout on (a frozen ViT stays in eval)
-        self.settings = settings
+        self.qff = qff
+        self.vision_fingerprint = vision_fingerprint
         # the one scorer of this run: the loss, val/section_r1 and the validation rerank score through it
-        self.scorer = scorer_from_qff({"scorer": settings.scorer, "scorer_options": settings.scorer_options})
+        self.scorer = scorer_from_qff(qff)
         freeze_outside_objective(model)
-        if settings.dropout is not None:
+        if self.qff.dropout is not None:
             for module in model.modules():
                 if isinstance(module, nn.Dropout):
-                    module.p = float(settings.dropout)
-        log_tau = torch.tensor(math.log(settings.temperature))
-        if settings.learnable_temperature:
+                    module.p = float(self.qff.dropout)
+        log_tau = torch.tensor(math.log(self.qff.temperature))
+        if self.qff.learnable_temperature:
             self.log_temperature = nn.Parameter(log_tau)
         else:
             self.register_buffer("log_temperature", log_tau, persistent=False)
@@ -240,7 +224,7 @@ class QFFTrainer(pl.LightningModule):
         """`[B, N]` scores over tau (positive first); with in-batch negatives, `[B, N + B - 1]`."""
         scores = self.scorer.score(question.tokens[:, None], sections, training=True)
         b = batch["size"]
-        if self.settings.in_batch_negatives and b > 1:
+        if self.qff.in_batch_negatives and b > 1:
             negatives = in_batch_scores(self.model, batch, question, states, self.scorer)
             scores = torch.cat([scores, negatives], dim=1)
         return scores / self.temperature
@@ -313,23 +297,23 @@ class QFFTrainer(pl.LightningModule):
         """AdamW groups: the base Q-Former (lr, weight decay), the new focus blocks (lr x new_block_lr_scale,
         weight decay) and their gates (lr x new_block_lr_scale, no weight decay: decay would pull a gate
         back to closed), and a learnable temperature (no weight decay)."""
-        s = self.settings
+        qff = self.qff
         blocks, gates = self.model.focus_parameters()
         new = {id(p) for p in blocks + gates}
         base = [p for p in self.model.parameters() if p.requires_grad and id(p) not in new]
-        scaled = s.lr * s.new_block_lr_scale
+        scaled = qff.lr * qff.new_block_lr_scale
         groups = [
-            {"name": "qformer", "params": base, "lr": s.lr, "weight_decay": s.weight_decay},
+            {"name": "qformer", "params": base, "lr": qff.lr, "weight_decay": qff.weight_decay},
             {
                 "name": "focus_blocks",
                 "params": [p for p in blocks if p.requires_grad],
                 "lr": scaled,
-                "weight_decay": s.weight_decay,
+                "weight_decay": qff.weight_decay,
             },
             {"name": "focus_gates", "params": [p for p in gates if p.requires_grad], "lr": scaled, "weight_decay": 0.0},
         ]
-        if s.learnable_temperature:
-            groups.append({"name": "temperature", "params": [self.log_temperature], "lr": s.lr, "weight_decay": 0.0})
+        if qff.learnable_temperature:
+            groups.append({"name": "temperature", "params": [self.log_temperature], "lr": qff.lr, "weight_decay": 0.0})
         return [g for g in groups if g["params"]]
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -351,9 +335,9 @@ class QFFTrainer(pl.LightningModule):
             self.log("train/focus_grad_norm", torch.stack(grads).norm(), on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
-        s = self.settings
-        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=s.lr, betas=tuple(s.betas), eps=s.eps)
-        total = int(s.schedule_steps or optimizer_steps(self.trainer))
+        qff = self.qff
+        optimizer = torch.optim.AdamW(self.parameter_groups(), lr=qff.lr, betas=tuple(qff.betas), eps=qff.eps)
+        total = int(qff.schedule_steps or optimizer_steps(self.trainer))
         if self._resumed_schedule_steps is not None and self._resumed_schedule_steps != total:
             raise ConfigError(
                 f"the checkpoint's OneCycle schedule spans {self._resumed_schedule_steps} optimizer steps "
@@ -366,8 +350,8 @@ class QFFTrainer(pl.LightningModule):
             optimizer,
             max_lr=[g["lr"] for g in optimizer.param_groups],
             total_steps=total,
-            pct_start=s.pct_start,
-            div_factor=s.div_factor,
+            pct_start=qff.pct_start,
+            div_factor=qff.div_factor,
             cycle_momentum=False,
         )
         # LearningRateMonitor logs each group's rate as train/lr/<group name> (qformer, focus_blocks, ...)
@@ -391,7 +375,7 @@ class QFFTrainer(pl.LightningModule):
                 question,
                 states,
                 self.scorer,
-                self.settings.alpha,
+                self.qff.alpha,
             )
             self.val_article_r1.update(batch["data_ids"], fused_hits)
             self.val_stage1_r1.update(batch["data_ids"], stage1_hits)
@@ -417,12 +401,12 @@ class QFFTrainer(pl.LightningModule):
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Leave the frozen ViT out of the checkpoint (it is rebuilt from the component); record its fingerprint."""
-        if self.settings.vision_fingerprint is None:
+        if self.vision_fingerprint is None:
             return
         state = checkpoint["state_dict"]
         for key in [k for k in state if k.startswith(VISION_PREFIX)]:
             del state[key]
-        checkpoint["qff_frozen_vit"] = {"fingerprint": self.settings.vision_fingerprint, "prefix": VISION_PREFIX}
+        checkpoint["qff_frozen_vit"] = {"fingerprint": self.vision_fingerprint, "prefix": VISION_PREFIX}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Note the saved schedule length; put this run's frozen ViT weights back after checking they are the same."""
@@ -431,7 +415,7 @@ class QFFTrainer(pl.LightningModule):
         frozen = checkpoint.get("qff_frozen_vit")
         if frozen is None:
             return
-        if frozen["fingerprint"] != self.settings.vision_fingerprint:
+        if frozen["fingerprint"] != self.vision_fingerprint:
             raise StaleArtifactError(
                 "this checkpoint was trained with another frozen ViT (fingerprint "
                 f"{frozen['fingerprint'][:19]}...); resume with the same "

@@ -346,23 +346,27 @@ class QFFKind(FilterKind):
         return None
 
     def card(self, cfg: Any, produced_by: Optional[dict] = None) -> dict:
+        from qkvqa.config.schema import qff_settings
+
+        qff = qff_settings(cfg.qff)  # the one settings object the component and the trainer read
         card = {
             "kind": self.name,
-            "focus": cfg.qff.focus,
-            "alpha": cfg.qff.alpha,
-            "question_norm": cfg.qff.question_norm,
-            "scorer": cfg.qff.scorer,
+            "focus": qff.focus,
+            "alpha": qff.alpha,
+            "question_norm": qff.question_norm,
+            "scorer": qff.scorer,
             # settings that change speed or memory, not the scores (a trained QFF may run with other values)
             "runtime_settings": {
-                key: cfg.qff[key] for key in ("attention", "section_batch_size", "question_batch_size", "vit_lru_size")
+                "attention": qff.attention,
+                "section_batch_size": qff.section_batch_size,
+                "question_batch_size": qff.question_batch_size,
+                "vit_lru_size": qff.vit_lru_size,
             },
         }
-        if cfg.qff.scorer_options:
-            card["scorer_options"] = dict(cfg.qff.scorer_options)
-        if not cfg.qff.checkpoint:
-            card["weights"] = (
-                "untrained, on purpose (qff.allow_untrained=true)" if cfg.qff.allow_untrained else "untrained"
-            )
+        if qff.scorer_options:
+            card["scorer_options"] = dict(qff.scorer_options)
+        if not qff.checkpoint:
+            card["weights"] = "untrained, on purpose (qff.allow_untrained=true)" if qff.allow_untrained else "untrained"
         return card
 
     def alpha(self, cfg: Any) -> Optional[float]:

@@ -39,26 +39,6 @@ TINY_DEFAULTS = {
     "vision_heads": None,  # the ViT's heads: num_heads when unset (a bert:<ref> init: 4, the Q-Former's are BERT's)
 }
 
-# Runtime settings (the `qff:` config section feeds them through `build_qff_component`).
-RUNTIME_DEFAULTS = {
-    "focus": None,
-    "freeze_vit": True,
-    "gradient_checkpointing": False,
-    "max_text_tokens": 512,
-    "question_max_tokens": 64,
-    "blip_text_preprocess": True,
-    "scorer": "late_interaction",  # qkvqa.qff.scorers: a registered name or module.path:ClassName
-    "scorer_options": {},
-    "score_direction": "question_to_section",  # the late_interaction scorer's options
-    "question_norm": "per_token",
-    "section_batch_size": 64,
-    "image_transform": "targetpad",
-    "gate": "tanh",
-    "gate_init": 0.0,
-    "attention": "sdpa",
-    "vit_lru_size": 256,
-}
-
 # Loading settings: tiny vocabulary and seed; LAVIS base config, tokenizer and separate EVA ViT weights.
 LOADING_DEFAULTS = {
     "vocab_texts": (),
@@ -68,7 +48,10 @@ LOADING_DEFAULTS = {
     "vision_checkpoint": None,
 }
 
-KNOWN_OPTIONS = {**TINY_DEFAULTS, **RUNTIME_DEFAULTS, **LOADING_DEFAULTS}
+# The component's construction options (`components.qformer.options`): the tiny model's shape and the loading
+# settings. Everything else the QFF reads (focus, gate, text limits, scorer, ...) is the `qff:` section's, one
+# `QFFConfig` (`qkvqa.config.schema.qff_settings`) that `build_qff_component` hands over whole.
+KNOWN_OPTIONS = {**TINY_DEFAULTS, **LOADING_DEFAULTS}
 # Article images whose ViT states enter the LRU go through the ViT in forwards of exactly this many (see
 # `QFFComponent.score_sections_many`): a shape that fills a GPU, fixed so that the states never depend on the batch.
 VIT_CHUNK = 8
@@ -105,41 +88,31 @@ class QFFComponent:
     reranker calls `score_sections` and feeds the result to `qkvqa.qff.scoring.rerank`.
     """
 
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        image_processor,
-        *,
-        focus: Optional[str] = None,
-        max_text_tokens: int = 512,
-        question_max_tokens: int = 64,
-        blip_text_preprocess: bool = True,
-        scorer=None,
-        section_batch_size: int = 64,
-        image_transform: Optional[str] = None,
-        vit_lru_size: int = 256,
-    ):
-        """`scorer`: the `SectionScorer` every score goes through (`qkvqa.qff.scorers`; None: the default late
-        interaction)."""
+    def __init__(self, model, tokenizer, image_processor, qff: Any = None, scorer=None):
+        """`qff`: the `qff:` section the component reads its focus, text limits, preprocessing and batch sizes from
+        (`qkvqa.config.schema.qff_settings`; None: the defaults), kept whole as `self.qff`; `scorer`: the
+        `SectionScorer` every score goes through (`qkvqa.qff.scorers`; None: the one `qff` selects)."""
+        from qkvqa.config.schema import qff_settings
         from qkvqa.qff.scorers import scorer_from_qff
 
+        qff = qff_settings(qff)
+        self.qff = qff
         self.model = model
         self.tokenizer = tokenizer
         self.image_processor = image_processor
-        self.focus = focus or model.focus
+        self.focus = qff.focus
         if self.focus not in (model.focus, "none"):
             raise ConfigError(
                 f"qff.focus={self.focus!r}, but the loaded QFF model was built with focus="
                 f"{model.focus!r}; use {model.focus!r} or 'none'"
             )
-        self.max_text_tokens = min(int(max_text_tokens), model.max_text_tokens)
-        self.question_max_tokens = min(int(question_max_tokens), model.max_text_tokens)
-        self.blip_text_preprocess = bool(blip_text_preprocess)
-        self.scorer = scorer if scorer is not None else scorer_from_qff({})
-        self.section_batch_size = int(section_batch_size)
-        self.image_transform = image_transform
-        self.vit_lru_size = int(vit_lru_size)
+        self.max_text_tokens = min(int(qff.max_text_tokens), model.max_text_tokens)
+        self.question_max_tokens = min(int(qff.question_max_tokens), model.max_text_tokens)
+        self.blip_text_preprocess = bool(qff.blip_text_preprocess)
+        self.scorer = scorer if scorer is not None else scorer_from_qff(qff)
+        self.section_batch_size = int(qff.section_batch_size)
+        self.image_transform = qff.image_transform
+        self.vit_lru_size = int(qff.vit_lru_size)
         self._vit_cache: "OrderedDict[Any, Any]" = OrderedDict()  # image content key -> ViT states [P, Dv]
         self._vit_version: Any = None  # the ViT weights the cached states came from
         self.vit_cache_stats = {"hits": 0, "misses": 0}
@@ -711,7 +684,15 @@ def _load_lavis(path: str, options: Mapping[str, Any], dtype, local_only: bool):
 
 
 def _options(spec: ComponentSpec) -> dict[str, Any]:
+    from qkvqa.config.schema import QFFConfig
+
     unknown = sorted(set(spec.options) - set(KNOWN_OPTIONS))
+    settings = [key for key in unknown if key in QFFConfig.__dataclass_fields__]
+    if settings:
+        raise ConfigError(
+            f"components.qformer.options.{settings[0]}: {settings[0]} is a setting of the qff: section, not an option "
+            f"of the component; set qff.{settings[0]} (build_qff_component(spec, qff) reads the section whole)"
+        )
     if unknown:
         near = {k: difflib.get_close_matches(k, KNOWN_OPTIONS, n=2) for k in unknown}
         raise ConfigError(
@@ -722,12 +703,15 @@ def _options(spec: ComponentSpec) -> dict[str, Any]:
 
 
 @register_component("blip2_qff")
-def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
+def build_blip2_qff(spec: ComponentSpec, qff: Any = None) -> QFFComponent:
     """Build the QFF component from `tiny: true` or `pretrained:` = HF id/dir, LAVIS `.pth` or qkvqa checkpoint dir.
 
-    The new question-focused parameters are created and initialised after the base weights are
-    loaded (HF and LAVIS paths) or read from the checkpoint (qkvqa path).
+    `qff` is the `qff:` section (`qkvqa.config.schema.qff_settings`; None: the schema's defaults), read whole: the
+    focus, gate, text limits, scorer, preprocessing and runtime switches all come from it. The new
+    question-focused parameters are created and initialised after the base weights are loaded (HF and LAVIS paths)
+    or read from the checkpoint (qkvqa path).
     """
+    from qkvqa.config.schema import qff_settings
     from qkvqa.qff.image_processing import blip2_image_processor
     from qkvqa.qff.model import CHECKPOINT_CONFIG, QFFModel, resolve_focus
     from qkvqa.qff.scorers import scorer_from_qff
@@ -740,21 +724,21 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             "qkvqa.qff.pretrain_here.resolve_qformer_spec(cfg) (qkvqa train and qkvqa pretrain-qformer do)"
         )
     options = _options(spec)
-    scorer = scorer_from_qff(options)  # before any weights load: a bad scorer stops here
+    qff = qff_settings(qff)
+    scorer = scorer_from_qff(qff)  # before any weights load: a bad scorer stops here
     dtype = spec.torch_dtype()
     local_only = not spec.allow_download
-    focus = options["focus"]
     ref = os.path.expanduser(str(spec.pretrained)) if spec.pretrained else ""
     bert = bert_init_ref(spec.init)
     if bert is None and not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
         model = QFFModel.from_checkpoint(
             ref,
             dtype=dtype,
-            freeze_vit=options["freeze_vit"],
-            gradient_checkpointing=options["gradient_checkpointing"],
-            attention=options["attention"],
+            freeze_vit=qff.freeze_vit,
+            gradient_checkpointing=qff.gradient_checkpointing,
+            attention=qff.attention,
         )
-        _check_preprocessing(Path(ref), options)
+        _check_preprocessing(Path(ref), qff)
         _check_vit_dtype(Path(ref), model)
         tokenizer = _load_tokenizer(ref, local_only=True)
     else:
@@ -768,35 +752,25 @@ def build_blip2_qff(spec: ComponentSpec) -> QFFComponent:
             base, tokenizer = _load_lavis(ref, options, dtype, local_only)
         else:
             base, tokenizer = _load_hf(resolve_pretrained(spec), dtype, local_only)
-        model = resolve_focus(focus or "per_layer")(
+        model = resolve_focus(qff.focus)(
             base,
-            focus=focus or "per_layer",
-            freeze_vit=options["freeze_vit"],
-            gradient_checkpointing=options["gradient_checkpointing"],
-            gate=options["gate"],
-            gate_init=float(options["gate_init"]),
-            attention=options["attention"],
+            focus=qff.focus,
+            freeze_vit=qff.freeze_vit,
+            gradient_checkpointing=qff.gradient_checkpointing,
+            gate=qff.gate,
+            gate_init=float(qff.gate_init),
+            attention=qff.attention,
         )
     model.to(spec.torch_device()).eval()
     component = QFFComponent(
-        model,
-        tokenizer,
-        blip2_image_processor(model.image_size, options["image_transform"]),
-        focus=focus,
-        max_text_tokens=options["max_text_tokens"],
-        question_max_tokens=options["question_max_tokens"],
-        blip_text_preprocess=options["blip_text_preprocess"],
-        scorer=scorer,
-        section_batch_size=options["section_batch_size"],
-        image_transform=options["image_transform"],
-        vit_lru_size=options["vit_lru_size"],
+        model, tokenizer, blip2_image_processor(model.image_size, qff.image_transform), qff, scorer=scorer
     )
     if bert is None and not spec.tiny and os.path.isdir(ref) and (Path(ref) / CHECKPOINT_CONFIG).exists():
-        check_scoring(Path(ref), component, options)
+        check_scoring(Path(ref), component, qff)
     return component
 
 
-def check_scoring(path: Path, component: QFFComponent, options: Mapping[str, Any]) -> None:
+def check_scoring(path: Path, component: QFFComponent, qff: Any) -> None:
     """Refuse a trained QFF used with another scorer, scorer option, plugin source (scorer or focus), text limit or gate than it was
     trained with, naming the key and both values; a runtime scorer option that differs is said in one line (QFFs
     written before the scoring was recorded are checked for the gate only)."""
@@ -810,8 +784,8 @@ def check_scoring(path: Path, component: QFFComponent, options: Mapping[str, Any
     focus_sha = focus_source(type(component.model)).get("focus_source_sha256")
     if saved.get("focus_source_sha256") not in (None, focus_sha):
         differs.append(("qff.focus source sha256", saved["focus_source_sha256"], focus_sha))
-    if options.get("gate") is not None and saved.get("gate") not in (None, options["gate"]):
-        differs.append(("qff.gate", saved["gate"], options["gate"]))
+    if saved.get("gate") not in (None, qff.gate):
+        differs.append(("qff.gate", saved["gate"], qff.gate))
     trained = saved.get("scoring") or {}
     here = component.scoring()
     runtime = set(trained.get("runtime_options", ()))
@@ -865,7 +839,7 @@ def _check_vit_dtype(path: Path, model: Any) -> Optional[str]:
     return trained
 
 
-def _check_preprocessing(path: Path, options: dict) -> None:
+def _check_preprocessing(path: Path, qff: Any) -> None:
     """Refuse a trained QFF under other input preprocessing than it was trained with (its scores would shift in
     silence); checkpoints written before the preprocessing was recorded are not checked."""
     import json
@@ -882,7 +856,7 @@ def _check_preprocessing(path: Path, options: dict) -> None:
             f"wide photos to a full square; this qkvqa uses OMGM's {IMAGE_GEOMETRY['targetpad']} (a 1.25:1 pad), so "
             "most 4:3 and 3:2 images would get other pixels than in training. Retrain the QFF (`qkvqa train`)"
         )
-    options = {**options, "image_geometry": IMAGE_GEOMETRY.get(options.get("image_transform"))}
+    options = {**dataclasses.asdict(qff), "image_geometry": IMAGE_GEOMETRY.get(qff.image_transform)}
     differs = [
         f"qff.{key}: trained with {value!r}, this config has {options[key]!r}"
         for key, value in trained.items()
@@ -896,19 +870,21 @@ def _check_preprocessing(path: Path, options: dict) -> None:
 
 
 def build_qff_component(spec: ComponentSpec | Mapping[str, Any], qff: Any = None) -> QFFComponent:
-    """Build the `components.qformer` spec with the `qff:` section's settings (focus, text limits, scoring, ...).
-
-    `qff` is a `QFFConfig` (or mapping); its runtime fields fill `spec.options` unless the spec sets
-    them itself, and `qff.checkpoint`, when set, replaces `pretrained` (trained weights for reranking).
-    """
-    from qkvqa.components.registry import build_component, spec_from_mapping
+    """Build the `components.qformer` spec with the `qff:` section (a `QFFConfig`, its DictConfig or a mapping; read
+    whole through `qkvqa.config.schema.qff_settings`, so no key of it is left out); `qff.checkpoint`, when set,
+    replaces `pretrained` (trained weights for reranking)."""
+    from qkvqa.components.registry import buildable_kind, spec_from_mapping
+    from qkvqa.config.schema import qff_settings
 
     if not isinstance(spec, ComponentSpec):
         spec = spec_from_mapping(spec)
-    if qff is not None:
-        values = dataclasses.asdict(qff) if dataclasses.is_dataclass(qff) else qff
-        runtime = {k: values[k] for k in RUNTIME_DEFAULTS if k in values}
-        spec = dataclasses.replace(spec, options={**runtime, **spec.options})
-        if values.get("checkpoint"):  # trained weights: whatever init they started from
-            spec = dataclasses.replace(spec, pretrained=str(values["checkpoint"]), tiny=False, init="checkpoint")
-    return build_component(spec)
+    qff = qff_settings(qff)
+    if qff.checkpoint:  # trained weights: whatever init they started from
+        spec = dataclasses.replace(spec, pretrained=str(qff.checkpoint), tiny=False, init="checkpoint")
+    kind, spec = buildable_kind(spec)
+    if getattr(kind, "builder", None) is not build_blip2_qff:
+        raise ConfigError(
+            f"components.qformer.kind={spec.kind!r} is no QFF: the QFF is the blip2_qff component "
+            "(its focus by qff.focus, its scorer by qff.scorer)"
+        )
+    return build_blip2_qff(spec, qff)

@@ -442,21 +442,22 @@ def mine_split(cfg, split: Optional[str], benchmark) -> MiningResult:
     The results are `retrieval.results` when set (OMGM or EchoSight layout), else retrieved now from
     the config's index (`qkvqa.retrieval.retrieve.retrieve_split`).
     """
+    from qkvqa.config.schema import qff_settings
     from qkvqa.retrieval.retrieve import retrieve_split
 
     split = split or cfg.retrieval.split
     retrieval = retrieve_split(cfg, split, benchmark=benchmark)
     facts = ArticleFactsSource(benchmark.kb_store(), benchmark.article_images(), image_paths_for(benchmark.config))
     resolver = benchmark.image_loader.resolver
-    q = cfg.qff
+    qff = qff_settings(cfg.qff)  # the one settings object
     return mine_pools(
         benchmark.questions(split),
         retrieval.results,
         facts,
         lambda question: image_key(resolver, question.dataset_name, question.image_id),
-        top_k=q.mining_top_k,
-        gold_sections=q.mining_gold_sections,
-        num_negatives=q.num_negatives,
+        top_k=qff.mining_top_k,
+        gold_sections=qff.mining_gold_sections,
+        num_negatives=qff.num_negatives,
         split=split,
     )
 

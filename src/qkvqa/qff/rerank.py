@@ -61,8 +61,9 @@ class RerankedQuestion:
 def load_qff_component(cfg):
     """The QFF component of `cfg`: `qff.checkpoint` may be a `qkvqa train` RUN/qff directory, or a Lightning .ckpt
     of a QFFTrainer, whose weights are loaded into the architecture `components.qformer` builds."""
-    from omegaconf import OmegaConf
+    import dataclasses
 
+    from qkvqa.config.schema import qff_settings
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.model import CHECKPOINT_CONFIG
 
@@ -81,8 +82,7 @@ def load_qff_component(cfg):
     path = Path(checkpoint).expanduser()
     if not path.is_file():
         raise MissingWeightsError(f"qff.checkpoint {path}: no such checkpoint")
-    qff = OmegaConf.to_container(cfg.qff, resolve=True)
-    qff["checkpoint"] = None
+    qff = dataclasses.replace(qff_settings(cfg.qff), checkpoint=None)  # the .ckpt's weights are loaded below
     component = build_qff_component(cfg.components.qformer, qff)
     saved = load_torch_checkpoint(path, map_location="cpu", weights_only=True)
     state = {k[len("model.") :]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
