@@ -19,8 +19,6 @@ its record holds the same inputs and the weights' sha256.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from qkvqa.errors import ConfigError, DataError
+from qkvqa.utils.derived_cache import code_version, keyed_dir, plain
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -57,33 +56,6 @@ WEIGHT_OPTIONS = (
     "tokenizer",
     "vision_checkpoint",
 )
-
-
-def _plain(value: Any) -> Any:
-    """A plain dict / list / scalar of an OmegaConf node, a dataclass or a mapping."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
-
-
-def _code_version() -> dict:
-    """sha256 of the files whose code makes the weights, and the library versions."""
-    import torch
-    import transformers
-
-    here = Path(__file__).parent
-    return {
-        "files": {
-            name: hashlib.sha256((here / name).read_bytes()).hexdigest()[:16]
-            for name in ("pretrain_here.py", "builder.py", "model.py")
-        },
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
 
 
 def _base_identity(spec: Mapping[str, Any]) -> dict:
@@ -133,7 +105,7 @@ def init_inputs(cfg: Any) -> dict:
     """Every input of the pretrained-here weights of `cfg` (the cache key is their sha256)."""
     from qkvqa.utils.io import sha256_file
 
-    spec = _plain(cfg.components.qformer)
+    spec = plain(cfg.components.qformer)
     files = corpus_files(cfg)
     return {
         "format": FORMAT,
@@ -143,26 +115,14 @@ def init_inputs(cfg: Any) -> dict:
         "reflectiva_passages": cfg.data.reflectiva_passages,
         "blip_text_preprocess": bool(cfg.qff.blip_text_preprocess),
         "max_text_tokens": int(cfg.qff.max_text_tokens),
-        "settings": _plain(cfg.qff.text_pretrain),
-        "code": _code_version(),
+        "settings": plain(cfg.qff.text_pretrain),
+        "code": code_version(Path(__file__).with_name(n) for n in ("pretrain_here.py", "builder.py", "model.py")),
     }
-
-
-def cache_key(inputs: Mapping[str, Any]) -> str:
-    """The sha256 of `init_inputs`, as canonical JSON."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def cache_dir(cfg: Any, inputs: Mapping[str, Any]) -> Path:
     """Where the pretrained-here weights of `inputs` live: {paths.cache_dir}/qformer_init/<kind>-<key16>."""
-    from qkvqa.utils.own_files import check_own_dir
-
-    root = Path(os.path.expanduser(str(cfg.paths.cache_dir))) / "qformer_init"
-    path = root / f"{inputs['base']['kind']}-{cache_key(inputs)[:16]}"
-    check_own_dir(
-        path, "pretrained-here Q-Former", "remove it, or use a paths.cache_dir of your own (docs/security.md)"
-    )
-    return path
+    return keyed_dir(cfg, "qformer_init", inputs, "pretrained-here Q-Former")
 
 
 def corpus_texts(cfg: Any, files: Mapping[str, Path]) -> list[str]:
@@ -336,7 +296,7 @@ def pretrain(component, texts: list[str], settings: Mapping[str, Any], max_text_
 
 def base_spec(cfg: Any) -> dict:
     """`components.qformer` as the builder takes it for the base weights: init checkpoint, on the CPU."""
-    return {**_plain(cfg.components.qformer), "init": "checkpoint", "device": "cpu"}
+    return {**plain(cfg.components.qformer), "init": "checkpoint", "device": "cpu"}
 
 
 def build(cfg: Any, force: bool = False) -> tuple[Path, dict]:
@@ -377,7 +337,7 @@ def build(cfg: Any, force: bool = False) -> tuple[Path, dict]:
             "max_text_tokens": cfg.qff.max_text_tokens,
         },
     )
-    figures = pretrain(component, texts, _plain(cfg.qff.text_pretrain), int(cfg.qff.max_text_tokens))
+    figures = pretrain(component, texts, plain(cfg.qff.text_pretrain), int(cfg.qff.max_text_tokens))
     log.info(
         "MLM loss on %d held-aside texts: %.3f before, %.3f after (chance %.3f), in %.0f s",
         figures["probe_texts"],
@@ -411,7 +371,7 @@ def build(cfg: Any, force: bool = False) -> tuple[Path, dict]:
 def resolve_qformer_spec(cfg: Any, spec: Optional[Mapping[str, Any]] = None) -> dict:
     """`components.qformer` (or `spec`) as a plain dict the builder can build: unchanged for init checkpoint; for
     init pretrained_here, `pretrained` is the pretrained-here directory (built first when missing: `build`)."""
-    spec = dict(_plain(spec if spec is not None else cfg.components.qformer))
+    spec = dict(plain(spec if spec is not None else cfg.components.qformer))
     if spec.get("init", "checkpoint") != "pretrained_here":
         return spec
     out, _ = build(cfg)

@@ -17,7 +17,6 @@ versions). A reused one is checked: its record holds the same inputs and the wei
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from qkvqa.errors import ConfigError, DataError
+from qkvqa.utils.derived_cache import code_version, keyed_dir, plain
 from qkvqa.utils.logging import get_logger
 
 log = get_logger(__name__)
@@ -36,25 +36,6 @@ log = get_logger(__name__)
 RECORD = "pretrain_retriever.json"
 FORMAT = "qkvqa-retriever-pretrained-here"
 WEIGHTS = "model.safetensors"
-
-
-def _plain(value: Any) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
-def _code_version() -> dict:
-    import torch
-    import transformers
-
-    return {
-        "file": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
 
 
 def _sources(cfg: Any, benchmark: Any) -> tuple[Any, Any]:
@@ -75,26 +56,16 @@ def pretrain_inputs(cfg: Any, benchmark: Any) -> dict:
     kb, queries = _sources(cfg, benchmark)
     return {
         "format": FORMAT,
-        "base": encoder_identity(_plain(cfg.components.image_encoder)),
+        "base": encoder_identity(plain(cfg.components.image_encoder)),
         "world": {"kb_images": kb.identity(), "train_queries": queries.identity()},
-        "settings": _plain(cfg.retrieval.pretrain),
-        "code": _code_version(),
+        "settings": plain(cfg.retrieval.pretrain),
+        "code": code_version([Path(__file__), Path(__file__).with_name("encoders.py")]),
     }
-
-
-def cache_key(inputs: Mapping[str, Any]) -> str:
-    """The sha256 of `pretrain_inputs`, as canonical JSON."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def cache_dir(cfg: Any, inputs: Mapping[str, Any]) -> Path:
     """Where the trained encoder of `inputs` lives: {paths.cache_dir}/retriever_init/<kind>-<key16>."""
-    from qkvqa.utils.own_files import check_own_dir
-
-    root = Path(os.path.expanduser(str(cfg.paths.cache_dir))) / "retriever_init"
-    path = root / f"{inputs['base']['kind']}-{cache_key(inputs)[:16]}"
-    check_own_dir(path, "trained retriever", "remove it, or use a paths.cache_dir of your own (docs/security.md)")
-    return path
+    return keyed_dir(cfg, "retriever_init", inputs, "trained retriever")
 
 
 class _Unprocessed:
@@ -356,7 +327,7 @@ def build(cfg: Any, benchmark: Any, force: bool = False) -> tuple[Path, dict]:
             log.info("stage-1 image encoder trained here: reusing %s", out)
             return out, found
         log.warning("%s holds other or unrecorded inputs; training it again", out)
-    spec = spec_from_mapping({**_plain(cfg.components.image_encoder), "device": "cpu", "dtype": "fp32"})
+    spec = spec_from_mapping({**plain(cfg.components.image_encoder), "device": "cpu", "dtype": "fp32"})
     encoder = build_component(spec)
     if not hasattr(encoder.model, "save_pretrained"):
         raise ConfigError(
@@ -374,7 +345,7 @@ def build(cfg: Any, benchmark: Any, force: bool = False) -> tuple[Path, dict]:
         cfg.retrieval.pretrain.steps,
         cfg.retrieval.pretrain.batch_size,
     )
-    figures = train(encoder, data, _plain(cfg.retrieval.pretrain))
+    figures = train(encoder, data, plain(cfg.retrieval.pretrain))
     log.info(
         "InfoNCE loss %.3f in the first tenth of the steps, %.3f in the last (chance %.3f), in %.0f s",
         figures["train_loss_first_tenth"],
