@@ -23,11 +23,6 @@ def register_plugin(point: str, name: str, cls: type) -> None:
     named[name] = cls
 
 
-def registered_plugins(point: str) -> list[str]:
-    """The registered names of an extension point."""
-    return sorted(_NAMED.get(point, {}))
-
-
 def is_import_path(name: Any) -> bool:
     """Whether `name` is an import path `module:Class` (a registered name holds no colon)."""
     return isinstance(name, str) and ":" in name
