@@ -55,6 +55,7 @@ def _run_test(datamodule) -> _Recorder:
     return recorder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1])
 def test_evqa_test_split_runs_through_a_trainer_and_counts_skips(world, tmp_path, workers):
     datamodule = build_data_module(_config(world, "evqa", num_workers=workers, batch_size=16))

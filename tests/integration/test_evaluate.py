@@ -432,6 +432,7 @@ def _infoseek_data(world, **questions: str) -> list[str]:
     return [f"data.{k}={v}" for k, v in keys.items()]
 
 
+@pytest.mark.slow
 def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(world, tmp_path, capsys):
     sorted_csv = _split_sorted_infoseek(world, tmp_path)
     data = _infoseek_data(world, test_questions=sorted_csv)
@@ -444,6 +445,7 @@ def test_an_infoseek_subset_without_one_split_is_refused_before_any_model_runs(w
     assert not (tmp_path / "runs" / "first_rows").exists()  # refused before the run started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split_override", ["split=val", "eval.split=val"])
 def test_split_is_short_for_eval_split_as_for_retrieve_mine_and_rerank(world, tmp_path, capsys, split_override):
     sorted_csv = _split_sorted_infoseek(world, tmp_path)  # refused when evaluated: its first 5 rows are one split

@@ -27,6 +27,7 @@ def causal_lm(tmp_path_factory) -> Path:
     return write_tiny_chatml_lm(tmp_path_factory.mktemp("causal_lm") / "lm")
 
 
+@pytest.mark.slow
 def test_the_example_generator_loads_any_chat_causal_lm_and_checks_its_options(causal_lm):
     from qkvqa.config.load import compose
     from qkvqa.generation.backends import build_generator

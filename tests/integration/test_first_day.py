@@ -66,6 +66,7 @@ def _trained_qff(root: Path, run_id: str) -> Path:
 
 
 # ---------------------------------------------------------------- an untrained QFF is refused
+@pytest.mark.slow
 def test_evaluating_the_qff_without_a_checkpoint_is_refused_naming_the_key_and_the_trained_runs(
     eval_env, tmp_path, monkeypatch, capsys
 ):
@@ -166,6 +167,7 @@ def _fit_toy(run_root: Path, *overrides: str) -> dict:
     return fit(cfg, ToyRegressor(total_steps=40), ToyDataModule(n=32, batch_size=8), batch_size=8)
 
 
+@pytest.mark.slow
 def test_resume_auto_on_a_finished_run_says_so_and_touches_nothing(run_root, log_lines):
     first = _fit_toy(run_root, "run_id=done", "trainer.max_steps=4")
     run_dir = run_root / "done"

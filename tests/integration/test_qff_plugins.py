@@ -121,3 +121,53 @@ def test_a_focus_block_outside_the_package_trains_reranks_and_is_recorded(mined,
     capsys.readouterr()
     assert main(["rerank", "run_id=plugin-focus-refused", "split=val", *common, "qff.focus=per_layer"]) == 2
     assert "qff.focus='per_layer', but the loaded QFF model was built with focus=" in capsys.readouterr().err
+
+
+def test_a_sweep_trains_the_example_scorer_with_each_focus_and_compare_lists_them(mined, monkeypatch, tmp_path):
+    """Both QFF trials run through `qkvqa sweep` as trials of their own processes (the scorer in each, the example
+    focus beside the shipped per_layer), and `qkvqa compare` of the sweep shows the swept focus and each run's
+    validation figure, the plugin's import path as the cell."""
+    import yaml
+
+    from qkvqa.compare import runs as compare_runs
+    from qkvqa.run.sweep_manifest import Manifest
+
+    monkeypatch.chdir(REPO)  # the trials run `python -m qkvqa.cli` here: `examples` imports from the working folder
+    clear_run_env()
+    focus_values = ["per_layer", FOCUS.split("=", 1)[1]]
+    sweep = {
+        "name": "qff_plugins",
+        "program": "qkvqa.cli",
+        "method": "grid",
+        "metric": {"name": "val/section_r1", "goal": "maximize"},
+        "parameters": {"qff.focus": {"values": focus_values}},
+        "command": [
+            "${env}",
+            "${interpreter}",
+            "-m",
+            "qkvqa.cli",
+            "train",
+            "experiment=demo/qff_per_layer",
+            *mined["overrides"],
+            *QUIET,
+            *SCORER,
+            "trainer.max_steps=2",
+            "trainer.val_check_interval=2",
+            "qff.max_val_samples=4",
+            "${args_no_hyphens}",
+        ],
+    }
+    path = tmp_path / "qff_plugins.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    root = tmp_path / "runs"
+    assert main(["sweep", str(path), "--checkpoints-root", str(root)]) == 0
+    trials = Manifest.load(root / "sweeps" / "qff_plugins").trials
+    assert sorted(t["params"]["qff.focus"] for t in trials.values()) == sorted(focus_values)
+    for tid, trial in trials.items():
+        assert trial["status"] == "finished", trial
+        saved = json.loads((root / f"qff_plugins-{tid}" / "qff" / "qff_config.json").read_text())
+        assert saved["scoring"]["scorer"] == SCORER[0].split("=", 1)[1], saved["scoring"]
+        assert saved["focus"] == trial["params"]["qff.focus"]
+    table = compare_runs(root / "sweeps" / "qff_plugins")
+    assert len(table) == 2 and sorted(table["qff.focus"]) == sorted(focus_values), table.to_string()
+    assert table["val/section_r1"].notna().all(), table.to_string()

@@ -107,6 +107,7 @@ def test_sigterm_during_data_preparation_marks_the_run_interrupted_and_exits_143
     assert not (run_root / "prep" / "last.ckpt").exists()
 
 
+@pytest.mark.slow
 def test_a_flipped_or_truncated_last_ckpt_is_refused_on_resume_naming_the_file(run_root):
     """Issue 14 item 6: a flipped last.ckpt resumed into a non-finite tensor and ended `finished`."""
     from qkvqa.errors import DataError

@@ -74,6 +74,7 @@ def _check_results(path: Path, world: dict, top_k: int) -> dict:
     return evqa_recall_at_k({qid: r.urls for qid, r in results.items()}, rows)
 
 
+@pytest.mark.slow
 def test_image_to_summary_end_to_end(experiments, world, capsys):
     articles = world["counts"]["articles"]
     embedded = _run(capsys, "embed", "experiment=world")

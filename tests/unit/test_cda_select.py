@@ -255,6 +255,7 @@ def test_several_questions_in_one_reranker_call_give_each_questions_own_context(
         assert {q for q, _ in scorer.calls[0]["pairs"]} == {QUESTION, "what does the heron eat?"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "flagembedding"])
 def test_a_pair_longer_than_the_reranker_reads_is_refused_by_name(backend):
     """Table 5's top-1 section reads 6000-token pairs (OMGM's step 3): a reranker with fewer positions would cut them

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from qkvqa.cli.main import main
 from qkvqa.utils.command_line import invocation, suggest
 
 
+@pytest.mark.slow
 def test_each_call_remembers_its_own_command_and_overrides(capsys):
     # In CI, a `qkvqa train` test left its overrides behind and a later `retrieve` suggested them in its fix.
     assert main(["config", "show", "experiment=evqa_qff", "seed=5"]) == 0

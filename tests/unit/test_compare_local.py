@@ -39,6 +39,7 @@ def runs(run_root):
     return run_root
 
 
+@pytest.mark.slow
 def test_table_schema_from_local_runs(runs):
     table = build_table(collect_local([runs]), metric="val/loss", goal="min")
     assert table.columns == ["run_id", "task", "state", "qff.alpha", "val/loss", "best_value", "best_step"]
@@ -65,6 +66,7 @@ def test_table_schema_from_local_runs(runs):
     assert "best_model_path" not in table.columns and "seed" not in table.columns  # paths; equal keys
 
 
+@pytest.mark.slow
 def test_goal_max_reverses_the_order(runs):
     table = build_table(collect_local([runs]), metric="val/loss", goal="max")
     assert [(r["run_id"], r["best_value"]) for r in table.records] == [("c", 0.95), ("a", 0.9), ("b", 0.8)]
@@ -80,6 +82,7 @@ def test_summary_value_is_used_when_the_metric_has_no_history(run_root):
     assert record["best_value"] == 0.42 and record["best_step"] is None
 
 
+@pytest.mark.slow
 def test_sources_run_dir_sweep_dir_and_root_agree(runs, tmp_path):
     sweep_dir = tmp_path / "sweep"
     manifest = Manifest.create(sweep_dir, {"sweep": "s", "metric": {"name": "val/loss", "goal": "minimize"}})
@@ -95,6 +98,7 @@ def test_sources_run_dir_sweep_dir_and_root_agree(runs, tmp_path):
         collect_local([tmp_path / "missing"])
 
 
+@pytest.mark.slow
 def test_filters(runs):
     rows = collect_local([runs])
     assert [r.run_id for r in filter_rows(rows, ["qff.alpha=0.5"])] == ["b"]
@@ -104,6 +108,7 @@ def test_filters(runs):
         filter_rows(rows, ["qff.alpha"])
 
 
+@pytest.mark.slow
 def test_markdown_and_csv_rendering(runs):
     table = build_table(collect_local([runs]), metric="val/loss", goal="min")
     lines = render_table(table, "md").splitlines()
@@ -113,6 +118,7 @@ def test_markdown_and_csv_rendering(runs):
     assert [r["run_id"] for r in rows] == ["b", "a", "c"] and float(rows[0]["best_value"]) == 0.3
 
 
+@pytest.mark.slow
 def test_cli_writes_table_and_alpha_plot(runs, tmp_path, capsys):
     out = tmp_path / "cmp" / "table.csv"
     assert (
@@ -141,6 +147,7 @@ def test_cli_writes_table_and_alpha_plot(runs, tmp_path, capsys):
     assert str(png) in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_takes_metric_and_goal_from_a_sweep_dir(runs, tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     manifest = Manifest.create(sweep_dir, {"sweep": "s", "metric": {"name": "val/loss", "goal": "minimize"}})
@@ -151,6 +158,7 @@ def test_cli_takes_metric_and_goal_from_a_sweep_dir(runs, tmp_path, capsys):
     assert [(r["run_id"], r["best_value"]) for r in rows] == [("b", "0.3"), ("a", "0.5")]
 
 
+@pytest.mark.slow
 def test_plot_without_metric_is_an_error(runs, capsys):
     assert main(["compare", str(runs), "--plot", "qff.alpha"]) == 2
     assert "--plot needs --metric" in capsys.readouterr().err
@@ -196,6 +204,7 @@ def mixed(run_root):
     return run_root
 
 
+@pytest.mark.slow
 def test_the_default_table_is_readable(mixed):
     table = build_table(collect_local([mixed]))
     tasks = {r["run_id"]: r["task"] for r in table.records}
@@ -217,6 +226,7 @@ def test_the_default_table_is_readable(mixed):
     assert [r.run_id for r in filter_rows(collect_local([mixed]), [], task="index")] == ["i1"]
 
 
+@pytest.mark.slow
 def test_an_unknown_metric_is_an_error_naming_the_nearest(mixed, capsys):
     assert main(["compare", str(mixed), "--task", "train", "--metric", "val/article_r"]) == 2
     err = capsys.readouterr().err
@@ -244,6 +254,7 @@ def test_an_unknown_metric_is_an_error_naming_the_nearest(mixed, capsys):
     ]
 
 
+@pytest.mark.slow
 def test_runs_gives_a_dataframe_for_notebooks(mixed):
     from qkvqa.compare import runs
 
@@ -255,6 +266,7 @@ def test_runs_gives_a_dataframe_for_notebooks(mixed):
         runs(mixed, metric="eval/acuracy")
 
 
+@pytest.mark.slow
 def test_the_plot_shows_every_run_the_mean_sd_and_n_and_rates_from_zero(run_root):
     from qkvqa.compare.plot import group_stats, metric_figure
 
@@ -316,6 +328,7 @@ def test_an_unfinished_run_s_partial_value_is_left_out_of_the_plot_and_said_so()
     assert "1 runs (1 unfinished left out)" in metric_figure(rows, "qff.alpha", "eval/accuracy").axes[0].get_title()
 
 
+@pytest.mark.slow
 def test_one_malformed_config_yaml_in_a_runs_root_is_counted_and_the_others_compared(runs, capsys):
     """Issue 44 class 3: one malformed config.yaml made the whole `qkvqa compare` fail."""
     (runs / "broken").mkdir()

@@ -91,6 +91,7 @@ def test_none_into_non_optional_is_an_error(exp_root):
         compose(None, [], ["trainer.max_steps=None"], root=exp_root)
 
 
+@pytest.mark.slow
 def test_tilde_restores_default_and_deletes_free_keys(exp_root):
     cfg = compose(None, [], ["qff.alpha=0.2", "~qff.alpha"], root=exp_root)
     assert cfg.qff.alpha == 0.9  # the schema default
@@ -201,6 +202,7 @@ def test_a_gpu_the_machine_lacks_is_one_config_error_before_any_work():
             check_hardware(cfg, ["qformer"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", ["run_id=none", "run_id=None", "run_id=NONE", "run_id=null", "run_id=~", "run_id="])
 def test_run_id_none_or_null_means_no_run_id_and_a_new_run(exp_root, tmp_path, monkeypatch, token):
     from qkvqa.run.rundir import clear_run_env, resolve_run

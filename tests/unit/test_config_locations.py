@@ -42,6 +42,7 @@ def user_dir(path: Path, **files: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_an_experiment_file_outside_the_checkout_is_read_by_its_path(main_root, tmp_path, monkeypatch):
     mine = user_dir(tmp_path / "elsewhere", mine="presets: [fast]\nqff:\n  alpha: 0.3\n") / "mine.yaml"
     cfg = compose(str(mine))
@@ -54,6 +55,7 @@ def test_an_experiment_file_outside_the_checkout_is_read_by_its_path(main_root, 
         compose("elsewhere/nope.yaml")
 
 
+@pytest.mark.slow
 def test_the_search_path_adds_experiments_and_presets_and_the_first_match_wins(main_root, tmp_path, monkeypatch):
     first = user_dir(tmp_path / "first", mine="qff:\n  alpha: 0.1\n", **{"presets/slow": "trainer:\n  max_steps: 30\n"})
     second = user_dir(

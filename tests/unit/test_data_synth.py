@@ -188,6 +188,7 @@ def variant(tmp_path_factory) -> dict:
     return dict(manifest, dir=str(out))
 
 
+@pytest.mark.slow
 def test_dense_sections_hold_several_facts_under_titles_that_do_not_name_them(variant):
     store = KBStore.open(Path(variant["dir"]) / "kb/store")
     for entity in variant["entities"]:
@@ -234,6 +235,7 @@ def bound(tmp_path_factory) -> dict:
     return dict(json.loads((out / "world.json").read_text()), dir=str(out))
 
 
+@pytest.mark.slow
 def test_bound_facts_are_stated_by_both_surveys_with_other_values_in_other_sections(bound):
     assert bound["bound_facts"] and bound["facts_per_section"] == 3
     for entity in bound["entities"]:
@@ -391,6 +393,7 @@ def _colour_histogram(path: Path, size: int):
     return histogram / np.linalg.norm(histogram)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [28, 224])
 def test_signatures_survive_downscaling_and_retrieval_by_them_is_informative_but_imperfect(world, size):
     import numpy as np

@@ -116,6 +116,7 @@ def test_the_table_is_one_line_per_check_and_says_nothing_is_blocking(world, doc
     assert not any(line.startswith("FAIL") for line in lines)
 
 
+@pytest.mark.slow
 def test_a_kb_image_root_one_folder_off_fails_naming_the_folder(world, doctor):
     status, rows, _ = doctor(world["dir"], "data.images.kb_image_root=wiki_image/full")
     assert status == 1
@@ -198,6 +199,7 @@ def _build_index(world_dir: Path, tmp_path: Path) -> Path:
     return tmp_path / "index"
 
 
+@pytest.mark.slow
 def test_an_index_of_other_settings_and_a_corrupt_index_fail(world_copy, doctor, tmp_path):
     index = _build_index(world_copy, tmp_path)
     status, rows, _ = doctor(world_copy, f"retrieval.index_dir={index}")
@@ -215,6 +217,7 @@ def test_an_index_of_other_settings_and_a_corrupt_index_fail(world_copy, doctor,
     assert "index.faiss" in failed(rows)[("index", "image_to_image")]
 
 
+@pytest.mark.slow
 def test_load_builds_every_model_of_the_run(world, doctor):
     import io
     from contextlib import redirect_stdout

@@ -39,6 +39,7 @@ def _cfg(*overrides: str):
     return compose("demo/evaluate", [], ["paths.world_dir=/nonexistent", *overrides])
 
 
+@pytest.mark.slow
 def test_weights_dir_reads_every_hub_id_from_the_download_layout():
     cfg = compose(
         "eval/evqa_qwen",
@@ -68,6 +69,7 @@ def test_hub_ids_and_download_commands():
     assert ".pt" not in " ".join(HUB_FILES["BAAI/EVA-CLIP-8B"])  # never the raw 33 GB checkpoint
 
 
+@pytest.mark.slow
 def test_a_model_directory_is_described_and_its_revision_checked(bem_dir, tmp_path):
     from qkvqa.doctor.models import model_checks
 
@@ -88,6 +90,7 @@ def test_a_model_directory_is_described_and_its_revision_checked(bem_dir, tmp_pa
     assert row.status == "ok" and "not pinned" in row.detail
 
 
+@pytest.mark.slow
 def test_a_missing_weight_shard_and_a_wrong_architecture_fail(bem_dir, tmp_path):
     import json
 

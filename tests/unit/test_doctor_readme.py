@@ -9,6 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 import yaml
 
 from qkvqa.cli.main import build_parser
@@ -24,6 +25,7 @@ def quickstart_commands() -> list[str]:
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip().startswith(("qkvqa ", "pip "))]
 
 
+@pytest.mark.slow
 def test_every_quickstart_command_parses_and_composes():
     commands = quickstart_commands()
     qkvqa = [c for c in commands if c.startswith("qkvqa ")]

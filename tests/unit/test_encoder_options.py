@@ -13,6 +13,7 @@ from qkvqa.errors import ConfigError
 from qkvqa.retrieval.tiny import write_tiny_clip, write_tiny_evaclip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["evaclip_hf", "clip_hf", "timm_image"])
 def test_an_unknown_option_is_refused_naming_the_nearest_valid_one(kind):
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \{'preproces': \['preprocess'"):

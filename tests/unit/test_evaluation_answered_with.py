@@ -20,6 +20,7 @@ def _qff(folder, weights: bytes):
     return folder
 
 
+@pytest.mark.slow
 def test_a_qff_replaced_at_the_same_path_is_refused_on_resume(tmp_path):
     qff = _qff(tmp_path / "train" / "qff", b"first model")
     cfg = compose(None, [], ["eval.filter=qff", f"qff.checkpoint={qff}"])

@@ -53,6 +53,7 @@ def evaluations(run_root, tmp_path):
     return run_root
 
 
+@pytest.mark.slow
 def test_the_default_table_fits_the_terminal(evaluations, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.chdir(evaluations.parent)
@@ -66,6 +67,7 @@ def test_the_default_table_fits_the_terminal(evaluations, monkeypatch, capsys):
     assert max(len(line) for line in out) <= 60 and "--format markdown|csv|json" in " ".join(out[-3:]), out
 
 
+@pytest.mark.slow
 def test_markdown_csv_and_json_hold_every_column(evaluations, capsys):
     assert main(["compare", str(evaluations), "--task", "evaluate", "--format", "json"]) == 0
     records = json.loads(capsys.readouterr().out)
@@ -78,12 +80,14 @@ def test_markdown_csv_and_json_hold_every_column(evaluations, capsys):
     assert len(list(csv.DictReader(io.StringIO(capsys.readouterr().out)))) == 3
 
 
+@pytest.mark.slow
 def test_floats_show_four_significant_figures(evaluations, capsys):
     assert main(["compare", str(evaluations), "--task", "evaluate", "--format", "markdown"]) == 0
     out = capsys.readouterr().out
     assert "30.12" in out and "12.35" in out and "30.123456" not in out and "12.345678" not in out
 
 
+@pytest.mark.slow
 def test_paths_compare_resolved_keys_that_do_not_apply_are_empty_and_evaluations_show_their_training(evaluations):
     table = build_table(filter_rows(collect_local([evaluations]), [], task="evaluate"), metrics=["eval/accuracy"])
     rows = table.records
@@ -97,6 +101,7 @@ def test_paths_compare_resolved_keys_that_do_not_apply_are_empty_and_evaluations
     assert by_id["eval-retrieval"]["trained.qff.lr"] is None
 
 
+@pytest.mark.slow
 def test_auto_named_embed_and_index_runs_are_out_of_the_default_view(evaluations, capsys):
     assert main(["compare", str(evaluations), "--format", "csv"]) == 0
     captured = capsys.readouterr()

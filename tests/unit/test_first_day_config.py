@@ -9,6 +9,7 @@ from qkvqa.config.load import compose
 from qkvqa.errors import ConfigError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spelling, split",
     [

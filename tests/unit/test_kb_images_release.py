@@ -273,6 +273,7 @@ def _qff_datamodule(world: dict, tmp_path: Path, *overrides: str):
     ), tmp_path / "pools/hardneg_train.json"
 
 
+@pytest.mark.slow
 def test_qff_training_stops_before_fit_on_0_kept_samples_and_on_missing_article_images(world, tmp_path):
     dm, pools = _qff_datamodule(world, tmp_path / "a")
     sidecar = pools.with_name("hardneg_train.articles.json")

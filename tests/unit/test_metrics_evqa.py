@@ -302,6 +302,7 @@ def test_repeated_question_id_is_an_error():
 # --- properties ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_preprocess_answer_is_idempotent(text):

@@ -495,6 +495,7 @@ def test_harmonic_mean_replaces_zero():
 # --- properties -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(300), deadline=None)
 @given(st.text())
 def test_normalize_answer_is_idempotent(text):
@@ -509,6 +510,7 @@ def test_signed_two_dot_tokens_are_skipped_where_the_official_code_raises(text, 
     assert parse_numerical_answer(text) == expected
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8")) | st.from_regex(r"[-+.,eE0-9 \u0660-\u0669]{0,20}"))
 def test_parse_numerical_answer_never_crashes(text):
@@ -530,6 +532,7 @@ stored_ranges = st.tuples(finite, finite).map(lambda bounds: [{"wikidata": 0, "r
 numerical_items = st.tuples(any_prediction, stored_ranges, st.sampled_from(["Numerical", "numerical", "NUMERICAL"]))
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(400), deadline=None)
 @given(string_items | numerical_items)
 def test_score_item_is_always_zero_or_one(item):

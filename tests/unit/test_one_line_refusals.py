@@ -48,6 +48,7 @@ def test_a_qff_folder_without_model_safetensors_is_refused_naming_qff_checkpoint
         QFFModel.from_checkpoint(folder)
 
 
+@pytest.mark.slow
 def test_a_one_megabyte_section_is_split_in_pieces_as_spacy_would_split_it_whole():
     from qkvqa.cda.splitter import PIECE_CHARS, SentenceSplitter, _pieces
 
@@ -62,6 +63,7 @@ def test_a_one_megabyte_section_is_split_in_pieces_as_spacy_would_split_it_whole
     assert splitter.split_many([short, text[:500]]) == [splitter.split(short), splitter.split(text[:500])]
 
 
+@pytest.mark.slow
 def test_the_preflight_checks_each_component_before_stage_1(tmp_path):
     """Build-time checks made before stage 1, without loading a model: a reranker folder without tokenizer files, an
     encoder option typo, a Qwen2.5-VL folder without a chat template."""

@@ -41,6 +41,7 @@ def world_cfg(world, *overrides: str):
 
 
 # ------------------------------------------------------------------------------------------------- the schema
+@pytest.mark.slow
 def test_the_defaults_are_the_paper_s_text_and_a_bad_value_is_one_line_naming_the_choices():
     cfg = compose("eval/evqa_qwen", [], [])
     assert (cfg.qff.question_norm, cfg.cda.theta_on, cfg.cda.chunk_length_counts) == ("per_token", "fused", "body")
@@ -126,6 +127,7 @@ def _qff_scores(world, *overrides):
     return reranker, [s for r in results for scores in r.section_scores for s in scores]
 
 
+@pytest.mark.slow
 def test_the_question_norm_reaches_rerank_evaluate_and_training_and_is_recorded(world):
     from qkvqa.data.benchmark import build_benchmark
     from qkvqa.models.qff_module import QFFTrainer
@@ -143,6 +145,7 @@ def test_the_question_norm_reaches_rerank_evaluate_and_training_and_is_recorded(
     assert default.reranker.component.question_norm == "per_token"
 
 
+@pytest.mark.slow
 def test_across_tokens_scores_grow_with_hidden_size_over_query_tokens_on_the_tiny_qff(world):
     """The same tiny QFF (64 hidden channels) scored both ways: the across-token scores are larger than the
     cosines by a factor that grows as the query tokens get fewer (sqrt(64 / 2) against sqrt(64 / 16))."""
@@ -212,6 +215,7 @@ fused_lists = st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_siz
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     fused=fused_lists,
@@ -237,6 +241,7 @@ def test_every_reading_keeps_article_one_stays_within_u_and_keeps_more_under_a_w
         assert kept == select_articles(fused, U, theta)
 
 
+@pytest.mark.slow
 def test_theta_on_qff_needs_qff_scores_and_softmax_a_temperature(world, splitter):
     from qkvqa.pipeline.build import check_theta_on
 
@@ -250,6 +255,7 @@ def test_theta_on_qff_needs_qff_scores_and_softmax_a_temperature(world, splitter
     check_theta_on(world_cfg(world, "cda.theta_on=qff"))
 
 
+@pytest.mark.slow
 def test_the_softmax_reading_uses_the_configured_temperature(world):
     """An evaluation's CDA gets qff.temperature (the paper's tau) for the softmax reading."""
     from qkvqa.pipeline.build import build_pipeline
@@ -312,6 +318,7 @@ def test_with_header_keeps_rendered_chunks_within_l_in_the_generator_s_own_token
 
 
 # --------------------------------------------------------------------------------------------- the card
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "row, expected",
     [
@@ -370,6 +377,7 @@ def test_compare_counts_qff_temperature_as_an_evaluation_setting_under_the_softm
     assert applies(row(**{"eval.filter": "retrieval", "cda.theta_on": "softmax"}), "qff.temperature")
 
 
+@pytest.mark.slow
 def test_the_alpha_sweep_under_both_norms_is_figure_5_twice_and_every_trial_is_comparable():
     from qkvqa.config.paper_rows import PAPER_ROWS
     from qkvqa.sweep.spec import load_sweep

@@ -110,6 +110,7 @@ def test_an_unknown_row_is_refused_with_the_list():
     assert paper_row(PAPER_ROWS["eval/evqa_qwen"].title).key == "eval/evqa_qwen"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ROWS)
 def test_each_row_with_its_own_settings_is_comparable(key, converted):
     row = PAPER_ROWS[key]

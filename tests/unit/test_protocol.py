@@ -24,6 +24,7 @@ def paper_scores(**overrides) -> dict:
     return {**scores, **overrides}
 
 
+@pytest.mark.slow
 def test_the_paper_protocol_is_comparable_and_each_deviation_is_named():
     cfg = compose("eval/evqa_qwen", [], [])
     used = used_components(cfg)
@@ -99,6 +100,7 @@ def test_the_card_names_the_trained_qff_not_its_random_base(tmp_path):
     assert card["models"]["generator"]["weights"] == "tiny (random)"
 
 
+@pytest.mark.slow
 def test_a_protocol_name_is_checked_against_the_known_ones_and_the_dataset():
     from qkvqa.errors import ConfigError
 

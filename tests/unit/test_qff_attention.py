@@ -49,6 +49,7 @@ def test_text_and_question_passes_match_eager():
         assert e.shape == s.shape and max_diff(e, s) <= TOLERANCE
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("focus", ["per_layer", "input", "none"])
 def test_section_pass_with_open_gates_matches_eager(focus):

@@ -30,6 +30,7 @@ def requests():
     ]
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("section_batch_size", [2, 64])
@@ -46,6 +47,7 @@ def test_a_batch_of_questions_scores_as_each_question_alone(attention, section_b
     # the tiny model's cosine: test_qff_attention::test_each_section_meets_the_question_question_index_names)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("size", [1, 2])
 def test_article_vit_states_are_reused_across_questions_and_calls(size):

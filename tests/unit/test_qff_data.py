@@ -37,6 +37,7 @@ def setting(mined):
     return cfg, component, dm
 
 
+@pytest.mark.slow
 def test_negatives_are_drawn_from_the_pool_and_fixed_by_seed_epoch_and_index(setting):
     cfg, _, dm = setting
     dataset = dm.dataset("train")
@@ -168,6 +169,7 @@ def test_training_batches_shard_across_ranks_and_tag_the_epoch(setting):
     assert list(samplers[0]) == drawn[0][4:]
 
 
+@pytest.mark.slow
 def test_max_train_samples_takes_a_seeded_subset(setting, mined):
     _, component, _ = setting
     cfg = compose("demo/qff_per_layer", [], [*mined, "qff.max_train_samples=10", "qff.max_val_samples=5"])

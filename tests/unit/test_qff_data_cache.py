@@ -138,6 +138,7 @@ def test_the_fingerprint_changes_with_the_vit_weights_and_the_preprocessing(setu
     assert vision_fingerprint(model, processor) != fingerprint == vision_fingerprint(model, component.image_processor)
 
 
+@pytest.mark.slow
 def test_cache_vit_from_a_config_mines_missing_pools_and_is_resumable(setup, tmp_path, monkeypatch):
     overrides = [o for o in setup[0] if not o.startswith(("qff.negatives", "qff.val_negatives"))]
     monkeypatch.delenv("RANK", raising=False)

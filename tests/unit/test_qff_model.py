@@ -322,6 +322,7 @@ def test_one_bf16_mixed_step_at_the_paper_lr_changes_every_trainable_tensor():
     assert (trainable["q_xattn.0.attention.query.weight"].grad.abs() > 1e-6).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{"gate": "none"}, {"gate": "tanh", "gate_init": 0.5}])
 def test_an_open_or_absent_gate_gives_the_focus_blocks_gradient_at_step_0(options, tmp_path):
     comp = tiny(**options)

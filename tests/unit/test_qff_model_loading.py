@@ -56,6 +56,7 @@ def perturb_new_blocks(model) -> None:
                 param.add_(0.3 * torch.randn(param.shape, generator=g))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("focus", ["per_layer", "input"])
 def test_safetensors_round_trip_gives_identical_scores(tmp_path, focus):
     comp = tiny(focus=focus)
@@ -77,6 +78,7 @@ def test_safetensors_round_trip_gives_identical_scores(tmp_path, focus):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_checkpoint_focus_conflict_is_refused(tmp_path):
     out = tiny().save_pretrained(tmp_path / "qff")
     with pytest.raises(ConfigError, match="built with focus='per_layer'"):
@@ -119,6 +121,7 @@ def test_the_per_section_loop_baseline_scores_as_the_batched_path():
     assert [x for row in looped for x in row] == pytest.approx([x for row in batched for x in row], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_tokenisation_truncates_pads_to_longest_and_cleans_text():
     comp = tiny(max_text_tokens=16, question_max_tokens=8)
     long_text = " ".join(["heron"] * 40)
@@ -198,6 +201,7 @@ def hf_to_lavis(hf: dict) -> tuple[dict, dict]:
     return blip2, eva
 
 
+@pytest.mark.slow
 def test_lavis_checkpoint_loads_through_the_name_mapping(tmp_path):
     comp = tiny()
     base = comp.model.base
@@ -238,6 +242,7 @@ def test_lavis_checkpoint_loads_through_the_name_mapping(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_qff_config_section_feeds_the_component(tmp_path):
     spec = {"kind": "blip2_qff", "tiny": True, "device": "cpu", "options": {"num_layers": 2}}
     comp = build_qff_component(
@@ -271,6 +276,7 @@ def test_qff_config_section_feeds_the_component(tmp_path):
     assert recorded["scorer"] == "late_interaction" and recorded["runtime_options"] == ["question_norm"]
 
 
+@pytest.mark.slow
 def test_bad_options_and_missing_weights_fail_clearly(tmp_path):
     with pytest.raises(ConfigError, match="unknown option.*num_layer"):
         build_component({"kind": "blip2_qff", "tiny": True, "options": {"num_layer": 3}})
@@ -326,6 +332,7 @@ def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_
         build_qff_component(spec, {"image_transform": "squash"})
 
 
+@pytest.mark.slow
 def test_the_vit_dtype_of_training_is_recorded_checked_on_load_and_on_the_card(tmp_path, caplog):
     """Issue 32 item 6: training runs the ViT in bf16, inference in fp16; the checkpoint says which it was trained in,
     an unknown value is refused, a difference is said in one line, and the card shows both."""

@@ -30,6 +30,7 @@ def test_the_built_in_scores_bit_for_bit_as_late_interaction(direction, norm):
     assert torch.equal(scorer.score(q, s, training=True), late_interaction(q, s, direction))
 
 
+@pytest.mark.slow
 def test_the_default_config_selects_the_late_interaction_of_the_paper():
     cls, options = scorer_spec(compose("demo/qff_per_layer").qff)
     assert cls is LateInteraction and options == {
@@ -102,6 +103,7 @@ def test_a_focus_that_is_no_mode_nor_a_focus_class_is_refused_when_the_config_is
         compose("demo/qff_per_layer", overrides=[f"qff.focus={focus}"])
 
 
+@pytest.mark.slow
 def test_a_plugin_focus_declares_its_parameters_and_scores_alike_in_both_attention_paths():
     from PIL import Image
 

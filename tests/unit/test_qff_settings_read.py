@@ -50,12 +50,14 @@ def keys_read_in_code() -> set[str]:
     return read
 
 
+@pytest.mark.slow
 def test_every_key_of_the_qff_section_has_a_reader():
     routes = {key for cls in SCORERS.values() for key in cls.QFF_KEYS.values()}
     unread = sorted({f.name for f in dataclasses.fields(QFFConfig)} - keys_read_in_code() - routes)
     assert unread == [], f"qff keys in the schema that no code reads (silently dropped): {unread}"
 
 
+@pytest.mark.slow
 def test_the_scan_would_catch_a_dropped_key():
     """The check above is not vacuous: a name no code uses is reported."""
     assert "no_such_qff_key" not in keys_read_in_code()
@@ -69,6 +71,7 @@ class WithProbe(QFFConfig):
     probe: str = "unset"
 
 
+@pytest.mark.slow
 def test_a_setting_added_to_the_one_object_reaches_training_rerank_evaluate_and_the_card(tmp_path):
     """A field added to the settings object, and a scorer option (`qff.scorer_options`), reach the trainer (and its
     checkpoint), the component that rerank and evaluate score with (`QFFReranker.from_config`, the QFF filter) and the

@@ -73,6 +73,7 @@ def test_without_a_component_spec_the_architecture_is_recorded():
         QFFTrainer(component.model)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_one_settings_object_still_loads(tmp_path):
     """Checkpoints written with the trainer's own copy of the settings (`QFFTrainSettings`: 16 fields, the ViT
     fingerprint among them, the scorer's complete options) and the qff section in `model_spec` rebuild as before."""

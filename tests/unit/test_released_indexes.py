@@ -294,6 +294,7 @@ def test_an_index_of_another_factory_than_the_configs_is_refused(kb, tmp_path):
         load_index(tmp_path / "imported", kb_store=kb, factory="Flat")
 
 
+@pytest.mark.slow
 def test_stage_1_names_its_text_from_the_index_it_searched(kb, tmp_path):
     """Issue 32 item 3: the paper retrieves with OMGM's LLaMA-3 summary index; the card names what the index holds,
     and the lead sections (the default) are a reason for "no" while an imported OMGM index or summaries are not."""

@@ -63,6 +63,7 @@ def test_sigmoid_is_stable():
     assert sigmoid(2.0) == pytest.approx(1 / (1 + math.exp(-2.0)))
 
 
+@pytest.mark.slow
 def test_reranker_spec_errors():
     assert {"bge_reranker", "spacy_sentencizer", "llama3", "qwen2_5_vl"} <= set(registered_kinds())
     with pytest.raises(ConfigError, match="backend"):

@@ -64,6 +64,7 @@ def _mtimes(emb) -> dict[int, int]:
     return {i: emb.shard_file(i, ".npy").stat().st_mtime_ns for i in range(emb.n_shards)}
 
 
+@pytest.mark.slow
 def test_resume_computes_only_missing_partial_or_corrupt_shards(world, encoder, tmp_path):
     articles = world["counts"]["articles"]
     cfg = world_cfg(world, tmp_path, shard_size=-(-articles // 4))  # four shards
@@ -127,6 +128,7 @@ def test_query_images_skip_the_worlds_deliberately_broken_images(world, encoder,
     assert report.set.path.name.startswith("query_images-test-")
 
 
+@pytest.mark.slow
 def test_summaries_replace_the_lead_section_and_change_the_set(world, encoder, tmp_path):
     lead = world_cfg(world, tmp_path)
     store = Embedder(lead, "kb_text").benchmark.kb_store()
@@ -158,6 +160,7 @@ def test_an_encoder_that_is_not_the_configured_one_is_refused(world, tmp_path):
         embed_set(world_cfg(world, tmp_path), "kb_text", encoder=other)
 
 
+@pytest.mark.slow
 def test_the_query_image_set_is_keyed_on_where_its_images_come_from(world, encoder, tmp_path):
     """A wrong image root once left a set full of skips that the fixed config then reused (R@10 44 vs 94)."""
     good = embed_set(world_cfg(world, tmp_path), "query_images", split="test", encoder=encoder)

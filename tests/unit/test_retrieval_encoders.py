@@ -49,6 +49,7 @@ def test_retrieval_kinds_are_registered():
     assert {"evaclip_hf", "clip_hf", "timm_image"} <= set(registered_kinds())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["evaclip_hf", "clip_hf", "timm_image"])
 def test_image_vectors_are_unit_norm_and_batch_invariant(kind, encoders):
     encoder = encoders[kind]

@@ -195,6 +195,7 @@ keep = ShutsDownSlowly()
     assert child.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_before_training_on_several_ranks_a_stop_signal_is_noted_for_the_first_batch_not_raised(tmp_path):
     """A rank that stopped alone before training left the others blocked in the process-group rendezvous (the SLURM
     time-limit test hung until its limit): with `defer_stop` the signal is noted, and LastCheckpoint stops every

@@ -116,6 +116,7 @@ def test_a_trickling_client_blocks_nobody_and_is_dropped(served):
     assert closed
 
 
+@pytest.mark.slow
 def test_synth_over_an_old_world_keeps_the_users_files(tmp_path):
     out = tmp_path / "world"
     generate_world(out, entities=12, build_store=False)

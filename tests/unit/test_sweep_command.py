@@ -46,6 +46,7 @@ def _assert_typed_like_the_sweep(cfg):
         assert got == value and type(got) is type(value), (key, got, value)
 
 
+@pytest.mark.slow
 def test_cli_accepts_rendered_overrides_with_their_types(capsys):
     tokens = render_args(PARAMS)["args_no_hyphens"]
     assert main(["config", "show", *tokens]) == 0
@@ -81,6 +82,7 @@ def test_command_macros_expand_like_the_agent(monkeypatch):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["module", "program"])
 def test_rendered_command_runs_our_cli(tmp_path, form):
     """The agent's canonical form ([${env}, ${interpreter}, ${program}, ${args_no_hyphens}]) and ours (-m qkvqa.cli)."""

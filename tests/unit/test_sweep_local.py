@@ -189,6 +189,7 @@ def test_a_trial_whose_command_changed_is_not_shown_as_finished(make_sweep, run_
     assert _manifest(run_root).trials["t000"]["attempts"] == 1  # nothing was relaunched
 
 
+@pytest.mark.slow
 def test_trials_get_no_leaked_run_identity(make_sweep, run_root, monkeypatch):
     for key, value in {
         "WANDB_RUN_ID": "stale",
@@ -226,6 +227,7 @@ def test_seeded_random_sweep_plans_the_same_trials(make_sweep, run_root, capsys)
     assert plans[0] == plans[1] != plans[2] and plans[0].count("qff.alpha=") == 3
 
 
+@pytest.mark.slow
 def test_rerun_reuses_the_recorded_seed(make_sweep, run_root):
     path = make_sweep({"qff.alpha": {"min": 0.0, "max": 0.9}}, name="rnd", method="random")
     first = LocalSweep(load_sweep(path), compose=compose_command, checkpoints_root=run_root, count=2, seed=11).run()

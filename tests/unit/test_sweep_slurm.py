@@ -195,6 +195,7 @@ def _fresh_sweep(tmp_path):
     return sweep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("submits", [True, False], ids=["submitted-then-hung", "hung-before-submitting"])
 def test_an_sbatch_that_times_out_is_settled_by_its_token_and_never_submitted_twice(tmp_path, monkeypatch, submits):
     """A timeout during `sbatch` (issue 37 item 6): sbatch may or may not have submitted. The runner asks SLURM by the

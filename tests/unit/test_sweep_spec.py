@@ -20,6 +20,7 @@ def _sweep(parameters, method="grid", **extra):
     return parse_sweep({"method": method, "parameters": parameters, "command": COMMAND, **extra})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["alpha_sweep", "cda_grid"])
 def test_shipped_sweeps_validate_and_keep_their_types(name):
     spec = load_sweep(REPO / "experiments" / "sweeps" / f"{name}.yaml")
@@ -224,6 +225,7 @@ def test_values_that_would_drift_are_refused(tmp_path, text, key, hint):
     assert key in str(e.value) and hint in str(e.value)
 
 
+@pytest.mark.slow
 def test_typed_values_and_unknown_keys(tmp_path):
     ok = _sweep(
         {

@@ -24,6 +24,7 @@ def _prepare(tmp_path, pools, *extra):
     return cfg, run
 
 
+@pytest.mark.slow
 def test_a_pool_file_edited_before_a_resume_is_refused_naming_the_key(tmp_path):
     pools = tmp_path / "train_pools.json"
     pools.write_text(json.dumps({"a.jpg": {"top_20": []}}))
