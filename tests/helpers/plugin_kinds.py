@@ -83,9 +83,7 @@ class ReversedKind(FilterKind):
     """A filter kind by import path (`eval.filter: tests.helpers.plugin_kinds:ReversedKind`)."""
 
     def build(self, cfg, benchmark):
-        order = ReversedOrder(benchmark.kb_store())
-        order.name = self.name  # the traces name the filter as the config does
-        return order
+        return ReversedOrder(benchmark.kb_store())
 
     def card(self, cfg, produced_by=None):
         return {"kind": self.name, "order": "stage 1 reversed"}

@@ -26,8 +26,8 @@ def test_the_stage_record_keeps_every_selected_chunk_with_its_text_and_the_best_
     ]
     selector = ContextSelector(cfg(), splitter, words, KeywordScorer())
     context = selector.select(QUESTION, ranked)
-    filter_ = SimpleNamespace(name="qff", alpha=0.9)
-    record = traces.stage_record(Ranking(ranked), filter_, context, selector)
+    filter_ = SimpleNamespace(alpha=0.9)
+    record = traces.stage_record(Ranking(ranked), "qff", filter_, context, selector)
     heron, egret = record["filter"]["articles"]
     assert record["filter"]["name"] == "qff" and record["filter"]["alpha"] == 0.9
     assert (heron["sim_ret"], heron["qff"], heron["fused"], egret["qff"]) == (0.5, 0.99, 0.9, 0.123457)  # 6 digits
@@ -44,13 +44,13 @@ def test_the_stage_record_keeps_every_selected_chunk_with_its_text_and_the_best_
     assert all(c["text"] for c in cda["chunks"] if not c["selected"])  # dropped chunks keep their text too
     # with fewer places than chunks: every selected chunk, then the best-scored others, in document order
     monkeypatch.setattr(traces, "CHUNKS_KEEP", 6)
-    capped = traces.stage_record(Ranking(ranked), filter_, context, selector)["cda"]
+    capped = traces.stage_record(Ranking(ranked), "qff", filter_, context, selector)["cda"]
     others = sorted((c for c in cda["chunks"] if not c["selected"]), key=lambda c: -c["score"])
     assert capped["n_chunks"] == 8 and capped["chunks"] == [c for c in cda["chunks"] if c["selected"] or c is others[0]]
 
 
 def test_sections_are_kept_for_the_first_articles_only(splitter):
     articles = [RankedArticle(make_article(f"A{i}", [("S", "Text.")]), 1.0 - i / 10, {0: 0.5}) for i in range(7)]
-    record = traces.stage_record(Ranking(articles), SimpleNamespace(name="qff", alpha=0.5))
+    record = traces.stage_record(Ranking(articles), "qff", SimpleNamespace(alpha=0.5))
     assert [len(a["sections"]) for a in record["filter"]["articles"]] == [1] * traces.SECTION_ARTICLES + [0, 0]
     assert all(a["n_sections"] == 1 for a in record["filter"]["articles"]) and record["cda"] is None

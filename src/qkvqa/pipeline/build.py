@@ -83,7 +83,7 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
     if cfg.eval.stop_after not in STOP_AFTER:
         raise ConfigError(f"eval.stop_after must be one of {STOP_AFTER}, got {cfg.eval.stop_after!r}")
     if cfg.eval.stop_after == "filter":  # filter-only study: no CDA, no generator loaded
-        return KBVQAPipeline(build_filter(cfg, benchmark), None, None, retrieval_seconds)
+        return KBVQAPipeline(cfg.eval.filter, build_filter(cfg, benchmark), None, None, retrieval_seconds)
     generator = build_generator(cfg.components.generator, OmegaConf.to_object(cfg.generation))
     if cfg.generation.reader == "extractive":  # the demo's: answers from the context, no language model
         from qkvqa.generation.tiny import ExtractiveReader
@@ -108,7 +108,7 @@ def build_pipeline(cfg: DictConfig, benchmark: Any, retrieval_seconds: float):
         )
     else:
         raise ConfigError(f"eval.context must be cda or mllm_filter, got {cfg.eval.context!r}")
-    return KBVQAPipeline(build_filter(cfg, benchmark), selector, generator, retrieval_seconds)
+    return KBVQAPipeline(cfg.eval.filter, build_filter(cfg, benchmark), selector, generator, retrieval_seconds)
 
 
 def build_judge(cfg: DictConfig, dataset: str):

@@ -36,9 +36,8 @@ class Ranking:
 
 
 class ArticleFilter(Protocol):
-    """What the pipeline needs of a filter."""
+    """What the pipeline needs of a filter (the traces name it by `eval.filter`, as the card does)."""
 
-    name: str
     alpha: Optional[float]  # the fusion weight of the QFF (None without QFF, or unknown)
 
     def rank(self, data_id: str, question: str, image: Any, retrieved: Retrieved) -> Ranking: ...
@@ -67,7 +66,6 @@ def _articles(store: KBStore, retrieved: Retrieved) -> tuple[list[Article], list
 class RetrievalOrderFilter:
     """No filtering: articles in retrieval order, the retrieval similarity as their score."""
 
-    name = "retrieval"
     alpha = None
 
     def __init__(self, store: KBStore):
@@ -81,8 +79,6 @@ class RetrievalOrderFilter:
 class QFFFilter:
     """Scores every candidate section of the retrieved articles with the QFF and fuses with alpha
     (`qkvqa.qff.rerank.QFFReranker`, the same code as `qkvqa rerank`)."""
-
-    name = "qff"
 
     def __init__(self, reranker: Any):
         self.reranker = reranker
@@ -126,8 +122,6 @@ class QFFFilter:
 class PrecomputedFilter:
     """Reads reranked results (OMGM step-2b layout with `sec_sim` and, when present, `sec_idx`) and, from the
     sidecar `qkvqa rerank` writes beside them, what produced them (`produced_by`; None for a file of unknown origin)."""
-
-    name = "precomputed"
 
     def __init__(self, path: str | Path, store: KBStore):
         from qkvqa.qff.rerank import read_reranked_provenance

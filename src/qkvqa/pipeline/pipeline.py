@@ -35,11 +35,13 @@ class KBVQAPipeline:
 
     def __init__(
         self,
+        filter_name: str,
         article_filter: ArticleFilter,
         selector: Optional[ContextSelector],
         generator: Any,
         retrieval_seconds: float = 0.0,
     ):
+        self.filter_name = filter_name  # eval.filter: what the traces name the filter, as the card does
         self.filter = article_filter
         self.selector = selector  # None with the generator: stop after the filter
         self.generator = generator
@@ -73,7 +75,7 @@ class KBVQAPipeline:
         if self.selector is None:
             for row, ranking in zip(rows, rankings):
                 row["stopped_after"] = "filter"
-                row[TRACE_KEY] = stage_record(ranking, self.filter)
+                row[TRACE_KEY] = stage_record(ranking, self.filter_name, self.filter)
             return rows
         t1 = time.perf_counter()
         contexts = select_many(self.selector, [(q.question, r.articles, q.image) for q, r in zip(questions, rankings)])
@@ -81,7 +83,7 @@ class KBVQAPipeline:
         requests = []
         for q, row, context, ranking in zip(questions, rows, contexts, rankings):
             row.update(context=context.metadata(), context_tokens=context.token_count, context_text=context.text)
-            row[TRACE_KEY] = stage_record(ranking, self.filter, context, self.selector)
+            row[TRACE_KEY] = stage_record(ranking, self.filter_name, self.filter, context, self.selector)
             row["seconds"]["select"] = select_seconds
             requests.append(
                 GenerationRequest(question=q.question, context=context.text, image=q.image, dataset=q.dataset)

@@ -30,8 +30,11 @@ def _f(value: Any) -> Optional[float]:
     return None if value is None else float(f"{float(value):.{FLOAT_DIGITS}g}")
 
 
-def stage_record(ranking: Any, article_filter: Any, context: Any = None, selector: Any = None) -> dict:
-    """What the filter and CDA did for one question, as the trace's `filter` and `cda` (before scoring)."""
+def stage_record(
+    ranking: Any, filter_name: str, article_filter: Any, context: Any = None, selector: Any = None
+) -> dict:
+    """What the filter and CDA did for one question, as the trace's `filter` and `cda` (before scoring); `filter_name`
+    is the run's `eval.filter` (a registered name or a plugin's import path), as the card and the report name it."""
     articles = []
     for position, ranked in enumerate(ranking.articles[:ARTICLES_KEEP]):
         titles = list(getattr(ranked.article, "section_titles", []) or [])
@@ -52,7 +55,7 @@ def stage_record(ranking: Any, article_filter: Any, context: Any = None, selecto
         )
     alpha = getattr(article_filter, "alpha", None)
     record = {
-        "filter": {"name": article_filter.name, "alpha": None if alpha is None else float(alpha), "articles": articles},
+        "filter": {"name": filter_name, "alpha": None if alpha is None else float(alpha), "articles": articles},
         "cda": None,
     }
     if context is not None:
