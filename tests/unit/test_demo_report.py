@@ -145,3 +145,43 @@ def test_exact_match_reads_each_traces_gold_answers(tmp_path):
     # the official normalisation drops case, punctuation and "the answer is"; an empty answer or a sentence misses
     assert exact_match_accuracy(tmp_path, gold) == pytest.approx(50.0)
     assert exact_match_accuracy(tmp_path / "none", gold) is None
+
+
+def test_a_missed_goal_says_why_from_the_runs_own_figures(tmp_path):
+    from qkvqa.demo.report import goal_lines, miss_reasons
+
+    gold = {f"q{i}": {f"u{i}"} for i in range(4)}
+    stage1, full = tmp_path / "stage1", tmp_path / "full"
+    stage1.mkdir(), full.mkdir()
+    ranked = lambda *urls: [{"url": u, "score": 1.0} for u in urls]  # noqa: E731
+    predictions = [
+        {"data_id": "q0", "ranking": ranked("u0")},
+        {"data_id": "q1", "ranking": ranked("x", "u1")},
+        {"data_id": "q2", "ranking": ranked("x")},  # a multi-entity photo, missed
+        {"data_id": "q3", "ranking": ranked("u3")},  # a multi-entity photo, found
+    ]
+    (stage1 / "predictions.jsonl").write_text("\n".join(json.dumps(p) for p in predictions))
+    traces = [
+        {"data_id": "q0", "gold_rank": {"after": 1}, "answer_in_context": True, "prediction": "It is in Peru.",
+         "gold": {"answers": ["Peru"]}, "verdict": {"correct": False}},
+        {"data_id": "q1", "gold_rank": {"after": 1}, "answer_in_context": True, "prediction": "Peru",
+         "gold": {"answers": ["Peru"]}, "verdict": {"correct": True}},
+        {"data_id": "q2", "gold_rank": {"after": 3}, "answer_in_context": False, "prediction": "x",
+         "gold": {"answers": ["y"]}, "verdict": {"correct": False}},
+        {"data_id": "q3", "skipped": "query image missing"},
+    ]  # fmt: skip
+    (full / "traces.jsonl").write_text("\n".join(json.dumps(t) for t in traces))
+    reasons = miss_reasons(stage1, full, gold, multi={"q2", "q3"})
+    assert "top 20 for 100 % of 2 single-entity photos and 50 % of 2 multi-entity ones" in reasons["stage1"]
+    assert "came first after the filter for 67 % of 3 answered questions" in reasons["in_context"]
+    assert "reached the context for 100 % of 2 of those" in reasons["in_context"]
+    assert "scored correct for 50 % of 2 questions" in reasons["accuracy"]
+    assert "contained a reference for 100 % of 2" in reasons["accuracy"]
+    labels = ["stage 1", "QFF none", "QFF focus", "full", "top-1 section"]
+    rows = [
+        {"setting": "stage 1", "R@20": 75.0, "answer in context %": 10.0, "accuracy E-VQA": 5.0},
+        {"setting": "full", "R@20": 75.0, "answer in context %": 66.7, "accuracy E-VQA": 33.3},
+    ]
+    text = "\n".join(goal_lines(rows, labels, reasons))
+    assert "goal 90 **missed by 15.0 points**; why: the gold article is in the top 20" in text
+    assert "why" not in text.split("\n")[1] and "why" not in text.split("\n")[2]  # met goals give no reason

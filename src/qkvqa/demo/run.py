@@ -8,7 +8,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from qkvqa.demo.report import COLUMNS, comparison_rows, goal_lines, markdown_table, plot_recall, plot_training
+from qkvqa.demo.report import (
+    COLUMNS,
+    comparison_rows,
+    goal_lines,
+    markdown_table,
+    miss_reasons,
+    plot_recall,
+    plot_training,
+)
 from qkvqa.run.rundir import clear_run_env
 from qkvqa.utils.io import atomic_write_text
 from qkvqa.utils.logging import get_logger
@@ -279,7 +287,7 @@ class Demo:
                 "",
                 "## Goals",
                 "",
-                *goal_lines(rows, SETTINGS),
+                *goal_lines(rows, SETTINGS, miss_reasons(settings[INSPECT[0]], settings[INSPECT[1]], gold, multi)),
                 "",
                 "## Choices made to fit the time",
                 "",
