@@ -61,6 +61,25 @@ def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, caps
     assert {"wrong_to_right", "right_to_wrong"} <= set(flips), flips
 
 
+def _traces(run_dir):
+    return [json.loads(line) for line in (run_dir / "traces.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_the_demos_answers_come_from_its_contexts_and_the_report_says_so(demo):
+    """Issue 34 item 4: the answers come from their contexts (the extractive reader), and the report states the reader
+    and where the world is. (Whether focus none and per_layer flip a question needs the full demo's world and
+    training: at this size and one epoch their contexts may hold the same answers.)"""
+    root, _ = demo
+    runs = root / "runs"
+    a, b = _traces(runs / "demo-eval-1"), _traces(runs / "demo-eval-2")  # QFF without focus, with focus
+    answered = [t for t in a + b if t.get("context") and not t.get("skipped")]
+    # every prediction is a span of its own context, never a heading: the reader read it
+    assert answered and all(t["prediction"] in t["context"] and not t["prediction"].startswith("#") for t in answered)
+    assert any(t["verdict"]["correct"] for t in answered)
+    report = (runs / "demo" / "report.md").read_text(encoding="utf-8")
+    assert "extractive reader" in report and str(root / "work" / "world") in report and "right -> wrong" in report
+
+
 def test_a_second_demo_run_reuses_every_finished_stage(demo, caplog, capsys):
     root, args = demo
     trained = {
