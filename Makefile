@@ -57,7 +57,7 @@ plan() { \
   if [ -n "$$strict" ]; then echo "make test: as root$${CI:+ (CI)}: installs what is missing and runs every test"; return; fi; \
   echo "make test: as $$(id -un) (not root): runs every test it can here"; \
   [ -n "$$slurm_ok" ] || echo "  skipped: the SLURM tests (tests/slurm, mark slurm): slurmctld, slurmd, slurm-client and munge are not installed, and installing them needs root (sudo make slurm; then make test-slurm)"; \
-  [ -n "$$browser_ok" ] || echo "  skipped: the inspect browser tests (tests/integration/test_inspect_browser.py, test_first_day_inspect.py): chromium and chromium-driver are not installed, and installing them needs root (sudo make browser)"; \
+  [ -n "$$browser_ok" ] || echo "  skipped: the inspect browser tests (tests/integration/test_inspect_browser.py): chromium and chromium-driver are not installed, and installing them needs root (sudo make browser)"; \
   [ -z "$$slurm_ok" ] || [ -z "$$browser_ok" ] || echo "  the SLURM packages and Chromium are installed: nothing needs root"; \
 }
 endef
