@@ -50,3 +50,35 @@ def test_the_wheel_models_preset_replaces_the_demos_tiny_generator_and_reranker(
     assert cfg.components.generator.pretrained == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert (cfg.components.reranker.kind, cfg.components.reranker.tiny) == ("sentence_transformer", False)
     assert cfg.generation.reader == "extractive"  # the experiment's own key: generation.reader=generator to answer
+
+
+def test_the_top1_section_row_with_the_wheels_reranker_is_refused_before_any_answer_unless_the_pair_fits(
+    eval_env, monkeypatch, capsys
+):
+    """MiniLM reads 512-token pairs; the top-1-section ablation asks for OMGM's 6000 by default. `make demo`'s ablation
+    row failed on its first batch; now the selector refuses it when the pipeline is built, naming the key, and the
+    wheel_models preset's value runs."""
+    monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
+    preset = compose(root=REPO / "experiments", presets=["wheel_models"])
+    overrides = [
+        f"components.reranker.{key}={value}"
+        for key, value in (
+            ("kind", preset.components.reranker.kind),
+            ("pretrained", preset.components.reranker.pretrained),
+        )
+    ]
+    args = ["evaluate", "experiment=world_eval", "eval.judge=em_only", "data.max_questions=4", "eval.filter=retrieval"]
+    args += [*overrides, "components.reranker.tiny=false", "components.reranker.options={}"]
+    args += ["cda.mode=top1_section", "cda.top1_section_by=bge"]
+    clear_run_env()
+    assert main([*args, "run_id=top1-too-long"]) == 2
+    err = capsys.readouterr().err
+    assert "cda.top1_section_max_length=6000: components.reranker reads pairs of at most 512 tokens" in err
+    assert not (eval_env["runs"] / "top1-too-long" / "predictions.jsonl").exists()
+    clear_run_env()
+    fits = f"cda.top1_section_max_length={preset.cda.top1_section_max_length}"
+    assert main([*args, "run_id=top1-fits", fits]) == 0
+    rows = [
+        json.loads(line) for line in (eval_env["runs"] / "top1-fits" / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 4 and any(r.get("context", {}).get("mode") == "top1_section" for r in rows)

@@ -171,6 +171,19 @@ def needs_section_scores(cfg: "CDAConfig") -> bool:
     return cfg.mode == "top1_section" and cfg.top1_section_by != "bge"
 
 
+def check_pair_length(cfg: "CDAConfig", positions: Optional[int]) -> None:
+    """Refuse, before any question is answered, a pair length longer than the reranker reads (`positions`: its
+    longest pair, None when unbounded): `cda.top1_section_max_length` in top-1-section mode, else
+    `cda.reranker_max_length`."""
+    key = "top1_section_max_length" if cfg.mode == "top1_section" else "reranker_max_length"
+    asked = getattr(cfg, key)
+    if positions is not None and asked > positions:
+        raise ConfigError(
+            f"cda.{key}={asked}: components.reranker reads pairs of at most {positions} tokens (cda.mode="
+            f"{cfg.mode}); set cda.{key}={positions} or lower, or use a reranker that reads longer pairs"
+        )
+
+
 class ContextSelector:
     """Builds the CDA context of a question from its QFF-ranked articles (the pipeline's entry point).
 
@@ -204,6 +217,8 @@ class ContextSelector:
                 f"cda.mode={cfg.mode} (top1_section_by={cfg.top1_section_by}) ranks text with the "
                 "reranker and needs one (components.reranker)"
             )
+        if needs_reranker(cfg) and reranker is not None:
+            check_pair_length(cfg, getattr(reranker, "positions", None))
         for key in ("K1", "K2"):
             if getattr(cfg, key) < 0:
                 raise ConfigError(f"cda.{key} must be non-negative, got {getattr(cfg, key)}")

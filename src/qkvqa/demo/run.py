@@ -201,7 +201,18 @@ class Demo:
                 log.info("reusing trained QFF %s", run_id)
                 continue
             epochs = [f"trainer.max_epochs={self.epochs}"] if self.epochs else []
-            self._cli(["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common, *epochs])
+            # validated once, after the last epoch (the demo exports the last weights; a validation each epoch cost
+            # as much as the epoch's training on 2 cores)
+            once = f"trainer.check_val_every_n_epoch={self.qff_epochs()}"
+            self._cli(
+                ["train", f"experiment={experiment}", f"run_id={run_id}", "resume=auto", *self.common, *epochs, once]
+            )
+
+    def qff_epochs(self) -> int:
+        """The QFF's training epochs: `--epochs`, else the demo experiments' own."""
+        from qkvqa.config.load import compose
+
+        return self.epochs or int(compose(TRAINING["per_layer"], [], self.common).trainer.max_epochs)
 
     def reuse_command(self) -> str:
         """An evaluation of one's own on the demo's world that reads the demo's embeddings and index (its world and
@@ -298,7 +309,8 @@ class Demo:
                 f"(the multi-entity photos padded to a square, not cut to their middle); loss "
                 f"{retriever.get('train_loss_first_tenth')} -> {retriever.get('train_loss_last_tenth')} (first and "
                 f"last tenth of the steps; chance {retriever.get('chance_loss')}), `{retriever.get('dir')}`.",
-                f"- QFF: {self.epochs or 5} epochs, hard negatives mined from the trained stage 1.",
+                f"- QFF: {self.qff_epochs()} epochs, validated once after the last, hard negatives mined from the "
+                "trained stage 1.",
                 "- Generator: "
                 + (
                     "SmolLM2-135M-Instruct, greedy, at most 16 new tokens, batches of 8 questions."
