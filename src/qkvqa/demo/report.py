@@ -274,15 +274,16 @@ def recall_curve_styles(rows: Sequence[dict]) -> list[dict]:
 def recall_figure(rows: Sequence[dict]):
     """The matplotlib figure of the Recall@K curves of every setting."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2 + 0.25 * len(rows)))
     for row, style in zip(rows, recall_curve_styles(rows)):
         ax.plot(RECALL_CURVE_KS, row["curve"], **style)
     ax.set_xlabel("K (articles)")
     ax.set_ylabel("Recall@K (%)")
-    ax.set_title("Gold article in the top K after each filter (synthetic world, test split)")
+    ax.set_title("Gold article in the top K after each filter\n(synthetic world, test split)")
     ax.set_xticks([1, 5, 10, 15, 20])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # below the axes: the settings' labels are long, and a legend inside squeezed the plot to a strip
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -291,7 +292,7 @@ def plot_recall(rows: Sequence[dict], path: Path) -> Path:
     """Recall@K curves of every setting, as a PNG at `path`."""
     plt = _pyplot()
     fig = recall_figure(rows)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
