@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from qkvqa.cli.main import main
 
 
+@pytest.mark.slow
 def test_synth_then_kb_build_and_show(tmp_path, capsys):
     world = tmp_path / "world"
     assert main(["synth", "--out", str(world), "--entities", "12", "--seed", "3", "--no-store"]) == 0
@@ -45,6 +48,7 @@ def test_a_truncated_kb_is_one_clear_error_line(tmp_path, capsys):
     assert err[-1].startswith("qkvqa kb: error:") and str(source) in err[-1] and "https://a" in err[-1]
 
 
+@pytest.mark.slow
 def test_kb_build_takes_the_reflectiva_passage_rule(tmp_path, capsys):
     """`qkvqa kb build --reflectiva-passages` reaches the store's manifest (ReflectiVA's spaCy 300-token passages by
     default; blank lines on request)."""

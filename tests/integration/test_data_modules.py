@@ -72,6 +72,7 @@ def test_evqa_test_split_runs_through_a_trainer_and_counts_skips(world, tmp_path
     assert {s["image_id"] for s in record["skipped"]} == skipped_ids
 
 
+@pytest.mark.slow
 def test_infoseek_questions_carry_their_official_references(world):
     datamodule = build_data_module(_config(world, "infoseek"))
     assert isinstance(datamodule, InfoSeekDataModule)

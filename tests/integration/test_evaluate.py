@@ -466,6 +466,7 @@ def test_split_is_short_for_eval_split_as_for_retrieve_mine_and_rerank(world, tm
     assert code == 2 and f"{sorted_csv}: the 5 questions evaluated hold no unseen_entity question" in err, err
 
 
+@pytest.mark.slow
 def test_a_seeded_question_sample_is_random_in_file_order_and_repeatable(world):
     from qkvqa.data_modules import build_data_module
 

@@ -247,6 +247,7 @@ def test_ctrl_c_in_evaluation_keeps_every_answered_question_and_exits_130(eval_e
 
 
 # ---------------------------------------------------------------- one step convention
+@pytest.mark.slow
 def test_metrics_checkpoint_names_and_summary_count_the_same_optimizer_steps(run_root):
     clear_run_env()
     cfg = compose(
@@ -315,6 +316,7 @@ def test_qff_holds_the_last_weights_the_best_goes_beside_it_and_a_stopped_run_ex
 
 
 # ---------------------------------------------------------------- fixes that work when copied
+@pytest.mark.slow
 def test_the_missing_index_fix_carries_the_overrides_that_decide_where_the_index_is(
     eval_env, tmp_path, monkeypatch, capsys
 ):

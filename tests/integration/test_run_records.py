@@ -32,6 +32,7 @@ def _fit(cfg):
     return fit(cfg, ToyRegressor(total_steps=100), ToyDataModule(), batch_size=8)
 
 
+@pytest.mark.slow
 def test_run_dir_holds_the_record(run_root):
     summary = _fit(_cfg(run_root, "run_id=rec", "trainer.max_steps=3"))
     run_dir = run_root / "rec"
@@ -53,6 +54,7 @@ def test_new_run_ids_are_unique_directories(run_root):
     assert len(list(run_root.iterdir())) == 2
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_with_weights_only_and_holds_the_run_state(run_root):
     _fit(_cfg(run_root, "run_id=ck", "trainer.max_steps=2", "qff.lr=1e-05"))
     ckpt = torch.load(run_root / "ck" / "last.ckpt", weights_only=True)
@@ -77,6 +79,7 @@ def test_resume_reuses_the_directory_and_appends_metrics(run_root):
     assert status["resume_changes"] == {"resume": ["never", "auto"], "trainer.max_steps": [3, 6]}
 
 
+@pytest.mark.slow
 def test_first_launch_with_resume_auto_trains_from_scratch(run_root):
     summary = _fit(_cfg(run_root, "run_id=fresh", "resume=auto", "trainer.max_steps=2"))
     assert summary["global_step"] == 2

@@ -53,6 +53,7 @@ def test_abbreviations_do_not_end_sentences(splitter):
     ]
 
 
+@pytest.mark.slow
 def test_extra_abbreviations_from_the_component_options():
     text = "See Sect. 2 for details. Then stop."
     assert SentenceSplitter().split(text) == ["See Sect.", "2 for details.", "Then stop."]

@@ -26,6 +26,7 @@ def test_there_are_commands():
     assert ("config",) in COMMANDS and ("config", "show") in COMMANDS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", COMMANDS, ids=[" ".join(p) for p in COMMANDS])
 def test_help_works_for_every_command(path, capsys):
     with pytest.raises(SystemExit) as e:
@@ -49,6 +50,7 @@ def test_config_error_is_one_line_with_exit_code_2(capsys):
     assert "unknown config key 'qff.alhpa'" in err and "qff.alpha" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_console_script_runs():
     out = subprocess.run(
         [sys.executable, "-m", "qkvqa.cli", "config", "show", "cda.K1=7"], capture_output=True, text=True, check=True

@@ -52,6 +52,7 @@ def big_store(tmp_path_factory) -> tuple[Path, str]:
     return tmp / "store", url
 
 
+@pytest.mark.slow
 def test_head_on_kb_show_ends_it_quietly(big_store):
     store, url = big_store
     rc, first, stderr = run_into_closed_pipe(["kb", "show", "--store", str(store), url, "--sections"], read=64)

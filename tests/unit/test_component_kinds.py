@@ -68,6 +68,7 @@ def test_an_unknown_kind_names_the_registered_ones():
 SCORER = "tests.helpers.plugin_kinds:WordOverlapKind"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -132,6 +133,7 @@ def test_a_plugin_builds_scores_and_is_named_on_the_card_with_its_source_hash():
     assert "plugin" not in component_card(OmegaConf.create({"kind": "bge_reranker", "tiny": True}))
 
 
+@pytest.mark.slow
 def test_a_plugin_judge_is_built_for_e_vqa_and_judges_what_exact_match_rejects():
     from qkvqa.config.load import compose
     from qkvqa.metrics.evqa import judge_label, score_examples

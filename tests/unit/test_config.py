@@ -28,6 +28,7 @@ def exp_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_merge_order_base_presets_experiment_overrides(exp_root):
     cfg = compose(None, [], [], root=exp_root)
     assert cfg.qff.alpha == 0.6 and cfg.seed == 1
@@ -43,6 +44,7 @@ def test_experiment_can_name_its_presets(exp_root):
     assert cfg.trainer.max_steps == 3 and cfg.cda.K1 == 8 and list(cfg.presets) == ["fast"]
 
 
+@pytest.mark.slow
 def test_command_line_presets_apply_after_the_experiments_in_the_order_typed(exp_root):
     # `slow` then `fast` typed: fast (also named by the experiment) comes last and wins
     cfg = compose("needs_preset", ["slow", "fast"], [], root=exp_root)
@@ -51,6 +53,7 @@ def test_command_line_presets_apply_after_the_experiments_in_the_order_typed(exp
     assert list(cfg.presets) == ["fast", "slow"] and cfg.trainer.max_steps == 30
 
 
+@pytest.mark.slow
 def test_unknown_key_names_key_and_nearest(exp_root):
     with pytest.raises(ConfigError) as e:
         compose(None, [], ["qff.alhpa=0.3"], root=exp_root)
@@ -74,6 +77,7 @@ def test_wrong_type_names_key_and_expected_type(exp_root):
         compose(None, [], ["qff.alpha=high"], root=exp_root)
 
 
+@pytest.mark.slow
 def test_floats_and_none_parse_as_users_expect(exp_root):
     cfg = compose(
         None,
@@ -101,6 +105,7 @@ def test_tilde_restores_default_and_deletes_free_keys(exp_root):
         compose(None, [], ["~qff.nope"], root=exp_root)
 
 
+@pytest.mark.slow
 def test_bad_arguments_and_missing_experiment(exp_root):
     with pytest.raises(ConfigError, match="key=value"):
         compose(None, [], ["alpha"], root=exp_root)
@@ -115,6 +120,7 @@ def test_split_overrides():
     assert exp == "x" and presets == ["a", "b", "c"] and rest == ["qff.alpha=1"]
 
 
+@pytest.mark.slow
 def test_saved_yaml_reloads_to_identical_config(exp_root, tmp_path):
     cfg = compose("ablations/no_focus", ["fast"], ["qff.lr=3e-06", "cda.U=null"], root=exp_root)
     path = tmp_path / "config.yaml"
@@ -181,6 +187,7 @@ def test_every_shipped_experiment_passes_the_value_checks():
     assert compose(None, [], ["cda.U=null", "cda.theta=null", "qff.dropout=null"]).cda.U is None
 
 
+@pytest.mark.slow
 def test_a_gpu_the_machine_lacks_is_one_config_error_before_any_work():
     """Issue 14 item 7: trainer.accelerator=gpu without a GPU was Lightning's 30-line traceback."""
     import torch
@@ -224,6 +231,7 @@ def test_a_run_id_that_only_contains_none_is_kept(exp_root):
     assert compose(None, [], ["qff.focus=none"], root=exp_root).qff.focus == "none"  # the focus mode, not null
 
 
+@pytest.mark.slow
 def test_environment_values_are_used_but_records_keep_the_interpolation(exp_root, monkeypatch, tmp_path):
     """Issue 31 item 7: a secret read with oc.env is resolved when read, never in to_yaml / to_plain, and a saved
     config reloads (and compares for resume) as the same config."""

@@ -83,6 +83,7 @@ def test_config_dir_on_the_command_line(main_root, tmp_path, capsys):
     assert "  mine" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_missing_search_directory_or_experiment_is_one_line_naming_it(main_root, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CONFIG_PATH_ENV, str(tmp_path / "gone"))
     with pytest.raises(ConfigError, match=r"\$QKVQA_CONFIG_PATH .*gone: no such directory"):

@@ -74,6 +74,7 @@ def _set_path(cfg, kind: str) -> Path:
     return embed.Embedder(cfg, kind, None, benchmark=build_benchmark(cfg.data)).set_path()
 
 
+@pytest.mark.slow
 def test_kb_text_edited_under_the_same_urls_is_another_embedding_set(own_world):
     from qkvqa.data.kb import build_kb_store
 
@@ -89,6 +90,7 @@ def test_kb_text_edited_under_the_same_urls_is_another_embedding_set(own_world):
     assert _set_path(cfg, "kb_text") != before
 
 
+@pytest.mark.slow
 def test_a_kb_image_replaced_in_place_is_another_embedding_set(own_world):
     root, cfg = own_world
     before = _set_path(cfg, "kb_images")

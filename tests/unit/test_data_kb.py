@@ -290,6 +290,7 @@ def test_get_many_queries_in_chunks_and_keeps_order_and_repeats(store, monkeypat
     assert store.get_many([]) == []
 
 
+@pytest.mark.slow
 def test_a_forgotten_world_dir_says_so_instead_of_asking_for_a_kb_build(tmp_path, monkeypatch):
     from qkvqa.config.load import compose
     from qkvqa.data_modules import build_data_module

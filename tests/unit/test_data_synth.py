@@ -75,6 +75,7 @@ def test_the_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path,
     assert other["counts"]["entities"] == world["counts"]["entities"]
 
 
+@pytest.mark.slow
 def test_every_evqa_file_reads_back_with_the_ids_world_json_records(world):
     root = Path(world["dir"])
     for split in ("train", "val", "test"):
@@ -205,6 +206,7 @@ def test_dense_sections_hold_several_facts_under_titles_that_do_not_name_them(va
     assert variant["facts_per_section"] == 3
 
 
+@pytest.mark.slow
 def test_same_category_groups_need_the_kind_word_to_tell_the_entities_apart(variant):
     entities = {e["entity_id"]: e for e in variant["entities"]}
     kind = {i: e["title"].rsplit(" ", 1)[-1].lower() for i, e in entities.items()}
@@ -250,6 +252,7 @@ def test_bound_facts_are_stated_by_both_surveys_with_other_values_in_other_secti
             assert recent["sentence"].startswith("Recent surveys report that ")
 
 
+@pytest.mark.slow
 def test_in_the_bound_world_the_question_words_stand_in_the_evidence_and_in_a_sibling_section(bound):
     """What makes the world need the question: the other survey's statement of the same fact holds every fact word
     the question shares with its evidence sentence, in another section of the same article."""

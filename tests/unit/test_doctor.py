@@ -65,6 +65,7 @@ def world_copy(world, tmp_path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_e_vqa_release_layout_passes(world, doctor):
     status, rows, _ = doctor(world["dir"])
     assert status == 0, failed(rows)
@@ -85,6 +86,7 @@ def test_the_e_vqa_release_layout_passes(world, doctor):
     assert any(area == "disk" for area, _ in rows)
 
 
+@pytest.mark.slow
 def test_the_infoseek_release_layout_passes(world, doctor, tmp_path):
     experiment = tmp_path / "infoseek.yaml"
     experiment.write_text(
@@ -107,6 +109,7 @@ def test_the_infoseek_release_layout_passes(world, doctor, tmp_path):
     assert "Numerical" in rows[("questions", "test")]["detail"] or "String" in rows[("questions", "test")]["detail"]
 
 
+@pytest.mark.slow
 def test_the_table_is_one_line_per_check_and_says_nothing_is_blocking(world, doctor):
     status, _, out = doctor(world["dir"], json_out=False)
     assert status == 0
@@ -127,6 +130,7 @@ def test_a_kb_image_root_one_folder_off_fails_naming_the_folder(world, doctor):
     assert f"exists under {Path(world['dir']) / 'evqa' / 'wiki_image'}" in detail  # and where it is
 
 
+@pytest.mark.slow
 def test_a_query_image_root_one_folder_off_fails(world, doctor):
     status, rows, _ = doctor(world["dir"], "data.images.landmarks_root=images")
     assert status == 1
@@ -134,6 +138,7 @@ def test_a_query_image_root_one_folder_off_fails(world, doctor):
     assert "missing" in rows[("images", "test landmarks")]["detail"]
 
 
+@pytest.mark.slow
 def test_a_malformed_two_hop_row_fails_with_its_file_and_line(world_copy, doctor):
     import csv
 
@@ -153,6 +158,7 @@ def test_a_malformed_two_hop_row_fails_with_its_file_and_line(world_copy, doctor
     assert str(path) in detail and "wikipedia_url" in detail and "2_hop" in detail
 
 
+@pytest.mark.slow
 def test_a_missing_id2name_map_fails(world_copy, doctor):
     (world_copy / "evqa" / "images" / "inaturalist" / "val_id2name.json").unlink()
     status, rows, _ = doctor(world_copy)
@@ -162,6 +168,7 @@ def test_a_missing_id2name_map_fails(world_copy, doctor):
     assert "id2name map not found" in bad[("images", "test inaturalist")]
 
 
+@pytest.mark.slow
 def test_a_missing_model_directory_fails_with_the_download_command(world, doctor, tmp_path):
     status, rows, _ = doctor(
         world["dir"],

@@ -111,6 +111,7 @@ def test_a_missing_weight_shard_and_a_wrong_architecture_fail(bem_dir, tmp_path)
     assert row.status == "fail" and "architecture LlamaForCausalLM" in row.detail
 
 
+@pytest.mark.slow
 def test_load_instantiates_on_the_meta_device_and_checks_parameter_names(bem_dir):
     from qkvqa.doctor.models import load_checks
 
@@ -120,6 +121,7 @@ def test_load_instantiates_on_the_meta_device_and_checks_parameter_names(bem_dir
     assert "meta device" in row.detail and "parameters in the checkpoint" in row.detail
 
 
+@pytest.mark.slow
 def test_load_builds_a_tiny_model_and_runs_the_forward():
     from qkvqa.doctor.models import load_checks
 
@@ -129,6 +131,7 @@ def test_load_builds_a_tiny_model_and_runs_the_forward():
     assert "BEM card example scores" in row.detail
 
 
+@pytest.mark.slow
 def test_real_models_on_device_auto_without_a_gpu_warn_in_one_line():
     from qkvqa.components.hardware import cpu_fallback_warning
 
@@ -191,6 +194,7 @@ def test_a_hub_id_loads_at_its_revision_from_the_cache(hub_cache):
         resolve_pretrained(ComponentSpec(kind="bem", pretrained="kortukov/answer-equivalence-bem", revision=COMMIT_B))
 
 
+@pytest.mark.slow
 def test_doctor_reads_a_hub_id_from_the_cache_with_its_commit(hub_cache):
     from qkvqa.doctor.models import model_checks
 

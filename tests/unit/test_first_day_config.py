@@ -41,6 +41,7 @@ def test_the_shorthand_split_takes_the_alias_too():
     assert cfg.eval.split == "val"
 
 
+@pytest.mark.slow
 def test_config_show_key_prints_that_subtree_only(capsys):
     import yaml
 
@@ -53,6 +54,7 @@ def test_config_show_key_prints_that_subtree_only(capsys):
     assert len(err) == 1 and "did you mean qff.alpha" in err[0]
 
 
+@pytest.mark.slow
 def test_the_dump_shows_a_tiny_models_word_list_as_its_length(capsys):
     import yaml
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 import shlex
 
+import pytest
+
 from qkvqa.config.load import compose
 from qkvqa.demo.run import Demo, OncePerRun
 from qkvqa.retrieval.retrieve import expected_encoders
 
 
+@pytest.mark.slow
 def test_the_reuse_command_reads_the_demos_world_caches_and_qff(tmp_path):
     demo = Demo(tmp_path / "demo", tmp_path / "runs", entities=36, seed=3)
     tokens = shlex.split(demo.reuse_command())

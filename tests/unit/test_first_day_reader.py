@@ -35,6 +35,7 @@ def test_the_reader_answers_from_the_context_it_is_given():
     assert extract_answer(question, "The wingspan of the Grey heron measures 90 cm.") == "90 cm"
 
 
+@pytest.mark.slow
 def test_the_demo_evaluates_with_the_reader_and_a_wrapped_generator_keeps_the_rest():
     from qkvqa.components import build_component
 

@@ -217,6 +217,7 @@ def test_mining_that_keeps_no_sample_stops_and_writes_no_pools(tmp_path):
         check_kept(mined.report, tmp_path / "mining_report_train.json")
 
 
+@pytest.mark.slow
 def test_embedding_kb_images_stops_before_the_encoder_and_never_ends_with_0_vectors(world, tmp_path):
     """`embed` once logged "16 images skipped" at INFO and exited 0 with 0 vectors."""
     from omegaconf import OmegaConf

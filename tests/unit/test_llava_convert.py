@@ -197,6 +197,7 @@ def test_pixels_match_expand2square_and_clip_preprocessing(checkpoint):
     assert not torch.allclose(plain, reference[:1], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_converted_logits_match_the_original_forward(checkpoint):
     from transformers import AutoTokenizer
 

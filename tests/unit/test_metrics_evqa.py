@@ -310,6 +310,7 @@ def test_preprocess_answer_is_idempotent(text):
     assert preprocess_answer(once) == once
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(200), deadline=None)
 @given(st.text(), st.text(min_size=1), st.sampled_from(evqa.QUESTION_TYPES))
 def test_em_only_score_is_zero_or_one_or_a_value_error(candidate, reference, question_type):

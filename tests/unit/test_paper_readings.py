@@ -159,6 +159,7 @@ def test_across_tokens_scores_grow_with_hidden_size_over_query_tokens_on_the_tin
     assert ratios[16] > 1 and ratios[2] > 1.5 * ratios[16], ratios
 
 
+@pytest.mark.slow
 def test_a_precomputed_file_is_refused_under_another_question_norm(world, tmp_path):
     from qkvqa.data.benchmark import build_benchmark
     from qkvqa.pipeline.filters import check_precomputed_provenance
@@ -192,6 +193,7 @@ def ranked(fused, qff=None):
 CASE = ranked([0.500, 0.488] + [0.487] * 18, [0.300, 0.295, 0.2955] + [0.1] * 17)
 
 
+@pytest.mark.slow
 def test_each_theta_reading_passes_its_own_set_of_articles_on_a_constructed_case(splitter):
     kept = {}
     for theta_on in ("fused", "qff", "softmax"):

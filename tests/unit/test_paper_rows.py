@@ -103,6 +103,7 @@ def test_every_experiment_names_a_row_that_names_it_back():
             assert compose(experiment, [], []).paper == row.key
 
 
+@pytest.mark.slow
 def test_an_unknown_row_is_refused_with_the_list():
     with pytest.raises(ConfigError, match=r"paper='table9/x' is not a paper row; use one of eval/evqa_qwen"):
         compose("eval/evqa_qwen", [], ["paper=table9/x"])
@@ -173,6 +174,7 @@ def test_an_alpha_sweep_trial_on_the_table_2_row_is_not_comparable():
     assert "qff.alpha = 0.3 where the row uses 0.9" in reasons and "cda.K1 = 8 where the row uses 4" in reasons
 
 
+@pytest.mark.slow
 def test_a_local_copy_of_the_weights_matches_its_hub_id():
     row = PAPER_ROWS["eval/evqa_qwen"]
     cfg = row_config(row)
@@ -185,6 +187,7 @@ def test_a_local_copy_of_the_weights_matches_its_hub_id():
     )
 
 
+@pytest.mark.slow
 def test_the_card_says_how_the_weights_were_matched_to_the_release(tmp_path):
     """A folder named like the release passes the row check, but the card says it was matched by its name only (a
     fine-tune saved under that name looks the same); a path ending in the hub id says so."""

@@ -112,6 +112,7 @@ def test_a_protocol_name_is_checked_against_the_known_ones_and_the_dataset():
     assert cfg.data.protocol == "reflectiva_wiki100k" and cfg.retrieval.index_dir == "data/infoseek_reflectiva/index"
 
 
+@pytest.mark.slow
 def test_the_rendered_card_rounds_its_numbers_and_writes_no_raw_python_values(tmp_path):
     """The card in report.md said `data.protocol is None` and wrote floats with their binary noise (issue 34 item 2):
     every value goes through one rendering (null, true/false, 6 significant figures)."""

@@ -82,6 +82,7 @@ def test_section_pass_with_open_gates_matches_eager(focus):
         assert not torch.equal(generic, sdpa)  # a property, not a gap measured on one CPU
 
 
+@pytest.mark.slow
 def test_gradients_match_eager_in_training_mode_without_dropout():
     comp = tiny(focus="per_layer")
     model = comp.model

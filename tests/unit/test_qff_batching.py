@@ -66,6 +66,7 @@ def test_article_vit_states_are_reused_across_questions_and_calls(size):
             assert max([abs(x - y) for x, y in zip(sa, sb)], default=0.0) <= TOLERANCE
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_a_questions_scores_do_not_depend_on_what_earlier_questions_left_in_the_cache():
     """What a batch finds cached depends on the batches before it (another rank, a resumed run): bit for bit the
@@ -120,6 +121,7 @@ def test_in_fixed_chunks_an_images_vit_states_depend_on_that_image_alone():
         assert torch.equal(together[i], alone)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_the_cache_is_keyed_on_the_pixels_and_emptied_when_the_vit_changes():
     comp = tiny(focus="per_layer")

@@ -58,6 +58,7 @@ def test_negatives_are_drawn_from_the_pool_and_fixed_by_seed_epoch_and_index(set
     assert sum(a != reseeded[(0, i)]["candidates"] for i, a in enumerate(epoch0)) > 0.9 * len(dataset)
 
 
+@pytest.mark.slow
 def test_keep_gold_negatives_puts_every_sibling_section_in_the_drawn_set_and_draws_the_rest(setting):
     cfg, _, dm = setting
     dataset = dm.dataset("train")
@@ -226,6 +227,7 @@ def test_focus_blocks_and_gates_get_their_own_learning_rate_and_gates_no_weight_
     assert len(ids) == len(set(ids)) == len(trainable)  # every trainable parameter in exactly one group
 
 
+@pytest.mark.slow
 def test_the_datasets_and_collator_travel_pickled_without_the_datamodule(setting):
     """Beside a live process group, DataLoader workers start from the fork server and unpickle what they load
     (data_modules.samplers.worker_start_context). A pool file's fallback was the DataModule's bound method, which took

@@ -91,6 +91,7 @@ def test_a_rerun_writes_only_the_missing_shards_and_processes_split_the_shards(s
     assert ViTFeatureCache.open(path, setup[2], setup[3]).get(setup[3][0]) is not None
 
 
+@pytest.mark.slow
 def test_a_cache_of_another_vit_or_another_image_set_is_refused(setup, tmp_path):
     _, component, fingerprint, needed, _, _ = setup
     path = tmp_path / "cache"
@@ -106,6 +107,7 @@ def test_a_cache_of_another_vit_or_another_image_set_is_refused(setup, tmp_path)
     assert ViTFeatureCache.open(path, fingerprint, needed[:5]).get(needed[0]).shape == feature_shape(component.model)
 
 
+@pytest.mark.slow
 def test_a_cache_read_from_other_image_roots_is_refused(setup, tmp_path):
     """Issue 14 item 1: the same image ids under another data.images root are other pixels."""
     _, component, fingerprint, needed, dm, _ = setup

@@ -74,6 +74,7 @@ def test_text_only_path_equals_stock_qformer():
     assert (ours - stock).abs().max().item() == 0.0
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_question_pass_equals_stock_and_keeps_every_layer():
     comp = tiny(attention="eager")
@@ -87,6 +88,7 @@ def test_question_pass_equals_stock_and_keeps_every_layer():
     assert (enc.tokens - stock.last_hidden_state[:, :q]).abs().max().item() == 0.0
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("focus", ["per_layer", "input"])
 def test_zero_gate_section_pass_equals_stock_exactly(focus):
@@ -105,6 +107,7 @@ def test_zero_gate_section_pass_equals_stock_exactly(focus):
     assert (generic - stock[:, :q]).abs().max().item() == 0.0
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_nonzero_gates_change_sections_and_focus_modes_differ():
     per_layer, by_input, generic = tiny(focus="per_layer"), tiny(focus="input"), tiny(focus="none")
@@ -208,6 +211,7 @@ def test_new_blocks_are_warm_started_from_self_attention():
     assert torch.equal(model.q_gate, torch.zeros(model.num_layers))
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_gradients():
     comp = tiny()
     model = comp.model.train()

@@ -296,6 +296,7 @@ def test_a_run_directory_as_qff_checkpoint_names_the_qff_folder_inside_it(tmp_pa
         load_qff_component(compose(None, [], [f"qff.checkpoint={tmp_path}"]))
 
 
+@pytest.mark.slow
 def test_a_trained_qff_is_refused_when_its_weights_changed_or_its_preprocessing_differs(tmp_path):
     """Issue 14 item 6: a flipped model.safetensors changed R@10 in silence; a QFF trained with one image transform
     was used with another."""

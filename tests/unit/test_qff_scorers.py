@@ -39,6 +39,7 @@ def test_the_default_config_selects_the_late_interaction_of_the_paper():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -64,6 +65,7 @@ def test_a_bad_scorer_or_option_is_refused_when_the_config_is_composed(overrides
         compose("demo/qff_per_layer", overrides=overrides)
 
 
+@pytest.mark.slow
 def test_a_plugin_named_by_import_path_is_resolved_with_its_declared_options():
     cls = resolve_scorer(PLUGIN)
     assert issubclass(cls, SectionScorer) and cls.__name__ == "MeanCosine"

@@ -77,6 +77,7 @@ def test_a_bert_init_naming_no_bert_is_refused_in_one_line(value):
         check_qformer_init(cfg)
 
 
+@pytest.mark.slow
 def test_a_bert_init_composes_with_tiny_off():
     """`pretrained` (the schema's default BLIP-2 id) is not read, as with tiny: true."""
     cfg = compose("demo/qff_per_layer", [], [f"components.qformer.init={INIT}", "components.qformer.tiny=false"])
@@ -210,6 +211,7 @@ def test_its_text_path_reads_a_random_one_of_the_same_shape_does_not(component):
     assert abs(margin(random)) < 0.15
 
 
+@pytest.mark.slow
 def test_the_protocol_card_names_the_bert_a_qformer_started_from(tmp_path):
     """Untrained: the card's weights are the init, not the `pretrained` id the builder does not read; trained: its
     base is the init and `trained_record` reads the BERT from the trained QFF's config."""

@@ -41,6 +41,7 @@ def test_both_backends_give_the_same_scores(rerankers):
     assert native.score(PAIRS) == pytest.approx([1 / (1 + math.exp(-x)) for x in raw], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_scores_follow_input_order_and_do_not_depend_on_the_batch(rerankers):
     _, native = rerankers
     together = native.score(PAIRS, batch_size=5)
@@ -57,6 +58,7 @@ def test_max_length_truncates_the_passage_not_the_query(rerankers):
     assert native.score(long_pair, max_length=32) == pytest.approx(flag.score(long_pair, max_length=32), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_sigmoid_is_stable():
     assert sigmoid(0.0) == 0.5
     assert sigmoid(-1000.0) == 0.0 and sigmoid(1000.0) == 1.0

@@ -90,6 +90,7 @@ def test_resume_computes_only_missing_partial_or_corrupt_shards(world, encoder, 
     assert embed_set(cfg, "kb_text", encoder=encoder).computed == []
 
 
+@pytest.mark.slow
 def test_processes_split_the_shards(world, encoder, tmp_path):
     cfg = world_cfg(world, tmp_path, shard_size=-(-world["counts"]["articles"] // 4))
     first = embed_set(cfg, "kb_text", encoder=encoder, shard_index=1, num_shards=2)
@@ -100,6 +101,7 @@ def test_processes_split_the_shards(world, encoder, tmp_path):
         embed_set(cfg, "kb_text", encoder=encoder, shard_index=2, num_shards=2)
 
 
+@pytest.mark.slow
 def test_kb_images_are_counted_image_by_image(world, encoder, tmp_path):
     cfg = world_cfg(world, tmp_path, mode="image_to_image")
     report = embed_set(cfg, "kb_images", encoder=encoder)
@@ -114,6 +116,7 @@ def test_kb_images_are_counted_image_by_image(world, encoder, tmp_path):
     assert report.summary()["missing_images"] == counts["missing_images"]
 
 
+@pytest.mark.slow
 def test_query_images_skip_the_worlds_deliberately_broken_images(world, encoder, tmp_path):
     cfg = world_cfg(world, tmp_path)
     report = embed_set(cfg, "query_images", split="test", encoder=encoder)

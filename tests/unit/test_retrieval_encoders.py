@@ -61,6 +61,7 @@ def test_image_vectors_are_unit_norm_and_batch_invariant(kind, encoders):
     assert not np.allclose(vectors[0], vectors[2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["evaclip_hf", "clip_hf"])
 def test_text_vectors_do_not_depend_on_padding_or_batching(kind, encoders):
     encoder = encoders[kind]

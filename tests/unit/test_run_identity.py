@@ -126,6 +126,7 @@ def test_a_sigusr1_during_start_up_is_held_and_stops_the_run_as_interrupted(tmp_
     assert json.loads((tmp_path / "early" / "status.json").read_text())["state"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_an_error_a_stop_signal_causes_is_recorded_as_an_interruption(tmp_path):
     """A library that fails because of the stop (the W&B service died of the same SIGUSR1, the next W&B call raised
     ConnectionResetError; a library re-raised our RunInterrupted as its own error) once left the run `failed`,
@@ -159,6 +160,7 @@ def test_an_error_a_stop_signal_causes_is_recorded_as_an_interruption(tmp_path):
     assert json.loads((tmp_path / "next" / "status.json").read_text())["state"] == "finished"
 
 
+@pytest.mark.slow
 def test_a_sigusr1_while_python_shuts_down_after_the_work_does_not_kill_the_process(tmp_path):
     """A requeued SLURM attempt that finished just before its own time-limit SIGUSR1 died of the signal while the
     interpreter shut down (Python resets handlers to the default there) and SLURM marked the finished job FAILED."""

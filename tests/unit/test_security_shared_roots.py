@@ -128,6 +128,7 @@ def test_a_cache_entry_another_user_owns_is_refused(tmp_path, monkeypatch):
         Embedder.open_or_create(Embedder.__new__(Embedder))
 
 
+@pytest.mark.slow
 def test_a_value_read_from_the_environment_never_reaches_the_wandb_run_settings(monkeypatch, tmp_path):
     from qkvqa.loggers.wandb import run_settings
     from qkvqa.run.rundir import RunContext

@@ -69,6 +69,7 @@ def test_a_symlinked_root_is_refused(tmp_path, monkeypatch):
         tiny_root()
 
 
+@pytest.mark.slow
 def test_edited_code_in_an_own_root_is_rewritten_from_the_package_before_loading(tmp_path, monkeypatch):
     root, marker = tmp_path / "tiny", tmp_path / "payload-ran"
     monkeypatch.setenv("QKVQA_TINY_DIR", str(root))

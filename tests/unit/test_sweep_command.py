@@ -28,6 +28,7 @@ PARAMS = {
 }
 
 
+@pytest.mark.slow
 def test_rendering_matches_wandbs_agent():
     from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
 
