@@ -14,6 +14,7 @@ import pytest
 from qkvqa.cli.main import main
 from qkvqa.errors import ConfigError
 from qkvqa.run.rundir import clear_run_env
+from tests.helpers.sweeps import grid_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 KIND = "examples.generic_causal_lm:GenericCausalLM"
@@ -112,41 +113,21 @@ def test_a_chunk_scorer_and_a_judge_by_import_path_run_a_tiny_evaluation(eval_en
 def test_a_sweep_over_the_generator_kind_runs_the_example_beside_the_shipped_kind(
     eval_env, monkeypatch, causal_lm, tmp_path
 ):
-    import yaml
-
-    from qkvqa.run.sweep_manifest import Manifest
-
     monkeypatch.chdir(REPO)  # the trials run `python -m qkvqa.cli` here: `examples` imports from the working folder
     monkeypatch.setenv("QKVQA_EXPERIMENTS", str(eval_env["root"]))
     clear_run_env()
-    sweep = {
-        "name": "generator_kinds",
-        "program": "qkvqa.cli",
-        "method": "grid",
-        "metric": {"name": "eval/accuracy", "goal": "maximize"},
-        "parameters": {"components.generator.kind": {"values": ["chat_lm", KIND]}},
-        "command": [
-            "${env}",
-            "${interpreter}",
-            "-m",
-            "qkvqa.cli",
-            "evaluate",
-            "experiment=world_eval",
-            f"components.generator.pretrained={causal_lm}",
-            "components.generator.tiny=false",
-            "eval.judge=em_only",
-            "eval.filter=retrieval",
-            "${args_no_hyphens}",
-        ],
-    }
-    path = tmp_path / "generator_kinds.yaml"
-    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
-    runs = tmp_path / "runs"
-    assert main(["sweep", str(path), "--checkpoints-root", str(runs)]) == 0
-    trials = Manifest.load(runs / "sweeps" / "generator_kinds").trials
-    assert sorted(t["params"]["components.generator.kind"] for t in trials.values()) == sorted(["chat_lm", KIND])
+    args = [
+        "evaluate",
+        "experiment=world_eval",
+        f"components.generator.pretrained={causal_lm}",
+        "components.generator.tiny=false",
+        "eval.judge=em_only",
+        "eval.filter=retrieval",
+    ]
+    runs, trials = grid_sweep(
+        tmp_path, "generator_kinds", "eval/accuracy", "components.generator.kind", ["chat_lm", KIND], args
+    )
     for tid, trial in trials.items():
-        assert trial["status"] == "finished"
         card = json.loads((runs / f"generator_kinds-{tid}" / "scores.json").read_text())["protocol"]
         plugin = card["models"]["generator"].get("plugin")
         assert (plugin or {}).get("import_path") == (

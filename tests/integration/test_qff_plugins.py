@@ -12,6 +12,7 @@ from qkvqa.cli.main import main
 from qkvqa.run.rundir import clear_run_env
 from qkvqa.utils.io import sha256_file
 from tests.helpers.qff_study import mine_world
+from tests.helpers.sweeps import grid_sweep
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -127,44 +128,15 @@ def test_a_sweep_trains_the_example_scorer_with_each_focus_and_compare_lists_the
     """Both QFF trials run through `qkvqa sweep` as trials of their own processes (the scorer in each, the example
     focus beside the shipped per_layer), and `qkvqa compare` of the sweep shows the swept focus and each run's
     validation figure, the plugin's import path as the cell."""
-    import yaml
-
     from qkvqa.compare import runs as compare_runs
-    from qkvqa.run.sweep_manifest import Manifest
 
     monkeypatch.chdir(REPO)  # the trials run `python -m qkvqa.cli` here: `examples` imports from the working folder
     clear_run_env()
     focus_values = ["per_layer", FOCUS.split("=", 1)[1]]
-    sweep = {
-        "name": "qff_plugins",
-        "program": "qkvqa.cli",
-        "method": "grid",
-        "metric": {"name": "val/section_r1", "goal": "maximize"},
-        "parameters": {"qff.focus": {"values": focus_values}},
-        "command": [
-            "${env}",
-            "${interpreter}",
-            "-m",
-            "qkvqa.cli",
-            "train",
-            "experiment=demo/qff_per_layer",
-            *mined["overrides"],
-            *QUIET,
-            *SCORER,
-            "trainer.max_steps=2",
-            "trainer.val_check_interval=2",
-            "qff.max_val_samples=4",
-            "${args_no_hyphens}",
-        ],
-    }
-    path = tmp_path / "qff_plugins.yaml"
-    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
-    root = tmp_path / "runs"
-    assert main(["sweep", str(path), "--checkpoints-root", str(root)]) == 0
-    trials = Manifest.load(root / "sweeps" / "qff_plugins").trials
-    assert sorted(t["params"]["qff.focus"] for t in trials.values()) == sorted(focus_values)
+    args = ["train", "experiment=demo/qff_per_layer", *mined["overrides"], *QUIET, *SCORER]
+    args += ["trainer.max_steps=2", "trainer.val_check_interval=2", "qff.max_val_samples=4"]
+    root, trials = grid_sweep(tmp_path, "qff_plugins", "val/section_r1", "qff.focus", focus_values, args)
     for tid, trial in trials.items():
-        assert trial["status"] == "finished", trial
         saved = json.loads((root / f"qff_plugins-{tid}" / "qff" / "qff_config.json").read_text())
         assert saved["scoring"]["scorer"] == SCORER[0].split("=", 1)[1], saved["scoring"]
         assert saved["focus"] == trial["params"]["qff.focus"]
