@@ -120,13 +120,16 @@ def miss_reasons(stage1_run: Path, full_run: Path, gold: dict[str, set[str]], mu
     the context; for accuracy, how the generator did on the questions whose context held the answer (the last two from
     the full method's traces.jsonl, left out when it has none)."""
     rows = _predictions(stage1_run, gold)
-    hit = {r["data_id"]: any(a["url"] in gold[r["data_id"]] for a in (r.get("ranking") or [])[:20]) for r in rows}
-    several = [h for q, h in hit.items() if q in multi]
-    single = [h for q, h in hit.items() if q not in multi]
+
+    def r20(chosen: list[dict]) -> str:
+        return f"{recall_curve(chosen, gold)[-1]:.0f} % of {len(chosen)}"
+
+    single = [r for r in rows if r["data_id"] not in multi]
+    several = [r for r in rows if r["data_id"] in multi]
     out = {
         "stage1": (
-            f"the gold article is in the top 20 for {_share(sum(single), len(single))} single-entity photos and "
-            f"{_share(sum(several), len(several))} multi-entity ones: stage 1 is a tiny image encoder trained here on the train split only (the choices "
+            f"the gold article is in the top {RECALL_CURVE_KS[-1]} for {r20(single)} single-entity photos and "
+            f"{r20(several)} multi-entity ones: stage 1 is a tiny image encoder trained here on the train split only (the choices "
             "below), not a web-pretrained EVA-CLIP, and a photo of 2-3 entities of one kind is its hard case"
         )
     }
