@@ -103,8 +103,10 @@ sweep: install ## offline sweep: make sweep SWEEP=alpha_sweep
 compare: install ## compare run records: make compare RUNS=checkpoints
 	$(VENV)/bin/qkvqa compare $(RUNS)
 
+# The demo runs one stage at a time, so torch's intra-op threads use every core (no TEST_ENV): on 2 idle cores a fresh
+# demo took 9:14 against 13:39 with one thread, side by side on one machine (SmolLM2 0.9 s per answer against 1.4 s).
 demo: install ## run the whole method on the synthetic world; prints a comparison and the report path
-	$(TEST_ENV) $(VENV)/bin/qkvqa demo
+	$(VENV)/bin/qkvqa demo
 
 bench: install ## run every benchmark in bench/ and write bench/RESULTS.md (tens of minutes on 2 cores)
 	$(PY) bench/run_all.py

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -40,6 +41,7 @@ def test_the_demo_writes_the_report_with_every_setting_and_both_plots(demo, caps
     for label in SETTINGS:
         assert f"| {label} |" in report
     assert "stage-1 R@20" in report and "## Choices made to fit the time" in report
+    assert re.search(r"^- CPU threads: [1-9]\d* intra-op threads per stage", report, re.M)  # the run says its threads
     assert (run_dir / "recall_at_k.png").stat().st_size > 1000 and (run_dir / "training.png").stat().st_size > 1000
     for focus in ("per_layer", "none"):
         status = json.loads((root / "runs" / f"demo-qff-{focus}" / "status.json").read_text())

@@ -261,6 +261,8 @@ class Demo:
         return gold, multi
 
     def report(self, settings: dict[str, Path]) -> Path:
+        import torch
+
         from qkvqa.config.load import compose
         from qkvqa.run.job import run_job
 
@@ -317,6 +319,8 @@ class Demo:
                     if self.real_models
                     else "the extractive reader (tiny run)."
                 ),
+                f"- CPU threads: {torch.get_num_threads()} intra-op threads per stage (`make demo` leaves torch at the "
+                "core count; the stages run one at a time).",
                 "",
                 "R@K: the gold article is in the top K after the filter. R@1 multi-entity: the same on the "
                 "questions whose image shows 2-3 entities, where only the question tells which is meant. "
