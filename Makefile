@@ -104,7 +104,7 @@ compare: install ## compare run records: make compare RUNS=checkpoints
 	$(VENV)/bin/qkvqa compare $(RUNS)
 
 # The demo runs one stage at a time, so torch's intra-op threads use every core (no TEST_ENV): on 2 idle cores a fresh
-# demo took 9:14 against 13:39 with one thread, side by side on one machine (SmolLM2 0.9 s per answer against 1.4 s).
+# `make demo` took 9:23 against 13:39 with one thread, on one machine (SmolLM2 0.8-1.0 s per answer against 1.4 s).
 demo: install ## run the whole method on the synthetic world; prints a comparison and the report path
 	$(VENV)/bin/qkvqa demo
 
