@@ -177,6 +177,8 @@ def test_a_missed_goal_says_why_from_the_runs_own_figures(tmp_path):
     assert "reached the context for 100 % of 2 of those" in reasons["in_context"]
     assert "scored correct for 50 % of 2 questions" in reasons["accuracy"]
     assert "contained a reference for 100 % of 2" in reasons["accuracy"]
+    # a world without multi-entity photos says so, as every other count does, not "0 % of 0"
+    assert "and none of 0 multi-entity ones" in miss_reasons(stage1, full, gold, multi=set())["stage1"]
     labels = ["stage 1", "QFF none", "QFF focus", "full", "top-1 section"]
     rows = [
         {"setting": "stage 1", "R@20": 75.0, "answer in context %": 10.0, "accuracy E-VQA": 5.0},

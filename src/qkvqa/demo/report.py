@@ -110,8 +110,12 @@ COLUMNS = (
 STAGE1_R20_GOAL, IN_CONTEXT_GOAL, ACCURACY_GOAL = 90.0, 50.0, 25.0
 
 
+def _percent_of(percent: float, whole: int) -> str:
+    return f"{percent:.0f} % of {whole}" if whole else f"none of {whole}"
+
+
 def _share(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.0f} % of {whole}" if whole else f"none of {whole}"
+    return _percent_of(100.0 * part / whole if whole else 0.0, whole)
 
 
 def miss_reasons(stage1_run: Path, full_run: Path, gold: dict[str, set[str]], multi: set[str]) -> dict[str, str]:
@@ -120,12 +124,9 @@ def miss_reasons(stage1_run: Path, full_run: Path, gold: dict[str, set[str]], mu
     the context; for accuracy, how the generator did on the questions whose context held the answer (the last two from
     the full method's traces.jsonl, left out when it has none)."""
     rows = _predictions(stage1_run, gold)
-
-    def r20(chosen: list[dict]) -> str:
-        return f"{recall_curve(chosen, gold)[-1]:.0f} % of {len(chosen)}"
-
     single = [r for r in rows if r["data_id"] not in multi]
     several = [r for r in rows if r["data_id"] in multi]
+    r20 = lambda chosen: _percent_of(recall_curve(chosen, gold)[-1], len(chosen))  # noqa: E731
     out = {
         "stage1": (
             f"the gold article is in the top {RECALL_CURVE_KS[-1]} for {r20(single)} single-entity photos and "
