@@ -25,12 +25,14 @@ import torch
 from qkvqa.config.load import compose
 from qkvqa.data.benchmark import build_benchmark
 from qkvqa.qff.mining import mine_to_dir
-from qkvqa.qff.model import QFFModel, QuestionEncoding
 from qkvqa.retrieval.results import Retrieved, write_results
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = {"per_layer": "demo/qff_per_layer", "none": "demo/qff_none"}
 PRETRAINED_HERE = "components.qformer.init=pretrained_here"
+# the oracles in the focus path (tests/helpers/qff_oracle.py): focus plugins, so a trained one is scored by its class
+ATTRIBUTE_ORACLE = "qff.focus=tests.helpers.qff_oracle:AttributeOracle"
+PRESENCE_ORACLE = "qff.focus=tests.helpers.qff_oracle:PresenceOracle"
 # The study's variants: name -> (experiment, overrides). The first two are the learning test's EXPERIMENTS.
 VARIANTS = {
     "per_layer": ("demo/qff_per_layer", []),
@@ -47,23 +49,19 @@ VARIANTS = {
     # Oracles in the focus path (OracleFocusModel), on per_layer_lr10_pt; late interaction still reads the whole
     # question. oracle_attribute: the focus blocks attend to the question pass of the question with every word but its
     # attribute words masked (told which attribute is asked, the model must still find it in the section).
-    "oracle_attribute": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
+    "oracle_attribute": ("demo/qff_per_layer", [ATTRIBUTE_ORACLE, "qff.new_block_lr_scale=10", PRETRAINED_HERE]),
     # positive_control: that oracle state scaled by the share of the question's attribute words the section holds,
     # so the focus path is handed, per (question, section), whether the section states the asked attribute: it must
     # help by construction where the attribute words tell the evidence from its siblings (the controlled world)
-    "positive_control": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10", PRETRAINED_HERE]),
-    "positive_control_random": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),  # the same, random init
+    "positive_control": ("demo/qff_per_layer", [PRESENCE_ORACLE, "qff.new_block_lr_scale=10", PRETRAINED_HERE]),
+    "positive_control_random": (
+        "demo/qff_per_layer",
+        [PRESENCE_ORACLE, "qff.new_block_lr_scale=10"],
+    ),  # the same, random init
     # the same on the study's init (bench/qff_focus.py --init bert:<ref>: the BERT-initialised Q-Former)
-    "positive_control_lr10": ("demo/qff_per_layer", ["qff.new_block_lr_scale=10"]),
+    "positive_control_lr10": ("demo/qff_per_layer", [PRESENCE_ORACLE, "qff.new_block_lr_scale=10"]),
 }
 ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random", "positive_control_lr10")
-# the oracle of each: the attribute words only (attribute), or those gated by their presence in the section (presence)
-ORACLE_KINDS = {
-    "oracle_attribute": "attribute",
-    "positive_control": "presence",
-    "positive_control_random": "presence",
-    "positive_control_lr10": "presence",
-}
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = [
@@ -233,11 +231,7 @@ def train(
             focus, seed = pending.pop(0)
             log = open(work / f"log_{focus}_{seed}.txt", "w")
             experiment, extra = VARIANTS[focus]
-            entry = (
-                ["tests.helpers.qff_study", "train-oracle", ORACLE_KINDS[focus]]
-                if focus in ORACLE_VARIANTS
-                else ["qkvqa.cli.main", "train"]
-            )
+            entry = ["tests.helpers.qff_oracle", "train"] if focus in ORACLE_VARIANTS else ["qkvqa.cli.main", "train"]
             cmd = [
                 sys.executable,
                 "-m",
@@ -396,6 +390,7 @@ def score_splits(
     the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`), keyed "split/data_id"."""
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.pretrain_here import resolve_qformer_spec
+    from tests.helpers.qff_oracle import make_oracle
 
     hits, component = {}, None
     lexical = focus == "bm25"  # the lexical reference: BM25 on the same samples (bm25_score)
@@ -421,7 +416,7 @@ def score_splits(
                 resolve_qformer_spec(cfg) if checkpoint is None else cfg.components.qformer, cfg.qff
             )
             if focus in ORACLE_VARIANTS:
-                make_oracle(component.model, component.tokenizer, ORACLE_KINDS[focus])
+                make_oracle(component.model, component.tokenizer)
         hits.update({f"{split}/{k}": v for k, v in (bm25_score if lexical else score)(component, cfg).items()})
     return hits
 
@@ -466,183 +461,6 @@ def evaluate_many(
             for name, (focus, checkpoint, seed) in jobs.items()
         }
         return {name: future.result() for name, future in futures.items()}
-
-
-# ---------------------------------------------------------------------- the positive control: an oracle focus signal
-# Words too common across the questions to name an attribute (they stand in several facts' questions and sentences).
-GENERIC_WORDS = {
-    "the",
-    "a",
-    "an",
-    "of",
-    "and",
-    "or",
-    "in",
-    "on",
-    "at",
-    "to",
-    "for",
-    "from",
-    "by",
-    "with",
-    "is",
-    "are",
-    "was",
-    "were",
-    "be",
-    "been",
-    "has",
-    "have",
-    "as",
-    "off",
-    "upon",
-    "it",
-    "its",
-    "this",
-    "that",
-    "what",
-    "which",
-    "who",
-    "how",
-    "many",
-    "much",
-    "does",
-    "do",
-    "did",
-    "can",
-    "into",
-    "up",
-    "about",
-    "each",
-    "year",
-    "name",
-    "value",
-    "person",
-}
-
-
-def attribute_words() -> list[str]:
-    """The words that name what a synthetic-world question asks for: those its question templates share with the
-    sentence that states the fact (diet, wingspan, conservation, ...), the lead facts' verbs and the two surveys."""
-    from qkvqa.synth.world import CATEGORIES, SURVEYS
-
-    def words(text: str) -> set[str]:
-        return set(re.findall(r"[a-z]+", text.lower()))
-
-    found = {"described", "completed", "visitors", "receive", *SURVEYS}
-    for category in CATEGORIES.values():
-        for fact in category["facts"]:
-            found |= (words(fact.templated) | words(fact.automatic)) & words(fact.sentence)
-    nouns = {category["noun"] for category in CATEGORIES.values()}
-    return sorted(found - GENERIC_WORDS - nouns)
-
-
-def oracle_token_ids(tokenizer) -> list[int]:
-    """Token ids of `attribute_words` (the tiny tokenizer keeps each one whole) and of [CLS] / [SEP]."""
-    ids = {tokenizer.cls_token_id, tokenizer.sep_token_id}
-    for word in attribute_words():
-        pieces = tokenizer(word, add_special_tokens=False)["input_ids"]
-        ids.update(pieces)
-    return sorted(i for i in ids if i is not None)
-
-
-class OracleQuestionEncoding(QuestionEncoding):
-    """A question encoding whose focus path reads `focus_states` (the oracle's layer states) in place of its own;
-    `attribute_ids` `[B, L]`: the question's attribute token ids (0 elsewhere), for the presence oracle."""
-
-    def __init__(self, layer_states, focus_states, attribute_ids=None):
-        super().__init__(layer_states)
-        self.focus_states = focus_states
-        self.attribute_ids = attribute_ids
-
-
-def attribute_presence(section_ids, attribute_ids):
-    """`[N]`: the share of a question's attribute tokens (`attribute_ids` `[N, L]`, 0 = none) that section n holds
-    (`section_ids` `[N, S]`); 0 for a question without one."""
-    wanted = attribute_ids > 0
-    held = (attribute_ids[:, :, None] == section_ids[:, None, :]).any(dim=2) & wanted
-    return held.sum(dim=1).float() / wanted.sum(dim=1).clamp(min=1).float()
-
-
-class OracleFocusModel(QFFModel):
-    """QFFModel whose focus blocks attend to an oracle (the positive control): the question pass of the question with
-    every token but its attribute words (and [CLS] / [SEP]) masked out of attention, so the section pass is told which
-    attribute is asked without having to read it from the question; the question tokens that late interaction scores
-    are the whole question's, as in every variant. Made from a built QFFModel by `make_oracle` (no new weights)."""
-
-    oracle_ids: torch.Tensor
-    oracle_kind: str = "attribute"  # attribute | presence (ORACLE_KINDS)
-
-    def encode_question(self, input_ids, attention_mask, image_states):
-        whole = super().encode_question(input_ids, attention_mask, image_states)
-        keep = torch.isin(input_ids, self.oracle_ids.to(input_ids.device)).to(attention_mask.dtype)
-        oracle = super().encode_question(input_ids, attention_mask * keep, image_states)
-        special = torch.isin(input_ids, torch.tensor(self.special_ids, device=input_ids.device))
-        attribute_ids = input_ids * (keep.bool() & ~special & attention_mask.bool())
-        return OracleQuestionEncoding(whole.layer_states, oracle.layer_states, attribute_ids)
-
-    def encode_sections(self, input_ids, attention_mask, image_states, question=None, **kwargs):
-        if isinstance(question, OracleQuestionEncoding) and (kwargs.get("focus") or self.focus) != "none":
-            states = question.focus_states
-            if self.oracle_kind == "presence":
-                n = input_ids.shape[0]
-                index = kwargs.get("question_index")
-                ids = question.attribute_ids
-                ids = (
-                    ids.expand(n, -1) if ids.shape[0] == 1 else ids.index_select(0, index) if index is not None else ids
-                )
-                share = attribute_presence(input_ids * attention_mask, ids)[:, None, None]
-                rows = [
-                    s.expand(n, *s.shape[1:])
-                    if s.shape[0] == 1
-                    else s.index_select(0, index)
-                    if index is not None
-                    else s
-                    for s in states
-                ]
-                states = tuple(share.to(s.dtype) * s for s in rows)
-                kwargs = {**kwargs, "question_index": None}
-            question = QuestionEncoding(tuple(states))
-        return super().encode_sections(input_ids, attention_mask, image_states, question, **kwargs)
-
-
-def make_oracle(model: QFFModel, tokenizer, kind: str = "attribute") -> QFFModel:
-    """Turn a built QFFModel into an OracleFocusModel in place (same weights, same state dict, same checkpoint)."""
-    if model.focus == "none":
-        raise ValueError("the oracle feeds the focus path: build the positive control with a focus mode")
-    model.__class__ = OracleFocusModel
-    model.oracle_ids = torch.tensor(oracle_token_ids(tokenizer), dtype=torch.long)
-    model.special_ids = sorted(set(tokenizer.all_special_ids))
-    model.oracle_kind = kind
-    return model
-
-
-class OracleFocus:
-    """Lightning callback of the positive control's training: makes the trained QFFModel an OracleFocusModel."""
-
-    def __new__(cls, kind: str = "attribute"):
-        import lightning.pytorch as pl
-
-        class _OracleFocus(pl.Callback):
-            def setup(self, trainer, pl_module, stage):
-                make_oracle(pl_module.model, trainer.datamodule.tokenizer, kind)
-
-        return _OracleFocus()
-
-
-def train_oracle(argv: Sequence[str]) -> int:
-    """`python -m tests.helpers.qff_study train-oracle KIND OVERRIDES...`: `qkvqa train` with the OracleFocus callback."""
-    import argparse
-
-    from qkvqa.cli.train import train_qff
-    from qkvqa.config.cli import add_override_args, config_from_args
-
-    parser = argparse.ArgumentParser(prog="qff_study train-oracle")
-    parser.add_argument("kind", choices=sorted(set(ORACLE_KINDS.values())))
-    add_override_args(parser)
-    args = parser.parse_args(list(argv))
-    train_qff(config_from_args(args), callbacks=[OracleFocus(args.kind)])
-    return 0
 
 
 # ---------------------------------------------------------------------- the lexical reference
@@ -701,9 +519,3 @@ def bm25_score(component, cfg) -> dict[str, tuple]:
             best = max(range(n), key=lambda j: values[j])
             hits[data_id] = (float(best == 0 and values[0] > max(values[1:], default=-1.0)), None, None, None, scores)
     return hits
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "train-oracle":
-        sys.exit(train_oracle(sys.argv[2:]))
-    raise SystemExit("usage: python -m tests.helpers.qff_study train-oracle OVERRIDES...")

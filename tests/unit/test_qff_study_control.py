@@ -1,5 +1,5 @@
-"""The focus study's instruments (tests/helpers/qff_study.py): the positive control's oracle focus path and the BM25
-lexical reference; properties only."""
+"""The focus study's instruments: the positive control's oracle focus path (tests/helpers/qff_oracle.py) and the BM25
+lexical reference (tests/helpers/qff_study.py); properties only."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import torch
 
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.model import QFFModel, QuestionEncoding
-from tests.helpers.qff_study import (
-    BM25,
+from tests.helpers.qff_oracle import (
     OracleFocusModel,
     OracleQuestionEncoding,
+    PresenceOracle,
     attribute_presence,
     attribute_words,
     make_oracle,
     oracle_token_ids,
 )
+from tests.helpers.qff_study import BM25, PRESENCE_ORACLE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 QUESTION = "According to recent surveys, what does the diet of this bird consist of mainly?"
@@ -41,21 +42,49 @@ def test_attribute_words_name_the_asked_fact_and_nothing_generic():
     assert not words & {"the", "this", "what", "of", "bird", "plant", "landmark"}
 
 
+_SPEC = {
+    "kind": "blip2_qff",
+    "tiny": True,
+    "device": "cpu",
+    "options": {
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_query_tokens": 2,
+        "seed": 0,
+        "vocab_texts": [" ".join([*attribute_words(), QUESTION, *SECTIONS])],
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def component():
-    spec = {
-        "kind": "blip2_qff",
-        "tiny": True,
-        "device": "cpu",
-        "options": {
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_query_tokens": 2,
-            "seed": 0,
-            "vocab_texts": [" ".join([*attribute_words(), QUESTION, *SECTIONS])],
-        },
-    }
-    return build_qff_component(spec, {"focus": "per_layer", "blip_text_preprocess": False})
+    return build_qff_component(_SPEC, {"focus": "per_layer", "blip_text_preprocess": False})
+
+
+def test_the_positive_control_is_a_focus_plugin_scored_by_the_class_it_was_trained_as(component):
+    """The study trains the control with `qff.focus` naming the oracle class, so the trained QFF records this class's
+    source and the study's scoring, building from the same config, passes the builder's plugin check (a control
+    made by swapping a built per_layer model's class recorded the oracle's source at training and none at scoring,
+    and was refused)."""
+    import hashlib
+    from pathlib import Path
+
+    from qkvqa.qff.model import focus_source
+    from tests.helpers import qff_oracle
+
+    spec = {**_SPEC, "options": {**_SPEC["options"]}}
+    built = build_qff_component(spec, {"focus": PRESENCE_ORACLE.split("=", 1)[1], "blip_text_preprocess": False})
+    model = built.model
+    assert type(model) is PresenceOracle and model.focus_mode == "per_layer"
+    assert model.state_dict().keys() == component.model.state_dict().keys()  # per_layer's weights, none added
+    sha = hashlib.sha256(Path(qff_oracle.__file__).read_bytes()).hexdigest()
+    assert focus_source(type(model)) == {"focus_source_sha256": sha}
+    q = built.tokenize_questions([QUESTION])
+    image = model.encode_image(built.preprocess_images([_image()]))
+    with pytest.raises(RuntimeError, match="make_oracle"):
+        model.encode_question(q["input_ids"], q["attention_mask"], image)
+    assert make_oracle(model, built.tokenizer, "attribute") is model and type(model) is PresenceOracle  # keeps its kind
+    assert isinstance(model.encode_question(q["input_ids"], q["attention_mask"], image), OracleQuestionEncoding)
 
 
 def test_the_oracle_focus_path_reads_only_the_attribute_words(component):

@@ -1,0 +1,232 @@
+"""The study's positive control: QFF focus plugins whose focus path is handed an oracle of what the question asks.
+
+`AttributeOracle` and `PresenceOracle` are `qff.focus` plugins (docs/extending.md), named in config as
+`qff.focus=tests.helpers.qff_oracle:PresenceOracle`, so a trained control records this file's sha256 and is scored
+by the same class (a control trained before an edit of this file is refused, as any plugin's). They add no weights:
+each runs per_layer's focus blocks on an oracle question encoding. `make_oracle` attaches the tokenizer's attribute
+token ids (the training callback `OracleFocus` and the study's scoring call it); `python -m tests.helpers.qff_oracle
+train OVERRIDES...` is `qkvqa train` with that callback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+from qkvqa.qff.model import QFFModel, QuestionEncoding
+
+# Words too common across the questions to name an attribute (they stand in several facts' questions and sentences).
+GENERIC_WORDS = {
+    "the",
+    "a",
+    "an",
+    "of",
+    "and",
+    "or",
+    "in",
+    "on",
+    "at",
+    "to",
+    "for",
+    "from",
+    "by",
+    "with",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "has",
+    "have",
+    "as",
+    "off",
+    "upon",
+    "it",
+    "its",
+    "this",
+    "that",
+    "what",
+    "which",
+    "who",
+    "how",
+    "many",
+    "much",
+    "does",
+    "do",
+    "did",
+    "can",
+    "into",
+    "up",
+    "about",
+    "each",
+    "year",
+    "name",
+    "value",
+    "person",
+}
+
+
+def attribute_words() -> list[str]:
+    """The words that name what a synthetic-world question asks for: those its question templates share with the
+    sentence that states the fact (diet, wingspan, conservation, ...), the lead facts' verbs and the two surveys."""
+    from qkvqa.synth.world import CATEGORIES, SURVEYS
+
+    def words(text: str) -> set[str]:
+        return set(re.findall(r"[a-z]+", text.lower()))
+
+    found = {"described", "completed", "visitors", "receive", *SURVEYS}
+    for category in CATEGORIES.values():
+        for fact in category["facts"]:
+            found |= (words(fact.templated) | words(fact.automatic)) & words(fact.sentence)
+    nouns = {category["noun"] for category in CATEGORIES.values()}
+    return sorted(found - GENERIC_WORDS - nouns)
+
+
+def oracle_token_ids(tokenizer) -> list[int]:
+    """Token ids of `attribute_words` (the tiny tokenizer keeps each one whole) and of [CLS] / [SEP]."""
+    ids = {tokenizer.cls_token_id, tokenizer.sep_token_id}
+    for word in attribute_words():
+        pieces = tokenizer(word, add_special_tokens=False)["input_ids"]
+        ids.update(pieces)
+    return sorted(i for i in ids if i is not None)
+
+
+class OracleQuestionEncoding(QuestionEncoding):
+    """A question encoding whose focus path reads `focus_states` (the oracle's layer states) in place of its own;
+    `attribute_ids` `[B, L]`: the question's attribute token ids (0 elsewhere), for the presence oracle."""
+
+    def __init__(self, layer_states, focus_states, attribute_ids=None):
+        super().__init__(layer_states)
+        self.focus_states = focus_states
+        self.attribute_ids = attribute_ids
+
+
+def attribute_presence(section_ids, attribute_ids):
+    """`[N]`: the share of a question's attribute tokens (`attribute_ids` `[N, L]`, 0 = none) that section n holds
+    (`section_ids` `[N, S]`); 0 for a question without one."""
+    wanted = attribute_ids > 0
+    held = (attribute_ids[:, :, None] == section_ids[:, None, :]).any(dim=2) & wanted
+    return held.sum(dim=1).float() / wanted.sum(dim=1).clamp(min=1).float()
+
+
+class OracleFocusModel(QFFModel):
+    """QFFModel whose focus blocks attend to an oracle (the positive control): the question pass of the question with
+    every token but its attribute words (and [CLS] / [SEP]) masked out of attention, so the section pass is told which
+    attribute is asked without having to read it from the question; the question tokens that late interaction scores
+    are the whole question's, as in every variant. No new weights: per_layer's focus blocks read the oracle. Built
+    by the config (`AttributeOracle`, `PresenceOracle`), or from a built QFFModel by `make_oracle`."""
+
+    FOCUS_BASE = "per_layer"
+    oracle_kind = "attribute"  # attribute | presence
+    oracle_ids: Optional[torch.Tensor] = None  # attached by make_oracle (they come from the tokenizer)
+
+    def encode_question(self, input_ids, attention_mask, image_states):
+        if self.oracle_ids is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: attach the oracle's token ids first: make_oracle(model, tokenizer)"
+            )
+        whole = super().encode_question(input_ids, attention_mask, image_states)
+        keep = torch.isin(input_ids, self.oracle_ids.to(input_ids.device)).to(attention_mask.dtype)
+        oracle = super().encode_question(input_ids, attention_mask * keep, image_states)
+        special = torch.isin(input_ids, torch.tensor(self.special_ids, device=input_ids.device))
+        attribute_ids = input_ids * (keep.bool() & ~special & attention_mask.bool())
+        return OracleQuestionEncoding(whole.layer_states, oracle.layer_states, attribute_ids)
+
+    def encode_sections(self, input_ids, attention_mask, image_states, question=None, **kwargs):
+        if isinstance(question, OracleQuestionEncoding) and (kwargs.get("focus") or self.focus) != "none":
+            states = question.focus_states
+            if self.oracle_kind == "presence":
+                n = input_ids.shape[0]
+                index = kwargs.get("question_index")
+                ids = question.attribute_ids
+                ids = (
+                    ids.expand(n, -1) if ids.shape[0] == 1 else ids.index_select(0, index) if index is not None else ids
+                )
+                share = attribute_presence(input_ids * attention_mask, ids)[:, None, None]
+                rows = [
+                    s.expand(n, *s.shape[1:])
+                    if s.shape[0] == 1
+                    else s.index_select(0, index)
+                    if index is not None
+                    else s
+                    for s in states
+                ]
+                states = tuple(share.to(s.dtype) * s for s in rows)
+                kwargs = {**kwargs, "question_index": None}
+            question = QuestionEncoding(tuple(states))
+        return super().encode_sections(input_ids, attention_mask, image_states, question, **kwargs)
+
+
+class AttributeOracle(OracleFocusModel):
+    """The focus blocks read the question's attribute words only (told which attribute is asked, the model must
+    still find it in the section)."""
+
+    oracle_kind = "attribute"
+
+
+class PresenceOracle(OracleFocusModel):
+    """The attribute oracle scaled per (question, section) by the share of the attribute words the section holds: the
+    focus path is handed whether the section states the asked attribute (the positive control)."""
+
+    oracle_kind = "presence"
+
+
+ORACLES = {cls.oracle_kind: cls for cls in (AttributeOracle, PresenceOracle)}
+
+
+def make_oracle(model: QFFModel, tokenizer, kind: str = "attribute") -> QFFModel:
+    """Attach the tokenizer's oracle token ids to `model`; a plain QFFModel becomes the `kind` oracle in place first
+    (same weights, same state dict). An oracle class built by the config keeps its own kind."""
+    if model.focus_mode == "none":
+        raise ValueError("the oracle feeds the focus path: build the positive control with a focus mode")
+    if not isinstance(model, OracleFocusModel):
+        model.__class__ = ORACLES[kind]
+    model.oracle_ids = torch.tensor(oracle_token_ids(tokenizer), dtype=torch.long)
+    model.special_ids = sorted(set(tokenizer.all_special_ids))
+    return model
+
+
+class OracleFocus:
+    """Lightning callback of the positive control's training: attaches the oracle's token ids to the model the config
+    built (`qff.focus` names an oracle class)."""
+
+    def __new__(cls):
+        import lightning.pytorch as pl
+
+        class _OracleFocus(pl.Callback):
+            def setup(self, trainer, pl_module, stage):
+                if not isinstance(pl_module.model, OracleFocusModel):
+                    raise SystemExit(
+                        f"qff.focus={pl_module.model.focus}: the oracle's training needs an oracle class, e.g. "
+                        "qff.focus=tests.helpers.qff_oracle:PresenceOracle"
+                    )
+                make_oracle(pl_module.model, trainer.datamodule.tokenizer)
+
+        return _OracleFocus()
+
+
+def train_oracle(argv: Sequence[str]) -> int:
+    """`python -m tests.helpers.qff_oracle train OVERRIDES...`: `qkvqa train` with the OracleFocus callback."""
+    import argparse
+
+    from qkvqa.cli.train import train_qff
+    from qkvqa.config.cli import add_override_args, config_from_args
+
+    parser = argparse.ArgumentParser(prog="qff_oracle train")
+    add_override_args(parser)
+    args = parser.parse_args(list(argv))
+    train_qff(config_from_args(args), callbacks=[OracleFocus()])
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "train":
+        # through the imported module: the config's plugin class is tests.helpers.qff_oracle's, not __main__'s
+        from tests.helpers.qff_oracle import train_oracle as train_imported
+
+        sys.exit(train_imported(sys.argv[2:]))
+    raise SystemExit("usage: python -m tests.helpers.qff_oracle train OVERRIDES...")
