@@ -114,15 +114,15 @@ def attribute_presence(section_ids, attribute_ids):
 
 
 class OracleFocusModel(QFFModel):
-    """QFFModel whose focus blocks attend to an oracle (the positive control): the question pass of the question with
-    every token but its attribute words (and [CLS] / [SEP]) masked out of attention, so the section pass is told which
-    attribute is asked without having to read it from the question; the question tokens that late interaction scores
-    are the whole question's, as in every variant. No new weights: per_layer's focus blocks read the oracle. Built
-    by the config (`AttributeOracle`, `PresenceOracle`), or from a built QFFModel by `make_oracle`."""
+    """QFFModel whose focus blocks attend to an oracle: the question pass of the question with every token but its
+    attribute words (and [CLS] / [SEP]) masked out of attention, so the section pass is told which attribute is asked
+    without having to read it from the question; the question tokens that late interaction scores are the whole
+    question's, as in every variant. No new weights: per_layer's focus blocks read the oracle. The config builds a
+    subclass (`AttributeOracle`, `PresenceOracle`); `make_oracle` attaches the tokenizer's ids."""
 
     FOCUS_BASE = "per_layer"
-    oracle_kind = "attribute"  # attribute | presence
     oracle_ids: Optional[torch.Tensor] = None  # attached by make_oracle (they come from the tokenizer)
+    special_ids: Sequence[int] = ()
 
     def encode_question(self, input_ids, attention_mask, image_states):
         if self.oracle_ids is None:
@@ -136,27 +136,13 @@ class OracleFocusModel(QFFModel):
         attribute_ids = input_ids * (keep.bool() & ~special & attention_mask.bool())
         return OracleQuestionEncoding(whole.layer_states, oracle.layer_states, attribute_ids)
 
+    def oracle_states(self, question: OracleQuestionEncoding, section_ids, kwargs: dict) -> tuple[tuple, dict]:
+        """The layer states the focus blocks read for these sections, and encode_sections' keyword arguments."""
+        return question.focus_states, kwargs
+
     def encode_sections(self, input_ids, attention_mask, image_states, question=None, **kwargs):
         if isinstance(question, OracleQuestionEncoding) and (kwargs.get("focus") or self.focus) != "none":
-            states = question.focus_states
-            if self.oracle_kind == "presence":
-                n = input_ids.shape[0]
-                index = kwargs.get("question_index")
-                ids = question.attribute_ids
-                ids = (
-                    ids.expand(n, -1) if ids.shape[0] == 1 else ids.index_select(0, index) if index is not None else ids
-                )
-                share = attribute_presence(input_ids * attention_mask, ids)[:, None, None]
-                rows = [
-                    s.expand(n, *s.shape[1:])
-                    if s.shape[0] == 1
-                    else s.index_select(0, index)
-                    if index is not None
-                    else s
-                    for s in states
-                ]
-                states = tuple(share.to(s.dtype) * s for s in rows)
-                kwargs = {**kwargs, "question_index": None}
+            states, kwargs = self.oracle_states(question, input_ids * attention_mask, kwargs)
             question = QuestionEncoding(tuple(states))
         return super().encode_sections(input_ids, attention_mask, image_states, question, **kwargs)
 
@@ -165,26 +151,32 @@ class AttributeOracle(OracleFocusModel):
     """The focus blocks read the question's attribute words only (told which attribute is asked, the model must
     still find it in the section)."""
 
-    oracle_kind = "attribute"
-
 
 class PresenceOracle(OracleFocusModel):
     """The attribute oracle scaled per (question, section) by the share of the attribute words the section holds: the
     focus path is handed whether the section states the asked attribute (the positive control)."""
 
-    oracle_kind = "presence"
+    def oracle_states(self, question, section_ids, kwargs):
+        """Each section's row of the oracle states (one question broadcast, or `question_index`'s), times its share."""
+        n, index = section_ids.shape[0], kwargs.get("question_index")
+
+        def rows(t):
+            return (
+                t.expand(n, *t.shape[1:]) if t.shape[0] == 1 else t.index_select(0, index) if index is not None else t
+            )
+
+        share = attribute_presence(section_ids, rows(question.attribute_ids))[:, None, None]
+        states = tuple(share.to(s.dtype) * rows(s) for s in question.focus_states)
+        return states, {**kwargs, "question_index": None}
 
 
-ORACLES = {cls.oracle_kind: cls for cls in (AttributeOracle, PresenceOracle)}
-
-
-def make_oracle(model: QFFModel, tokenizer, kind: str = "attribute") -> QFFModel:
-    """Attach the tokenizer's oracle token ids to `model`; a plain QFFModel becomes the `kind` oracle in place first
-    (same weights, same state dict). An oracle class built by the config keeps its own kind."""
-    if model.focus_mode == "none":
-        raise ValueError("the oracle feeds the focus path: build the positive control with a focus mode")
+def make_oracle(model: QFFModel, tokenizer) -> QFFModel:
+    """Attach the tokenizer's oracle token ids to an oracle the config built (`qff.focus` names its class)."""
     if not isinstance(model, OracleFocusModel):
-        model.__class__ = ORACLES[kind]
+        raise ValueError(
+            f"qff.focus={model.focus}: the oracle needs an oracle class, e.g. "
+            "qff.focus=tests.helpers.qff_oracle:PresenceOracle"
+        )
     model.oracle_ids = torch.tensor(oracle_token_ids(tokenizer), dtype=torch.long)
     model.special_ids = sorted(set(tokenizer.all_special_ids))
     return model
@@ -192,18 +184,13 @@ def make_oracle(model: QFFModel, tokenizer, kind: str = "attribute") -> QFFModel
 
 class OracleFocus:
     """Lightning callback of the positive control's training: attaches the oracle's token ids to the model the config
-    built (`qff.focus` names an oracle class)."""
+    built (`make_oracle`)."""
 
     def __new__(cls):
         import lightning.pytorch as pl
 
         class _OracleFocus(pl.Callback):
             def setup(self, trainer, pl_module, stage):
-                if not isinstance(pl_module.model, OracleFocusModel):
-                    raise SystemExit(
-                        f"qff.focus={pl_module.model.focus}: the oracle's training needs an oracle class, e.g. "
-                        "qff.focus=tests.helpers.qff_oracle:PresenceOracle"
-                    )
                 make_oracle(pl_module.model, trainer.datamodule.tokenizer)
 
         return _OracleFocus()

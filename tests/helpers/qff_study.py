@@ -54,10 +54,8 @@ VARIANTS = {
     # so the focus path is handed, per (question, section), whether the section states the asked attribute: it must
     # help by construction where the attribute words tell the evidence from its siblings (the controlled world)
     "positive_control": ("demo/qff_per_layer", [PRESENCE_ORACLE, "qff.new_block_lr_scale=10", PRETRAINED_HERE]),
-    "positive_control_random": (
-        "demo/qff_per_layer",
-        [PRESENCE_ORACLE, "qff.new_block_lr_scale=10"],
-    ),  # the same, random init
+    # the same, random init
+    "positive_control_random": ("demo/qff_per_layer", [PRESENCE_ORACLE, "qff.new_block_lr_scale=10"]),
     # the same on the study's init (bench/qff_focus.py --init bert:<ref>: the BERT-initialised Q-Former)
     "positive_control_lr10": ("demo/qff_per_layer", [PRESENCE_ORACLE, "qff.new_block_lr_scale=10"]),
 }
@@ -451,8 +449,9 @@ def evaluate_many(
     splits: Optional[dict] = None,
 ) -> dict:
     """`evaluate` for each `name: (focus, checkpoint, seed)`, `parallel` spawned processes at a time (each one
-    intra-op thread, as `evaluate` sets, so the figures equal a one-by-one run); returns `name: figures`."""
-    from concurrent.futures import ProcessPoolExecutor
+    intra-op thread, as `evaluate` sets, so the figures equal a one-by-one run); returns `name: figures`. The first
+    model that fails stops the rest: the jobs not started are cancelled, not scored and then discarded."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
     with ProcessPoolExecutor(max_workers=parallel, mp_context=get_context("spawn")) as pool:
@@ -460,6 +459,11 @@ def evaluate_many(
             name: pool.submit(evaluate, focus, checkpoint, list(overrides), work, multi, seed, rivals, splits)
             for name, (focus, checkpoint, seed) in jobs.items()
         }
+        names = {future: name for name, future in futures.items()}
+        for future in as_completed(names):
+            if future.exception() is not None:
+                pool.shutdown(cancel_futures=True)
+                raise RuntimeError(f"scoring {names[future]} failed") from future.exception()
         return {name: future.result() for name, future in futures.items()}
 
 

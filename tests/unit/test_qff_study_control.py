@@ -9,6 +9,7 @@ import torch
 from qkvqa.qff.builder import build_qff_component
 from qkvqa.qff.model import QFFModel, QuestionEncoding
 from tests.helpers.qff_oracle import (
+    AttributeOracle,
     OracleFocusModel,
     OracleQuestionEncoding,
     PresenceOracle,
@@ -72,8 +73,7 @@ def test_the_positive_control_is_a_focus_plugin_scored_by_the_class_it_was_train
     from qkvqa.qff.model import focus_source
     from tests.helpers import qff_oracle
 
-    spec = {**_SPEC, "options": {**_SPEC["options"]}}
-    built = build_qff_component(spec, {"focus": PRESENCE_ORACLE.split("=", 1)[1], "blip_text_preprocess": False})
+    built = build_qff_component(_SPEC, {"focus": PRESENCE_ORACLE.split("=", 1)[1], "blip_text_preprocess": False})
     model = built.model
     assert type(model) is PresenceOracle and model.focus_mode == "per_layer"
     assert model.state_dict().keys() == component.model.state_dict().keys()  # per_layer's weights, none added
@@ -83,13 +83,15 @@ def test_the_positive_control_is_a_focus_plugin_scored_by_the_class_it_was_train
     image = model.encode_image(built.preprocess_images([_image()]))
     with pytest.raises(RuntimeError, match="make_oracle"):
         model.encode_question(q["input_ids"], q["attention_mask"], image)
-    assert make_oracle(model, built.tokenizer, "attribute") is model and type(model) is PresenceOracle  # keeps its kind
+    assert make_oracle(model, built.tokenizer) is model and type(model) is PresenceOracle
+    with pytest.raises(ValueError, match="qff.focus=tests.helpers.qff_oracle:PresenceOracle"):
+        make_oracle(component.model, built.tokenizer)  # a plain per_layer QFF: the config must name the oracle
     assert isinstance(model.encode_question(q["input_ids"], q["attention_mask"], image), OracleQuestionEncoding)
 
 
 def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
     plain = component.model
-    oracle = make_oracle(QFFModel(plain.base, focus="per_layer"), component.tokenizer)
+    oracle = make_oracle(_oracle(AttributeOracle, plain), component.tokenizer)
     oracle.load_state_dict(plain.state_dict())
     assert isinstance(oracle, OracleFocusModel) and oracle.state_dict().keys() == plain.state_dict().keys()
     with torch.no_grad():
@@ -120,6 +122,13 @@ def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
         )
 
 
+def _oracle(cls, plain: QFFModel) -> OracleFocusModel:
+    """An oracle of class `cls` around `plain`'s BLIP-2 (its own focus blocks until it loads `plain`'s state)."""
+    from qkvqa.qff.model import focus_name
+
+    return cls(plain.base, focus=focus_name(cls))
+
+
 def _image():
     from PIL import Image
 
@@ -128,7 +137,7 @@ def _image():
 
 def test_the_presence_oracle_hands_the_focus_path_whether_the_section_states_the_asked_attribute(component):
     plain = component.model
-    oracle = make_oracle(QFFModel(plain.base, focus="per_layer"), component.tokenizer, "presence")
+    oracle = make_oracle(_oracle(PresenceOracle, plain), component.tokenizer)
     oracle.load_state_dict(plain.state_dict())
     with torch.no_grad():
         oracle.q_gate.fill_(1.0)
@@ -147,3 +156,14 @@ def test_the_presence_oracle_hands_the_focus_path_whether_the_section_states_the
                 s["input_ids"][row : row + 1], s["attention_mask"][row : row + 1], image, QuestionEncoding(states)
             )
             assert torch.allclose(focused[row : row + 1], expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_failing_model_stops_the_study_s_scoring_naming_it(tmp_path):
+    """evaluate_many raises at the first model that fails, naming it (the jobs not started are cancelled rather than
+    scored and then thrown away with the error)."""
+    from tests.helpers.qff_study import evaluate_many
+
+    jobs = {("none", 0): ("none", tmp_path / "no-such-qff", 0), ("none", 1): ("none", tmp_path / "no-such-qff", 1)}
+    with pytest.raises(RuntimeError, match=r"scoring \('none', [01]\) failed"):
+        evaluate_many(jobs, [], tmp_path, set(), parallel=1)
