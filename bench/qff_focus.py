@@ -36,7 +36,8 @@ OUT = REPO / "bench" / "out"
 from omegaconf import OmegaConf  # noqa: E402
 
 from tests.helpers.qff_study import (  # noqa: E402
-    ORACLE_VARIANTS,
+    ATTRIBUTE_ORACLE,
+    PRESENCE_ORACLE,
     PRETRAINED_HERE,
     SPLIT_FILES,
     VARIANTS,
@@ -263,8 +264,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
                 mean(scored[(variant, s)]["all"]["pair_accuracy"] for s in args.seeds), 2
             )
         section["variants"][variant] = entry
-    controls = [v for v in variants if v in ORACLE_VARIANTS and v.startswith("positive_control")] or [
-        v for v in variants if v in ORACLE_VARIANTS
+    controls = [v for v in variants if PRESENCE_ORACLE in VARIANTS[v][1]] or [
+        v for v in variants if ATTRIBUTE_ORACLE in VARIANTS[v][1]
     ]
     if controls:  # the positive control beside the study (its full entry is under variants)
         section["positive_control"] = {

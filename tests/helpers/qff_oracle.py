@@ -2,20 +2,23 @@
 
 `AttributeOracle` and `PresenceOracle` are `qff.focus` plugins (docs/extending.md), named in config as
 `qff.focus=tests.helpers.qff_oracle:PresenceOracle`, so a trained control records this file's sha256 and is scored
-by the same class (a control trained before an edit of this file is refused, as any plugin's). They add no weights:
-each runs per_layer's focus blocks on an oracle question encoding. `make_oracle` attaches the tokenizer's attribute
-token ids (the training callback `OracleFocus` and the study's scoring call it); `python -m tests.helpers.qff_oracle
-train OVERRIDES...` is `qkvqa train` with that callback.
+by the same class (a control trained before an edit of this file is refused, as any plugin's). They add no trained
+weights:
+each runs per_layer's focus blocks on an oracle question encoding. The builder hands them the tokenizer
+(`bind_tokenizer`), from which they take the attribute words' token ids; the sha256 of those ids is saved with the
+weights, so a control is refused where the word list or the tokenizer has changed since it was trained.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-import sys
 from typing import Optional, Sequence
 
 import torch
 
+from qkvqa.errors import StaleArtifactError
 from qkvqa.qff.model import QFFModel, QuestionEncoding
 
 # Words too common across the questions to name an attribute (they stand in several facts' questions and sentences).
@@ -118,16 +121,37 @@ class OracleFocusModel(QFFModel):
     attribute words (and [CLS] / [SEP]) masked out of attention, so the section pass is told which attribute is asked
     without having to read it from the question; the question tokens that late interaction scores are the whole
     question's, as in every variant. No new weights: per_layer's focus blocks read the oracle. The config builds a
-    subclass (`AttributeOracle`, `PresenceOracle`); `make_oracle` attaches the tokenizer's ids."""
+    subclass (`AttributeOracle`, `PresenceOracle`); the builder binds the tokenizer's ids (`bind_tokenizer`)."""
 
     FOCUS_BASE = "per_layer"
-    oracle_ids: Optional[torch.Tensor] = None  # attached by make_oracle (they come from the tokenizer)
-    special_ids: Sequence[int] = ()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the sha256 of the token ids the oracle trained with, saved with the weights (a buffer, not a parameter)
+        self.register_buffer("oracle_ids_sha256", torch.zeros(32, dtype=torch.uint8))
+        self.oracle_ids: Optional[torch.Tensor] = None
+        self.special_ids: Sequence[int] = ()
+        self._bound_sha256: Optional[torch.Tensor] = None
+
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Take the attribute words' and the special tokens' ids from `tokenizer`; a fresh model records their sha256
+        (a trained one holds the sha256 of its training's ids, which `encode_question` compares)."""
+        ids, special = oracle_token_ids(tokenizer), sorted(set(tokenizer.all_special_ids))
+        digest = hashlib.sha256(json.dumps([ids, special]).encode()).digest()
+        self._bound_sha256 = torch.tensor(list(digest), dtype=torch.uint8)
+        if not self.oracle_ids_sha256.any():
+            self.oracle_ids_sha256.copy_(self._bound_sha256)
+        self.oracle_ids = torch.tensor(ids, dtype=torch.long)
+        self.special_ids = special
 
     def encode_question(self, input_ids, attention_mask, image_states):
-        if self.oracle_ids is None:
-            raise RuntimeError(
-                f"{type(self).__name__}: attach the oracle's token ids first: make_oracle(model, tokenizer)"
+        name = type(self).__name__
+        if self._bound_sha256 is None:
+            raise RuntimeError(f"{name}: no tokenizer bound: build it with build_qff_component (it binds one)")
+        if not torch.equal(self.oracle_ids_sha256.cpu(), self._bound_sha256):
+            raise StaleArtifactError(
+                f"{name}: these weights were trained with other oracle token ids than the tokenizer and "
+                "attribute_words() give now (tests/helpers/qff_oracle.py): retrain the control"
             )
         whole = super().encode_question(input_ids, attention_mask, image_states)
         keep = torch.isin(input_ids, self.oracle_ids.to(input_ids.device)).to(attention_mask.dtype)
@@ -168,52 +192,3 @@ class PresenceOracle(OracleFocusModel):
         share = attribute_presence(section_ids, rows(question.attribute_ids))[:, None, None]
         states = tuple(share.to(s.dtype) * rows(s) for s in question.focus_states)
         return states, {**kwargs, "question_index": None}
-
-
-def make_oracle(model: QFFModel, tokenizer) -> QFFModel:
-    """Attach the tokenizer's oracle token ids to an oracle the config built (`qff.focus` names its class)."""
-    if not isinstance(model, OracleFocusModel):
-        raise ValueError(
-            f"qff.focus={model.focus}: the oracle needs an oracle class, e.g. "
-            "qff.focus=tests.helpers.qff_oracle:PresenceOracle"
-        )
-    model.oracle_ids = torch.tensor(oracle_token_ids(tokenizer), dtype=torch.long)
-    model.special_ids = sorted(set(tokenizer.all_special_ids))
-    return model
-
-
-class OracleFocus:
-    """Lightning callback of the positive control's training: attaches the oracle's token ids to the model the config
-    built (`make_oracle`)."""
-
-    def __new__(cls):
-        import lightning.pytorch as pl
-
-        class _OracleFocus(pl.Callback):
-            def setup(self, trainer, pl_module, stage):
-                make_oracle(pl_module.model, trainer.datamodule.tokenizer)
-
-        return _OracleFocus()
-
-
-def train_oracle(argv: Sequence[str]) -> int:
-    """`python -m tests.helpers.qff_oracle train OVERRIDES...`: `qkvqa train` with the OracleFocus callback."""
-    import argparse
-
-    from qkvqa.cli.train import train_qff
-    from qkvqa.config.cli import add_override_args, config_from_args
-
-    parser = argparse.ArgumentParser(prog="qff_oracle train")
-    add_override_args(parser)
-    args = parser.parse_args(list(argv))
-    train_qff(config_from_args(args), callbacks=[OracleFocus()])
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "train":
-        # through the imported module: the config's plugin class is tests.helpers.qff_oracle's, not __main__'s
-        from tests.helpers.qff_oracle import train_oracle as train_imported
-
-        sys.exit(train_imported(sys.argv[2:]))
-    raise SystemExit("usage: python -m tests.helpers.qff_oracle train OVERRIDES...")

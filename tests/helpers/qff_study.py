@@ -59,7 +59,6 @@ VARIANTS = {
     # the same on the study's init (bench/qff_focus.py --init bert:<ref>: the BERT-initialised Q-Former)
     "positive_control_lr10": ("demo/qff_per_layer", [PRESENCE_ORACLE, "qff.new_block_lr_scale=10"]),
 }
-ORACLE_VARIANTS = ("oracle_attribute", "positive_control", "positive_control_random", "positive_control_lr10")
 SPLIT_FILES = {"train": "evqa/train.csv", "val": "evqa/val.csv", "test": "evqa/test.csv"}
 EVAL_SPLITS = {split: SPLIT_FILES[split] for split in ("val", "test")}
 TRAINING = [
@@ -229,11 +228,11 @@ def train(
             focus, seed = pending.pop(0)
             log = open(work / f"log_{focus}_{seed}.txt", "w")
             experiment, extra = VARIANTS[focus]
-            entry = ["tests.helpers.qff_oracle", "train"] if focus in ORACLE_VARIANTS else ["qkvqa.cli.main", "train"]
             cmd = [
                 sys.executable,
                 "-m",
-                *entry,
+                "qkvqa.cli.main",
+                "train",
                 f"experiment={experiment}",
                 f"run_id={run_id(focus, seed)}",
                 *overrides,
@@ -388,7 +387,6 @@ def score_splits(
     the val + test ones, EVAL_SPLITS; the pools are `work/pools/hardneg_<split>.json`), keyed "split/data_id"."""
     from qkvqa.qff.builder import build_qff_component
     from qkvqa.qff.pretrain_here import resolve_qformer_spec
-    from tests.helpers.qff_oracle import make_oracle
 
     hits, component = {}, None
     lexical = focus == "bm25"  # the lexical reference: BM25 on the same samples (bm25_score)
@@ -413,8 +411,6 @@ def score_splits(
             component = build_qff_component(
                 resolve_qformer_spec(cfg) if checkpoint is None else cfg.components.qformer, cfg.qff
             )
-            if focus in ORACLE_VARIANTS:
-                make_oracle(component.model, component.tokenizer)
         hits.update({f"{split}/{k}": v for k, v in (bm25_score if lexical else score)(component, cfg).items()})
     return hits
 

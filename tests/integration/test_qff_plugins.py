@@ -124,6 +124,28 @@ def test_a_focus_block_outside_the_package_trains_reranks_and_is_recorded(mined,
     assert "qff.focus='per_layer', but the loaded QFF model was built with focus=" in capsys.readouterr().err
 
 
+def test_a_focus_block_that_reads_the_tokenizer_gets_it_from_the_builder(mined):
+    """The study's positive control (tests/helpers/qff_oracle.py) takes its token ids in `bind_tokenizer`: `qkvqa
+    train` and `qkvqa rerank` build it through the builder, which hands it the tokenizer (no callback, no entry of
+    its own), and the sha256 of the ids it trained with is exported with its weights."""
+    from safetensors.torch import load_file
+
+    oracle = "qff.focus=tests.helpers.qff_oracle:PresenceOracle"
+    clear_run_env()
+    argv = ["train", "experiment=demo/qff_per_layer", "run_id=plugin-oracle", *mined["overrides"], *QUIET, oracle]
+    argv += ["trainer.max_steps=2", "trainer.limit_val_batches=0", "checkpoint.monitor=null"]
+    assert main(argv) == 0
+    run = mined["work"] / "runs" / "plugin-oracle"
+    assert load_file(str(run / "qff" / "model.safetensors"))["oracle_ids_sha256"].any()
+    stage1 = mined["work"] / "stage1_val.json"
+    common = [f"qff.checkpoint={run / 'qff'}", f"retrieval.results={stage1}", "data.max_questions=4"]
+    clear_run_env()
+    rerank = ["rerank", "experiment=demo/qff_per_layer", "run_id=plugin-oracle-rerank", "split=val", *common]
+    assert main([*rerank, *mined["overrides"], oracle]) == 0
+    reranked = json.loads((mined["work"] / "runs" / "plugin-oracle-rerank" / "reranked_val.json").read_text())
+    assert len(reranked) == 4 and all(q["qff_scores"] for q in reranked.values())
+
+
 def test_a_sweep_trains_the_example_scorer_with_each_focus_and_compare_lists_them(mined, monkeypatch, tmp_path):
     """Both QFF trials run through `qkvqa sweep` as trials of their own processes (the scorer in each, the example
     focus beside the shipped per_layer), and `qkvqa compare` of the sweep shows the swept focus and each run's

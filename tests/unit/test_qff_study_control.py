@@ -15,7 +15,6 @@ from tests.helpers.qff_oracle import (
     PresenceOracle,
     attribute_presence,
     attribute_words,
-    make_oracle,
     oracle_token_ids,
 )
 from tests.helpers.qff_study import BM25, PRESENCE_ORACLE
@@ -76,24 +75,47 @@ def test_the_positive_control_is_a_focus_plugin_scored_by_the_class_it_was_train
     built = build_qff_component(_SPEC, {"focus": PRESENCE_ORACLE.split("=", 1)[1], "blip_text_preprocess": False})
     model = built.model
     assert type(model) is PresenceOracle and model.focus_mode == "per_layer"
-    assert model.state_dict().keys() == component.model.state_dict().keys()  # per_layer's weights, none added
+    # per_layer's weights, none added; one buffer: the sha256 of the oracle's token ids
+    assert model.state_dict().keys() == {*component.model.state_dict().keys(), "oracle_ids_sha256"}
+    assert not any(name == "oracle_ids_sha256" for name, _ in model.named_parameters())
     sha = hashlib.sha256(Path(qff_oracle.__file__).read_bytes()).hexdigest()
     assert focus_source(type(model)) == {"focus_source_sha256": sha}
     q = built.tokenize_questions([QUESTION])
     image = model.encode_image(built.preprocess_images([_image()]))
-    with pytest.raises(RuntimeError, match="make_oracle"):
-        model.encode_question(q["input_ids"], q["attention_mask"], image)
-    assert make_oracle(model, built.tokenizer) is model and type(model) is PresenceOracle
-    with pytest.raises(ValueError, match="qff.focus=tests.helpers.qff_oracle:PresenceOracle"):
-        make_oracle(component.model, built.tokenizer)  # a plain per_layer QFF: the config must name the oracle
     assert isinstance(model.encode_question(q["input_ids"], q["attention_mask"], image), OracleQuestionEncoding)
+
+
+def test_the_builder_binds_the_oracle_s_token_ids_and_a_control_trained_with_other_ids_is_refused(tmp_path):
+    """A focus plugin that needs token ids gets the tokenizer from the builder (QFFModel.bind_tokenizer), on the fresh
+    and the checkpoint path alike; the ids' sha256 travels with the weights, so weights trained with other ids (an
+    edited word list, another tokenizer) are refused rather than scored with ids they never saw."""
+    from qkvqa.errors import StaleArtifactError
+
+    focus = {"focus": PRESENCE_ORACLE.split("=", 1)[1], "blip_text_preprocess": False}
+    built = build_qff_component(_SPEC, focus)
+    model, tokenizer = built.model, built.tokenizer
+    assert model.oracle_ids.tolist() == oracle_token_ids(tokenizer)
+    assert model.oracle_ids_sha256.any()  # recorded at the first bind
+    unbound = PresenceOracle(model.base, focus=focus["focus"])
+    q = built.tokenize_questions([QUESTION])
+    image = model.encode_image(built.preprocess_images([_image()]))
+    with pytest.raises(RuntimeError, match="no tokenizer bound"):
+        unbound.encode_question(q["input_ids"], q["attention_mask"], image)
+    saved = model.save_pretrained(tmp_path / "qff")
+    tokenizer.save_pretrained(saved)  # as qkvqa train exports a QFF
+    reloaded = build_qff_component({**_SPEC, "tiny": False, "pretrained": str(saved)}, focus).model
+    assert torch.equal(reloaded.oracle_ids, model.oracle_ids)
+    assert torch.equal(reloaded.oracle_ids_sha256, model.oracle_ids_sha256)
+    reloaded.encode_question(q["input_ids"], q["attention_mask"], image)  # the same ids: it runs
+    reloaded.oracle_ids_sha256[0] ^= 1  # as if trained with another word list
+    with pytest.raises(StaleArtifactError, match="retrain the control"):
+        reloaded.encode_question(q["input_ids"], q["attention_mask"], image)
 
 
 def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
     plain = component.model
-    oracle = make_oracle(_oracle(AttributeOracle, plain), component.tokenizer)
-    oracle.load_state_dict(plain.state_dict())
-    assert isinstance(oracle, OracleFocusModel) and oracle.state_dict().keys() == plain.state_dict().keys()
+    oracle = _oracle(AttributeOracle, plain, component.tokenizer)
+    assert isinstance(oracle, OracleFocusModel)
     with torch.no_grad():
         oracle.q_gate.fill_(1.0)
         plain.q_gate.fill_(1.0)
@@ -122,11 +144,15 @@ def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
         )
 
 
-def _oracle(cls, plain: QFFModel) -> OracleFocusModel:
-    """An oracle of class `cls` around `plain`'s BLIP-2 (its own focus blocks until it loads `plain`'s state)."""
+def _oracle(cls, plain: QFFModel, tokenizer) -> OracleFocusModel:
+    """An oracle of class `cls` around `plain`'s BLIP-2 with `plain`'s focus blocks, bound to `tokenizer`."""
     from qkvqa.qff.model import focus_name
 
-    return cls(plain.base, focus=focus_name(cls))
+    oracle = cls(plain.base, focus=focus_name(cls))
+    missing = oracle.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert missing == ["oracle_ids_sha256"]  # the one key a plain QFF lacks: the bind records it
+    oracle.bind_tokenizer(tokenizer)
+    return oracle
 
 
 def _image():
@@ -137,8 +163,7 @@ def _image():
 
 def test_the_presence_oracle_hands_the_focus_path_whether_the_section_states_the_asked_attribute(component):
     plain = component.model
-    oracle = make_oracle(_oracle(PresenceOracle, plain), component.tokenizer)
-    oracle.load_state_dict(plain.state_dict())
+    oracle = _oracle(PresenceOracle, plain, component.tokenizer)
     with torch.no_grad():
         oracle.q_gate.fill_(1.0)
         plain.q_gate.fill_(1.0)

@@ -761,6 +761,7 @@ def build_blip2_qff(spec: ComponentSpec, qff: Any = None) -> QFFComponent:
             gate_init=float(qff.gate_init),
             attention=qff.attention,
         )
+    model.bind_tokenizer(tokenizer)  # a focus plugin that needs token ids reads them here (QFFModel.bind_tokenizer)
     model.to(spec.torch_device()).eval()
     component = QFFComponent(
         model, tokenizer, blip2_image_processor(model.image_size, qff.image_transform), qff, scorer=scorer

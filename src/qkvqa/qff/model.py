@@ -129,7 +129,8 @@ class QFFModel(nn.Module):
     A focus block in the user's own code (docs/extending.md): a subclass with `FOCUS_BASE = "per_layer"` (it
     receives the question's states of every layer), which builds its parameters in `build_focus_blocks`, applies them
     in `focus_block` (both attention paths, through `attend_block`) and declares their optimizer groups in
-    `PARAMETER_GROUPS`; named in config by its import path, `qff.focus: module.path:ClassName` (`resolve_focus`).
+    `PARAMETER_GROUPS`; named in config by its import path, `qff.focus: module.path:ClassName` (`resolve_focus`). One
+    that needs the tokenizer's ids reads them in `bind_tokenizer`.
     """
 
     FOCUS_BASE: Optional[str] = None  # a plugin's built-in path (per_layer); None for QFFModel's own modes
@@ -194,6 +195,10 @@ class QFFModel(nn.Module):
         cross-attention), given the question's layer-i query states `[B, Q, D]`. A plugin overrides it."""
         focused = self.attend_block(self.q_xattn[i], h, encoder=question_states)
         return h + torch.tanh(self.q_gate[i]) * (focused - h) if self.gate == "tanh" else focused
+
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Hook: `build_blip2_qff` hands every model it builds (fresh or from a checkpoint) the tokenizer it builds
+        beside it. The built-in modes need nothing from it; a focus plugin that needs token ids overrides this."""
 
     def gate_values(self) -> Optional[torch.Tensor]:
         """tanh of every focus gate (one per layer, or the input gate), or None without gates."""
