@@ -101,14 +101,14 @@ def t975(df: int) -> float:
 
 
 def interval(values: list[float]) -> dict:
-    """Mean and 95 % t-interval of paired differences."""
+    """Mean and 95 % t-interval of paired differences (the interval null for one seed: JSON has no NaN)."""
     n = len(values)
     m = mean(values)
-    half = t975(n - 1) * stdev(values) / math.sqrt(n) if n > 1 else float("nan")
+    half = t975(n - 1) * stdev(values) / math.sqrt(n) if n > 1 else None
     return {
         "mean": round(m, 2),
-        "ci95_low": round(m - half, 2),
-        "ci95_high": round(m + half, 2),
+        "ci95_low": None if half is None else round(m - half, 2),
+        "ci95_high": None if half is None else round(m + half, 2),
         "n_seeds": n,
         "per_seed": [round(v, 2) for v in values],
     }
@@ -278,7 +278,9 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
 
 
 def interval_text(d: dict) -> str:
-    """'+1.2 [-0.5, +2.9]': a paired difference's mean and 95 % interval (`interval`)."""
+    """'+1.2 [-0.5, +2.9]': a paired difference's mean and 95 % interval (`interval`); '+1.2 (1 seed)' without one."""
+    if d["ci95_low"] is None:
+        return f"{d['mean']:+.1f} ({d['n_seeds']} seed)"
     return f"{d['mean']:+.1f} [{d['ci95_low']:+.1f}, {d['ci95_high']:+.1f}]"
 
 
