@@ -38,13 +38,10 @@ slurm: ## install the Debian SLURM packages the slurm tests need (root; nothing 
 browser: ## install Debian's chromium and chromium-driver, which the `qkvqa inspect` browser test drives (root; nothing when present)
 	bash .ci/install_browser.sh
 
-# The main suite runs on three pytest-xdist workers on two cores: one test process left the second core mostly idle
-# (tests run with one intra-op thread), and many tests wait on the processes they start (signals, resumes, torchrun,
-# the browser), so a third worker uses the time a waiting one leaves. --dist loadfile keeps a file's tests, and so
-# its module fixtures (the learning test's trained models), in one worker. One process 17:44 against 12:33 on two
-# workers (side by side on one tree); two workers 20:48 against 19:24 on three (consecutive runs of `make test` on
-# one idle 2-core machine, 1476 tests). TEST_WORKERS= runs it in one.
-TEST_WORKERS ?= -n 3 --dist loadfile
+# The main suite runs on two pytest-xdist workers: one test process left the second core mostly idle (tests run with
+# one intra-op thread). --dist loadfile keeps a file's tests, and so its module fixtures (the learning test's trained
+# models), in one worker. 12:33 against 17:44 in one process, side by side on one tree; TEST_WORKERS= runs it in one.
+TEST_WORKERS ?= -n 2 --dist loadfile
 # The real-SLURM tests spend most of their time waiting on the cluster (requeue delays, time-limit signals), so
 # `make test` runs them in a second pytest alongside the rest and prints their log at the end; both must pass.
 SLURM_LOG := $(VENV)/slurm-tests.log
