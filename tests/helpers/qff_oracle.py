@@ -3,8 +3,7 @@
 `AttributeOracle` and `PresenceOracle` are `qff.focus` plugins (docs/extending.md), named in config as
 `qff.focus=tests.helpers.qff_oracle:PresenceOracle`, so a trained control records this file's sha256 and is scored
 by the same class (a control trained before an edit of this file is refused, as any plugin's). They add no trained
-weights:
-each runs per_layer's focus blocks on an oracle question encoding. The builder hands them the tokenizer
+weights: each runs per_layer's focus blocks on an oracle question encoding. The builder hands them the tokenizer
 (`bind_tokenizer`), from which they take the attribute words' token ids; the sha256 of those ids is saved with the
 weights, so a control is refused where the word list or the tokenizer has changed since it was trained.
 """
