@@ -131,10 +131,12 @@ class OracleFocusModel(QFFModel):
         self.oracle_ids: Optional[torch.Tensor] = None
         self.special_ids: Sequence[int] = ()
         self._bound_sha256: Optional[torch.Tensor] = None
+        # weights loaded after the bind (Lightning's resume, load_state_dict) are checked as they load
+        self.register_load_state_dict_post_hook(lambda module, _incompatible: module._check_oracle_ids())
 
     def bind_tokenizer(self, tokenizer) -> None:
-        """Take the attribute words' and the special tokens' ids from `tokenizer`; a fresh model records their sha256
-        (a trained one holds the sha256 of its training's ids, which `encode_question` compares)."""
+        """Take the attribute words' and the special tokens' ids from `tokenizer`; a fresh model records their sha256,
+        a trained one (its weights loaded before the bind, as the builder's checkpoint path does) must hold the same."""
         ids, special = oracle_token_ids(tokenizer), sorted(set(tokenizer.all_special_ids))
         digest = hashlib.sha256(json.dumps([ids, special]).encode()).digest()
         self._bound_sha256 = torch.tensor(list(digest), dtype=torch.uint8)
@@ -142,15 +144,21 @@ class OracleFocusModel(QFFModel):
             self.oracle_ids_sha256.copy_(self._bound_sha256)
         self.oracle_ids = torch.tensor(ids, dtype=torch.long)
         self.special_ids = special
+        self._check_oracle_ids()
+
+    def _check_oracle_ids(self) -> None:
+        """Refuse weights trained with other oracle ids than the bound tokenizer gives (once bound; at bind and load,
+        not per batch)."""
+        if self._bound_sha256 is not None and not torch.equal(self.oracle_ids_sha256.cpu(), self._bound_sha256):
+            raise StaleArtifactError(
+                f"{type(self).__name__}: these weights were trained with other oracle token ids than the tokenizer "
+                "and attribute_words() give now (tests/helpers/qff_oracle.py): retrain the control"
+            )
 
     def encode_question(self, input_ids, attention_mask, image_states):
-        name = type(self).__name__
         if self._bound_sha256 is None:
-            raise RuntimeError(f"{name}: no tokenizer bound: build it with build_qff_component (it binds one)")
-        if not torch.equal(self.oracle_ids_sha256.cpu(), self._bound_sha256):
-            raise StaleArtifactError(
-                f"{name}: these weights were trained with other oracle token ids than the tokenizer and "
-                "attribute_words() give now (tests/helpers/qff_oracle.py): retrain the control"
+            raise RuntimeError(
+                f"{type(self).__name__}: no tokenizer bound: build it with build_qff_component (it binds one)"
             )
         whole = super().encode_question(input_ids, attention_mask, image_states)
         keep = torch.isin(input_ids, self.oracle_ids.to(input_ids.device)).to(attention_mask.dtype)

@@ -107,9 +107,17 @@ def test_the_builder_binds_the_oracle_s_token_ids_and_a_control_trained_with_oth
     assert torch.equal(reloaded.oracle_ids, model.oracle_ids)
     assert torch.equal(reloaded.oracle_ids_sha256, model.oracle_ids_sha256)
     reloaded.encode_question(q["input_ids"], q["attention_mask"], image)  # the same ids: it runs
-    reloaded.oracle_ids_sha256[0] ^= 1  # as if trained with another word list
+    other = {**model.state_dict()}
+    other["oracle_ids_sha256"] = other["oracle_ids_sha256"].clone()
+    other["oracle_ids_sha256"][0] ^= 1  # as if trained with another word list
     with pytest.raises(StaleArtifactError, match="retrain the control"):
-        reloaded.encode_question(q["input_ids"], q["attention_mask"], image)
+        reloaded.load_state_dict(other)  # into a bound model (Lightning's resume): refused as it loads
+    reloaded.load_state_dict(model.state_dict())  # its own ids load
+    model.oracle_ids_sha256[0] ^= 1
+    stale = model.save_pretrained(tmp_path / "stale")
+    tokenizer.save_pretrained(stale)
+    with pytest.raises(StaleArtifactError, match="retrain the control"):  # the checkpoint path: refused at the bind
+        build_qff_component({**_SPEC, "tiny": False, "pretrained": str(stale)}, focus)
 
 
 def test_the_oracle_focus_path_reads_only_the_attribute_words(component):
