@@ -200,10 +200,13 @@ def _explain(err: OmegaConfBaseException, source: str) -> ConfigError:
 
 
 def _merge(cfg: DictConfig, other: Any, source: str) -> DictConfig:
+    """Merge `other` into `cfg` in place (OmegaConf.merge would deep-copy the whole config at each of a run's files
+    and overrides, 16 ms an override) and return it; a failed merge raises, and the config is dropped with it."""
     try:
-        return OmegaConf.merge(cfg, other)
+        cfg.merge_with(other)
     except OmegaConfBaseException as e:
         raise _explain(e, source) from None
+    return cfg
 
 
 def _load_yaml(path: Path) -> DictConfig:
