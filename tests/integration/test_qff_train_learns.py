@@ -33,12 +33,14 @@ from tests.helpers.qff_study import EXPERIMENTS, evaluate_many, final_gates, pre
 pytestmark = pytest.mark.slow
 
 ENTITIES = 60
-EPOCHS = 8
-# One seed per mode: every margin below holds even for the worst single run of the nine per mode measured
-# (docs/training.md: article R@1 lifts 31 at worst against 20; section R@1 of the worst same-seed pair 22
-# against 15), so a second seed buys no safety and doubles the test's time (about 4.5 minutes of `make test`).
+EPOCHS = 6
+# One seed per mode: every margin below holds even for the worst single run of the six per mode measured at this
+# length (docs/training.md, bench/out/learning_test_6epochs.json: article R@1 lifts 38 at worst against 20; section
+# R@1 of the worst same-seed pair 23.5 against 15), so a second seed buys no safety and doubles the test's time.
 SEEDS = (0,)
-GATE_MOVED = 0.01  # mean |tanh(gate)| after training; it starts at exactly 0
+# mean |tanh(gate)| after training (seen 0.012 to 0.056 over six seeds). The gates start at exactly 0 and stay there
+# without gradient, so this asks only that they moved, with a margin of four below the least seen.
+GATE_MOVED = 0.003
 BLOCKS_MOVED = 1e-4  # max |weight change| of the question cross-attention blocks from their warm start
 
 
@@ -72,12 +74,11 @@ def seed_mean(runs: dict, group: str, metric: str) -> float:
     return mean(run[group][metric] for run in runs.values())
 
 
-# Margins against the untrained model, set from 6 seeds at 1 thread and 3 seeds at 2 threads
-# (docs/training.md, "The learning test"): the mean lift is 3.9 (article R@1, focus none, the noisiest)
-# to 11 standard deviations of the tested mean above each margin, and the worst 3 of 6 seeds are at
-# about twice it.
-ARTICLE_LIFT = 20  # article R@1 after fusion, per focus mode (mean lift seen: 52 none, 48 per_layer)
-SECTION_LIFT = 15  # section R@1, mean of both modes' runs (lift seen: 32; worst same-seed pair 22, two worst 18)
+# Margins against the untrained model, set from 6 seeds at 1 thread (docs/training.md, "The learning test"): a
+# single run's lift is 3.5 (section R@1) to 4.4 standard deviations of the seeds above each margin, and the worst
+# of the six is at about 1.6 times it.
+ARTICLE_LIFT = 20  # article R@1 after fusion, per focus mode (mean lift seen: 45 none, 49 per_layer; worst 38)
+SECTION_LIFT = 15  # section R@1, mean of both modes' runs (lift seen: 27; worst same-seed pair 23.4)
 
 
 @pytest.mark.parametrize("focus", list(EXPERIMENTS))
