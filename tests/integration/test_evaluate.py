@@ -222,7 +222,15 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert main(["score", "run", str(run_dir), "data.max_questions=3"]) == 2
     assert "is not a scoring key" in capsys.readouterr().err
     clear_run_env()
+    from qkvqa.pipeline.predictions import PredictionStore
+
+    reads, read_rows = [], PredictionStore.rows
+    monkeypatch.setattr(PredictionStore, "rows", lambda store: reads.append(1) or read_rows(store))
     assert main(["score", "run", str(run_dir), "eval.judge=bem"]) == 0
+    monkeypatch.setattr(PredictionStore, "rows", read_rows)
+    # five reads of the predictions, not one per question (46 here before: quadratic in the questions, about 7
+    # minutes on E-VQA's 5,750 test questions and hours on InfoSeek's 73k)
+    assert len(reads) <= 5
     rescored = json.loads((run_dir / "scores.json").read_text())
     assert (run_dir / "predictions.jsonl").read_text() == answers
     assert "BEM" in rescored["benchmark"]["label"] and rescored["protocol"]["judge"] != "EM only"

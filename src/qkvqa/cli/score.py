@@ -132,7 +132,8 @@ def _score_run(args: argparse.Namespace) -> int:
     if cfg.task != "evaluate":
         raise ConfigError(f"{run_dir}: a {cfg.task!r} run; `qkvqa score run` re-scores evaluation runs")
     wanted = read_json(run_dir / QUESTION_IDS)["ids"]
-    left = [i for i in wanted if i not in PredictionStore(run_dir).done_ids()]
+    done = PredictionStore(run_dir).done_ids()  # read once: per id it read every prediction row again
+    left = [i for i in wanted if i not in done]
     if left:
         raise DataError(
             f"{run_dir}: {len(left)} of {len(wanted)} questions are not answered yet (first: {left[:3]}); "
