@@ -257,23 +257,27 @@ def test_evaluate_writes_each_question_once_with_strict_scores(eval_env, world, 
     assert summary["eval/recall@20_after_filter"] == summary["eval/recall@20_before_filter"]
 
 
+EVALUATE = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only"]
+
+
+@pytest.fixture(scope="module")
+def one_rank(eval_env) -> tuple[Path, dict]:
+    """An uninterrupted one-process evaluation, which the signal and the DDP tests compare with, and the environment
+    all of them run in (one intra-op thread: the same kernels in every run, so bit-identical floats)."""
+    env = {**eval_env["env"], "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        EVALUATE + ["run_id=one_rank"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return eval_env["runs"] / "one_rank", env
+
+
 @pytest.mark.slow
-def test_evaluation_stopped_by_sigterm_and_sigkill_resumes_to_the_uninterrupted_predictions(eval_env, world):
+def test_evaluation_stopped_by_sigterm_and_sigkill_resumes_to_the_uninterrupted_predictions(eval_env, world, one_rank):
     """Issue 15 item 8: SIGTERM stops promptly (143, `interrupted`); SIGKILL loses at most the batch in flight;
-    the merged predictions hold each question once and equal an uninterrupted run's."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "qkvqa.cli",
-        "evaluate",
-        "experiment=world_eval",
-        "eval.judge=em_only",
-        "generation.batch_size=1",
-        "data.batch_size=1",
-    ]
-    runs, env = eval_env["runs"], eval_env["env"]
-    whole = subprocess.run(cmd + ["run_id=whole"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    the merged predictions hold each question once and equal an uninterrupted run's (batches of 4: the resumed run
+    batches the questions left, so its batches differ from the uninterrupted run's)."""
+    cmd, (whole, env), runs = EVALUATE, one_rank, eval_env["runs"]
     part = runs / "killed" / "predictions.parts" / "rank0.jsonl"
     termed = signal_once_answered(cmd + ["run_id=killed"], env, part, 4, signal.SIGTERM)
     assert termed.returncode == 143, termed.stderr[-3000:]
@@ -295,20 +299,17 @@ def test_evaluation_stopped_by_sigterm_and_sigkill_resumes_to_the_uninterrupted_
     assert len(all_part_ids) == len(set(all_part_ids)) == len(expected)  # nothing answered twice
     volatile = ("seconds", "timing", "time")
     strip = lambda r: {k: v for k, v in r.items() if not any(w in k for w in volatile)}  # noqa: E731
-    assert [strip(r) for r in rows] == [strip(r) for r in _rows(runs / "whole")]
+    assert [strip(r) for r in rows] == [strip(r) for r in _rows(whole)]
     # the traces too: written in the same part lines as the predictions, so the same after the kills
-    assert [strip(t) for t in _traces(runs / "killed")] == [strip(t) for t in _traces(runs / "whole")]
+    assert [strip(t) for t in _traces(runs / "killed")] == [strip(t) for t in _traces(whole)]
     status = json.loads((runs / "killed" / "status.json").read_text())
     assert status["state"] == "finished" and len(status["attempts"]) == 3
 
 
 @pytest.mark.ddp
 @pytest.mark.slow
-def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_process(eval_env, world):
-    base = [sys.executable, "-m", "qkvqa.cli", "evaluate", "experiment=world_eval", "eval.judge=em_only"]
-    env = {**eval_env["env"], "OMP_NUM_THREADS": "1"}  # same kernels in both runs: bit-identical floats
-    single = subprocess.run(base + ["run_id=one_rank"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
+def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_process(eval_env, world, one_rank):
+    base, (single, env) = EVALUATE, one_rank
     ddp = subprocess.run(
         base + ["run_id=two_ranks", "preset=ddp_cpu_sim"],
         cwd=REPO,
@@ -326,15 +327,15 @@ def test_ddp_evaluation_answers_each_question_exactly_once_and_matches_single_pr
     assert sorted(parts) == ["rank0.jsonl", "rank1.jsonl"] and all(parts.values())
     ids = [q for part in parts.values() for q in part]
     assert len(ids) == len(set(ids)) and sorted(ids) == sorted(_expected_ids(world))  # 38 questions on 2 ranks
-    one = {r["data_id"]: r for r in _rows(runs / "one_rank")}
+    one = {r["data_id"]: r for r in _rows(single)}
     two = {r["data_id"]: r for r in _rows(runs / "two_ranks")}
     assert {q: r["ranking"] for q, r in one.items() if "ranking" in r} == {
         q: r["ranking"] for q, r in two.items() if "ranking" in r
     }
     # every rank's stage records reach the traces, merged by rank 0 in question order as in one process
     strip = lambda t: {k: v for k, v in t.items() if k != "seconds"}  # noqa: E731
-    assert [strip(t) for t in _check_traces(runs / "two_ranks")] == [strip(t) for t in _traces(runs / "one_rank")]
-    s1 = json.loads((runs / "one_rank" / "summary.json").read_text())
+    assert [strip(t) for t in _check_traces(runs / "two_ranks")] == [strip(t) for t in _traces(single)]
+    s1 = json.loads((single / "summary.json").read_text())
     s2 = json.loads((runs / "two_ranks" / "summary.json").read_text())
     for key in (
         "eval/recall@1_after_filter",
