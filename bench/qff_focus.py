@@ -35,9 +35,9 @@ OUT = REPO / "bench" / "out"
 
 from omegaconf import OmegaConf  # noqa: E402
 
+from qkvqa.qff.model import resolve_focus  # noqa: E402
+from tests.helpers.qff_oracle import AttributeOracle, PresenceOracle  # noqa: E402
 from tests.helpers.qff_study import (  # noqa: E402
-    ATTRIBUTE_ORACLE,
-    PRESENCE_ORACLE,
     PRETRAINED_HERE,
     SPLIT_FILES,
     VARIANTS,
@@ -264,8 +264,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
                 mean(scored[(variant, s)]["all"]["pair_accuracy"] for s in args.seeds), 2
             )
         section["variants"][variant] = entry
-    controls = [v for v in variants if PRESENCE_ORACLE in VARIANTS[v][1]] or [
-        v for v in variants if ATTRIBUTE_ORACLE in VARIANTS[v][1]
+    controls = [v for v in variants if issubclass(focus_class(v), PresenceOracle)] or [
+        v for v in variants if issubclass(focus_class(v), AttributeOracle)
     ]
     if controls:  # the positive control beside the study (its full entry is under variants)
         section["positive_control"] = {
@@ -275,6 +275,13 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
             "mean": section["variants"][controls[0]]["mean"],
         }
     return section
+
+
+def focus_class(variant: str) -> type:
+    """The QFF model class that a variant's `qff.focus` override names (the study's experiments name built-in modes,
+    so a variant without one builds a plain QFFModel)."""
+    overrides = VARIANTS[variant][1]
+    return resolve_focus(next((o.split("=", 1)[1] for o in overrides if o.startswith("qff.focus=")), "none"))
 
 
 def interval_text(d: dict) -> str:

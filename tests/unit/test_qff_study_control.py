@@ -200,3 +200,23 @@ def test_a_failing_model_stops_the_study_s_scoring_naming_it(tmp_path):
     jobs = {("none", 0): ("none", tmp_path / "no-such-qff", 0), ("none", 1): ("none", tmp_path / "no-such-qff", 1)}
     with pytest.raises(RuntimeError, match=r"scoring \('none', [01]\) failed"):
         evaluate_many(jobs, [], tmp_path, set(), parallel=1)
+
+
+def test_the_study_finds_its_positive_control_by_the_class_its_variant_builds():
+    """bench/qff_focus.py reports as the positive control the variant whose `qff.focus` resolves to the presence
+    oracle's class (or a subclass), not one whose overrides merely spell the same text."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "qff_focus.py"
+    spec = importlib.util.spec_from_file_location("bench_qff_focus", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    try:
+        spec.loader.exec_module(bench)
+        assert bench.focus_class("positive_control") is PresenceOracle
+        assert bench.focus_class("oracle_attribute") is AttributeOracle
+        assert bench.focus_class("per_layer_lr10") is QFFModel and bench.focus_class("none") is QFFModel
+    finally:
+        sys.modules.pop(spec.name, None)
