@@ -43,8 +43,7 @@ browser: ## install Debian's chromium and chromium-driver, which the `qkvqa insp
 # The main suite runs on two pytest-xdist workers: one test process left the second core mostly idle (tests run with
 # one intra-op thread). --dist loadfile keeps a file's tests, and so its module fixtures (the learning test's trained
 # models), in one worker. 12:33 against 17:44 in one process, side by side on one tree; TEST_WORKERS= runs it in one.
-# --no-loadscope-reorder: the files go in collection order, which puts the longest first (tests/conftest.py).
-TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
+TEST_WORKERS ?= -n 2 --dist loadfile
 # The real-SLURM tests spend most of their time waiting on the cluster (requeue delays, time-limit signals), so
 # `make test` runs them in a second pytest alongside the rest and prints their log at the end; both must pass.
 SLURM_LOG := $(VENV)/slurm-tests.log

@@ -30,37 +30,6 @@ os.environ.setdefault("QKVQA_PROGRESS", "0")
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# `make test` hands whole files to two pytest-xdist workers (--dist loadfile --no-loadscope-reorder), in collection
-# order. These files take the longest (seconds on one worker of a `make test` on 2 idle cores, December 2026); they go
-# first, so that the many short files, not one long one, fill the end of the run (xdist's own order, most tests
-# first, left three one-test files of 30-50 s for last, on one worker, while the other had finished a minute before).
-LONGEST_FIRST = (
-    "tests/integration/test_qff_train_learns.py",  # 293
-    "tests/integration/test_evaluate.py",  # 275
-    "tests/ddp/test_torchrun.py",  # 224
-    "tests/integration/test_workers_resume.py",  # 131
-    "tests/integration/test_first_day.py",  # 93
-    "tests/integration/test_inspect_browser.py",  # 79
-    "tests/integration/test_experiments.py",  # 64
-    "tests/integration/test_release_presets.py",  # 62
-    "tests/integration/test_qff_plugins.py",  # 60
-    "tests/integration/test_sweep_toy.py",  # 57
-    "tests/unit/test_qff_pretrain_here.py",  # 56
-    "tests/integration/test_stop_in_time.py",  # 56
-    "tests/ddp/test_workers_beside_gloo.py",  # 53
-    "tests/integration/test_qff_fullsize.py",  # 51
-    "tests/integration/test_fault_resume.py",  # 51
-    "tests/real/test_real_weights.py",  # 50
-    "tests/integration/test_example_generator.py",  # 45
-    "tests/ddp/test_qff_ddp.py",  # 45
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Run the LONGEST_FIRST files first, in that order; the rest keep their order (sort is stable)."""
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
-
 
 @pytest.fixture(autouse=True)
 def _isolated_run_env(monkeypatch, tmp_path):
