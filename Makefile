@@ -72,7 +72,7 @@ test-plan: ## say what `make test` runs and skips here (as a non-root user: the 
 test: ## the suite CI runs: everything but gpu and online tests (ddp, slow and the real-SLURM ones included)
 	@$(TEST_PLAN); plan; \
 	if [ -n "$$strict" ]; then { bash .ci/install_slurm.sh && bash .ci/install_browser.sh; } & apt=$$!; fi; \
-	$(MAKE) --no-print-directory install || exit 1; \
+	$(MAKE) --no-print-directory install || { [ -z "$$strict" ] || wait $$apt; exit 1; }; \
 	if [ -n "$$strict" ]; then wait $$apt || exit 1; slurm_ok=1; fi; \
 	src=0; if [ -n "$$slurm_ok" ]; then \
 	  $(TEST_ENV) $(PY) -m pytest -m "slurm and not gpu and not online" $(PYTEST_FLAGS) > $(SLURM_LOG) 2>&1 & slurm=$$!; fi; \

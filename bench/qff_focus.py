@@ -278,10 +278,8 @@ def study_world(world: str, args: argparse.Namespace) -> dict:
 
 
 def focus_class(variant: str) -> type:
-    """The QFF model class that a variant's `qff.focus` override names (the study's experiments name built-in modes,
-    so a variant without one builds a plain QFFModel)."""
-    overrides = VARIANTS[variant][1]
-    return resolve_focus(next((o.split("=", 1)[1] for o in overrides if o.startswith("qff.focus=")), "none"))
+    """The QFF model class a variant builds: its composed config's `qff.focus`, resolved as the builder does."""
+    return resolve_focus(compose_run(*VARIANTS[variant]).qff.focus)
 
 
 def interval_text(d: dict) -> str:
